@@ -1,0 +1,1 @@
+//! pgoutput decoder (work in progress).
