@@ -1,0 +1,421 @@
+//! The relay loop: source → route → publish (bounded window) → checkpoint.
+//!
+//! One task owns all state. It reads the source only while fewer than `max_in_flight` events
+//! await their ack, starts each publish in commit order, and every `checkpoint_interval` stores
+//! the ack frontier and then confirms it to the slot. Nothing is ever confirmed past an event the
+//! broker has not acknowledged: the frontier (see [`crate::frontier`]) only moves over fully
+//! acknowledged transactions, or over keepalive positions while nothing is in flight.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use pgoutput::{LogicalMessage, Lsn};
+use tokio::time::{Instant, MissedTickBehavior};
+
+use crate::frontier::{AckFrontier, EventTicket, FrontierError};
+use crate::message::{OutboundMessage, TxContext};
+use crate::route::{RouteError, Router};
+use crate::stage::{
+    ChangeSource, CheckpointStore, PubReceipt, PublishError, PublishErrorKind, Publisher,
+    SourceError, SourceEvent, StoreError,
+};
+
+/// Tuning of the loop. Defaults suit a 2-core machine next to the database.
+#[derive(Debug, Clone)]
+pub struct PipelineConfig {
+    /// Events published and not yet acknowledged, at most.
+    pub max_in_flight: usize,
+    /// How often the frontier is stored and confirmed.
+    pub checkpoint_interval: Duration,
+    /// First delay before re-publishing a message whose outcome is unknown.
+    pub retry_initial: Duration,
+    /// Longest delay between re-publishes.
+    pub retry_max: Duration,
+    /// How long "no stream answered" is retried before it is fatal.
+    pub no_stream_grace: Duration,
+    /// On shutdown, how long to wait for outstanding acks.
+    pub drain_timeout: Duration,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        Self {
+            max_in_flight: 1024,
+            checkpoint_interval: Duration::from_secs(1),
+            retry_initial: Duration::from_millis(100),
+            retry_max: Duration::from_secs(5),
+            no_stream_grace: Duration::from_secs(30),
+            drain_timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+/// Counters the binary turns into logs and metrics.
+#[derive(Debug, Default)]
+pub struct PipelineStats {
+    /// Outbox rows routed to messages.
+    pub events_received: AtomicU64,
+    /// Messages acknowledged by JetStream.
+    pub events_published: AtomicU64,
+    /// Acks that JetStream flagged as duplicates (already stored under that `Nats-Msg-Id`).
+    pub duplicates: AtomicU64,
+    /// Re-publishes after an unknown outcome.
+    pub publish_retries: AtomicU64,
+    /// Changes that are not outbox inserts (updates, deletes, truncates, other tables).
+    pub changes_skipped: AtomicU64,
+    /// Last stored and confirmed LSN.
+    pub confirmed_lsn: AtomicU64,
+    /// Events awaiting an ack now.
+    pub in_flight: AtomicU64,
+}
+
+/// Why the loop stopped with an error. The confirmed position is never past the failure.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    /// The source failed.
+    #[error("replication stream failed")]
+    Source(#[from] SourceError),
+    /// A row could not be routed; the relay stops before its transaction.
+    #[error("cannot route outbox row of transaction {xid} (commit LSN {commit_lsn})")]
+    Route {
+        /// Transaction id.
+        xid: u32,
+        /// Commit LSN of the transaction.
+        commit_lsn: Lsn,
+        /// Why.
+        #[source]
+        error: RouteError,
+    },
+    /// The broker refused a message for good.
+    #[error("JetStream refused event {event_id} on subject `{subject}`")]
+    Publish {
+        /// The event.
+        event_id: String,
+        /// Its subject.
+        subject: String,
+        /// Why.
+        #[source]
+        error: PublishError,
+    },
+    /// The checkpoint could not be stored.
+    #[error("cannot store checkpoint {lsn}")]
+    Store {
+        /// The position being stored.
+        lsn: Lsn,
+        /// Why.
+        #[source]
+        error: StoreError,
+    },
+    /// The stream broke the protocol's ordering rules.
+    #[error("replication stream out of order")]
+    Protocol(#[from] FrontierError),
+}
+
+/// How the loop ended without error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunOutcome {
+    /// Stored and confirmed position at exit.
+    pub confirmed: Lsn,
+    /// Events still unacknowledged when the drain timed out (re-sent after restart).
+    pub abandoned: u64,
+}
+
+/// The outcome of one delivery: its ticket and receipt, or the message and the fatal error.
+type Delivery = Result<(EventTicket, PubReceipt), (Arc<OutboundMessage>, PublishError)>;
+
+/// Retry settings a delivery carries.
+#[derive(Debug, Clone, Copy)]
+struct RetryPolicy {
+    initial: Duration,
+    max: Duration,
+    no_stream_grace: Duration,
+}
+
+/// Publishes one message until it is acknowledged or refused for good.
+async fn deliver<P: Publisher>(
+    publisher: P,
+    msg: Arc<OutboundMessage>,
+    first: Result<P::Ack, PublishError>,
+    ticket: EventTicket,
+    policy: RetryPolicy,
+    stats: Arc<PipelineStats>,
+) -> Delivery {
+    let started = Instant::now();
+    let mut delay = policy.initial;
+    let mut pending = first;
+    loop {
+        let result = match pending {
+            Ok(ack) => ack.await,
+            Err(e) => Err(e),
+        };
+        let error = match result {
+            Ok(receipt) => return Ok((ticket, receipt)),
+            Err(e) => e,
+        };
+        let retry = match error.kind {
+            PublishErrorKind::Unknown => true,
+            PublishErrorKind::NoStream => started.elapsed() < policy.no_stream_grace,
+            PublishErrorKind::Rejected => false,
+        };
+        if !retry {
+            return Err((msg, error));
+        }
+        tracing::warn!(
+            event_id = %msg.event_id,
+            subject = %msg.subject,
+            error = %error,
+            retry_in = ?delay,
+            "publish outcome unknown; re-publishing with the same Nats-Msg-Id"
+        );
+        stats.publish_retries.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(policy.max);
+        pending = publisher.send(&msg).await;
+    }
+}
+
+/// The relay loop over one source session.
+#[derive(Debug)]
+pub struct Pipeline<S, P, C> {
+    source: S,
+    publisher: P,
+    store: C,
+    router: Router,
+    frontier: AckFrontier,
+    /// Last position saved to the store (and then confirmed to the source).
+    stored: Lsn,
+    config: PipelineConfig,
+    stats: Arc<PipelineStats>,
+    /// The open transaction and the count of its outbox events so far.
+    tx: Option<(TxContext, u64)>,
+}
+
+impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
+    /// A loop that resumes at `start`, a position already stored and confirmed.
+    pub fn new(
+        source: S,
+        publisher: P,
+        store: C,
+        router: Router,
+        start: Lsn,
+        config: PipelineConfig,
+        stats: Arc<PipelineStats>,
+    ) -> Self {
+        stats.confirmed_lsn.store(start.0, Ordering::Relaxed);
+        Self {
+            source,
+            publisher,
+            store,
+            router,
+            frontier: AckFrontier::new(start),
+            stored: start,
+            config,
+            stats,
+            tx: None,
+        }
+    }
+
+    /// The router, to carry its relation cache into the next session.
+    pub fn into_router(self) -> Router {
+        self.router
+    }
+
+    /// Runs until `shutdown` resolves (then drains and checkpoints), the source ends, or an
+    /// error. On any error the acknowledged prefix is still checkpointed when possible.
+    pub async fn run(
+        &mut self,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<RunOutcome, PipelineError> {
+        let mut shutdown = pin!(shutdown);
+        let mut in_flight: FuturesUnordered<_> = FuturesUnordered::new();
+        let mut tick = tokio::time::interval(self.config.checkpoint_interval);
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let policy = RetryPolicy {
+            initial: self.config.retry_initial,
+            max: self.config.retry_max,
+            no_stream_grace: self.config.no_stream_grace,
+        };
+        let max_in_flight = self.config.max_in_flight.max(1);
+
+        let failure: Option<PipelineError> = loop {
+            let can_read = in_flight.len() < max_in_flight;
+            tokio::select! {
+                biased;
+                () = &mut shutdown => break None,
+                Some(done) = in_flight.next(), if !in_flight.is_empty() => {
+                    if let Err(e) = self.on_delivery(done) {
+                        break Some(e);
+                    }
+                }
+                _ = tick.tick() => {
+                    if let Err(e) = self.checkpoint().await {
+                        break Some(e);
+                    }
+                }
+                event = self.source.next(), if can_read => {
+                    let event = match event {
+                        Ok(Some(event)) => event,
+                        Ok(None) => break None,
+                        Err(e) => break Some(e.into()),
+                    };
+                    match self.on_event(event) {
+                        Ok(Some((msg, ticket))) => {
+                            let msg = Arc::new(msg);
+                            let first = self.publisher.send(&msg).await;
+                            in_flight.push(deliver(
+                                self.publisher.clone(),
+                                msg,
+                                first,
+                                ticket,
+                                policy,
+                                self.stats.clone(),
+                            ));
+                        }
+                        Ok(None) => {}
+                        Err(e) => break Some(e),
+                    }
+                }
+            }
+            self.stats
+                .in_flight
+                .store(self.frontier.in_flight(), Ordering::Relaxed);
+        };
+
+        // Drain: whatever happened, wait (bounded) for outstanding acks so the stored position
+        // is as far as the broker really got, then store it and confirm it.
+        let deadline = Instant::now() + self.config.drain_timeout;
+        let mut failure = failure;
+        while !in_flight.is_empty() {
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => break,
+                Some(done) = in_flight.next() => {
+                    if let Err(e) = self.on_delivery(done) {
+                        failure.get_or_insert(e);
+                    }
+                }
+                _ = tick.tick() => {
+                    if let Err(e) = self.checkpoint().await {
+                        failure.get_or_insert(e);
+                        break;
+                    }
+                }
+            }
+        }
+        let abandoned = in_flight.len() as u64;
+        if abandoned > 0 {
+            tracing::warn!(
+                abandoned,
+                "shutdown drain timed out; unacknowledged events will be re-sent after restart"
+            );
+        }
+        let saved = self.checkpoint().await;
+        match (failure, saved) {
+            (Some(e), _) => Err(e),
+            (None, Err(e)) => Err(e),
+            (None, Ok(())) => Ok(RunOutcome {
+                confirmed: self.stored,
+                abandoned,
+            }),
+        }
+    }
+
+    /// Feeds one source event through decode results and routing; returns a message to publish.
+    fn on_event(
+        &mut self,
+        event: SourceEvent,
+    ) -> Result<Option<(OutboundMessage, EventTicket)>, PipelineError> {
+        match event {
+            SourceEvent::Begin {
+                xid,
+                final_lsn,
+                commit_time_micros,
+            } => {
+                self.frontier.begin()?;
+                self.tx = Some((TxContext::new(xid, final_lsn, commit_time_micros), 0));
+            }
+            SourceEvent::Commit { end_lsn, .. } => {
+                self.frontier.commit(end_lsn)?;
+                self.tx = None;
+            }
+            SourceEvent::KeepAlive { wal_end } => {
+                self.frontier.keepalive(wal_end);
+            }
+            SourceEvent::Message(LogicalMessage::Relation(relation)) => {
+                self.router.on_relation(relation);
+            }
+            SourceEvent::Message(LogicalMessage::Insert(insert)) => {
+                let Some((tx, index)) = self.tx.as_mut() else {
+                    return Err(FrontierError::NoOpenTransaction.into());
+                };
+                let routed = self
+                    .router
+                    .route_insert(&insert, tx, *index)
+                    .map_err(|error| PipelineError::Route {
+                        xid: tx.xid,
+                        commit_lsn: tx.commit_lsn,
+                        error,
+                    })?;
+                match routed {
+                    Some(msg) => {
+                        *index += 1;
+                        self.stats.events_received.fetch_add(1, Ordering::Relaxed);
+                        let ticket = self.frontier.event()?;
+                        return Ok(Some((msg, ticket)));
+                    }
+                    None => {
+                        self.stats.changes_skipped.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            SourceEvent::Message(_) => {
+                // Updates, deletes and truncates of the outbox (e.g. insert-then-delete in one
+                // transaction), Type, Origin and logical messages carry no outbox event.
+                self.stats.changes_skipped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(None)
+    }
+
+    fn on_delivery(&mut self, done: Delivery) -> Result<(), PipelineError> {
+        match done {
+            Ok((ticket, receipt)) => {
+                self.frontier.ack(ticket)?;
+                self.stats.events_published.fetch_add(1, Ordering::Relaxed);
+                if receipt.duplicate {
+                    self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(())
+            }
+            Err((msg, error)) => Err(PipelineError::Publish {
+                event_id: msg.event_id.clone(),
+                subject: msg.subject.clone(),
+                error,
+            }),
+        }
+    }
+
+    /// Stores the frontier if it moved, then confirms it to the source: store first, so the
+    /// slot never hears of a position the store could lose.
+    async fn checkpoint(&mut self) -> Result<(), PipelineError> {
+        let lsn = self.frontier.confirmed();
+        if lsn <= self.stored {
+            return Ok(());
+        }
+        self.store
+            .save(lsn)
+            .await
+            .map_err(|error| PipelineError::Store { lsn, error })?;
+        self.stored = lsn;
+        self.source.confirm(lsn);
+        self.stats.confirmed_lsn.store(lsn.0, Ordering::Relaxed);
+        tracing::debug!(lsn = %lsn, "checkpoint stored and confirmed");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

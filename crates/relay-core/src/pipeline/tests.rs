@@ -1,0 +1,516 @@
+//! The loop against in-memory fakes: a scripted source, a broker that stores by `Nats-Msg-Id`
+//! with injectable faults and ack delays, and a store that checks the delivery rule on every
+//! save.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Mutex;
+
+use bytes::Bytes;
+use pgoutput::{Column, Insert, Relation, TupleData, TupleValue, Update};
+
+use super::*;
+use crate::route::OutboxTableConfig;
+use crate::stage::ErrorClass;
+
+const OUTBOX: u32 = 100;
+const OTHER: u32 = 200;
+
+fn relation(id: u32, name: &str, cols: &[&str]) -> SourceEvent {
+    SourceEvent::Message(LogicalMessage::Relation(Relation {
+        id,
+        namespace: "public".into(),
+        name: name.into(),
+        replica_identity: b'd',
+        columns: cols
+            .iter()
+            .map(|c| Column {
+                flags: 0,
+                name: (*c).into(),
+                type_oid: 25,
+                type_modifier: -1,
+            })
+            .collect(),
+    }))
+}
+
+fn row(values: &[&str]) -> TupleData {
+    TupleData {
+        values: values
+            .iter()
+            .map(|v| TupleValue::Text(Bytes::copy_from_slice(v.as_bytes())))
+            .collect(),
+    }
+}
+
+fn outbox_insert(id: &str) -> SourceEvent {
+    SourceEvent::Message(LogicalMessage::Insert(Insert {
+        relation_id: OUTBOX,
+        new: row(&[id, "Order", "1", "Created", "{}"]),
+    }))
+}
+
+fn begin(n: u64) -> SourceEvent {
+    SourceEvent::Begin {
+        xid: n as u32,
+        final_lsn: Lsn(n * 1000 - 10),
+        commit_time_micros: 0,
+    }
+}
+
+fn commit(n: u64) -> SourceEvent {
+    SourceEvent::Commit {
+        commit_lsn: Lsn(n * 1000 - 10),
+        end_lsn: Lsn(n * 1000),
+    }
+}
+
+/// Transaction `n` (end LSN n*1000) holding outbox events `ids`.
+fn tx(n: u64, ids: &[&str]) -> Vec<SourceEvent> {
+    let mut v = vec![begin(n)];
+    v.extend(ids.iter().map(|id| outbox_insert(id)));
+    v.push(commit(n));
+    v
+}
+
+fn preamble() -> Vec<SourceEvent> {
+    vec![
+        relation(
+            OUTBOX,
+            "outbox",
+            &["id", "aggregatetype", "aggregateid", "type", "payload"],
+        ),
+        relation(OTHER, "orders", &["id"]),
+    ]
+}
+
+struct ScriptedSource {
+    events: VecDeque<SourceEvent>,
+    confirmed: Arc<Mutex<Vec<Lsn>>>,
+    /// Error to return once the script is exhausted instead of ending.
+    then_fail: bool,
+    keepalive_due: Option<Instant>,
+}
+
+impl ChangeSource for ScriptedSource {
+    async fn next(&mut self) -> Result<Option<SourceEvent>, SourceError> {
+        if let Some(SourceEvent::KeepAlive { .. }) = self.events.front() {
+            // Servers send keepalives on a timer; let time pass first. The deadline survives a
+            // cancelled call, and the event is popped only after it.
+            let due = *self
+                .keepalive_due
+                .get_or_insert_with(|| Instant::now() + Duration::from_millis(100));
+            tokio::time::sleep_until(due).await;
+            self.keepalive_due = None;
+        }
+        match self.events.pop_front() {
+            Some(e) => Ok(Some(e)),
+            None if self.then_fail => Err(SourceError::new(ErrorClass::Transient, "lost")),
+            None => Ok(None),
+        }
+    }
+    fn confirm(&mut self, lsn: Lsn) {
+        self.confirmed.lock().unwrap().push(lsn);
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Fault {
+    /// Stored, but the ack is lost: the publisher reports an unknown outcome.
+    FailAfterWrite,
+    /// Refused for good.
+    Reject,
+}
+
+#[derive(Default)]
+struct BrokerState {
+    /// Stored messages in stream order, deduplicated by event id.
+    stream: Vec<OutboundMessage>,
+    ids: HashSet<String>,
+    faults: HashMap<String, VecDeque<Fault>>,
+    /// Ack delay per event id (default 1 ms).
+    delays: HashMap<String, Duration>,
+    outstanding: usize,
+    max_outstanding: usize,
+    sends: usize,
+}
+
+#[derive(Clone, Default)]
+struct FakeBroker(Arc<Mutex<BrokerState>>);
+
+impl Publisher for FakeBroker {
+    type Ack = futures::future::BoxFuture<'static, Result<PubReceipt, PublishError>>;
+
+    async fn send(&self, msg: &OutboundMessage) -> Result<Self::Ack, PublishError> {
+        let state = self.0.clone();
+        let msg = msg.clone();
+        let (delay, fault) = {
+            let mut s = state.lock().unwrap();
+            s.sends += 1;
+            s.outstanding += 1;
+            s.max_outstanding = s.max_outstanding.max(s.outstanding);
+            let fault = s.faults.get_mut(&msg.event_id).and_then(|q| q.pop_front());
+            let delay = s.delays.get(&msg.event_id).copied();
+            (delay.unwrap_or(Duration::from_millis(1)), fault)
+        };
+        Ok(Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            let mut s = state.lock().unwrap();
+            s.outstanding -= 1;
+            if fault == Some(Fault::Reject) {
+                return Err(PublishError::new(PublishErrorKind::Rejected, "too big"));
+            }
+            let duplicate = !s.ids.insert(msg.event_id.clone());
+            if !duplicate {
+                s.stream.push(msg);
+            }
+            let seq = s.stream.len() as u64;
+            if fault == Some(Fault::FailAfterWrite) {
+                return Err(PublishError::new(
+                    PublishErrorKind::Unknown,
+                    "ack timed out",
+                ));
+            }
+            Ok(PubReceipt {
+                stream_seq: seq,
+                duplicate,
+            })
+        }))
+    }
+}
+
+/// Checks the delivery rule on every save: every event of every transaction ending at or
+/// before the saved LSN is in the broker.
+struct CheckingStore {
+    broker: FakeBroker,
+    /// (end LSN of transaction, its event ids)
+    txs: Vec<(Lsn, Vec<String>)>,
+    saved: Arc<Mutex<Vec<Lsn>>>,
+}
+
+impl CheckpointStore for CheckingStore {
+    async fn load(&mut self) -> Result<Option<Lsn>, StoreError> {
+        Ok(self.saved.lock().unwrap().last().copied())
+    }
+    async fn save(&mut self, lsn: Lsn) -> Result<(), StoreError> {
+        let broker = self.broker.0.lock().unwrap();
+        for (end, ids) in &self.txs {
+            if *end <= lsn {
+                for id in ids {
+                    assert!(
+                        broker.ids.contains(id),
+                        "saved {lsn} before event {id} was acked"
+                    );
+                }
+            }
+        }
+        self.saved.lock().unwrap().push(lsn);
+        Ok(())
+    }
+}
+
+struct Harness {
+    broker: FakeBroker,
+    saved: Arc<Mutex<Vec<Lsn>>>,
+    confirmed: Arc<Mutex<Vec<Lsn>>>,
+    stats: Arc<PipelineStats>,
+}
+
+async fn run_script(
+    events: Vec<SourceEvent>,
+    broker: FakeBroker,
+    config: PipelineConfig,
+    then_fail: bool,
+) -> (Result<RunOutcome, PipelineError>, Harness) {
+    // Work out each transaction's events for the checking store.
+    let mut txs = Vec::new();
+    let mut current = Vec::new();
+    for e in &events {
+        match e {
+            SourceEvent::Begin { .. } => current.clear(),
+            SourceEvent::Message(LogicalMessage::Insert(i)) if i.relation_id == OUTBOX => {
+                if let Some(TupleValue::Text(id)) = i.new.values.first() {
+                    current.push(String::from_utf8_lossy(id).into_owned());
+                }
+            }
+            SourceEvent::Commit { end_lsn, .. } => txs.push((*end_lsn, current.clone())),
+            _ => {}
+        }
+    }
+    let saved = Arc::new(Mutex::new(Vec::new()));
+    let confirmed = Arc::new(Mutex::new(Vec::new()));
+    let stats = Arc::new(PipelineStats::default());
+    let source = ScriptedSource {
+        events: events.into(),
+        confirmed: confirmed.clone(),
+        then_fail,
+        keepalive_due: None,
+    };
+    let store = CheckingStore {
+        broker: broker.clone(),
+        txs,
+        saved: saved.clone(),
+    };
+    let router = Router::new(&[OutboxTableConfig::with_defaults("public.outbox")]).unwrap();
+    let mut pipeline = Pipeline::new(
+        source,
+        broker.clone(),
+        store,
+        router,
+        Lsn(1),
+        config,
+        stats.clone(),
+    );
+    let result = pipeline.run(std::future::pending()).await;
+    (
+        result,
+        Harness {
+            broker,
+            saved,
+            confirmed,
+            stats,
+        },
+    )
+}
+
+fn stream_ids(h: &Harness) -> Vec<String> {
+    h.broker
+        .0
+        .lock()
+        .unwrap()
+        .stream
+        .iter()
+        .map(|m| m.event_id.clone())
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn publishes_in_commit_order_and_confirms_the_last_commit() {
+    let mut events = preamble();
+    events.extend(tx(1, &["a", "b"]));
+    // A transaction touching only another table.
+    events.push(begin(2));
+    events.push(SourceEvent::Message(LogicalMessage::Insert(Insert {
+        relation_id: OTHER,
+        new: row(&["9"]),
+    })));
+    events.push(commit(2));
+    // Insert then update of an outbox row in one transaction: the insert is published.
+    events.extend(tx(3, &["c"]));
+    events.insert(
+        events.len() - 1,
+        SourceEvent::Message(LogicalMessage::Update(Update {
+            relation_id: OUTBOX,
+            old: None,
+            new: row(&["c", "x", "x", "x", "x"]),
+        })),
+    );
+    let (result, h) = run_script(
+        events,
+        FakeBroker::default(),
+        PipelineConfig::default(),
+        false,
+    )
+    .await;
+    let outcome = result.unwrap();
+    assert_eq!(outcome.confirmed, Lsn(3000));
+    assert_eq!(stream_ids(&h), ["a", "b", "c"]);
+    assert_eq!(h.saved.lock().unwrap().last(), Some(&Lsn(3000)));
+    assert_eq!(h.confirmed.lock().unwrap().last(), Some(&Lsn(3000)));
+    assert_eq!(h.stats.changes_skipped.load(Ordering::Relaxed), 2);
+    let broker = h.broker.0.lock().unwrap();
+    assert_eq!(broker.stream[2].header("Outbox-Tx-Index"), Some("0"));
+    assert_eq!(broker.stream[1].header("Outbox-Tx-Index"), Some("1"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn out_of_order_acks_never_let_a_checkpoint_pass_an_unacked_event() {
+    let broker = FakeBroker::default();
+    let mut events = preamble();
+    let mut n = 0;
+    for t in 1..=40u64 {
+        let ids: Vec<String> = (0..(t % 4)).map(|i| format!("e{t}-{i}")).collect();
+        for id in &ids {
+            n += 1;
+            // Scattered ack delays: acks come back in an order unrelated to commit order.
+            let delay = Duration::from_millis((n * 7919) % 97 * 10);
+            broker.0.lock().unwrap().delays.insert(id.clone(), delay);
+        }
+        let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+        events.extend(tx(t, &refs));
+    }
+    let config = PipelineConfig {
+        checkpoint_interval: Duration::from_millis(50),
+        ..PipelineConfig::default()
+    };
+    // CheckingStore asserts the rule on every save.
+    let (result, h) = run_script(events, broker, config, false).await;
+    assert_eq!(result.unwrap().confirmed, Lsn(40_000));
+    assert_eq!(stream_ids(&h).len(), n as usize);
+    let saved = h.saved.lock().unwrap().clone();
+    assert!(saved.len() > 2, "several checkpoints: {saved:?}");
+    assert!(
+        saved.windows(2).all(|w| w[0] < w[1]),
+        "monotonic: {saved:?}"
+    );
+    assert_eq!(
+        *h.confirmed.lock().unwrap(),
+        saved,
+        "confirm follows every save, in order"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_ack_is_republished_and_deduplicated() {
+    let broker = FakeBroker::default();
+    broker
+        .0
+        .lock()
+        .unwrap()
+        .faults
+        .insert("b".into(), [Fault::FailAfterWrite].into());
+    let mut events = preamble();
+    events.extend(tx(1, &["a", "b", "c"]));
+    let (result, h) = run_script(events, broker, PipelineConfig::default(), false).await;
+    assert_eq!(result.unwrap().confirmed, Lsn(1000));
+    assert_eq!(stream_ids(&h), ["a", "b", "c"], "one copy of b");
+    assert_eq!(h.stats.duplicates.load(Ordering::Relaxed), 1);
+    assert_eq!(h.stats.publish_retries.load(Ordering::Relaxed), 1);
+    assert_eq!(h.broker.0.lock().unwrap().sends, 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rejected_event_stops_the_relay_before_its_transaction() {
+    let broker = FakeBroker::default();
+    broker
+        .0
+        .lock()
+        .unwrap()
+        .faults
+        .insert("bad".into(), [Fault::Reject].into());
+    let mut events = preamble();
+    events.extend(tx(1, &["a"]));
+    events.extend(tx(2, &["b", "bad"]));
+    events.extend(tx(3, &["c"]));
+    let (result, h) = run_script(events, broker, PipelineConfig::default(), false).await;
+    match result {
+        Err(PipelineError::Publish { event_id, .. }) => assert_eq!(event_id, "bad"),
+        other => panic!("expected a publish error, got {other:?}"),
+    }
+    let saved = h.saved.lock().unwrap().clone();
+    assert!(
+        saved.iter().all(|l| *l <= Lsn(1000)),
+        "nothing past tx 1: {saved:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_row_that_cannot_be_routed_stops_before_its_transaction() {
+    let mut events = preamble();
+    events.extend(tx(1, &["a"]));
+    events.extend(tx(2, &[""])); // empty event id
+    let (result, h) = run_script(
+        events,
+        FakeBroker::default(),
+        PipelineConfig::default(),
+        false,
+    )
+    .await;
+    assert!(matches!(
+        result,
+        Err(PipelineError::Route {
+            error: RouteError::MissingEventId { .. },
+            ..
+        })
+    ));
+    assert_eq!(h.saved.lock().unwrap().last(), Some(&Lsn(1000)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn keepalives_advance_only_while_nothing_is_in_flight() {
+    let broker = FakeBroker::default();
+    broker
+        .0
+        .lock()
+        .unwrap()
+        .delays
+        .insert("slow".into(), Duration::from_secs(3));
+    let mut events = preamble();
+    events.push(SourceEvent::KeepAlive { wal_end: Lsn(500) });
+    events.extend(tx(1, &["slow"]));
+    // The server is far ahead (other tables' WAL), but "slow" is not acked yet.
+    events.push(SourceEvent::KeepAlive { wal_end: Lsn(9000) });
+    events.push(SourceEvent::KeepAlive { wal_end: Lsn(9500) });
+    let config = PipelineConfig {
+        checkpoint_interval: Duration::from_millis(10),
+        ..PipelineConfig::default()
+    };
+    let (result, h) = run_script(events, broker, config, false).await;
+    assert_eq!(result.unwrap().confirmed, Lsn(1000));
+    let saved = h.saved.lock().unwrap().clone();
+    assert_eq!(
+        saved.first(),
+        Some(&Lsn(500)),
+        "idle keepalive is confirmed"
+    );
+    assert!(
+        !saved.iter().any(|l| *l > Lsn(1000)),
+        "keepalive behind an unacked event: {saved:?}"
+    );
+
+    // With nothing in flight the same keepalive is confirmed.
+    let mut events = preamble();
+    events.extend(tx(1, &["a"]));
+    events.push(SourceEvent::KeepAlive { wal_end: Lsn(9000) });
+    let (result, _) = run_script(
+        events,
+        FakeBroker::default(),
+        PipelineConfig::default(),
+        false,
+    )
+    .await;
+    assert_eq!(result.unwrap().confirmed, Lsn(9000));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_in_flight_window_is_bounded() {
+    let broker = FakeBroker::default();
+    let mut events = preamble();
+    let ids: Vec<String> = (0..500).map(|i| format!("e{i}")).collect();
+    for id in &ids {
+        let mut s = broker.0.lock().unwrap();
+        s.delays.insert(id.clone(), Duration::from_millis(50));
+    }
+    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    events.extend(tx(1, &refs));
+    let config = PipelineConfig {
+        max_in_flight: 32,
+        ..PipelineConfig::default()
+    };
+    let (result, h) = run_script(events, broker, config, false).await;
+    assert_eq!(result.unwrap().confirmed, Lsn(1000));
+    let max = h.broker.0.lock().unwrap().max_outstanding;
+    assert!(max <= 32 && max > 1, "max outstanding {max}");
+    assert_eq!(stream_ids(&h), ids);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_source_failure_drains_and_checkpoints_the_acked_prefix() {
+    let mut events = preamble();
+    events.extend(tx(1, &["a"]));
+    events.push(begin(2));
+    events.push(outbox_insert("b")); // transaction 2 never commits: the stream breaks
+    let (result, h) = run_script(
+        events,
+        FakeBroker::default(),
+        PipelineConfig::default(),
+        true,
+    )
+    .await;
+    assert!(matches!(result, Err(PipelineError::Source(_))));
+    assert_eq!(stream_ids(&h), ["a", "b"]);
+    assert_eq!(
+        h.saved.lock().unwrap().last(),
+        Some(&Lsn(1000)),
+        "not past the open tx"
+    );
+}

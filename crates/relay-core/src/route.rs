@@ -1,0 +1,545 @@
+//! Route: outbox row → JetStream message.
+//!
+//! A mapping ([`OutboxTableConfig`]) names the event-id column, a subject template, the payload
+//! column and the header columns of one outbox table. It is compiled against each pgoutput
+//! Relation message (sent before a table's first row in a session and again after DDL), so
+//! columns are found by name and a dropped or renamed mapped column is reported by name.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use pgoutput::{Insert, Oid, Relation, TupleValue};
+use serde::{Deserialize, Serialize};
+
+use crate::message::{
+    HEADER_COMMIT_LSN, HEADER_COMMIT_TIME, HEADER_TABLE, HEADER_TX_INDEX, HEADER_XID,
+    OutboundMessage, TxContext,
+};
+use crate::subject::{Segment, SubjectTemplate, TemplateError, push_escaped_token};
+use crate::value::{self, oid};
+
+/// `payload` value that publishes the whole row as a JSON object.
+pub const PAYLOAD_WHOLE_ROW: &str = "*";
+/// Suffix on a header column name that makes the column optional.
+const OPTIONAL_SUFFIX: char = '?';
+
+/// How one outbox table maps to messages. Defaults follow Debezium's outbox event router shape.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutboxTableConfig {
+    /// The table, `schema.table` (or `table` for `public`), as stored in the catalog
+    /// (lower-case unless created with quotes).
+    pub table: String,
+    /// Column whose value is the event id, sent as `Nats-Msg-Id`. Default `id`.
+    #[serde(default = "default_event_id")]
+    pub event_id: String,
+    /// Subject template; `{column}` is replaced by the column's value under the token rule.
+    /// Default `outbox.{aggregatetype}.{type}`.
+    #[serde(default = "default_subject")]
+    pub subject: String,
+    /// Payload column, forwarded byte-exact (json, jsonb, text) or decoded (bytea); `"*"` sends
+    /// the whole row as a JSON object. Default `payload`.
+    #[serde(default = "default_payload")]
+    pub payload: String,
+    /// Header name → column. A trailing `?` on the column makes it optional (absent column: no
+    /// header); a NULL value omits the header.
+    #[serde(default = "default_headers")]
+    pub headers: BTreeMap<String, String>,
+}
+
+fn default_event_id() -> String {
+    "id".into()
+}
+fn default_subject() -> String {
+    "outbox.{aggregatetype}.{type}".into()
+}
+fn default_payload() -> String {
+    "payload".into()
+}
+fn default_headers() -> BTreeMap<String, String> {
+    [
+        ("Outbox-Aggregate-Type", "aggregatetype"),
+        ("Outbox-Aggregate-Id", "aggregateid"),
+        ("Outbox-Event-Type", "type"),
+        ("traceparent", "tracingspancontext?"),
+    ]
+    .into_iter()
+    .map(|(h, c)| (h.to_owned(), c.to_owned()))
+    .collect()
+}
+
+impl OutboxTableConfig {
+    /// A mapping with every default for `table`.
+    pub fn with_defaults(table: impl Into<String>) -> Self {
+        Self {
+            table: table.into(),
+            event_id: default_event_id(),
+            subject: default_subject(),
+            payload: default_payload(),
+            headers: default_headers(),
+        }
+    }
+
+    /// `(schema, table)`.
+    pub fn qualified_name(&self) -> (&str, &str) {
+        self.table
+            .split_once('.')
+            .unwrap_or(("public", &self.table))
+    }
+
+    /// Checks everything that can be checked without the database.
+    pub fn validate(&self) -> Result<SubjectTemplate, ConfigError> {
+        let (schema, table) = self.qualified_name();
+        if schema.is_empty() || table.is_empty() || table.contains('.') {
+            return Err(ConfigError::TableName(self.table.clone()));
+        }
+        if self.event_id.is_empty() || self.payload.is_empty() {
+            return Err(ConfigError::EmptyColumn(self.table.clone()));
+        }
+        for name in self.headers.keys() {
+            let reserved = [
+                crate::message::HEADER_MSG_ID,
+                HEADER_COMMIT_LSN,
+                HEADER_XID,
+                HEADER_COMMIT_TIME,
+                HEADER_TABLE,
+                HEADER_TX_INDEX,
+            ];
+            let bad_char = |c: char| !c.is_ascii_graphic() || c == ':';
+            if name.is_empty() || name.contains(bad_char) {
+                return Err(ConfigError::HeaderName(name.clone()));
+            }
+            if reserved.iter().any(|r| r.eq_ignore_ascii_case(name)) {
+                return Err(ConfigError::ReservedHeader(name.clone()));
+            }
+        }
+        SubjectTemplate::parse(&self.subject).map_err(|source| ConfigError::Subject {
+            table: self.table.clone(),
+            source,
+        })
+    }
+}
+
+/// A mapping that cannot work whatever the database holds.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// Not `schema.table` or `table`.
+    #[error("outbox table name `{0}` is not `schema.table` or `table`")]
+    TableName(String),
+    /// `event_id` or `payload` is empty.
+    #[error("outbox table `{0}`: `event_id` and `payload` must name a column")]
+    EmptyColumn(String),
+    /// Header names are ASCII without spaces or `:`.
+    #[error("header name `{0}` is not a valid NATS header name (printable ASCII, no `:`)")]
+    HeaderName(String),
+    /// Header set by the relay itself.
+    #[error("header `{0}` is set by the relay itself and cannot be mapped from a column")]
+    ReservedHeader(String),
+    /// Subject template refused.
+    #[error("outbox table `{table}`: bad subject template")]
+    Subject {
+        /// The table.
+        table: String,
+        /// Why.
+        #[source]
+        source: TemplateError,
+    },
+    /// Two mappings for one table.
+    #[error("outbox table `{0}` is configured twice")]
+    DuplicateTable(String),
+}
+
+/// Why one row could not become a message. The relay fails closed on these: it stops before
+/// the row's transaction and confirms nothing past it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    /// An Insert for a relation whose Relation message never arrived (protocol violation).
+    #[error("insert into relation oid {0} arrived before its relation message")]
+    UnknownRelation(Oid),
+    /// A mapped column is not in the table (dropped, renamed, or never there).
+    #[error(
+        "outbox table `{table}` has no column `{column}` (mapped as {role}); fix the mapping or the table"
+    )]
+    MissingColumn {
+        /// The table.
+        table: String,
+        /// The column.
+        column: String,
+        /// What the mapping uses it for.
+        role: &'static str,
+    },
+    /// The row has a different number of values than its relation has columns.
+    #[error("row in `{table}` has {got} values but the relation has {expected} columns")]
+    ColumnCount {
+        /// The table.
+        table: String,
+        /// Values in the row.
+        got: usize,
+        /// Columns in the relation.
+        expected: usize,
+    },
+    /// The event id is NULL or empty.
+    #[error("row in `{table}` has a NULL or empty event id in column `{column}`")]
+    MissingEventId {
+        /// The table.
+        table: String,
+        /// The event id column.
+        column: String,
+    },
+    /// A subject column is NULL or empty: it cannot form a subject token.
+    #[error("event {event_id} in `{table}`: subject column `{column}` is NULL or empty")]
+    EmptySubjectValue {
+        /// The table.
+        table: String,
+        /// The event id.
+        event_id: String,
+        /// The column.
+        column: String,
+    },
+    /// A value holds a control character (CR, LF, ...) and cannot be a header value.
+    #[error(
+        "event {event_id} in `{table}`: column `{column}` holds a control character and cannot be header `{header}`"
+    )]
+    InvalidHeaderValue {
+        /// The table.
+        table: String,
+        /// The event id (may be the raw value if the id itself is bad).
+        event_id: String,
+        /// The column.
+        column: String,
+        /// The header.
+        header: String,
+    },
+    /// A value in a form the relay does not request (binary, unchanged TOAST) or a bad bytea.
+    #[error("event {event_id} in `{table}`: column `{column}` has an unusable value: {reason}")]
+    UnusableValue {
+        /// The table.
+        table: String,
+        /// The event id.
+        event_id: String,
+        /// The column.
+        column: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
+}
+
+/// Where a message's payload comes from.
+#[derive(Debug, Clone)]
+enum PayloadPlan {
+    Column { index: usize, type_oid: u32 },
+    WholeRow,
+}
+
+/// A mapping compiled against one Relation message.
+#[derive(Debug, Clone)]
+struct CompiledRoute {
+    table: Arc<str>,
+    relation: Arc<Relation>,
+    event_id: usize,
+    subject: Vec<SubjectPart>,
+    payload: PayloadPlan,
+    headers: Vec<(Arc<str>, usize)>,
+}
+
+#[derive(Debug, Clone)]
+enum SubjectPart {
+    Literal(String),
+    Column(usize),
+}
+
+/// What the router knows about one relation OID.
+#[derive(Debug)]
+enum RelationRoute {
+    /// Not an outbox table: its rows are ignored.
+    Ignored,
+    /// An outbox table; the error says why its rows cannot be routed.
+    Outbox(Result<CompiledRoute, RouteError>),
+}
+
+/// One configured table, validated.
+#[derive(Debug)]
+struct TableRoute {
+    config: OutboxTableConfig,
+    subject: SubjectTemplate,
+}
+
+/// Turns decoded Relation and Insert messages into outbound messages.
+#[derive(Debug)]
+pub struct Router {
+    tables: Vec<TableRoute>,
+    relations: HashMap<Oid, RelationRoute>,
+}
+
+impl Router {
+    /// A router for the configured outbox tables.
+    pub fn new(configs: &[OutboxTableConfig]) -> Result<Self, ConfigError> {
+        let mut tables: Vec<TableRoute> = Vec::with_capacity(configs.len());
+        for config in configs {
+            let subject = config.validate()?;
+            if tables
+                .iter()
+                .any(|t| t.config.qualified_name() == config.qualified_name())
+            {
+                return Err(ConfigError::DuplicateTable(config.table.clone()));
+            }
+            tables.push(TableRoute {
+                config: config.clone(),
+                subject,
+            });
+        }
+        Ok(Self {
+            tables,
+            relations: HashMap::new(),
+        })
+    }
+
+    /// Learns (or re-learns, after DDL) a relation's shape.
+    pub fn on_relation(&mut self, relation: Relation) {
+        let id = relation.id;
+        let route = match self.tables.iter().find(|t| {
+            t.config.qualified_name() == (relation.namespace.as_str(), relation.name.as_str())
+        }) {
+            None => RelationRoute::Ignored,
+            Some(table) => RelationRoute::Outbox(compile(table, Arc::new(relation))),
+        };
+        self.relations.insert(id, route);
+    }
+
+    /// Whether `relation_id` is a configured outbox table.
+    pub fn is_outbox(&self, relation_id: Oid) -> bool {
+        matches!(
+            self.relations.get(&relation_id),
+            Some(RelationRoute::Outbox(_))
+        )
+    }
+
+    /// Routes one Insert: `Ok(None)` when the table is not an outbox table.
+    pub fn route_insert(
+        &self,
+        insert: &Insert,
+        tx: &TxContext,
+        tx_index: u64,
+    ) -> Result<Option<OutboundMessage>, RouteError> {
+        let route = match self.relations.get(&insert.relation_id) {
+            None => return Err(RouteError::UnknownRelation(insert.relation_id)),
+            Some(RelationRoute::Ignored) => return Ok(None),
+            Some(RelationRoute::Outbox(Err(e))) => return Err(e.clone()),
+            Some(RelationRoute::Outbox(Ok(route))) => route,
+        };
+        route.build(insert, tx, tx_index).map(Some)
+    }
+}
+
+fn compile(table: &TableRoute, relation: Arc<Relation>) -> Result<CompiledRoute, RouteError> {
+    let name: Arc<str> = format!("{}.{}", relation.namespace, relation.name).into();
+    let find = |column: &str, role: &'static str| -> Result<usize, RouteError> {
+        relation
+            .columns
+            .iter()
+            .position(|c| c.name == column)
+            .ok_or_else(|| RouteError::MissingColumn {
+                table: name.to_string(),
+                column: column.to_owned(),
+                role,
+            })
+    };
+    let config = &table.config;
+    let event_id = find(&config.event_id, "event_id")?;
+    let subject = table
+        .subject
+        .segments()
+        .iter()
+        .map(|s| match s {
+            Segment::Literal(l) => Ok(SubjectPart::Literal(l.clone())),
+            Segment::Column(c) => find(c, "subject").map(SubjectPart::Column),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let payload = if config.payload == PAYLOAD_WHOLE_ROW {
+        PayloadPlan::WholeRow
+    } else {
+        let index = find(&config.payload, "payload")?;
+        let type_oid = relation.columns.get(index).map_or(0, |c| c.type_oid);
+        PayloadPlan::Column { index, type_oid }
+    };
+    let mut headers = Vec::with_capacity(config.headers.len());
+    for (header, column) in &config.headers {
+        let (column, optional) = match column.strip_suffix(OPTIONAL_SUFFIX) {
+            Some(c) => (c, true),
+            None => (column.as_str(), false),
+        };
+        match find(column, "header") {
+            Ok(index) => headers.push((Arc::from(header.as_str()), index)),
+            Err(_) if optional => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(CompiledRoute {
+        table: name,
+        relation,
+        event_id,
+        subject,
+        payload,
+        headers,
+    })
+}
+
+/// Text bytes of a value, `None` for NULL; other kinds are unusable in an INSERT.
+fn text_of(value: &TupleValue) -> Result<Option<&Bytes>, &'static str> {
+    match value {
+        TupleValue::Null => Ok(None),
+        TupleValue::Text(b) => Ok(Some(b)),
+        TupleValue::UnchangedToast => Err("unchanged TOAST value in an insert"),
+        TupleValue::Binary(_) => Err("binary-format value (binary mode is not requested)"),
+    }
+}
+
+impl CompiledRoute {
+    fn column_name(&self, index: usize) -> String {
+        self.relation
+            .columns
+            .get(index)
+            .map_or_else(|| format!("#{index}"), |c| c.name.clone())
+    }
+
+    fn build(
+        &self,
+        insert: &Insert,
+        tx: &TxContext,
+        tx_index: u64,
+    ) -> Result<OutboundMessage, RouteError> {
+        let values = &insert.new.values;
+        if values.len() != self.relation.columns.len() {
+            return Err(RouteError::ColumnCount {
+                table: self.table.to_string(),
+                got: values.len(),
+                expected: self.relation.columns.len(),
+            });
+        }
+        let unusable = |event_id: &str, index: usize, reason| RouteError::UnusableValue {
+            table: self.table.to_string(),
+            event_id: event_id.to_owned(),
+            column: self.column_name(index),
+            reason,
+        };
+        // Every index below was resolved against this relation, and the length is checked
+        // above, so `get` only fails on a bug; treat that like a NULL.
+        let text = |index: usize, event_id: &str| -> Result<Option<&[u8]>, RouteError> {
+            match values.get(index) {
+                None => Ok(None),
+                Some(v) => text_of(v)
+                    .map(|b| b.map(|b| &b[..]))
+                    .map_err(|reason| unusable(event_id, index, reason)),
+            }
+        };
+
+        let event_id = match text(self.event_id, "?")? {
+            Some(b) if !b.is_empty() => String::from_utf8_lossy(b).into_owned(),
+            _ => {
+                return Err(RouteError::MissingEventId {
+                    table: self.table.to_string(),
+                    column: self.column_name(self.event_id),
+                });
+            }
+        };
+        if event_id.chars().any(char::is_control) {
+            return Err(RouteError::InvalidHeaderValue {
+                table: self.table.to_string(),
+                event_id: event_id.escape_debug().to_string(),
+                column: self.column_name(self.event_id),
+                header: crate::message::HEADER_MSG_ID.to_owned(),
+            });
+        }
+
+        let mut subject = String::with_capacity(64);
+        for part in &self.subject {
+            match part {
+                SubjectPart::Literal(l) => subject.push_str(l),
+                SubjectPart::Column(index) => match text(*index, &event_id)? {
+                    Some(b) if !b.is_empty() => {
+                        push_escaped_token(&mut subject, &String::from_utf8_lossy(b))
+                    }
+                    _ => {
+                        return Err(RouteError::EmptySubjectValue {
+                            table: self.table.to_string(),
+                            event_id,
+                            column: self.column_name(*index),
+                        });
+                    }
+                },
+            }
+        }
+
+        let payload = match &self.payload {
+            PayloadPlan::WholeRow => {
+                let mut cols = Vec::with_capacity(values.len());
+                for (i, c) in self.relation.columns.iter().enumerate() {
+                    cols.push((c.name.as_str(), c.type_oid, text(i, &event_id)?));
+                }
+                value::row_to_json(cols.into_iter())
+            }
+            PayloadPlan::Column { index, type_oid } => match values.get(*index) {
+                Some(TupleValue::Text(b)) if *type_oid == oid::BYTEA => value::decode_bytea_hex(b)
+                    .map_err(|_| unusable(&event_id, *index, "bytea not in hex format"))?,
+                Some(TupleValue::Text(b)) => b.clone(),
+                Some(TupleValue::Null) | None => Bytes::new(),
+                Some(other) => {
+                    return Err(unusable(
+                        &event_id,
+                        *index,
+                        text_of(other).err().unwrap_or("unexpected value"),
+                    ));
+                }
+            },
+        };
+
+        let mut headers: Vec<(Arc<str>, Arc<str>)> = Vec::with_capacity(5 + self.headers.len());
+        headers.push((HEADER_COMMIT_LSN.into(), tx.commit_lsn_text.clone()));
+        headers.push((HEADER_XID.into(), tx.xid_text.clone()));
+        headers.push((HEADER_COMMIT_TIME.into(), tx.commit_time_text.clone()));
+        headers.push((HEADER_TABLE.into(), self.table.clone()));
+        headers.push((HEADER_TX_INDEX.into(), tx_index.to_string().into()));
+        for (header, index) in &self.headers {
+            let Some(raw) = text(*index, &event_id)? else {
+                continue;
+            };
+            let mut value = String::from_utf8_lossy(raw);
+            if header.eq_ignore_ascii_case("traceparent") {
+                value = extract_traceparent(&value).into();
+            }
+            if value.chars().any(char::is_control) {
+                return Err(RouteError::InvalidHeaderValue {
+                    table: self.table.to_string(),
+                    event_id,
+                    column: self.column_name(*index),
+                    header: header.to_string(),
+                });
+            }
+            headers.push((header.clone(), value.as_ref().into()));
+        }
+
+        Ok(OutboundMessage {
+            subject,
+            event_id,
+            headers,
+            payload,
+            table: self.table.clone(),
+            commit_lsn: tx.commit_lsn,
+        })
+    }
+}
+
+/// Debezium stores the span context as Java properties text (`traceparent=00-…` lines); a bare
+/// W3C value is taken as is.
+fn extract_traceparent(value: &str) -> String {
+    value
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("traceparent="))
+        .unwrap_or(value)
+        .trim()
+        .to_owned()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,179 @@
+//! The three IO boundaries of the pipeline, as traits: where changes come from, where messages
+//! go, and where progress is kept. Production implementations live in `relay-postgres` and
+//! `relay-nats`; tests use in-memory ones.
+
+use std::future::Future;
+
+use pgoutput::{LogicalMessage, Lsn};
+
+use crate::message::OutboundMessage;
+
+/// What a [`ChangeSource`] yields, in WAL order. Begin and Commit are split out because the
+/// replication client already parses them; every other pgoutput message arrives decoded.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SourceEvent {
+    /// A transaction starts.
+    Begin {
+        /// Transaction id.
+        xid: u32,
+        /// LSN of its commit record.
+        final_lsn: Lsn,
+        /// Commit time, µs since 2000-01-01 UTC.
+        commit_time_micros: i64,
+    },
+    /// Any other decoded pgoutput message (Relation, Insert, Update, Delete, ...).
+    Message(LogicalMessage),
+    /// The transaction ends.
+    Commit {
+        /// LSN of the commit record.
+        commit_lsn: Lsn,
+        /// End of the commit record: the position to confirm once the transaction is delivered.
+        end_lsn: Lsn,
+    },
+    /// The server's WAL position while no transaction is being sent.
+    KeepAlive {
+        /// Server WAL position.
+        wal_end: Lsn,
+    },
+}
+
+/// Classifies an error for the supervisor: retry (reconnect) or stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// Worth retrying after a backoff (connection lost, server restarting, timeouts).
+    Transient,
+    /// Retrying cannot help until an operator acts (missing slot, bad config, bad data).
+    Fatal,
+}
+
+/// A failure of the change source.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct SourceError {
+    /// Retry or stop.
+    pub class: ErrorClass,
+    /// What happened, naming the slot, publication or LSN involved.
+    pub message: String,
+    /// The underlying error.
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl SourceError {
+    /// A source error of `class`.
+    pub fn new(class: ErrorClass, message: impl Into<String>) -> Self {
+        Self {
+            class,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Attaches the underlying error.
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.source = Some(Box::new(source));
+        self
+    }
+}
+
+/// Committed changes in commit order.
+pub trait ChangeSource: Send {
+    /// The next event; `Ok(None)` when the stream ended cleanly. Must be cancel-safe: the
+    /// pipeline polls it inside `select!`.
+    fn next(&mut self) -> impl Future<Output = Result<Option<SourceEvent>, SourceError>> + Send;
+
+    /// Everything before `lsn` is delivered and stored: the server may recycle that WAL.
+    /// Called only with increasing values, and only after the checkpoint store saved `lsn`.
+    fn confirm(&mut self, lsn: Lsn);
+}
+
+/// What JetStream said about a stored message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PubReceipt {
+    /// Stream sequence of the message (of the first copy, for a duplicate).
+    pub stream_seq: u64,
+    /// JetStream recognized the `Nats-Msg-Id` and did not store a second copy.
+    pub duplicate: bool,
+}
+
+/// A failure to publish one message.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct PublishError {
+    /// How the pipeline should treat it.
+    pub kind: PublishErrorKind,
+    /// What happened.
+    pub message: String,
+}
+
+/// Publish failure classes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PublishErrorKind {
+    /// Outcome unknown (timeout, connection lost): publish again with the same `Nats-Msg-Id`.
+    Unknown,
+    /// No stream answered (no responders): a stream leader election, or no stream captures
+    /// the subject. Retried for a grace period, then fatal.
+    NoStream,
+    /// The broker refused the message for good (too large, stream full with `discard: new`,
+    /// permissions). Fatal.
+    Rejected,
+}
+
+impl PublishError {
+    /// A publish error of `kind`.
+    pub fn new(kind: PublishErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+/// The broker side. `Ok` from the ack future means stored by JetStream, never merely sent.
+pub trait Publisher: Clone + Send + Sync + 'static {
+    /// Resolves when the broker acknowledged (or refused) the message.
+    type Ack: Future<Output = Result<PubReceipt, PublishError>> + Send + 'static;
+
+    /// Hands `msg` to the broker connection, in call order, returning its pending ack.
+    fn send(
+        &self,
+        msg: &OutboundMessage,
+    ) -> impl Future<Output = Result<Self::Ack, PublishError>> + Send;
+}
+
+/// A failure of the checkpoint store.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct StoreError {
+    /// Retry or stop.
+    pub class: ErrorClass,
+    /// What happened.
+    pub message: String,
+    /// The underlying error.
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl StoreError {
+    /// A store error of `class` wrapping `source`.
+    pub fn new(
+        class: ErrorClass,
+        message: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            class,
+            message: message.into(),
+            source: Some(Box::new(source)),
+        }
+    }
+}
+
+/// Durable relay progress, kept apart from the slot so a restart resumes exactly where the
+/// broker's acks ended, and a slot that moved on its own is detected.
+pub trait CheckpointStore: Send {
+    /// The stored position, if any.
+    fn load(&mut self) -> impl Future<Output = Result<Option<Lsn>, StoreError>> + Send;
+    /// Durably stores `lsn` (a position the ack frontier reached).
+    fn save(&mut self, lsn: Lsn) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
