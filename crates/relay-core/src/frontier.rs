@@ -28,6 +28,8 @@ struct PendingTx {
     end_lsn: Option<Lsn>,
     /// Events handed to the publisher and not yet acknowledged.
     outstanding: u64,
+    /// Events the transaction carried in all.
+    events: u64,
 }
 
 /// Errors from feeding the frontier an impossible sequence of events.
@@ -67,6 +69,8 @@ pub struct AckFrontier {
     last_end_lsn: Lsn,
     /// Events outstanding across all transactions.
     in_flight: u64,
+    /// End LSN of the newest transaction behind the frontier that carried events.
+    last_eventful: Lsn,
 }
 
 impl AckFrontier {
@@ -79,12 +83,19 @@ impl AckFrontier {
             confirmed: start,
             last_end_lsn: start,
             in_flight: 0,
+            last_eventful: start,
         }
     }
 
     /// The newest position that may be stored and reported to the slot.
     pub fn confirmed(&self) -> Lsn {
         self.confirmed
+    }
+
+    /// End LSN of the newest confirmable transaction that carried events. Positions past it
+    /// came only from keepalives or event-free transactions.
+    pub fn last_eventful(&self) -> Lsn {
+        self.last_eventful
     }
 
     /// Events handed to the publisher and not yet acknowledged.
@@ -110,6 +121,7 @@ impl AckFrontier {
         self.pending.push_back(PendingTx {
             end_lsn: None,
             outstanding: 0,
+            events: 0,
         });
         self.open = true;
         Ok(())
@@ -127,6 +139,7 @@ impl AckFrontier {
             .back_mut()
             .ok_or(FrontierError::NoOpenTransaction)?;
         tx.outstanding += 1;
+        tx.events += 1;
         self.in_flight += 1;
         Ok(EventTicket {
             tx_seq: self.front_seq + index as u64,
@@ -190,6 +203,9 @@ impl AckFrontier {
             match front.end_lsn {
                 Some(end_lsn) if front.outstanding == 0 => {
                     self.confirmed = self.confirmed.max(end_lsn);
+                    if front.events > 0 {
+                        self.last_eventful = self.last_eventful.max(end_lsn);
+                    }
                     self.pending.pop_front();
                     self.front_seq += 1;
                 }
@@ -270,6 +286,17 @@ mod tests {
         f.begin().unwrap();
         f.commit(lsn(42)).unwrap();
         assert_eq!(f.confirmed(), lsn(42));
+        assert_eq!(
+            f.last_eventful(),
+            lsn(0),
+            "no events behind the frontier yet"
+        );
+        f.begin().unwrap();
+        let t = f.event().unwrap();
+        f.commit(lsn(50)).unwrap();
+        f.ack(t).unwrap();
+        assert!(f.keepalive(lsn(70)));
+        assert_eq!((f.confirmed(), f.last_eventful()), (lsn(70), lsn(50)));
     }
 
     #[test]

@@ -31,6 +31,10 @@ pub struct PipelineConfig {
     pub max_in_flight: usize,
     /// How often the frontier is stored and confirmed.
     pub checkpoint_interval: Duration,
+    /// How often a frontier that moved only over event-free WAL (keepalives, other tables) is
+    /// stored and confirmed. Kept apart from `checkpoint_interval` because the checkpoint write
+    /// is WAL itself: on an idle database every write would earn the next keepalive.
+    pub idle_checkpoint_interval: Duration,
     /// First delay before re-publishing a message whose outcome is unknown.
     pub retry_initial: Duration,
     /// Longest delay between re-publishes.
@@ -46,6 +50,7 @@ impl Default for PipelineConfig {
         Self {
             max_in_flight: 1024,
             checkpoint_interval: Duration::from_secs(1),
+            idle_checkpoint_interval: Duration::from_secs(10),
             retry_initial: Duration::from_millis(100),
             retry_max: Duration::from_secs(5),
             no_stream_grace: Duration::from_secs(30),
@@ -188,6 +193,8 @@ pub struct Pipeline<S, P, C> {
     frontier: AckFrontier,
     /// Last position saved to the store (and then confirmed to the source).
     stored: Lsn,
+    /// When `stored` was last written.
+    stored_at: Instant,
     config: PipelineConfig,
     stats: Arc<PipelineStats>,
     /// The open transaction and the count of its outbox events so far.
@@ -213,15 +220,16 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
             router,
             frontier: AckFrontier::new(start),
             stored: start,
+            stored_at: Instant::now(),
             config,
             stats,
             tx: None,
         }
     }
 
-    /// The router, to carry its relation cache into the next session.
-    pub fn into_router(self) -> Router {
-        self.router
+    /// Takes the loop apart: the source (to stop it cleanly), publisher and store.
+    pub fn into_parts(self) -> (S, P, C) {
+        (self.source, self.publisher, self.store)
     }
 
     /// Runs until `shutdown` resolves (then drains and checkpoints), the source ends, or an
@@ -252,7 +260,7 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
                     }
                 }
                 _ = tick.tick() => {
-                    if let Err(e) = self.checkpoint().await {
+                    if let Err(e) = self.checkpoint(false).await {
                         break Some(e);
                     }
                 }
@@ -298,7 +306,7 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
                     }
                 }
                 _ = tick.tick() => {
-                    if let Err(e) = self.checkpoint().await {
+                    if let Err(e) = self.checkpoint(false).await {
                         failure.get_or_insert(e);
                         break;
                     }
@@ -312,7 +320,7 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
                 "shutdown drain timed out; unacknowledged events will be re-sent after restart"
             );
         }
-        let saved = self.checkpoint().await;
+        let saved = self.checkpoint(true).await;
         match (failure, saved) {
             (Some(e), _) => Err(e),
             (None, Err(e)) => Err(e),
@@ -399,10 +407,16 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
     }
 
     /// Stores the frontier if it moved, then confirms it to the source: store first, so the
-    /// slot never hears of a position the store could lose.
-    async fn checkpoint(&mut self) -> Result<(), PipelineError> {
+    /// slot never hears of a position the store could lose. A move over event-free WAL only is
+    /// stored every `idle_checkpoint_interval` (unless `force`, at shutdown).
+    async fn checkpoint(&mut self, force: bool) -> Result<(), PipelineError> {
         let lsn = self.frontier.confirmed();
         if lsn <= self.stored {
+            return Ok(());
+        }
+        let eventful = self.frontier.last_eventful() > self.stored;
+        let idle_due = self.stored_at.elapsed() >= self.config.idle_checkpoint_interval;
+        if !(eventful || idle_due || force) {
             return Ok(());
         }
         self.store
@@ -410,6 +424,7 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
             .await
             .map_err(|error| PipelineError::Store { lsn, error })?;
         self.stored = lsn;
+        self.stored_at = Instant::now();
         self.source.confirm(lsn);
         self.stats.confirmed_lsn.store(lsn.0, Ordering::Relaxed);
         tracing::debug!(lsn = %lsn, "checkpoint stored and confirmed");

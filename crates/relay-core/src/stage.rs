@@ -42,8 +42,11 @@ pub enum SourceEvent {
 pub enum ErrorClass {
     /// Worth retrying after a backoff (connection lost, server restarting, timeouts).
     Transient,
-    /// Retrying cannot help until an operator acts (missing slot, bad config, bad data).
+    /// Retrying cannot help until an operator acts (bad config, refused login).
     Fatal,
+    /// The replication slot is gone or invalidated: continuing with a new one would skip
+    /// events, so the relay stops and an operator reconciles.
+    SlotLost,
 }
 
 /// A failure of the change source.

@@ -1,1 +1,171 @@
-//! relay-postgres
+//! The PostgreSQL side of outbox-relay.
+//!
+//! - [`bootstrap`]: checks `wal_level`, the outbox tables, the publication and the slot, creating
+//!   the publication and slot only when allowed and only when that cannot skip events;
+//! - [`checkpoint::PgCheckpointStore`]: the relay's durable progress in `outbox_relay.checkpoint`;
+//! - [`source::PgSource`]: the replication stream (pgwire-replication, pgoutput v1) decoded by
+//!   the `pgoutput` crate into [`relay_core::stage::SourceEvent`]s.
+
+pub mod bootstrap;
+pub mod checkpoint;
+mod settings;
+pub mod source;
+
+pub use settings::{ConnectionParts, PostgresSettings, redact_url, validate_identifier};
+
+use relay_core::Lsn;
+
+/// Failures of the PostgreSQL side outside the replication stream.
+#[derive(Debug, thiserror::Error)]
+pub enum PgError {
+    /// The connection string does not parse.
+    #[error("postgres.url is not a valid PostgreSQL connection URL: {0}")]
+    BadUrl(String),
+    /// A slot or publication name that could not safely go into SQL.
+    #[error("{what} name `{name}` is invalid: use 1-63 lower-case letters, digits and underscores")]
+    InvalidName {
+        /// `slot` or `publication`.
+        what: &'static str,
+        /// The name.
+        name: String,
+    },
+    /// The server could not be reached or refused the login.
+    #[error("cannot connect to PostgreSQL at {target}")]
+    Connect {
+        /// host:port/db.
+        target: String,
+        /// Why.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// `wal_level` is not `logical`.
+    #[error(
+        "wal_level is `{actual}`, logical replication needs `logical`: set wal_level = logical in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL"
+    )]
+    WalLevel {
+        /// The current value.
+        actual: String,
+    },
+    /// A configured outbox table does not exist.
+    #[error(
+        "outbox table `{table}` does not exist in database `{database}`: create it (see migrations/0001_outbox.sql) or fix [[outbox]] table"
+    )]
+    TableMissing {
+        /// The table.
+        table: String,
+        /// The database.
+        database: String,
+    },
+    /// The publication is missing and may not be created.
+    #[error(
+        "publication `{publication}` does not exist: CREATE PUBLICATION {publication} FOR TABLE {tables} WITH (publish = 'insert'), or set postgres.create_publication = true"
+    )]
+    PublicationMissing {
+        /// The publication.
+        publication: String,
+        /// Tables it should hold.
+        tables: String,
+    },
+    /// The publication does not publish inserts.
+    #[error(
+        "publication `{publication}` does not publish inserts: ALTER PUBLICATION {publication} SET (publish = 'insert')"
+    )]
+    PublicationNoInsert {
+        /// The publication.
+        publication: String,
+    },
+    /// An outbox table is not in the publication.
+    #[error(
+        "outbox table `{table}` is not in publication `{publication}`: ALTER PUBLICATION {publication} ADD TABLE {table}"
+    )]
+    PublicationMissingTable {
+        /// The publication.
+        publication: String,
+        /// The table.
+        table: String,
+    },
+    /// The slot is missing and may not be created.
+    #[error(
+        "replication slot `{slot}` does not exist: SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput'), or set postgres.create_slot = true"
+    )]
+    SlotMissing {
+        /// The slot.
+        slot: String,
+    },
+    /// The slot is gone although the relay has a checkpoint for it: events may have been lost.
+    #[error(
+        "replication slot `{slot}` is gone, but the relay stored checkpoint {checkpoint} for it: a new slot would skip every event committed since. See docs/operations.md, \"Slot lost\": reconcile from the outbox table, then delete the checkpoint row to start fresh"
+    )]
+    SlotLost {
+        /// The slot.
+        slot: String,
+        /// The stored checkpoint.
+        checkpoint: Lsn,
+    },
+    /// The slot exists but cannot serve this relay.
+    #[error("replication slot `{slot}` cannot be used: {reason}")]
+    SlotUnusable {
+        /// The slot.
+        slot: String,
+        /// Why, with the fix.
+        reason: String,
+    },
+    /// The slot's confirmed position is past the relay's checkpoint: events in between were
+    /// never delivered by this relay.
+    #[error(
+        "replication slot `{slot}` is at {slot_lsn} but the relay's checkpoint is {checkpoint}: transactions committed in between were confirmed without being published (slot advanced by hand, or checkpoint reset). Reconcile from the outbox table, then rerun with --accept-slot-position to continue from {slot_lsn}"
+    )]
+    SlotAhead {
+        /// The slot.
+        slot: String,
+        /// Its confirmed_flush_lsn.
+        slot_lsn: Lsn,
+        /// The stored checkpoint.
+        checkpoint: Lsn,
+    },
+    /// A catalog query failed.
+    #[error("{context}")]
+    Query {
+        /// What was being done.
+        context: String,
+        /// Why.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+}
+
+impl PgError {
+    /// Whether waiting and retrying can help (connection problems) or an operator must act.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            PgError::Connect { .. } => true,
+            PgError::Query { source, .. } => source.is_closed() || source.as_db_error().is_none(),
+            _ => false,
+        }
+    }
+
+    /// Whether this error means events may have been lost and the relay must not continue.
+    pub fn is_data_safety_stop(&self) -> bool {
+        matches!(self, PgError::SlotLost { .. } | PgError::SlotAhead { .. })
+            || matches!(self, PgError::SlotUnusable { reason, .. } if reason.contains("invalidated"))
+    }
+}
+
+/// Connects a plain (non-replication) session and drives it on a background task.
+pub async fn connect(settings: &PostgresSettings) -> Result<tokio_postgres::Client, PgError> {
+    let config = settings.client_config()?;
+    let target = settings.display_target();
+    let (client, connection) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .map_err(|source| PgError::Connect {
+            target: target.clone(),
+            source,
+        })?;
+    tokio::spawn(async move {
+        if let Err(error) = connection.await {
+            tracing::debug!(error = %error, "postgres connection ended");
+        }
+    });
+    Ok(client)
+}

@@ -442,6 +442,7 @@ async fn keepalives_advance_only_while_nothing_is_in_flight() {
     events.push(SourceEvent::KeepAlive { wal_end: Lsn(9500) });
     let config = PipelineConfig {
         checkpoint_interval: Duration::from_millis(10),
+        idle_checkpoint_interval: Duration::from_millis(50),
         ..PipelineConfig::default()
     };
     let (result, h) = run_script(events, broker, config, false).await;
@@ -512,5 +513,32 @@ async fn a_source_failure_drains_and_checkpoints_the_acked_prefix() {
         h.saved.lock().unwrap().last(),
         Some(&Lsn(1000)),
         "not past the open tx"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn keepalive_only_progress_is_stored_at_the_idle_interval() {
+    // Every checkpoint write is WAL itself; storing each keepalive at checkpoint_interval would
+    // keep an idle database writing forever.
+    let mut events = preamble();
+    for i in 1..=30u64 {
+        events.push(SourceEvent::KeepAlive {
+            wal_end: Lsn(i * 100),
+        });
+    }
+    let config = PipelineConfig {
+        checkpoint_interval: Duration::from_millis(10),
+        idle_checkpoint_interval: Duration::from_secs(1),
+        ..PipelineConfig::default()
+    };
+    // 30 keepalives 100 ms apart: about 3 s, so about 3 idle checkpoints plus the final one.
+    let (result, h) = run_script(events, FakeBroker::default(), config, false).await;
+    assert_eq!(result.unwrap().confirmed, Lsn(3000));
+    let saved = h.saved.lock().unwrap().clone();
+    assert!((2..=5).contains(&saved.len()), "{saved:?}");
+    assert_eq!(
+        saved.last(),
+        Some(&Lsn(3000)),
+        "final position stored at shutdown"
     );
 }

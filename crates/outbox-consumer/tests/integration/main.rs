@@ -1,0 +1,13 @@
+//! Integration tests against real PostgreSQL and nats-server processes (relay-testkit).
+//! Each test starts its own servers.
+
+mod common;
+
+mod crash_windows;
+mod exactly_once;
+mod ledger;
+mod retries;
+
+#[path = "../../examples/order_notifications/service.rs"]
+#[allow(dead_code)]
+mod example_service;

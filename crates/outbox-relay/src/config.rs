@@ -1,0 +1,271 @@
+//! The relay's configuration: one TOML file plus `RELAY_<SECTION>__<KEY>` environment overrides
+//! (e.g. `RELAY_POSTGRES__URL`, `RELAY_POSTGRES__PASSWORD`, `RELAY_NATS__URL`).
+
+use std::path::Path;
+use std::time::Duration;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use relay_core::pipeline::PipelineConfig;
+use relay_core::route::{OutboxTableConfig, Router};
+use relay_nats::NatsSettings;
+use relay_postgres::PostgresSettings;
+use serde::{Deserialize, Serialize};
+
+/// Prefix of environment overrides; `__` separates section and key.
+pub const ENV_PREFIX: &str = "RELAY_";
+
+/// The whole configuration.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelayConfig {
+    /// PostgreSQL connection, slot and publication.
+    #[serde(default)]
+    pub postgres: PostgresSettings,
+    /// NATS connection and target stream.
+    #[serde(default)]
+    pub nats: NatsSettings,
+    /// Pipeline tuning.
+    #[serde(default)]
+    pub relay: PipelineSettings,
+    /// Outbox tables and their mappings. Default: `public.outbox` in Debezium's shape.
+    #[serde(default = "default_outbox")]
+    pub outbox: Vec<OutboxTableConfig>,
+}
+
+fn default_outbox() -> Vec<OutboxTableConfig> {
+    vec![OutboxTableConfig::with_defaults("public.outbox")]
+}
+
+/// The `[relay]` section.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineSettings {
+    /// Events published and awaiting their PubAck, at most. Default 1024.
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
+    /// How often the ack frontier is stored and confirmed to the slot. Default `1s`.
+    #[serde(default = "default_checkpoint_interval", with = "humantime_serde")]
+    pub checkpoint_interval: Duration,
+    /// How often a position reached only through WAL without outbox events (keepalives) is
+    /// stored and confirmed; bounds slot lag on a quiet outbox. Default `10s`.
+    #[serde(default = "default_idle_checkpoint_interval", with = "humantime_serde")]
+    pub idle_checkpoint_interval: Duration,
+    /// On shutdown, how long to wait for outstanding acks. Default `20s`.
+    #[serde(default = "default_drain_timeout", with = "humantime_serde")]
+    pub drain_timeout: Duration,
+    /// Longest delay between re-publishes of a message whose outcome is unknown. Default `5s`.
+    #[serde(default = "default_retry_max", with = "humantime_serde")]
+    pub retry_max: Duration,
+    /// How long "no stream answered" (no responders) is retried before the relay stops.
+    /// Default `30s`.
+    #[serde(default = "default_no_stream_grace", with = "humantime_serde")]
+    pub no_stream_grace: Duration,
+    /// Longest delay between reconnect attempts after PostgreSQL or the store failed.
+    /// Default `10s`.
+    #[serde(default = "default_reconnect_max", with = "humantime_serde")]
+    pub reconnect_max: Duration,
+}
+
+fn default_max_in_flight() -> usize {
+    1024
+}
+fn default_checkpoint_interval() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_idle_checkpoint_interval() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_drain_timeout() -> Duration {
+    Duration::from_secs(20)
+}
+fn default_retry_max() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_no_stream_grace() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_reconnect_max() -> Duration {
+    Duration::from_secs(10)
+}
+
+impl Default for PipelineSettings {
+    fn default() -> Self {
+        Self {
+            max_in_flight: default_max_in_flight(),
+            checkpoint_interval: default_checkpoint_interval(),
+            idle_checkpoint_interval: default_idle_checkpoint_interval(),
+            drain_timeout: default_drain_timeout(),
+            retry_max: default_retry_max(),
+            no_stream_grace: default_no_stream_grace(),
+            reconnect_max: default_reconnect_max(),
+        }
+    }
+}
+
+impl PipelineSettings {
+    /// The core loop's configuration.
+    pub fn pipeline_config(&self) -> PipelineConfig {
+        PipelineConfig {
+            max_in_flight: self.max_in_flight,
+            checkpoint_interval: self.checkpoint_interval,
+            idle_checkpoint_interval: self.idle_checkpoint_interval,
+            retry_max: self.retry_max,
+            no_stream_grace: self.no_stream_grace,
+            drain_timeout: self.drain_timeout,
+            ..PipelineConfig::default()
+        }
+    }
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file is missing, or TOML/env values do not parse or have unknown keys.
+    #[error("cannot load configuration")]
+    Load(#[source] Box<figment::Error>),
+    /// A value is out of range or inconsistent.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+impl RelayConfig {
+    /// Loads `file` (if any), then the environment overrides.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut figment = Figment::new();
+        if let Some(file) = file {
+            if !file.exists() {
+                return Err(ConfigError::Invalid(format!(
+                    "config file {} does not exist",
+                    file.display()
+                )));
+            }
+            figment = figment.merge(Toml::file(file));
+        }
+        let config: RelayConfig = figment
+            .merge(Env::prefixed(ENV_PREFIX).split("__"))
+            .extract()
+            .map_err(|e| ConfigError::Load(Box::new(e)))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks everything that can be checked without connecting.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.postgres
+            .validate()
+            .map_err(|e| ConfigError::Invalid(format!("[postgres] {e}")))?;
+        if self.outbox.is_empty() {
+            return Err(ConfigError::Invalid(
+                "no [[outbox]] table configured".into(),
+            ));
+        }
+        Router::new(&self.outbox).map_err(|e| {
+            let mut text = format!("[[outbox]] {e}");
+            if let Some(source) = std::error::Error::source(&e) {
+                text.push_str(&format!(": {source}"));
+            }
+            ConfigError::Invalid(text)
+        })?;
+        if self.relay.max_in_flight == 0 {
+            return Err(ConfigError::Invalid(
+                "[relay] max_in_flight must be at least 1".into(),
+            ));
+        }
+        if self.relay.checkpoint_interval.is_zero() {
+            return Err(ConfigError::Invalid(
+                "[relay] checkpoint_interval must be positive".into(),
+            ));
+        }
+        if self.nats.stream.is_empty() || self.nats.stream.contains(['.', '*', '>', ' ']) {
+            return Err(ConfigError::Invalid(format!(
+                "[nats] stream name `{}` is not a valid JetStream stream name",
+                self.nats.stream
+            )));
+        }
+        Ok(())
+    }
+
+    /// `(table, sample subject)` for every mapping, for the stream check.
+    pub fn sample_subjects(&self) -> Vec<(String, String)> {
+        self.outbox
+            .iter()
+            .filter_map(|o| o.validate().ok().map(|t| (o.table.clone(), t.sample("x"))))
+            .collect()
+    }
+
+    /// `(schema, table)` of every outbox table.
+    pub fn tables(&self) -> Vec<(String, String)> {
+        self.outbox
+            .iter()
+            .map(|o| {
+                let (s, t) = o.qualified_name();
+                (s.to_owned(), t.to_owned())
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_need_no_file() {
+        let c = RelayConfig::default();
+        let c = RelayConfig {
+            outbox: default_outbox(),
+            ..c
+        };
+        c.validate().unwrap();
+        assert_eq!(
+            c.sample_subjects(),
+            [("public.outbox".to_owned(), "outbox.x.x".to_owned())]
+        );
+    }
+
+    #[test]
+    fn file_and_env_merge_and_unknown_keys_are_refused() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "relay.toml",
+                r#"
+                [postgres]
+                url = "postgres://relay@db:5432/app"
+                slot = "orders_relay"
+
+                [nats]
+                stream = "ORDERS"
+
+                [[outbox]]
+                table = "public.notification_outbox"
+                subject = "notifications.{tenant_id}.{event_type}"
+                payload = "*"
+                headers = { "Tenant-Id" = "tenant_id" }
+                "#,
+            )?;
+            jail.set_env("RELAY_POSTGRES__PASSWORD", "from-env");
+            jail.set_env("RELAY_NATS__URL", "nats://broker:4222");
+            let c = RelayConfig::load(Some(Path::new("relay.toml"))).expect("loads");
+            assert_eq!(c.postgres.slot, "orders_relay");
+            assert_eq!(c.postgres.password.as_deref(), Some("from-env"));
+            assert_eq!(c.nats.url, "nats://broker:4222");
+            assert_eq!(c.outbox[0].payload, "*");
+            assert_eq!(c.outbox[0].event_id, "id");
+            assert!(
+                !format!("{c:?}").contains("from-env"),
+                "password redacted in Debug"
+            );
+
+            jail.create_file("typo.toml", "[postgres]\nslott = \"x\"\n")?;
+            let err = RelayConfig::load(Some(Path::new("typo.toml"))).unwrap_err();
+            let text = format!("{:?}", err);
+            assert!(text.contains("slott"), "{text}");
+
+            jail.create_file("badslot.toml", "[postgres]\nslot = \"Bad-Slot\"\n")?;
+            let err = RelayConfig::load(Some(Path::new("badslot.toml"))).unwrap_err();
+            assert!(err.to_string().contains("Bad-Slot"), "{err}");
+            Ok(())
+        });
+    }
+}

@@ -1,0 +1,62 @@
+//! Exit codes (sysexits) and how a fatal error is printed.
+//!
+//! | code | meaning |
+//! |---|---|
+//! | 0 | clean shutdown |
+//! | 65 | data-safety stop: slot lost or invalidated, slot ahead of the checkpoint, a row that cannot be published |
+//! | 69 | a dependency is unavailable: PostgreSQL or NATS unreachable at start-up |
+//! | 70 | internal error |
+//! | 78 | configuration error: bad file, missing table/publication/slot/stream, wal_level |
+
+use std::process::ExitCode;
+
+/// Process exit codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitKind {
+    /// Events may be lost if the relay went on: an operator must act.
+    DataSafety = 65,
+    /// PostgreSQL or NATS could not be reached.
+    Unavailable = 69,
+    /// A bug or an unexpected condition.
+    Internal = 70,
+    /// The configuration or the servers' setup is wrong.
+    Config = 78,
+}
+
+/// A fatal error with its exit code.
+#[derive(Debug)]
+pub struct Exit {
+    /// The exit code.
+    pub kind: ExitKind,
+    /// What happened, with context.
+    pub error: anyhow::Error,
+}
+
+impl Exit {
+    pub fn new(kind: ExitKind, error: impl Into<anyhow::Error>) -> Self {
+        Self {
+            kind,
+            error: error.into(),
+        }
+    }
+    pub fn config(error: impl Into<anyhow::Error>) -> Self {
+        Self::new(ExitKind::Config, error)
+    }
+    pub fn internal(error: impl Into<anyhow::Error>) -> Self {
+        Self::new(ExitKind::Internal, error)
+    }
+
+    /// Prints `error: …` and each cause on stderr.
+    pub fn report(&self) {
+        eprintln!("error: {}", self.error);
+        for cause in self.error.chain().skip(1) {
+            eprintln!("  caused by: {cause}");
+        }
+        tracing::error!(exit_code = self.kind as i32, error = %format!("{:#}", self.error), "outbox-relay stopped");
+    }
+
+    /// The process exit code.
+    pub fn code(&self) -> ExitCode {
+        ExitCode::from(self.kind as u8)
+    }
+}

@@ -1,0 +1,303 @@
+//! The supervisor: start-up checks, then one replication session after another until shutdown
+//! or a fatal error. Every session resumes from the stored checkpoint, so a reconnect re-sends
+//! at most what was published but not yet checkpointed (deduplicated by `Nats-Msg-Id`).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use relay_core::Lsn;
+use relay_core::pipeline::{Pipeline, PipelineError, PipelineStats};
+use relay_core::route::Router;
+use relay_core::stage::{CheckpointStore, ErrorClass, SourceError, StoreError};
+use relay_nats::{JetStreamPublisher, NatsError};
+use relay_postgres::checkpoint::PgCheckpointStore;
+use relay_postgres::source::PgSource;
+use relay_postgres::{PgError, bootstrap};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::RelayConfig;
+use crate::exit::{Exit, ExitKind};
+
+/// How a session ended without a fatal error.
+enum SessionEnd {
+    /// Shutdown was requested; everything acknowledged is stored and confirmed.
+    Shutdown,
+    /// The connection failed or the stream ended: reconnect after a backoff.
+    Retry(anyhow::Error),
+}
+
+/// Listens for SIGTERM/SIGINT: the first starts a clean shutdown, the second exits at once.
+fn spawn_signal_handler(shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(error) => {
+                    tracing::error!(error = %error, "cannot listen for SIGTERM");
+                    return;
+                }
+            };
+        for round in 0.. {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            if round == 0 {
+                tracing::info!(
+                    "shutdown requested: finishing outstanding publishes, then storing the checkpoint"
+                );
+                shutdown.cancel();
+            } else {
+                tracing::warn!("second signal: exiting now; unacknowledged events will be re-sent");
+                std::process::exit(130);
+            }
+        }
+    });
+}
+
+fn nats_exit(error: NatsError) -> Exit {
+    let kind = match error {
+        NatsError::Connect { .. } | NatsError::Stream { .. } => ExitKind::Unavailable,
+        _ => ExitKind::Config,
+    };
+    Exit::new(kind, error)
+}
+
+fn pg_exit(error: PgError) -> Exit {
+    let kind = if error.is_data_safety_stop() {
+        ExitKind::DataSafety
+    } else if error.is_transient() {
+        ExitKind::Unavailable
+    } else {
+        ExitKind::Config
+    };
+    Exit::new(kind, error)
+}
+
+fn class_exit(class: ErrorClass, error: anyhow::Error) -> Result<SessionEnd, Exit> {
+    match class {
+        ErrorClass::Transient => Ok(SessionEnd::Retry(error)),
+        ErrorClass::Fatal => Err(Exit::new(ExitKind::Config, error)),
+        ErrorClass::SlotLost => Err(Exit::new(ExitKind::DataSafety, error)),
+    }
+}
+
+fn source_end(error: SourceError) -> Result<SessionEnd, Exit> {
+    class_exit(error.class, anyhow::Error::new(error))
+}
+
+fn store_end(error: StoreError) -> Result<SessionEnd, Exit> {
+    class_exit(error.class, anyhow::Error::new(error))
+}
+
+/// Runs the relay until shutdown or a fatal error.
+pub async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), Exit> {
+    let shutdown = CancellationToken::new();
+    spawn_signal_handler(shutdown.clone());
+
+    let nats = relay_nats::connect(&config.nats).await.map_err(nats_exit)?;
+    let publisher = JetStreamPublisher::new(
+        nats.clone(),
+        &config.nats.stream,
+        config.nats.ack_timeout,
+        config.relay.max_in_flight,
+    );
+    let report =
+        relay_nats::prepare_stream(publisher.context(), &config.nats, &config.sample_subjects())
+            .await
+            .map_err(nats_exit)?;
+    for warning in &report.warnings {
+        tracing::warn!(stream = %config.nats.stream, "{warning}");
+    }
+    tracing::info!(
+        stream = %config.nats.stream,
+        subjects = ?report.subjects,
+        duplicate_window = ?report.duplicate_window,
+        created = report.created,
+        "JetStream stream ready"
+    );
+
+    let stats = Arc::new(PipelineStats::default());
+    spawn_progress_log(stats.clone(), shutdown.clone());
+    let mut accept = accept_slot_position;
+    let mut ever_connected = false;
+    let mut backoff = Duration::from_millis(250);
+    loop {
+        let end = session(
+            &config,
+            &publisher,
+            &shutdown,
+            &stats,
+            &mut accept,
+            &mut ever_connected,
+        )
+        .await?;
+        let error = match end {
+            SessionEnd::Shutdown => {
+                tracing::info!(confirmed_lsn = %Lsn(stats.confirmed_lsn.load(Ordering::Relaxed)), "stopped cleanly");
+                return Ok(());
+            }
+            SessionEnd::Retry(error) => error,
+        };
+        if shutdown.is_cancelled() {
+            return Ok(());
+        }
+        tracing::warn!(error = %format!("{error:#}"), retry_in = ?backoff, "replication session ended; reconnecting");
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            () = shutdown.cancelled() => return Ok(()),
+        }
+        backoff = (backoff * 2).min(config.relay.reconnect_max);
+    }
+}
+
+/// One replication session: connect, check, resume from the checkpoint, stream.
+async fn session(
+    config: &RelayConfig,
+    publisher: &JetStreamPublisher,
+    shutdown: &CancellationToken,
+    stats: &Arc<PipelineStats>,
+    accept_slot_position: &mut bool,
+    ever_connected: &mut bool,
+) -> Result<SessionEnd, Exit> {
+    let slot = config.postgres.slot.as_str();
+    let client = match relay_postgres::connect(&config.postgres).await {
+        Ok(client) => client,
+        // Unreachable at start-up: say so and exit; later, wait for it to come back.
+        Err(e) if *ever_connected => return Ok(SessionEnd::Retry(e.into())),
+        Err(e) => return Err(pg_exit(e)),
+    };
+    *ever_connected = true;
+    let mut store = match PgCheckpointStore::new(client, slot).await {
+        Ok(store) => store,
+        Err(e) => return store_end(e),
+    };
+    let checkpoint = match store.load().await {
+        Ok(c) => c,
+        Err(e) => return store_end(e),
+    };
+    let tables = config.tables();
+    let state = match bootstrap::prepare(store.client(), &config.postgres, &tables, checkpoint)
+        .await
+    {
+        Ok(state) => state,
+        Err(PgError::SlotAhead {
+            slot_lsn,
+            checkpoint,
+            ..
+        }) if *accept_slot_position => {
+            tracing::warn!(slot, slot_lsn = %slot_lsn, checkpoint = %checkpoint, "accepting the slot's position: events committed in between were not published by this relay");
+            if let Err(e) = store.overwrite(slot_lsn).await {
+                return store_end(e);
+            }
+            *accept_slot_position = false;
+            return Ok(SessionEnd::Retry(anyhow::anyhow!(
+                "checkpoint moved to the slot's position {slot_lsn}"
+            )));
+        }
+        Err(e) if e.is_transient() => return Ok(SessionEnd::Retry(e.into())),
+        Err(e) => return Err(pg_exit(e)),
+    };
+    let start = match checkpoint {
+        Some(c) => c,
+        None => {
+            // First run for this slot: record where it starts, so a lost slot is detected later.
+            if let Err(e) = store.save(state.confirmed_flush_lsn).await {
+                return store_end(e);
+            }
+            state.confirmed_flush_lsn
+        }
+    };
+    tracing::info!(
+        slot,
+        publication = %config.postgres.publication,
+        checkpoint = %start,
+        slot_confirmed_flush_lsn = %state.confirmed_flush_lsn,
+        slot_restart_lsn = ?state.restart_lsn.map(|l| l.to_string()),
+        wal_status = ?state.wal_status,
+        slot_created = state.created,
+        "resuming from the stored checkpoint"
+    );
+    if let Some(pid) = state.active_pid {
+        tracing::info!(
+            slot,
+            active_pid = pid,
+            "slot is streaming to another process; waiting as a standby"
+        );
+    }
+    let source = match PgSource::start(&config.postgres, start).await {
+        Ok(source) => source,
+        Err(e) => return source_end(e),
+    };
+    let router = Router::new(&config.outbox)
+        .context("outbox mapping")
+        .map_err(Exit::config)?;
+    let mut pipeline = Pipeline::new(
+        source,
+        publisher.clone(),
+        store,
+        router,
+        start,
+        config.relay.pipeline_config(),
+        stats.clone(),
+    );
+    let result = pipeline.run(shutdown.cancelled()).await;
+    let (source, _, _) = pipeline.into_parts();
+    let stop_wait = config.postgres.status_interval.min(Duration::from_secs(5));
+    match result {
+        Ok(outcome) => {
+            source.stop(stop_wait).await;
+            if shutdown.is_cancelled() {
+                tracing::info!(confirmed_lsn = %outcome.confirmed, abandoned = outcome.abandoned, "drained");
+                Ok(SessionEnd::Shutdown)
+            } else {
+                Ok(SessionEnd::Retry(anyhow::anyhow!(
+                    "replication stream ended"
+                )))
+            }
+        }
+        Err(PipelineError::Source(e)) => source_end(e),
+        Err(PipelineError::Store { error, lsn }) => {
+            let class = error.class;
+            class_exit(
+                class,
+                anyhow::Error::new(error).context(format!("storing checkpoint {lsn}")),
+            )
+        }
+        Err(e @ (PipelineError::Route { .. } | PipelineError::Publish { .. })) => {
+            source.stop(stop_wait).await;
+            let confirmed = Lsn(stats.confirmed_lsn.load(Ordering::Relaxed));
+            Err(Exit::new(
+                ExitKind::DataSafety,
+                anyhow::Error::new(e).context(format!(
+                    "stopped before this transaction; confirmed position stays at {confirmed}. Fix the row or the mapping and restart: the relay resumes there"
+                )),
+            ))
+        }
+        Err(e @ PipelineError::Protocol(_)) => Err(Exit::internal(e)),
+    }
+}
+
+/// Logs throughput and position every 30 s, so an operator sees progress without metrics.
+fn spawn_progress_log(stats: Arc<PipelineStats>, shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(30));
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = shutdown.cancelled() => return,
+            }
+            tracing::info!(
+                events_published = stats.events_published.load(Ordering::Relaxed),
+                duplicates = stats.duplicates.load(Ordering::Relaxed),
+                publish_retries = stats.publish_retries.load(Ordering::Relaxed),
+                in_flight = stats.in_flight.load(Ordering::Relaxed),
+                confirmed_lsn = %Lsn(stats.confirmed_lsn.load(Ordering::Relaxed)),
+                "progress"
+            );
+        }
+    });
+}

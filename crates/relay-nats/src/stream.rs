@@ -1,0 +1,153 @@
+//! Start-up checks of the target stream.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, stream};
+
+use crate::{NatsError, NatsSettings};
+
+/// What the stream looks like, and settings that can lose acknowledged events.
+#[derive(Debug, Clone)]
+pub struct StreamReport {
+    /// Stream subjects.
+    pub subjects: Vec<String>,
+    /// The stream's duplicate window.
+    pub duplicate_window: Duration,
+    /// Whether the relay created the stream just now.
+    pub created: bool,
+    /// Human-readable warnings about durability settings.
+    pub warnings: Vec<String>,
+}
+
+/// NATS subject matching: `*` matches one token, `>` one or more trailing tokens.
+pub fn subject_matches(filter: &str, subject: &str) -> bool {
+    let mut f = filter.split('.');
+    let mut s = subject.split('.');
+    loop {
+        match (f.next(), s.next()) {
+            (Some(">"), Some(_)) => return true,
+            (Some("*"), Some(_)) => {}
+            (Some(a), Some(b)) if a == b => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
+/// Ensures the stream exists (creating it only when allowed) and captures every sample
+/// subject `(table, subject)`; reports durability warnings.
+pub async fn prepare_stream(
+    context: &jetstream::Context,
+    settings: &NatsSettings,
+    samples: &[(String, String)],
+) -> Result<StreamReport, NatsError> {
+    let name = settings.stream.as_str();
+    let lookup = context.get_stream(name).await;
+    let (info, created) = match lookup {
+        Ok(mut s) => (
+            s.info()
+                .await
+                .map_err(|e| NatsError::Stream {
+                    stream: name.into(),
+                    reason: e.to_string(),
+                })?
+                .clone(),
+            false,
+        ),
+        Err(e)
+            if matches!(
+                e.kind(),
+                jetstream::context::GetStreamErrorKind::JetStream(ref js)
+                    if js.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND
+            ) =>
+        {
+            if !settings.create_stream {
+                return Err(NatsError::StreamMissing {
+                    stream: name.into(),
+                    subjects: settings.stream_subjects.join(","),
+                });
+            }
+            let config = stream::Config {
+                name: name.into(),
+                subjects: settings.stream_subjects.clone(),
+                storage: stream::StorageType::File,
+                duplicate_window: settings.duplicate_window,
+                ..Default::default()
+            };
+            let info = context
+                .create_stream(config)
+                .await
+                .map_err(|e| NatsError::Stream {
+                    stream: name.into(),
+                    reason: e.to_string(),
+                })?;
+            tracing::info!(stream = name, "created JetStream stream (file storage)");
+            (info.cached_info().clone(), true)
+        }
+        Err(e) => {
+            // Not enabled (10076), or nobody answers the JetStream API at all.
+            let unavailable = match e.kind() {
+                jetstream::context::GetStreamErrorKind::JetStream(ref js) => {
+                    js.error_code() == jetstream::ErrorCode::JETSTREAM_NOT_ENABLED
+                }
+                jetstream::context::GetStreamErrorKind::Request => true,
+                _ => false,
+            };
+            if unavailable {
+                return Err(NatsError::JetStreamUnavailable {
+                    url: settings.url.clone(),
+                    reason: e.to_string(),
+                });
+            }
+            return Err(NatsError::Stream {
+                stream: name.into(),
+                reason: e.to_string(),
+            });
+        }
+    };
+    let config = &info.config;
+    for (table, subject) in samples {
+        if !config.subjects.iter().any(|f| subject_matches(f, subject)) {
+            return Err(NatsError::SubjectNotCaptured {
+                subject: subject.clone(),
+                table: table.clone(),
+                stream: name.into(),
+                stream_subjects: config.subjects.join(", "),
+            });
+        }
+    }
+    let mut warnings = Vec::new();
+    if config.storage == stream::StorageType::Memory {
+        warnings.push(format!(
+            "stream `{name}` uses memory storage: acknowledged events are lost when nats-server restarts"
+        ));
+    }
+    let limited = config.max_messages > 0 || config.max_bytes > 0 || !config.max_age.is_zero();
+    if limited && config.discard == stream::DiscardPolicy::Old {
+        warnings.push(format!(
+            "stream `{name}` has limits with `discard: old`: old events are evicted silently once a limit is reached"
+        ));
+    }
+    Ok(StreamReport {
+        subjects: config.subjects.clone(),
+        duplicate_window: config.duplicate_window,
+        created,
+        warnings,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::subject_matches;
+
+    #[test]
+    fn wildcards_match_like_nats() {
+        assert!(subject_matches("outbox.>", "outbox.Order.Created"));
+        assert!(subject_matches("outbox.*.Created", "outbox.Order.Created"));
+        assert!(!subject_matches("outbox.*", "outbox.Order.Created"));
+        assert!(!subject_matches("outbox.>", "outbox"));
+        assert!(subject_matches("a.b", "a.b"));
+        assert!(!subject_matches("a.b", "a.c"));
+        assert!(!subject_matches("a.b.c", "a.b"));
+    }
+}

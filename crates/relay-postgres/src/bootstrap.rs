@@ -1,0 +1,224 @@
+//! Start-up checks and creation of the publication and slot.
+//!
+//! Order matters: the publication is created before the slot, because a slot decodes its WAL
+//! with the catalog as it was then, and a publication created later is "missing" for that WAL.
+//! A slot is created only when the relay has no checkpoint for it: a checkpoint without its slot
+//! means the slot was dropped or lost, and a new one would silently skip everything committed in
+//! between.
+
+use std::str::FromStr;
+
+use relay_core::Lsn;
+use tokio_postgres::Client;
+
+use crate::{PgError, PostgresSettings};
+
+/// The slot as found (or created) at start-up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotState {
+    /// The slot's confirmed_flush_lsn.
+    pub confirmed_flush_lsn: Lsn,
+    /// The slot's restart_lsn (oldest WAL it holds).
+    pub restart_lsn: Option<Lsn>,
+    /// `reserved`, `extended`, `unreserved` or `lost`.
+    pub wal_status: Option<String>,
+    /// Backend pid streaming from it now, if any (another relay instance).
+    pub active_pid: Option<i32>,
+    /// Whether this start created the slot.
+    pub created: bool,
+    /// Whether this start created the publication.
+    pub publication_created: bool,
+}
+
+fn query_err(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> PgError {
+    let context = context.into();
+    move |source| PgError::Query { context, source }
+}
+
+fn parse_lsn(text: Option<String>) -> Option<Lsn> {
+    text.and_then(|t| Lsn::from_str(&t).ok())
+}
+
+/// Quotes an identifier for SQL (`"` doubled).
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// Checks the server, tables, publication and slot; creates the publication and slot where
+/// allowed. `tables` are `(schema, table)`; `checkpoint` is the relay's stored position.
+pub async fn prepare(
+    client: &Client,
+    settings: &PostgresSettings,
+    tables: &[(String, String)],
+    checkpoint: Option<Lsn>,
+) -> Result<SlotState, PgError> {
+    settings.validate()?;
+    let row = client
+        .query_one(
+            "SELECT current_setting('wal_level'), current_database()",
+            &[],
+        )
+        .await
+        .map_err(query_err("cannot read wal_level"))?;
+    let wal_level: String = row.get(0);
+    let database: String = row.get(1);
+    if wal_level != "logical" {
+        return Err(PgError::WalLevel { actual: wal_level });
+    }
+
+    let mut quoted_tables = Vec::with_capacity(tables.len());
+    for (schema, table) in tables {
+        let exists = client
+            .query_opt(
+                "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')",
+                &[schema, table],
+            )
+            .await
+            .map_err(query_err(format!("cannot look up table {schema}.{table}")))?;
+        if exists.is_none() {
+            return Err(PgError::TableMissing {
+                table: format!("{schema}.{table}"),
+                database,
+            });
+        }
+        quoted_tables.push(format!("{}.{}", quote_ident(schema), quote_ident(table)));
+    }
+
+    let publication = &settings.publication;
+    let found = client
+        .query_opt(
+            "SELECT pubinsert FROM pg_publication WHERE pubname = $1",
+            &[publication],
+        )
+        .await
+        .map_err(query_err(format!(
+            "cannot look up publication {publication}"
+        )))?;
+    let publication_created = match found {
+        Some(row) => {
+            let publishes_inserts: bool = row.get(0);
+            if !publishes_inserts {
+                return Err(PgError::PublicationNoInsert {
+                    publication: publication.clone(),
+                });
+            }
+            false
+        }
+        None if settings.create_publication => {
+            // Names are validated identifiers; tables are quoted.
+            let sql = format!(
+                "CREATE PUBLICATION {publication} FOR TABLE {} WITH (publish = 'insert')",
+                quoted_tables.join(", ")
+            );
+            client.batch_execute(&sql).await.map_err(query_err(format!(
+                "cannot create publication {publication}"
+            )))?;
+            tracing::info!(publication = %publication, tables = %quoted_tables.join(", "), "created publication");
+            true
+        }
+        None => {
+            return Err(PgError::PublicationMissing {
+                publication: publication.clone(),
+                tables: quoted_tables.join(", "),
+            });
+        }
+    };
+    for (schema, table) in tables {
+        let member = client
+            .query_opt(
+                "SELECT 1 FROM pg_publication_tables \
+                 WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
+                &[publication, schema, table],
+            )
+            .await
+            .map_err(query_err(format!("cannot read publication {publication}")))?;
+        if member.is_none() {
+            return Err(PgError::PublicationMissingTable {
+                publication: publication.clone(),
+                table: format!("{schema}.{table}"),
+            });
+        }
+    }
+
+    let slot = &settings.slot;
+    let found = client
+        .query_opt(
+            "SELECT plugin, database, slot_type, confirmed_flush_lsn::text, restart_lsn::text, \
+                    wal_status, active_pid \
+             FROM pg_replication_slots WHERE slot_name = $1",
+            &[slot],
+        )
+        .await
+        .map_err(query_err(format!("cannot look up replication slot {slot}")))?;
+    let Some(row) = found else {
+        if let Some(checkpoint) = checkpoint {
+            return Err(PgError::SlotLost {
+                slot: slot.clone(),
+                checkpoint,
+            });
+        }
+        if !settings.create_slot {
+            return Err(PgError::SlotMissing { slot: slot.clone() });
+        }
+        let row = client
+            .query_one(
+                "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+                &[slot],
+            )
+            .await
+            .map_err(query_err(format!("cannot create replication slot {slot}")))?;
+        let lsn = parse_lsn(row.get(0)).unwrap_or_default();
+        tracing::info!(slot = %slot, lsn = %lsn, "created replication slot");
+        return Ok(SlotState {
+            confirmed_flush_lsn: lsn,
+            restart_lsn: Some(lsn),
+            wal_status: Some("reserved".into()),
+            active_pid: None,
+            created: true,
+            publication_created,
+        });
+    };
+    let plugin: Option<String> = row.get(0);
+    let slot_db: Option<String> = row.get(1);
+    let slot_type: String = row.get(2);
+    let unusable = |reason: String| PgError::SlotUnusable {
+        slot: slot.clone(),
+        reason,
+    };
+    if slot_type != "logical" || plugin.as_deref() != Some("pgoutput") {
+        return Err(unusable(format!(
+            "it is a {slot_type} slot with plugin {plugin:?}; the relay needs a logical slot with plugin pgoutput (use another postgres.slot name)"
+        )));
+    }
+    if slot_db.as_deref() != Some(database.as_str()) {
+        return Err(unusable(format!(
+            "it belongs to database {slot_db:?}, not {database:?} (point postgres.url at that database or use another slot)"
+        )));
+    }
+    let wal_status: Option<String> = row.get(5);
+    let confirmed = parse_lsn(row.get(3));
+    let Some(confirmed_flush_lsn) = confirmed.filter(|_| wal_status.as_deref() != Some("lost"))
+    else {
+        return Err(unusable(
+            "it was invalidated (wal_status = lost: it fell behind max_slot_wal_keep_size); events committed since it was last read are gone from WAL. See docs/operations.md, \"Slot lost\"".into(),
+        ));
+    };
+    if let Some(checkpoint) = checkpoint {
+        if confirmed_flush_lsn > checkpoint {
+            return Err(PgError::SlotAhead {
+                slot: slot.clone(),
+                slot_lsn: confirmed_flush_lsn,
+                checkpoint,
+            });
+        }
+    }
+    Ok(SlotState {
+        confirmed_flush_lsn,
+        restart_lsn: parse_lsn(row.get(4)),
+        wal_status,
+        active_pid: row.get(6),
+        created: false,
+        publication_created,
+    })
+}

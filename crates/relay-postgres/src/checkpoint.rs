@@ -1,0 +1,117 @@
+//! The checkpoint store: `outbox_relay.checkpoint` in the source database.
+//!
+//! Writing progress into the source database keeps the relay free of any other state store,
+//! and the write is an ordinary durable commit (`synchronous_commit` as configured).
+
+use std::str::FromStr;
+
+use relay_core::Lsn;
+use relay_core::stage::{CheckpointStore, ErrorClass, StoreError};
+use tokio_postgres::Client;
+
+/// The migration that creates the checkpoint table (also shipped in `migrations/`).
+pub const CHECKPOINT_MIGRATION: &str =
+    include_str!("../../../migrations/0002_relay_checkpoint.sql");
+
+/// Durable relay progress for one slot.
+#[derive(Debug)]
+pub struct PgCheckpointStore {
+    client: Client,
+    slot: String,
+}
+
+fn store_err(message: String) -> impl FnOnce(tokio_postgres::Error) -> StoreError {
+    move |source| {
+        let class = if source.is_closed() || source.as_db_error().is_none() {
+            ErrorClass::Transient
+        } else {
+            ErrorClass::Fatal
+        };
+        StoreError::new(class, message, source)
+    }
+}
+
+impl PgCheckpointStore {
+    /// A store for `slot`; creates the table when missing.
+    pub async fn new(client: Client, slot: &str) -> Result<Self, StoreError> {
+        client
+            .batch_execute(CHECKPOINT_MIGRATION)
+            .await
+            .map_err(store_err(
+            "cannot create outbox_relay.checkpoint (does the role have CREATE on the database?)"
+                .into(),
+        ))?;
+        Ok(Self {
+            client,
+            slot: slot.to_owned(),
+        })
+    }
+
+    /// The plain session, for catalog queries.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Deletes the stored checkpoint (operator reset after reconciling a lost slot).
+    pub async fn reset(&mut self) -> Result<(), StoreError> {
+        self.client
+            .execute(
+                "DELETE FROM outbox_relay.checkpoint WHERE slot_name = $1",
+                &[&self.slot],
+            )
+            .await
+            .map_err(store_err(format!(
+                "cannot reset checkpoint of slot {}",
+                self.slot
+            )))?;
+        Ok(())
+    }
+
+    /// Stores `lsn` even if it is behind the stored one (operator override only).
+    pub async fn overwrite(&mut self, lsn: Lsn) -> Result<(), StoreError> {
+        self.upsert(lsn, true).await
+    }
+
+    async fn upsert(&mut self, lsn: Lsn, allow_backwards: bool) -> Result<(), StoreError> {
+        let sql = if allow_backwards {
+            "INSERT INTO outbox_relay.checkpoint (slot_name, confirmed_lsn) VALUES ($1, $2::text::pg_lsn) \
+             ON CONFLICT (slot_name) DO UPDATE SET confirmed_lsn = EXCLUDED.confirmed_lsn, updated_at = now()"
+        } else {
+            // Never move backwards, even if two relays raced.
+            "INSERT INTO outbox_relay.checkpoint (slot_name, confirmed_lsn) VALUES ($1, $2::text::pg_lsn) \
+             ON CONFLICT (slot_name) DO UPDATE SET confirmed_lsn = EXCLUDED.confirmed_lsn, updated_at = now() \
+             WHERE outbox_relay.checkpoint.confirmed_lsn < EXCLUDED.confirmed_lsn"
+        };
+        self.client
+            .execute(sql, &[&self.slot, &lsn.to_string()])
+            .await
+            .map_err(store_err(format!(
+                "cannot store checkpoint {lsn} for slot {}",
+                self.slot
+            )))?;
+        Ok(())
+    }
+}
+
+impl CheckpointStore for PgCheckpointStore {
+    async fn load(&mut self) -> Result<Option<Lsn>, StoreError> {
+        let row = self
+            .client
+            .query_opt(
+                "SELECT confirmed_lsn::text FROM outbox_relay.checkpoint WHERE slot_name = $1",
+                &[&self.slot],
+            )
+            .await
+            .map_err(store_err(format!(
+                "cannot read checkpoint of slot {}",
+                self.slot
+            )))?;
+        Ok(row
+            .and_then(|r| r.get::<_, Option<String>>(0))
+            .and_then(|t| Lsn::from_str(&t).ok()))
+    }
+
+    async fn save(&mut self, lsn: Lsn) -> Result<(), StoreError> {
+        self.upsert(lsn, false).await
+    }
+}

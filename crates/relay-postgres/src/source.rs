@@ -1,0 +1,197 @@
+//! The replication stream as a [`ChangeSource`].
+//!
+//! pgwire-replication answers keepalives itself (also while we apply back-pressure), parses
+//! Begin and Commit, and hands every other pgoutput message over raw; the `pgoutput` crate
+//! decodes those. The position reported to the server is only ever what
+//! [`ChangeSource::confirm`] was given: the worker starts from `ack_lsn` = the stored checkpoint.
+
+use std::time::Duration;
+
+use pgwire_replication::{PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent};
+use relay_core::Lsn;
+use relay_core::stage::{ChangeSource, ErrorClass, SourceError, SourceEvent};
+
+use crate::{PgError, PostgresSettings};
+
+/// Session settings that make text output deterministic: hex bytea, ISO dates, UTC.
+const SESSION_OPTIONS: &str =
+    "-c bytea_output=hex -c DateStyle=ISO -c TimeZone=UTC -c extra_float_digits=3";
+
+/// A running replication session.
+pub struct PgSource {
+    client: ReplicationClient,
+    slot: String,
+}
+
+impl std::fmt::Debug for PgSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgSource")
+            .field("slot", &self.slot)
+            .finish_non_exhaustive()
+    }
+}
+
+fn to_wire(lsn: Lsn) -> pgwire_replication::Lsn {
+    pgwire_replication::Lsn::from_u64(lsn.as_u64())
+}
+
+fn from_wire(lsn: pgwire_replication::Lsn) -> Lsn {
+    Lsn(lsn.as_u64())
+}
+
+/// Classifies a replication error, naming the slot.
+pub fn classify(slot: &str, error: PgWireError) -> SourceError {
+    let text = error.to_string();
+    let (class, message) = if text.contains("can no longer get changes")
+        || text.contains("invalidated")
+    {
+        (
+            ErrorClass::SlotLost,
+            format!(
+                "replication slot {slot} was invalidated (it fell behind max_slot_wal_keep_size); see docs/operations.md, \"Slot lost\""
+            ),
+        )
+    } else if text.contains("replication slot") && text.contains("does not exist") {
+        (
+            ErrorClass::SlotLost,
+            format!("replication slot {slot} does not exist (dropped while the relay ran?)"),
+        )
+    } else if text.contains("is active for PID") {
+        (
+            ErrorClass::Transient,
+            format!("replication slot {slot} is in use by another process; waiting as a standby"),
+        )
+    } else if text.contains("publication") && text.contains("does not exist") {
+        (
+            ErrorClass::Fatal,
+            format!("the publication of slot {slot} does not exist (for the WAL being decoded)"),
+        )
+    } else if error.is_auth() || error.is_tls() {
+        (
+            ErrorClass::Fatal,
+            format!("cannot log in for replication on slot {slot}"),
+        )
+    } else {
+        (
+            ErrorClass::Transient,
+            format!("replication stream of slot {slot} failed"),
+        )
+    };
+    SourceError::new(class, message).with_source(error)
+}
+
+impl PgSource {
+    /// Starts streaming `slot` from `start`, which must be a position the relay stored (the
+    /// server starts at the later of it and the slot's confirmed_flush_lsn).
+    pub async fn start(settings: &PostgresSettings, start: Lsn) -> Result<Self, SourceError> {
+        let parts = settings
+            .parts()
+            .map_err(|e: PgError| SourceError::new(ErrorClass::Fatal, e.to_string()))?;
+        let config = ReplicationConfig::new(
+            parts.host,
+            parts.user,
+            parts.password,
+            parts.database,
+            settings.slot.clone(),
+            settings.publication.clone(),
+        )
+        .with_port(parts.port)
+        .with_start_lsn(to_wire(start))
+        .with_ack_lsn(to_wire(start))
+        .with_status_interval(settings.status_interval)
+        .with_wakeup_interval(Duration::from_secs(1))
+        .with_options(SESSION_OPTIONS)
+        .with_application_name("outbox-relay")
+        // Observing feedback makes `feedback_pending_since` report unsent confirmations, so a
+        // clean stop can wait until the final position reached the server.
+        .with_feedback_observer(pgwire_replication::FeedbackObserver::new(|_| {}));
+        let slot = settings.slot.clone();
+        let mut client = ReplicationClient::connect(config)
+            .await
+            .map_err(|e| classify(&slot, e))?;
+        match tokio::time::timeout(settings.connect_timeout, client.wait_started()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(classify(&slot, e)),
+            Err(_) => {
+                return Err(SourceError::new(
+                    ErrorClass::Transient,
+                    format!(
+                        "replication on slot {slot} did not start within {:?}",
+                        settings.connect_timeout
+                    ),
+                ));
+            }
+        }
+        tracing::info!(slot = %slot, start = %start, "replication started");
+        Ok(Self { client, slot })
+    }
+
+    /// Waits (at most `max_wait`) until the last confirmed position was sent to the server,
+    /// then stops the session (CopyDone) and waits for the worker. Not waiting would only cost a
+    /// lagging slot: the next start resumes from the stored checkpoint either way.
+    pub async fn stop(mut self, max_wait: Duration) {
+        let deadline = tokio::time::Instant::now() + max_wait;
+        while self.client.feedback_pending_since().is_some()
+            && tokio::time::Instant::now() < deadline
+            && self.client.is_running()
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = self.client.shutdown().await;
+    }
+}
+
+impl ChangeSource for PgSource {
+    async fn next(&mut self) -> Result<Option<SourceEvent>, SourceError> {
+        loop {
+            // `recv` is an mpsc receive: cancel-safe, so this can sit inside `select!`.
+            let event = match self.client.recv().await {
+                Ok(Some(event)) => event,
+                Ok(None) => return Ok(None),
+                Err(e) => return Err(classify(&self.slot, e)),
+            };
+            let mapped = match event {
+                ReplicationEvent::KeepAlive { wal_end, .. } => SourceEvent::KeepAlive {
+                    wal_end: from_wire(wal_end),
+                },
+                ReplicationEvent::Begin {
+                    final_lsn,
+                    xid,
+                    commit_time_micros,
+                } => SourceEvent::Begin {
+                    xid,
+                    final_lsn: from_wire(final_lsn),
+                    commit_time_micros,
+                },
+                ReplicationEvent::Commit { lsn, end_lsn, .. } => SourceEvent::Commit {
+                    commit_lsn: from_wire(lsn),
+                    end_lsn: from_wire(end_lsn),
+                },
+                ReplicationEvent::XLogData {
+                    data, wal_start, ..
+                } => match pgoutput::decode(&data) {
+                    Ok(message) => SourceEvent::Message(message),
+                    Err(e) => {
+                        return Err(SourceError::new(
+                            ErrorClass::Fatal,
+                            format!(
+                                "cannot decode pgoutput message at {} on slot {}",
+                                from_wire(wal_start),
+                                self.slot
+                            ),
+                        )
+                        .with_source(e));
+                    }
+                },
+                // pg_logical_emit_message payloads carry no outbox row.
+                ReplicationEvent::Message { .. } => continue,
+                ReplicationEvent::StoppedAt { .. } => return Ok(None),
+            };
+            return Ok(Some(mapped));
+        }
+    }
+
+    fn confirm(&mut self, lsn: Lsn) {
+        self.client.update_applied_lsn(to_wire(lsn));
+    }
+}

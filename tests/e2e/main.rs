@@ -1,0 +1,8 @@
+//! End-to-end tests: the real relay binary against a real PostgreSQL and a real NATS JetStream,
+//! both started by the tests on free ports in temp dirs.
+
+mod bad_config;
+mod delivery;
+mod restart;
+mod slot;
+mod support;

@@ -1,0 +1,323 @@
+//! Harness for end-to-end tests: a real PostgreSQL (wal_level=logical) and a real
+//! `nats-server -js` per test, the real `outbox-relay` binary as a child process, and helpers to
+//! read the stream back.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use async_nats::jetstream::{self, consumer};
+use futures::StreamExt;
+use relay_testkit::{NatsServer, PostgresServer};
+
+/// The database every test uses.
+pub const DB: &str = "app";
+/// The stream every test publishes into.
+pub const STREAM: &str = "OUTBOX";
+
+/// The migrations shipped in `migrations/`.
+pub fn migrations() -> Vec<String> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../migrations");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("migrations dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "sql"))
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .map(|p| std::fs::read_to_string(p).expect("migration"))
+        .collect()
+}
+
+/// A PostgreSQL and a NATS server for one test, with the migrations applied to `app`.
+pub struct Env {
+    pub pg: PostgresServer,
+    pub nats: NatsServer,
+    pub dir: tempfile::TempDir,
+}
+
+impl Env {
+    pub async fn start() -> Result<Self> {
+        Self::start_with_pg(relay_testkit::PgOptions::default()).await
+    }
+
+    pub async fn start_with_pg(options: relay_testkit::PgOptions) -> Result<Self> {
+        let (pg, nats) =
+            tokio::try_join!(PostgresServer::start_with(options), NatsServer::start())?;
+        pg.create_database(DB).await?;
+        let client = pg.connect(DB).await?;
+        for sql in migrations() {
+            client.batch_execute(&sql).await?;
+        }
+        Ok(Self {
+            pg,
+            nats,
+            dir: tempfile::tempdir()?,
+        })
+    }
+
+    pub async fn db(&self) -> Result<tokio_postgres::Client> {
+        self.pg.connect(DB).await
+    }
+
+    /// A relay config: the default outbox mapping unless `outbox` is given, fast checkpoints.
+    pub fn config(&self, extra: &str) -> PathBuf {
+        self.config_full("create_stream = true", extra)
+    }
+
+    /// A relay config with `nats_extra` lines in `[nats]` and `extra` at the end.
+    pub fn config_full(&self, nats_extra: &str, extra: &str) -> PathBuf {
+        let text = format!(
+            r#"
+[postgres]
+url = "{pg}"
+slot = "relay_slot"
+publication = "relay_pub"
+status_interval = "1s"
+
+[nats]
+url = "{nats}"
+stream = "{STREAM}"
+ack_timeout = "3s"
+{nats_extra}
+
+[relay]
+checkpoint_interval = "100ms"
+idle_checkpoint_interval = "1s"
+reconnect_max = "1s"
+{extra}
+"#,
+            pg = self.pg.url(DB),
+            nats = self.nats.url(),
+        );
+        let path = self
+            .dir
+            .path()
+            .join(format!("relay-{}.toml", fastrand_suffix()));
+        std::fs::write(&path, text).expect("write config");
+        path
+    }
+
+    pub async fn jetstream(&self) -> Result<jetstream::Context> {
+        let client = async_nats::connect(self.nats.url()).await?;
+        Ok(jetstream::new(client))
+    }
+
+    /// The slot's confirmed_flush_lsn as a number.
+    pub async fn slot_confirmed(&self) -> Result<Option<u64>> {
+        let row = self
+            .db()
+            .await?
+            .query_opt(
+                "SELECT (confirmed_flush_lsn - '0/0')::bigint FROM pg_replication_slots WHERE slot_name = 'relay_slot'",
+                &[],
+            )
+            .await?;
+        Ok(row.map(|r| r.get::<_, i64>(0) as u64))
+    }
+
+    /// The stored checkpoint as a number.
+    pub async fn checkpoint(&self) -> Result<Option<u64>> {
+        let row = self
+            .db()
+            .await?
+            .query_opt(
+                "SELECT (confirmed_lsn - '0/0')::bigint FROM outbox_relay.checkpoint WHERE slot_name = 'relay_slot'",
+                &[],
+            )
+            .await?;
+        Ok(row.map(|r| r.get::<_, i64>(0) as u64))
+    }
+}
+
+fn fastrand_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The relay binary as a child process; killed on drop.
+pub struct Relay {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Relay {
+    pub fn start(config: &Path) -> Result<Self> {
+        Self::start_with_args(config, &["run"])
+    }
+
+    pub fn start_with_args(config: &Path, args: &[&str]) -> Result<Self> {
+        let log = config.with_extension(format!("{}.log", fastrand_suffix()));
+        let file = std::fs::File::create(&log)?;
+        let child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+            .arg("--config")
+            .arg(config)
+            .args(args)
+            .env("RUST_LOG", "info,relay_core=debug")
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .context("spawn outbox-relay")?;
+        Ok(Self { child, log })
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, signal);
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits for the process to exit.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "relay did not exit within {timeout:?}; log:\n{}",
+                    self.log()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until the log contains `needle`.
+    pub async fn wait_log(&self, needle: &str, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        while !self.log().contains(needle) {
+            if Instant::now() > deadline {
+                bail!("relay log never showed {needle:?}; log:\n{}", self.log());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A message read back from the stream.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub seq: u64,
+    pub subject: String,
+    pub payload: Vec<u8>,
+    pub headers: std::collections::BTreeMap<String, String>,
+}
+
+impl Received {
+    pub fn header(&self, name: &str) -> &str {
+        self.headers.get(name).map(String::as_str).unwrap_or("")
+    }
+    pub fn id(&self) -> &str {
+        self.header("Nats-Msg-Id")
+    }
+}
+
+/// Every message now in the stream, in stream order.
+pub async fn read_stream(js: &jetstream::Context) -> Result<Vec<Received>> {
+    let mut stream = js.get_stream(STREAM).await?;
+    let total = stream.info().await?.state.messages;
+    if total == 0 {
+        return Ok(Vec::new());
+    }
+    let consumer = stream
+        .create_consumer(consumer::pull::OrderedConfig {
+            deliver_policy: consumer::DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await?;
+    let mut messages = consumer.messages().await?;
+    let mut out = Vec::new();
+    while (out.len() as u64) < total {
+        let m = tokio::time::timeout(Duration::from_secs(10), messages.next())
+            .await
+            .context("reading the stream timed out")?
+            .context("stream ended")??;
+        let seq = m.info().map(|i| i.stream_sequence).unwrap_or_default();
+        let headers = m
+            .headers
+            .as_ref()
+            .map(|h| {
+                h.iter()
+                    .map(|(k, v)| {
+                        (
+                            k.to_string(),
+                            v.first().map(|x| x.as_str().to_owned()).unwrap_or_default(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.push(Received {
+            seq,
+            subject: m.subject.to_string(),
+            payload: m.payload.to_vec(),
+            headers,
+        });
+    }
+    Ok(out)
+}
+
+/// Waits until the stream holds at least `n` messages; returns them.
+pub async fn wait_for_messages(
+    js: &jetstream::Context,
+    n: usize,
+    timeout: Duration,
+    relay: Option<&Relay>,
+) -> Result<Vec<Received>> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let count = match js.get_stream(STREAM).await {
+            Ok(mut s) => s.info().await?.state.messages as usize,
+            Err(_) => 0,
+        };
+        if count >= n {
+            return read_stream(js).await;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "stream holds {count} of {n} messages after {timeout:?}; relay log:\n{}",
+                relay.map(Relay::log).unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Inserts one Debezium-shaped outbox row; returns its id.
+pub async fn insert_event(
+    client: &impl tokio_postgres::GenericClient,
+    aggregate: &str,
+    kind: &str,
+    payload: &str,
+) -> Result<String> {
+    let id = uuid::Uuid::new_v4().to_string();
+    client
+        .execute(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
+             VALUES ($1::text::uuid, $2, '1', $3, $4::text::jsonb)",
+            &[&id, &aggregate, &kind, &payload],
+        )
+        .await?;
+    Ok(id)
+}
