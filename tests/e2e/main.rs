@@ -2,6 +2,7 @@
 //! both started by the tests on free ports in temp dirs.
 
 mod bad_config;
+mod compose;
 mod delivery;
 mod restart;
 mod slot;

@@ -225,6 +225,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API
     fn file_and_env_merge_and_unknown_keys_are_refused() {
         figment::Jail::expect_with(|jail| {
             jail.create_file(

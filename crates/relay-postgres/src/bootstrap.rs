@@ -204,14 +204,14 @@ pub async fn prepare(
             "it was invalidated (wal_status = lost: it fell behind max_slot_wal_keep_size); events committed since it was last read are gone from WAL. See docs/operations.md, \"Slot lost\"".into(),
         ));
     };
-    if let Some(checkpoint) = checkpoint {
-        if confirmed_flush_lsn > checkpoint {
-            return Err(PgError::SlotAhead {
-                slot: slot.clone(),
-                slot_lsn: confirmed_flush_lsn,
-                checkpoint,
-            });
-        }
+    if let Some(checkpoint) = checkpoint
+        && confirmed_flush_lsn > checkpoint
+    {
+        return Err(PgError::SlotAhead {
+            slot: slot.clone(),
+            slot_lsn: confirmed_flush_lsn,
+            checkpoint,
+        });
     }
     Ok(SlotState {
         confirmed_flush_lsn,
