@@ -143,7 +143,13 @@ impl RelayConfig {
             figment = figment.merge(Toml::file(file));
         }
         let config: RelayConfig = figment
-            .merge(Env::prefixed(ENV_PREFIX).split("__"))
+            // Only RELAY_<SECTION>__<KEY> are overrides: RELAY_CONFIG, RELAY_LOG_FORMAT (flags)
+            // and unrelated RELAY_* variables must not be read as config keys.
+            .merge(
+                Env::prefixed(ENV_PREFIX)
+                    .filter(|key| key.as_str().contains("__"))
+                    .split("__"),
+            )
             .extract()
             .map_err(|e| ConfigError::Load(Box::new(e)))?;
         config.validate()?;
@@ -247,6 +253,9 @@ mod tests {
             )?;
             jail.set_env("RELAY_POSTGRES__PASSWORD", "from-env");
             jail.set_env("RELAY_NATS__URL", "nats://broker:4222");
+            jail.set_env("RELAY_CONFIG", "relay.toml");
+            jail.set_env("RELAY_LOG_FORMAT", "json");
+            jail.set_env("RELAY_TEST_NATS_SERVER", "/usr/bin/nats-server");
             let c = RelayConfig::load(Some(Path::new("relay.toml"))).expect("loads");
             assert_eq!(c.postgres.slot, "orders_relay");
             assert_eq!(c.postgres.password.as_deref(), Some("from-env"));
