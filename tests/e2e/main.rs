@@ -3,7 +3,9 @@
 
 mod bad_config;
 mod compose;
+mod consumer;
 mod delivery;
+mod faults;
 mod restart;
 mod slot;
 mod support;

@@ -118,6 +118,16 @@ reconnect_max = "1s"
         Ok(row.map(|r| r.get::<_, i64>(0) as u64))
     }
 
+    /// `pg_current_wal_lsn()` as a number.
+    pub async fn current_wal(&self) -> Result<u64> {
+        let row = self
+            .db()
+            .await?
+            .query_one("SELECT (pg_current_wal_lsn() - '0/0')::bigint", &[])
+            .await?;
+        Ok(row.get::<_, i64>(0) as u64)
+    }
+
     /// The stored checkpoint as a number.
     pub async fn checkpoint(&self) -> Result<Option<u64>> {
         let row = self
@@ -150,6 +160,11 @@ impl Relay {
     }
 
     pub fn start_with_args(config: &Path, args: &[&str]) -> Result<Self> {
+        Self::start_with_env(config, args, &[])
+    }
+
+    /// Starts the relay with extra environment variables (e.g. `RELAY_FAILPOINT`).
+    pub fn start_with_env(config: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<Self> {
         let log = config.with_extension(format!("{}.log", fastrand_suffix()));
         let file = std::fs::File::create(&log)?;
         let child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
@@ -157,6 +172,7 @@ impl Relay {
             .arg(config)
             .args(args)
             .env("RUST_LOG", "info,relay_core=debug")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(file)
             .spawn()
@@ -166,6 +182,19 @@ impl Relay {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Resident memory of the relay process now, in bytes (from /proc).
+    pub fn rss_bytes(&self) -> u64 {
+        std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("VmRSS:"))
+                    .and_then(|l| l.split_whitespace().nth(1))
+                    .and_then(|kb| kb.parse::<u64>().ok())
+            })
+            .map_or(0, |kb| kb * 1024)
     }
 
     pub fn signal(&self, signal: nix::sys::signal::Signal) {
@@ -278,6 +307,14 @@ pub async fn read_stream(js: &jetstream::Context) -> Result<Vec<Received>> {
     Ok(out)
 }
 
+/// Messages in the stream now (0 while it does not exist).
+pub async fn stream_count(js: &jetstream::Context) -> Result<usize> {
+    Ok(match js.get_stream(STREAM).await {
+        Ok(mut s) => s.info().await?.state.messages as usize,
+        Err(_) => 0,
+    })
+}
+
 /// Waits until the stream holds at least `n` messages; returns them.
 pub async fn wait_for_messages(
     js: &jetstream::Context,
@@ -287,10 +324,7 @@ pub async fn wait_for_messages(
 ) -> Result<Vec<Received>> {
     let deadline = Instant::now() + timeout;
     loop {
-        let count = match js.get_stream(STREAM).await {
-            Ok(mut s) => s.info().await?.state.messages as usize,
-            Err(_) => 0,
-        };
+        let count = stream_count(js).await?;
         if count >= n {
             return read_stream(js).await;
         }

@@ -231,6 +231,26 @@ async fn session(
         Ok(source) => source,
         Err(e) => return source_end(e),
     };
+    // After a downtime longer than the stream's duplicate window, JetStream would store re-sent
+    // events twice: find what it already holds past the checkpoint and skip those.
+    let already_published = match relay_nats::published_since(
+        publisher.context(),
+        &config.nats.stream,
+        start,
+        config.relay.max_in_flight as u64 * 2,
+    )
+    .await
+    {
+        Ok(ids) => ids,
+        Err(e) => return Ok(SessionEnd::Retry(e.into())),
+    };
+    if !already_published.is_empty() {
+        tracing::info!(
+            count = already_published.len(),
+            checkpoint = %start,
+            "events past the checkpoint are already in the stream; they will not be published again"
+        );
+    }
     let router = Router::new(&config.outbox)
         .context("outbox mapping")
         .map_err(Exit::config)?;
@@ -243,6 +263,7 @@ async fn session(
         config.relay.pipeline_config(),
         stats.clone(),
     );
+    pipeline.skip_published(already_published);
     let result = pipeline.run(shutdown.cancelled()).await;
     let (source, _, _) = pipeline.into_parts();
     let stop_wait = config.postgres.status_interval.min(Duration::from_secs(5));

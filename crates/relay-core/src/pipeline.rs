@@ -6,6 +6,7 @@
 //! broker has not acknowledged: the frontier (see [`crate::frontier`]) only moves over fully
 //! acknowledged transactions, or over keepalive positions while nothing is in flight.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
@@ -70,12 +71,75 @@ pub struct PipelineStats {
     pub duplicates: AtomicU64,
     /// Re-publishes after an unknown outcome.
     pub publish_retries: AtomicU64,
+    /// Events not re-published because the stream already held them (see
+    /// [`Pipeline::skip_published`]).
+    pub already_published: AtomicU64,
     /// Changes that are not outbox inserts (updates, deletes, truncates, other tables).
     pub changes_skipped: AtomicU64,
     /// Last stored and confirmed LSN.
     pub confirmed_lsn: AtomicU64,
     /// Events awaiting an ack now.
     pub in_flight: AtomicU64,
+    /// Failed publish attempts whose outcome was unknown (timeout, connection lost).
+    pub publish_errors_unknown: AtomicU64,
+    /// Failed publish attempts that no stream answered (no responders).
+    pub publish_errors_no_stream: AtomicU64,
+    /// Publishes JetStream refused for good.
+    pub publish_errors_rejected: AtomicU64,
+    /// Commit-to-ack latency: acks per bucket of [`PipelineStats::COMMIT_TO_ACK_BOUNDS`] (not
+    /// cumulative); the last bucket counts everything above the largest bound.
+    pub commit_to_ack_buckets: [AtomicU64; 14],
+    /// Sum of all commit-to-ack latencies, microseconds.
+    pub commit_to_ack_sum_micros: AtomicU64,
+    /// Commit time (µs since the Unix epoch) of the transaction of the newest acknowledged event.
+    pub last_acked_commit_unix_micros: AtomicU64,
+    /// Stream sequence of the newest acknowledged message.
+    pub last_stream_seq: AtomicU64,
+}
+
+impl PipelineStats {
+    /// Upper bounds (seconds) of the commit-to-ack latency buckets, then +Inf.
+    pub const COMMIT_TO_ACK_BOUNDS: [f64; 13] = [
+        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    ];
+
+    /// Records one acknowledged message: its commit-to-ack latency and stream sequence.
+    fn observe_ack(&self, msg: &OutboundMessage, receipt: &PubReceipt) {
+        self.last_stream_seq
+            .fetch_max(receipt.stream_seq, Ordering::Relaxed);
+        let Some(committed) = msg
+            .header(crate::message::HEADER_COMMIT_TIME)
+            .and_then(|t| humantime::parse_rfc3339(t).ok())
+        else {
+            return;
+        };
+        let now = std::time::SystemTime::now();
+        let latency = now.duration_since(committed).unwrap_or_default();
+        let unix = committed
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_micros() as u64;
+        self.last_acked_commit_unix_micros
+            .fetch_max(unix, Ordering::Relaxed);
+        let secs = latency.as_secs_f64();
+        let bucket = Self::COMMIT_TO_ACK_BOUNDS
+            .iter()
+            .position(|bound| secs <= *bound)
+            .unwrap_or(Self::COMMIT_TO_ACK_BOUNDS.len());
+        self.commit_to_ack_buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        self.commit_to_ack_sum_micros
+            .fetch_add(latency.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Counts one failed publish attempt by kind.
+    fn count_publish_error(&self, kind: PublishErrorKind) {
+        let counter = match kind {
+            PublishErrorKind::Unknown => &self.publish_errors_unknown,
+            PublishErrorKind::NoStream => &self.publish_errors_no_stream,
+            PublishErrorKind::Rejected => &self.publish_errors_rejected,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// Why the loop stopped with an error. The confirmed position is never past the failure.
@@ -158,9 +222,13 @@ async fn deliver<P: Publisher>(
             Err(e) => Err(e),
         };
         let error = match result {
-            Ok(receipt) => return Ok((ticket, receipt)),
+            Ok(receipt) => {
+                stats.observe_ack(&msg, &receipt);
+                return Ok((ticket, receipt));
+            }
             Err(e) => e,
         };
+        stats.count_publish_error(error.kind);
         let retry = match error.kind {
             PublishErrorKind::Unknown => true,
             PublishErrorKind::NoStream => started.elapsed() < policy.no_stream_grace,
@@ -199,6 +267,9 @@ pub struct Pipeline<S, P, C> {
     stats: Arc<PipelineStats>,
     /// The open transaction and the count of its outbox events so far.
     tx: Option<(TxContext, u64)>,
+    /// Event ids the stream already holds past the start position (a restart after a downtime
+    /// longer than the duplicate window): not published again.
+    already_published: HashSet<String>,
 }
 
 impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
@@ -224,7 +295,14 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
             config,
             stats,
             tx: None,
+            already_published: HashSet::new(),
         }
+    }
+
+    /// Event ids found in the stream past the start position; each is skipped once when the
+    /// stream re-delivers its row, instead of being stored a second time.
+    pub fn skip_published(&mut self, ids: HashSet<String>) {
+        self.already_published = ids;
     }
 
     /// Takes the loop apart: the source (to stop it cleanly), publisher and store.
@@ -368,6 +446,10 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
                         error,
                     })?;
                 match routed {
+                    Some(msg) if self.already_published.remove(&msg.event_id) => {
+                        *index += 1;
+                        self.stats.already_published.fetch_add(1, Ordering::Relaxed);
+                    }
                     Some(msg) => {
                         *index += 1;
                         self.stats.events_received.fetch_add(1, Ordering::Relaxed);

@@ -8,10 +8,12 @@
 //!   asks), capture every subject the mappings can produce, and not be configured in a way that
 //!   loses acknowledged events.
 
+mod published;
 mod publisher;
 mod settings;
 mod stream;
 
+pub use published::published_since;
 pub use publisher::JetStreamPublisher;
 pub use settings::NatsSettings;
 pub use stream::{StreamReport, prepare_stream, subject_matches};
@@ -98,8 +100,21 @@ pub async fn connect(settings: &NatsSettings) -> Result<async_nats::Client, Nats
     if let Some(token) = &settings.token {
         options = options.token(token.clone());
     }
+    // `url` may list several servers of a cluster, comma-separated.
+    let addrs = settings
+        .url
+        .split(',')
+        .map(|u| u.trim().parse::<async_nats::ServerAddr>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|source| NatsError::Connect {
+            url: settings.url.clone(),
+            source: async_nats::ConnectError::with_source(
+                async_nats::ConnectErrorKind::ServerParse,
+                source,
+            ),
+        })?;
     options
-        .connect(settings.url.as_str())
+        .connect(addrs)
         .await
         .map_err(|source| NatsError::Connect {
             url: settings.url.clone(),

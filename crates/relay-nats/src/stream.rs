@@ -6,6 +6,9 @@ use async_nats::jetstream::{self, stream};
 
 use crate::{NatsError, NatsSettings};
 
+/// Below this, a slow restart's re-sends land as second copies: worth a warning.
+const MIN_SAFE_DUPLICATE_WINDOW: Duration = Duration::from_secs(60);
+
 /// What the stream looks like, and settings that can lose acknowledged events.
 #[derive(Debug, Clone)]
 pub struct StreamReport {
@@ -126,6 +129,12 @@ pub async fn prepare_stream(
     if limited && config.discard == stream::DiscardPolicy::Old {
         warnings.push(format!(
             "stream `{name}` has limits with `discard: old`: old events are evicted silently once a limit is reached"
+        ));
+    }
+    if config.duplicate_window < MIN_SAFE_DUPLICATE_WINDOW {
+        warnings.push(format!(
+            "stream `{name}` has a duplicate_window of {:?}: events re-sent after a relay restart that takes longer are stored twice (consumers must dedupe by Nats-Msg-Id); 2m or more is recommended",
+            config.duplicate_window
         ));
     }
     Ok(StreamReport {

@@ -8,6 +8,11 @@
 //! * [`PostgresServer`]: `initdb` + `pg_ctl start` with `wal_level=logical`.
 //!   When the tests run as root, PostgreSQL runs as the `postgres` OS user.
 //! * [`NatsServer`]: `nats-server` with JetStream and a file store.
+//! * [`NatsCluster`]: several nats-servers with cluster routes and
+//!   JetStream (streams with 3 replicas), plus [`stream_leader_stepdown`]
+//!   and [`stream_leader`].
+//! * [`FaultProxy`]: a TCP proxy in front of a server that can delay,
+//!   blackhole, cut or refuse connections.
 //!
 //! Which binaries are used:
 //! * PostgreSQL: [`PgOptions::bin_dir`], else `$RELAY_TEST_PG_BIN` (a
@@ -23,15 +28,19 @@
 //! `sh` process notices the end of its stdin pipe and does the same.
 
 mod nats;
+mod nats_cluster;
 mod postgres;
 mod procs;
+mod proxy;
 
 use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, TcpListener};
 use std::sync::{Mutex, PoisonError};
 
 pub use nats::{NatsOptions, NatsServer};
+pub use nats_cluster::{CLUSTER_READY_TIMEOUT, NatsCluster, stream_leader, stream_leader_stepdown};
 pub use postgres::{PgOptions, PostgresServer};
+pub use proxy::FaultProxy;
 
 /// The address every test server listens on.
 pub const HOST: &str = "127.0.0.1";

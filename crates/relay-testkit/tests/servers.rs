@@ -264,7 +264,7 @@ async fn nats_pause_and_resume() -> anyhow::Result<()> {
         nats_request(port, "$JS.API.INFO", ""),
     )
     .await;
-    assert!(paused.is_err(), "a paused server answered");
+    assert!(paused.is_err(), "a paused server answered: {paused:?}");
     nats.resume()?;
     let info = request(port, "$JS.API.INFO", "").await?;
     assert!(info.contains("account_info_response"), "{info}");

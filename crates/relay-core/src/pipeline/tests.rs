@@ -221,6 +221,17 @@ async fn run_script(
     config: PipelineConfig,
     then_fail: bool,
 ) -> (Result<RunOutcome, PipelineError>, Harness) {
+    run_script_skipping(events, broker, config, then_fail, HashSet::new()).await
+}
+
+/// As [`run_script`], with event ids the stream already holds.
+async fn run_script_skipping(
+    events: Vec<SourceEvent>,
+    broker: FakeBroker,
+    config: PipelineConfig,
+    then_fail: bool,
+    already_published: HashSet<String>,
+) -> (Result<RunOutcome, PipelineError>, Harness) {
     // Work out each transaction's events for the checking store.
     let mut txs = Vec::new();
     let mut current = Vec::new();
@@ -260,6 +271,14 @@ async fn run_script(
         config,
         stats.clone(),
     );
+    // By premise the stream already holds them.
+    broker
+        .0
+        .lock()
+        .unwrap()
+        .ids
+        .extend(already_published.iter().cloned());
+    pipeline.skip_published(already_published);
     let result = pipeline.run(std::future::pending()).await;
     (
         result,
@@ -541,4 +560,24 @@ async fn keepalive_only_progress_is_stored_at_the_idle_interval() {
         Some(&Lsn(3000)),
         "final position stored at shutdown"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn events_already_in_the_stream_are_not_published_again() {
+    let mut events = preamble();
+    events.extend(tx(1, &["a", "b", "c"]));
+    let (result, h) = run_script_skipping(
+        events,
+        FakeBroker::default(),
+        PipelineConfig::default(),
+        false,
+        ["b".to_owned()].into(),
+    )
+    .await;
+    assert_eq!(result.unwrap().confirmed, Lsn(1000));
+    assert_eq!(stream_ids(&h), ["a", "c"]);
+    assert_eq!(h.stats.already_published.load(Ordering::Relaxed), 1);
+    // The Tx-Index stays the row's position in its transaction.
+    let broker = h.broker.0.lock().unwrap();
+    assert_eq!(broker.stream[1].header("Outbox-Tx-Index"), Some("2"));
 }

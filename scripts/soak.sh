@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The fault suite with heavier load and longer settling (minutes, not for CI):
+# every scenario of tests/e2e/faults, then the table.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+scripts/ensure-deps.sh
+export FAULT_REPORT="$PWD/target/fault-soak.tsv"
+rm -f "$FAULT_REPORT"
+FAULT_SOAK=1 cargo test --locked -p outbox-relay --all-features --test e2e faults -- --test-threads 1 --include-ignored || status=$?
+scripts/fault-table.sh "$FAULT_REPORT"
+exit "${status:-0}"

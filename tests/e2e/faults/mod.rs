@@ -1,0 +1,8 @@
+//! The fault suite (issue 3): scenarios that crash, pause or restart the relay, PostgreSQL and
+//! NATS under load, then let the oracle classify every committed event id.
+//!
+//! Each scenario appends one row to the report (`target/fault-suite.tsv`, or `$FAULT_REPORT`);
+//! `scripts/test.sh` prints it as one table at the end.
+
+mod oracle;
+mod scenarios;

@@ -1,0 +1,250 @@
+//! The oracle: outbox rows are never deleted during a scenario, so the table is the truth.
+//! Every committed event id is ok (exactly once in the stream), dup (more than once) or lost
+//! (not in the stream); a stream message whose id is no committed row is a phantom.
+
+use std::collections::{HashMap, HashSet};
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+
+use crate::support::*;
+
+/// One scenario's outcome.
+#[derive(Debug, Clone)]
+pub struct Verdict {
+    pub scenario: String,
+    pub written: usize,
+    pub ok: usize,
+    pub dup: usize,
+    pub lost: usize,
+    pub phantom: usize,
+    pub pass: bool,
+    pub note: String,
+}
+
+impl Verdict {
+    /// Appends the row to the suite's report and prints it.
+    pub fn report(&self) {
+        let line = format!(
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            self.scenario,
+            self.written,
+            self.ok,
+            self.dup,
+            self.lost,
+            self.phantom,
+            if self.pass { "PASS" } else { "FAIL" },
+            self.note
+        );
+        eprintln!("fault-suite: {line}");
+        let path = std::env::var_os("FAULT_REPORT")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                PathBuf::from(concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/../../target/fault-suite.tsv"
+                ))
+            });
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = writeln!(f, "{line}");
+        }
+    }
+
+    /// Fails the test unless the verdict passed.
+    pub fn assert(&self) {
+        self.report();
+        assert!(self.pass, "scenario failed: {self:?}");
+    }
+}
+
+/// Committed event ids, from the outbox table.
+pub async fn committed_ids(env: &Env) -> Result<HashSet<String>> {
+    let rows = env
+        .db()
+        .await?
+        .query("SELECT id::text FROM outbox", &[])
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Waits until every committed event is in the stream (or `timeout`), then classifies.
+pub async fn classify(
+    env: &Env,
+    scenario: &str,
+    allow_dup: bool,
+    timeout: Duration,
+    note: &str,
+) -> Result<Verdict> {
+    let js = env.jetstream().await?;
+    let committed = committed_ids(env).await?;
+    let deadline = Instant::now() + timeout;
+    let counts = loop {
+        let mut counts: HashMap<String, usize> = HashMap::new();
+        for m in read_stream(&js).await? {
+            *counts.entry(m.id().to_owned()).or_default() += 1;
+        }
+        let complete = committed.iter().all(|id| counts.contains_key(id));
+        if complete || Instant::now() > deadline {
+            break counts;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let v = Verdict::from_counts(scenario, &committed, &counts, allow_dup, note);
+    if v.lost > 0 {
+        // Name a few, with their insert time, to tell a relay bug from a test that wrote
+        // before the slot existed.
+        let lost: Vec<&String> = committed
+            .iter()
+            .filter(|id| !counts.contains_key(*id))
+            .take(5)
+            .collect();
+        for id in lost {
+            let when: Option<String> = env
+                .db()
+                .await?
+                .query_opt(
+                    "SELECT created_at::text FROM outbox WHERE id = $1::text::uuid",
+                    &[id],
+                )
+                .await?
+                .map(|r| r.get(0));
+            eprintln!("fault-suite: {scenario}: lost {id} (inserted {when:?})");
+        }
+    }
+    Ok(v)
+}
+
+impl Verdict {
+    /// Classifies stream copies per event id against the committed ids.
+    pub fn from_counts(
+        scenario: &str,
+        committed: &HashSet<String>,
+        counts: &HashMap<String, usize>,
+        allow_dup: bool,
+        note: &str,
+    ) -> Self {
+        let mut v = Verdict {
+            scenario: scenario.to_owned(),
+            written: committed.len(),
+            ok: 0,
+            dup: 0,
+            lost: 0,
+            phantom: 0,
+            pass: false,
+            note: note.to_owned(),
+        };
+        for id in committed {
+            match counts.get(id) {
+                None => v.lost += 1,
+                Some(1) => v.ok += 1,
+                Some(_) => v.dup += 1,
+            }
+        }
+        v.phantom = counts.keys().filter(|id| !committed.contains(*id)).count();
+        v.pass = v.lost == 0 && v.phantom == 0 && (allow_dup || v.dup == 0) && v.written > 0;
+        v
+    }
+}
+
+/// Background writers: transactions of 1-`max_rows` outbox rows mixed with writes to another
+/// table and some rolled-back transactions. Connection errors (a server restart) are waited out;
+/// only committed rows count, because the oracle reads the table.
+pub struct Load {
+    stop: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<u64>>,
+}
+
+impl Load {
+    pub async fn start(env: &Env, writers: usize, max_rows: u32, pause: Duration) -> Result<Self> {
+        env.db()
+            .await?
+            .batch_execute(
+                "CREATE TABLE IF NOT EXISTS side_effects (id bigserial PRIMARY KEY, note text)",
+            )
+            .await?;
+        let (stop, _) = tokio::sync::watch::channel(false);
+        let mut tasks = Vec::new();
+        for w in 0..writers {
+            let url = env.pg.url(DB);
+            let mut stopped = stop.subscribe();
+            tasks.push(tokio::spawn(async move {
+                let mut committed = 0u64;
+                let mut n: u64 = 0x2545F4914F6CDD1D ^ (w as u64 + 1);
+                while !*stopped.borrow() {
+                    let Ok((mut client, conn)) =
+                        tokio_postgres::connect(&url, tokio_postgres::NoTls).await
+                    else {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        continue;
+                    };
+                    tokio::spawn(conn);
+                    while !*stopped.borrow() {
+                        n ^= n << 13;
+                        n ^= n >> 7;
+                        n ^= n << 17;
+                        let rows = (n % u64::from(max_rows)) as i32 + 1;
+                        let rollback = n.is_multiple_of(13);
+                        let result = async {
+                            let tx = client.transaction().await?;
+                            tx.execute(
+                                "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
+                                 SELECT gen_random_uuid(), 'Load', $1, 'Written', jsonb_build_object('g', g) \
+                                 FROM generate_series(1, $2) g",
+                                &[&format!("w{w}"), &rows],
+                            )
+                            .await?;
+                            tx.execute("INSERT INTO side_effects (note) VALUES ('x')", &[]).await?;
+                            if rollback {
+                                tx.rollback().await
+                            } else {
+                                tx.commit().await
+                            }
+                        }
+                        .await;
+                        match result {
+                            Ok(()) if !rollback => committed += rows as u64,
+                            Ok(()) => {}
+                            Err(_) => break, // reconnect
+                        }
+                        tokio::select! {
+                            () = tokio::time::sleep(pause) => {}
+                            _ = stopped.changed() => {}
+                        }
+                    }
+                }
+                committed
+            }));
+        }
+        Ok(Self { stop, tasks })
+    }
+
+    /// Stops the writers; returns how many rows they committed (as far as they know).
+    pub async fn stop(self) -> u64 {
+        let _ = self.stop.send(true);
+        let mut total = 0;
+        for t in self.tasks {
+            total += t.await.unwrap_or(0);
+        }
+        total
+    }
+}
+
+/// Waits until the stream holds at least `n` messages.
+pub async fn wait_stream_count(env: &Env, n: usize, timeout: Duration) -> Result<()> {
+    let js = env.jetstream().await?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        let count = stream_count(&js).await?;
+        if count >= n {
+            return Ok(());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "stream at {count} of {n}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
