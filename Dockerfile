@@ -8,5 +8,9 @@ FROM debian:bookworm-slim
 RUN useradd --system --uid 10001 relay
 COPY --from=build /src/target/release/outbox-relay /usr/local/bin/outbox-relay
 USER relay
+# /livez, /readyz, /metrics, /status (docs/operations.md).
+ENV RELAY_HTTP__LISTEN=0.0.0.0:9464
+EXPOSE 9464
+HEALTHCHECK --interval=10s --timeout=5s --start-period=20s CMD ["outbox-relay", "health"]
 ENTRYPOINT ["outbox-relay"]
 CMD ["run"]

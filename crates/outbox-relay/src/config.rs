@@ -31,6 +31,35 @@ pub struct RelayConfig {
     /// Outbox tables and their mappings. Default: `public.outbox` in Debezium's shape.
     #[serde(default = "default_outbox")]
     pub outbox: Vec<OutboxTableConfig>,
+    /// Health, metrics and status endpoints.
+    #[serde(default)]
+    pub http: HttpSettings,
+}
+
+/// The `[http]` section: `/livez`, `/readyz`, `/metrics`, `/status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSettings {
+    /// `host:port` to serve on, e.g. `0.0.0.0:9464`. Default: unset (no HTTP server).
+    #[serde(default)]
+    pub listen: Option<String>,
+    /// How often the slot (lag, `wal_status`) and the stream are sampled for metrics and
+    /// readiness. Default `5s`.
+    #[serde(default = "default_sample_interval", with = "humantime_serde")]
+    pub sample_interval: Duration,
+}
+
+fn default_sample_interval() -> Duration {
+    Duration::from_secs(5)
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self {
+            listen: None,
+            sample_interval: default_sample_interval(),
+        }
+    }
 }
 
 fn default_outbox() -> Vec<OutboxTableConfig> {
@@ -132,6 +161,15 @@ pub enum ConfigError {
 impl RelayConfig {
     /// Loads `file` (if any), then the environment overrides.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let config: RelayConfig = Self::figment(file)?
+            .extract()
+            .map_err(|e| ConfigError::Load(Box::new(e)))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The merged sources (file, then environment), with metadata on where each value came from.
+    pub fn figment(file: Option<&Path>) -> Result<Figment, ConfigError> {
         let mut figment = Figment::new();
         if let Some(file) = file {
             if !file.exists() {
@@ -142,18 +180,13 @@ impl RelayConfig {
             }
             figment = figment.merge(Toml::file(file));
         }
-        let config: RelayConfig = figment
-            // Only RELAY_<SECTION>__<KEY> are overrides: RELAY_CONFIG, RELAY_LOG_FORMAT (flags)
-            // and unrelated RELAY_* variables must not be read as config keys.
-            .merge(
-                Env::prefixed(ENV_PREFIX)
-                    .filter(|key| key.as_str().contains("__"))
-                    .split("__"),
-            )
-            .extract()
-            .map_err(|e| ConfigError::Load(Box::new(e)))?;
-        config.validate()?;
-        Ok(config)
+        // Only RELAY_<SECTION>__<KEY> are overrides: RELAY_CONFIG, RELAY_LOG_FORMAT (flags)
+        // and unrelated RELAY_* variables must not be read as config keys.
+        Ok(figment.merge(
+            Env::prefixed(ENV_PREFIX)
+                .filter(|key| key.as_str().contains("__"))
+                .split("__"),
+        ))
     }
 
     /// Checks everything that can be checked without connecting.
@@ -181,6 +214,18 @@ impl RelayConfig {
         if self.relay.checkpoint_interval.is_zero() {
             return Err(ConfigError::Invalid(
                 "[relay] checkpoint_interval must be positive".into(),
+            ));
+        }
+        if let Some(listen) = &self.http.listen
+            && listen.parse::<std::net::SocketAddr>().is_err()
+        {
+            return Err(ConfigError::Invalid(format!(
+                "[http] listen `{listen}` is not an address such as 0.0.0.0:9464"
+            )));
+        }
+        if self.http.sample_interval.is_zero() {
+            return Err(ConfigError::Invalid(
+                "[http] sample_interval must be positive".into(),
             ));
         }
         if self.nats.stream.is_empty() || self.nats.stream.contains(['.', '*', '>', ' ']) {

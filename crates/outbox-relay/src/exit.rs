@@ -3,6 +3,7 @@
 //! | code | meaning |
 //! |---|---|
 //! | 0 | clean shutdown |
+//! | 1 | `health`: the relay is not live/ready or does not answer |
 //! | 65 | data-safety stop: slot lost or invalidated, slot ahead of the checkpoint, a row that cannot be published |
 //! | 69 | a dependency is unavailable: PostgreSQL or NATS unreachable at start-up |
 //! | 70 | internal error |
@@ -13,6 +14,8 @@ use std::process::ExitCode;
 /// Process exit codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExitKind {
+    /// `health`: the relay is not live/ready or does not answer.
+    NotHealthy = 1,
     /// Events may be lost if the relay went on: an operator must act.
     DataSafety = 65,
     /// PostgreSQL or NATS could not be reached.

@@ -1,12 +1,16 @@
 //! `outbox-relay`: PostgreSQL outbox table → NATS JetStream, without polling.
 //!
 //! Orchestration only: parse the command line, load the configuration, start logging, then hand
-//! over to [`run`] (the relay), [`tail`] (read the stream back) or `validate`.
+//! over to [`run`] (the relay), [`tail`] (read the stream back) or one of the [`commands`].
 
+mod commands;
 mod config;
 mod exit;
+mod http;
+mod inspect;
 mod run;
 mod tail;
+mod telemetry;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -54,8 +58,48 @@ enum Command {
         #[arg(long)]
         accept_slot_position: bool,
     },
-    /// Check the configuration without connecting, print it (secrets redacted) and exit.
-    Validate,
+    /// Check the configuration and print it (secrets redacted); with --connect, a preflight of
+    /// PostgreSQL and JetStream instead: one PASS/WARN/FAIL line per check, with a hint for
+    /// each failure. Exit 0 when nothing failed, 65/69/78 otherwise.
+    Validate {
+        /// Connect and check everything `run` needs, without changing anything.
+        #[arg(long)]
+        connect: bool,
+    },
+    /// Create what is missing, idempotently: the checkpoint table, the publication, the slot
+    /// and, with --create-stream, the JetStream stream.
+    Setup {
+        /// Also create the stream when it is missing (file storage, [nats] stream_subjects and
+        /// duplicate_window).
+        #[arg(long)]
+        create_stream: bool,
+    },
+    /// Show the slot (lag, wal_status), the stored checkpoint, the stream, and a running
+    /// relay's health.
+    Status {
+        /// One JSON document instead of text.
+        #[arg(long)]
+        json: bool,
+        /// host:port of a running relay's HTTP endpoint (default: [http] listen).
+        #[arg(long)]
+        relay: Option<String>,
+    },
+    /// Ask the relay running on this host (its [http] listen address, or --relay) whether it is
+    /// live (default) or ready; exit 0 if so, 1 if not. For container health checks in images
+    /// without curl.
+    Health {
+        /// Check /readyz instead of /livez.
+        #[arg(long)]
+        ready: bool,
+        /// host:port of the relay's HTTP endpoint (default: [http] listen).
+        #[arg(long)]
+        relay: Option<String>,
+    },
+    /// Configuration commands.
+    Config {
+        #[command(subcommand)]
+        action: ConfigCommand,
+    },
     /// Print messages from the JetStream stream: subject, headers and payload.
     Tail {
         /// Stop after this many messages.
@@ -67,20 +111,37 @@ enum Command {
     },
 }
 
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Print the merged configuration, secrets redacted, each value with where it came from
+    /// (file, environment variable, default).
+    Print,
+}
+
 fn humantime_duration(s: &str) -> Result<std::time::Duration, String> {
     humantime_serde::re::humantime::parse_duration(s).map_err(|e| e.to_string())
 }
 
 fn init_logging(format: LogFormat) {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+        .with_ansi(ansi);
+    // Repeated warnings and errors (an outage) are limited to 5 per 10 s per log statement.
+    let registry = tracing_subscriber::registry()
+        .with(filter)
+        .with(telemetry::RateLimit::new(
+            std::time::Duration::from_secs(10),
+            5,
+        ));
     match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => registry.with(fmt).init(),
+        LogFormat::Json => registry.with(fmt.json()).init(),
     }
 }
 
@@ -102,12 +163,21 @@ fn try_main(cli: Cli) -> Result<(), Exit> {
     let command = cli.command.unwrap_or(Command::Run {
         accept_slot_position: false,
     });
-    if let Command::Validate = command {
-        let text = serde_json::to_string_pretty(&redacted(&config))
-            .map_err(|e| Exit::internal(anyhow::Error::new(e)))?;
-        println!("{text}");
-        eprintln!("configuration is valid");
-        return Ok(());
+    match command {
+        Command::Validate { connect: false } => {
+            let text = serde_json::to_string_pretty(&redacted(&config))
+                .map_err(|e| Exit::internal(anyhow::Error::new(e)))?;
+            println!("{text}");
+            eprintln!("configuration is valid");
+            return Ok(());
+        }
+        Command::Config {
+            action: ConfigCommand::Print,
+        } => {
+            let figment = RelayConfig::figment(cli.config.as_deref()).map_err(Exit::config)?;
+            return commands::config_print::print(&config, &figment).map_err(Exit::internal);
+        }
+        _ => {}
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -122,7 +192,15 @@ fn try_main(cli: Cli) -> Result<(), Exit> {
                 count,
                 idle_timeout,
             } => tail::tail(&config, count, idle_timeout).await,
-            Command::Validate => Ok(()),
+            Command::Validate { .. } => commands::validate::preflight(&config).await,
+            Command::Setup { create_stream } => {
+                commands::setup::setup(&config, create_stream).await
+            }
+            Command::Status { json, relay } => commands::status::status(&config, json, relay).await,
+            Command::Health { ready, relay } => {
+                commands::status::health(&config, ready, relay).await
+            }
+            Command::Config { .. } => Ok(()),
         }
     })
 }

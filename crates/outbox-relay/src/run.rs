@@ -19,6 +19,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::RelayConfig;
 use crate::exit::{Exit, ExitKind};
+use crate::inspect::{self, StreamLookup};
+use crate::telemetry::{StreamSample, Telemetry};
 
 /// How a session ended without a fatal error.
 enum SessionEnd {
@@ -57,7 +59,7 @@ fn spawn_signal_handler(shutdown: CancellationToken) {
     });
 }
 
-fn nats_exit(error: NatsError) -> Exit {
+pub(crate) fn nats_exit(error: NatsError) -> Exit {
     let kind = match error {
         NatsError::Connect { .. } | NatsError::Stream { .. } => ExitKind::Unavailable,
         _ => ExitKind::Config,
@@ -65,7 +67,7 @@ fn nats_exit(error: NatsError) -> Exit {
     Exit::new(kind, error)
 }
 
-fn pg_exit(error: PgError) -> Exit {
+pub(crate) fn pg_exit(error: PgError) -> Exit {
     let kind = if error.is_data_safety_stop() {
         ExitKind::DataSafety
     } else if error.is_transient() {
@@ -97,7 +99,28 @@ pub async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), 
     let shutdown = CancellationToken::new();
     spawn_signal_handler(shutdown.clone());
 
+    let stats = Arc::new(PipelineStats::default());
+    let telemetry = Arc::new(Telemetry::new(
+        stats.clone(),
+        &config.postgres.slot,
+        &config.nats.stream,
+    ));
+    // Bind first: a taken port is a configuration error, reported before anything connects.
+    let http = match &config.http.listen {
+        Some(listen) => {
+            let listener = tokio::net::TcpListener::bind(listen)
+                .await
+                .with_context(|| format!("[http] listen: cannot listen on {listen}"))
+                .map_err(Exit::config)?;
+            tracing::info!(listen = %listen, "serving /livez, /readyz, /metrics, /status");
+            crate::http::spawn(listener, telemetry.clone());
+            true
+        }
+        None => false,
+    };
+
     let nats = relay_nats::connect(&config.nats).await.map_err(nats_exit)?;
+    telemetry.set_nats(nats.clone());
     let publisher = JetStreamPublisher::new(
         nats.clone(),
         &config.nats.stream,
@@ -119,23 +142,41 @@ pub async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), 
         "JetStream stream ready"
     );
 
-    let stats = Arc::new(PipelineStats::default());
+    telemetry.set_stream(StreamSample {
+        present: true,
+        ..StreamSample::default()
+    });
+    if http {
+        spawn_sampler(
+            config.clone(),
+            telemetry.clone(),
+            publisher.context().clone(),
+            shutdown.clone(),
+        );
+    }
     spawn_progress_log(stats.clone(), shutdown.clone());
     let mut accept = accept_slot_position;
     let mut ever_connected = false;
     let mut backoff = Duration::from_millis(250);
+    let mut sessions = 0u64;
     loop {
+        if sessions > 0 {
+            telemetry.pg_reconnects.fetch_add(1, Ordering::Relaxed);
+        }
+        sessions += 1;
         let end = session(
             &config,
             &publisher,
             &shutdown,
-            &stats,
+            &telemetry,
             &mut accept,
             &mut ever_connected,
         )
-        .await?;
-        let error = match end {
+        .await;
+        telemetry.streaming.store(false, Ordering::Relaxed);
+        let error = match end? {
             SessionEnd::Shutdown => {
+                let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
                 tracing::info!(confirmed_lsn = %Lsn(stats.confirmed_lsn.load(Ordering::Relaxed)), "stopped cleanly");
                 return Ok(());
             }
@@ -144,6 +185,7 @@ pub async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), 
         if shutdown.is_cancelled() {
             return Ok(());
         }
+        telemetry.set_last_error(Some(format!("{error:#}")));
         tracing::warn!(error = %format!("{error:#}"), retry_in = ?backoff, "replication session ended; reconnecting");
         tokio::select! {
             () = tokio::time::sleep(backoff) => {}
@@ -158,10 +200,11 @@ async fn session(
     config: &RelayConfig,
     publisher: &JetStreamPublisher,
     shutdown: &CancellationToken,
-    stats: &Arc<PipelineStats>,
+    telemetry: &Arc<Telemetry>,
     accept_slot_position: &mut bool,
     ever_connected: &mut bool,
 ) -> Result<SessionEnd, Exit> {
+    let stats = &telemetry.stats;
     let slot = config.postgres.slot.as_str();
     let client = match relay_postgres::connect(&config.postgres).await {
         Ok(client) => client,
@@ -227,10 +270,6 @@ async fn session(
             "slot is streaming to another process; waiting as a standby"
         );
     }
-    let source = match PgSource::start(&config.postgres, start).await {
-        Ok(source) => source,
-        Err(e) => return source_end(e),
-    };
     // After a downtime longer than the stream's duplicate window, JetStream would store re-sent
     // events twice: find what it already holds past the checkpoint and skip those.
     let already_published = match relay_nats::published_since(
@@ -251,9 +290,18 @@ async fn session(
             "events past the checkpoint are already in the stream; they will not be published again"
         );
     }
+    let source = match PgSource::start(&config.postgres, start).await {
+        Ok(source) => source,
+        Err(e) => return source_end(e),
+    };
     let router = Router::new(&config.outbox)
         .context("outbox mapping")
         .map_err(Exit::config)?;
+    telemetry.streaming.store(true, Ordering::Relaxed);
+    telemetry.set_last_error(None);
+    // systemd (Type=notify): ready once replication streams; repeated READY=1 is harmless.
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
+    tracing::info!(slot, lsn = %start, "streaming");
     let mut pipeline = Pipeline::new(
         source,
         publisher.clone(),
@@ -319,6 +367,58 @@ fn spawn_progress_log(stats: Arc<PipelineStats>, shutdown: CancellationToken) {
                 confirmed_lsn = %Lsn(stats.confirmed_lsn.load(Ordering::Relaxed)),
                 "progress"
             );
+        }
+    });
+}
+
+/// Samples the slot (lag, `wal_status`) and the stream every `[http] sample_interval`, for
+/// `/metrics`, `/readyz` and `/status`. Uses its own plain PostgreSQL session.
+fn spawn_sampler(
+    config: RelayConfig,
+    telemetry: Arc<Telemetry>,
+    context: async_nats::jetstream::Context,
+    shutdown: CancellationToken,
+) {
+    tokio::spawn(async move {
+        let mut client: Option<tokio_postgres::Client> = None;
+        let mut tick = tokio::time::interval(config.http.sample_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let slot = config.postgres.slot.as_str();
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = shutdown.cancelled() => return,
+            }
+            if client
+                .as_ref()
+                .is_none_or(tokio_postgres::Client::is_closed)
+            {
+                client = relay_postgres::connect(&config.postgres).await.ok();
+            }
+            if let Some(c) = &client {
+                match inspect::slot(c, slot).await {
+                    Ok(sample) => telemetry.set_slot(sample),
+                    Err(error) => {
+                        tracing::debug!(error = %error, "cannot sample the slot");
+                        client = None;
+                    }
+                }
+            }
+            let lookup = tokio::time::timeout(
+                Duration::from_secs(2),
+                inspect::stream(&context, &config.nats.stream),
+            )
+            .await;
+            match lookup {
+                Ok(StreamLookup::Found(info)) => telemetry.set_stream(StreamSample {
+                    present: true,
+                    last_seq: info.state.last_sequence,
+                    messages: info.state.messages,
+                }),
+                Ok(StreamLookup::NotFound) => telemetry.set_stream_present(false),
+                // No answer: NATS readiness already shows it; keep the last sample.
+                _ => {}
+            }
         }
     });
 }

@@ -84,6 +84,8 @@ pub async fn classify(
     let js = env.jetstream().await?;
     let committed = committed_ids(env).await?;
     let deadline = Instant::now() + timeout;
+    // Cheap first: wait for the message count before reading every message (once, usually).
+    let _ = wait_stream_count(env, committed.len(), timeout).await;
     let counts = loop {
         let mut counts: HashMap<String, usize> = HashMap::new();
         for m in read_stream(&js).await? {

@@ -1,0 +1,69 @@
+//! `outbox-relay config print`: the merged configuration, secrets redacted, each value with
+//! where it came from: the file, an environment variable, or the default.
+
+use std::path::Path;
+
+use figment::Figment;
+use serde_json::Value;
+
+use crate::config::{ENV_PREFIX, RelayConfig};
+
+/// Prints `key = value  # source` lines.
+pub fn print(config: &RelayConfig, figment: &Figment) -> anyhow::Result<()> {
+    let value = serde_json::to_value(crate::redacted(config))?;
+    let mut lines = Vec::new();
+    flatten("", &value, &mut lines);
+    for (key, value) in lines {
+        println!("{key} = {value}  # {}", source_of(figment, &key));
+    }
+    Ok(())
+}
+
+fn flatten(prefix: &str, value: &Value, out: &mut Vec<(String, String)>) {
+    match value {
+        Value::Object(map) if !map.is_empty() => {
+            for (k, v) in map {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                flatten(&key, v, out);
+            }
+        }
+        Value::Array(items) if items.iter().any(Value::is_object) => {
+            for (i, v) in items.iter().enumerate() {
+                flatten(&format!("{prefix}.{i}"), v, out);
+            }
+        }
+        other => out.push((prefix.to_owned(), other.to_string())),
+    }
+}
+
+/// Where `key` came from. Array elements (`outbox.0.table`) are attributed to their array.
+fn source_of(figment: &Figment, key: &str) -> String {
+    let parts: Vec<&str> = key.split('.').collect();
+    let lookup = match parts.iter().position(|p| p.parse::<usize>().is_ok()) {
+        Some(i) => parts[..i].join("."),
+        None => key.to_owned(),
+    };
+    if figment.find_value(&lookup).is_err() {
+        return "default".into();
+    }
+    let Some(meta) = figment.find_metadata(&lookup) else {
+        return "default".into();
+    };
+    if meta.name.contains("environment") {
+        let var = format!("{ENV_PREFIX}{}", lookup.replace('.', "__").to_uppercase());
+        return format!("environment {var}");
+    }
+    match &meta.source {
+        Some(figment::Source::File(path)) => format!("file {}", display(path)),
+        Some(other) => other.to_string(),
+        None => meta.name.to_string(),
+    }
+}
+
+fn display(path: &Path) -> String {
+    path.display().to_string()
+}

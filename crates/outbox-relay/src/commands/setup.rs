@@ -1,0 +1,86 @@
+//! `outbox-relay setup`: creates what is missing, idempotently: the checkpoint table
+//! (`migrations/0002_relay_checkpoint.sql`), the publication, the slot (publication first, and
+//! never a slot while a checkpoint for it exists), and with `--create-stream` the stream. The
+//! outbox tables themselves belong to the application's migrations.
+
+use relay_core::stage::CheckpointStore as _;
+use relay_postgres::bootstrap;
+use relay_postgres::checkpoint::PgCheckpointStore;
+
+use crate::config::RelayConfig;
+use crate::exit::{Exit, ExitKind};
+use crate::run::{nats_exit, pg_exit};
+
+/// Creates the checkpoint table, publication, slot and (when asked) stream.
+pub async fn setup(config: &RelayConfig, create_stream: bool) -> Result<(), Exit> {
+    let pg = &config.postgres;
+    let client = relay_postgres::connect(pg).await.map_err(pg_exit)?;
+    let mut store = PgCheckpointStore::new(client, &pg.slot)
+        .await
+        .map_err(|e| Exit::new(ExitKind::Config, e))?;
+    println!("ok       checkpoint table outbox_relay.checkpoint");
+    let checkpoint = store
+        .load()
+        .await
+        .map_err(|e| Exit::new(ExitKind::Unavailable, e))?;
+    let mut settings = pg.clone();
+    settings.create_publication = true;
+    settings.create_slot = true;
+    let state = bootstrap::prepare(store.client(), &settings, &config.tables(), checkpoint)
+        .await
+        .map_err(pg_exit)?;
+    println!(
+        "{}  publication {}",
+        if state.publication_created {
+            "created"
+        } else {
+            "ok     "
+        },
+        pg.publication
+    );
+    println!(
+        "{}  slot {} at {}",
+        if state.created { "created" } else { "ok     " },
+        pg.slot,
+        state.confirmed_flush_lsn
+    );
+    if checkpoint.is_none() {
+        // As `run` does on its first start: a lost slot is detected from here on.
+        store
+            .save(state.confirmed_flush_lsn)
+            .await
+            .map_err(|e| Exit::new(ExitKind::Unavailable, e))?;
+        println!(
+            "created  checkpoint {} for slot {}",
+            state.confirmed_flush_lsn, pg.slot
+        );
+    } else if let Some(c) = checkpoint {
+        println!("ok       checkpoint {c} for slot {}", pg.slot);
+    }
+
+    let client = relay_nats::connect(&config.nats).await.map_err(nats_exit)?;
+    let context = async_nats::jetstream::new(client);
+    let mut nats = config.nats.clone();
+    nats.create_stream = create_stream || nats.create_stream;
+    match relay_nats::prepare_stream(&context, &nats, &config.sample_subjects()).await {
+        Ok(report) => {
+            println!(
+                "{}  stream {} subjects [{}]",
+                if report.created { "created" } else { "ok     " },
+                nats.stream,
+                report.subjects.join(", ")
+            );
+            for warning in report.warnings {
+                println!("warning  {warning}");
+            }
+        }
+        Err(relay_nats::NatsError::StreamMissing { .. }) => {
+            println!(
+                "missing  stream {}: rerun with --create-stream, or create it yourself",
+                nats.stream
+            );
+        }
+        Err(e) => return Err(nats_exit(e)),
+    }
+    Ok(())
+}

@@ -1,0 +1,224 @@
+//! `outbox-relay status`: where the slot, the stored checkpoint and the stream are, and what a
+//! running relay says about itself (from its `/status`, when `[http] listen` is set or
+//! `--relay` names it).
+//!
+//! Exit code: 0; 65 when the slot is lost or ahead of the checkpoint; 69 when PostgreSQL cannot
+//! be reached.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::config::RelayConfig;
+use crate::exit::{Exit, ExitKind};
+use crate::inspect::{self, StreamLookup};
+use crate::run::pg_exit;
+
+/// Prints the status as text, or as one JSON document with `json`.
+pub async fn status(
+    config: &RelayConfig,
+    json_out: bool,
+    relay: Option<String>,
+) -> Result<(), Exit> {
+    let pg = &config.postgres;
+    let client = relay_postgres::connect(pg).await.map_err(pg_exit)?;
+    let unavailable = |e: tokio_postgres::Error| Exit::new(ExitKind::Unavailable, e);
+    let slot = inspect::slot(&client, &pg.slot)
+        .await
+        .map_err(unavailable)?;
+    let checkpoint = inspect::checkpoint(&client, &pg.slot)
+        .await
+        .map_err(unavailable)?;
+
+    let stream = match relay_nats::connect(&config.nats).await {
+        Ok(client) => {
+            let context = async_nats::jetstream::new(client);
+            match inspect::stream(&context, &config.nats.stream).await {
+                StreamLookup::Found(info) => json!({
+                    "present": true,
+                    "last_sequence": info.state.last_sequence,
+                    "messages": info.state.messages,
+                    "subjects": info.config.subjects,
+                }),
+                StreamLookup::NotFound => json!({ "present": false }),
+                StreamLookup::NotEnabled(e) | StreamLookup::Failed(e) => {
+                    json!({ "error": e })
+                }
+            }
+        }
+        Err(e) => json!({ "error": format!("{e}") }),
+    };
+
+    let relay_addr = relay_address(config, relay);
+    let relay_status = match &relay_addr {
+        None => Value::Null,
+        Some(addr) => match crate::http::get_text(addr, "/status", Duration::from_secs(3)).await {
+            Ok((200, body)) => serde_json::from_str(&body).unwrap_or(Value::Null),
+            Ok((code, _)) => json!({ "error": format!("HTTP {code}") }),
+            Err(e) => json!({ "error": format!("not running or unreachable: {e:#}") }),
+        },
+    };
+
+    let behind = match (&slot, checkpoint) {
+        (Some(s), Some((stored, _))) => s
+            .confirmed_flush_lsn
+            .map(|l| l.0 as i128 - stored.0 as i128),
+        _ => None,
+    };
+    let lost = slot
+        .as_ref()
+        .is_some_and(|s| s.wal_status.as_deref() == Some("lost"))
+        || (slot.is_none() && checkpoint.is_some());
+    let ahead = behind.is_some_and(|d| d > 0);
+    let doc = json!({
+        "slot": pg.slot,
+        "slot_state": slot.as_ref().map(|s| s.to_json()),
+        "checkpoint": checkpoint.map(|(lsn, age)| json!({
+            "lsn": lsn.to_string(),
+            "stored_seconds_ago": age,
+        })),
+        "slot_minus_checkpoint_bytes": behind.map(|d| d as i64),
+        "stream": config.nats.stream,
+        "stream_state": stream,
+        "relay": relay_addr,
+        "relay_status": relay_status,
+    });
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+    } else {
+        print_text(config, &doc);
+    }
+    if lost || ahead {
+        return Err(Exit::new(
+            ExitKind::DataSafety,
+            anyhow::anyhow!(
+                "slot `{}` is {}: see docs/operations.md",
+                pg.slot,
+                if ahead {
+                    "ahead of the stored checkpoint"
+                } else {
+                    "lost"
+                }
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    }
+}
+
+fn print_text(config: &RelayConfig, doc: &Value) {
+    let slot = &doc["slot_state"];
+    if slot.is_null() {
+        println!("slot {}: missing", config.postgres.slot);
+    } else {
+        println!(
+            "slot {}: wal_status {}, active pid {}",
+            config.postgres.slot,
+            text(&slot["wal_status"]),
+            text(&slot["active_pid"])
+        );
+        println!(
+            "  confirmed_flush_lsn {}, lag {} bytes, retained WAL {} bytes, safe_wal_size {}",
+            text(&slot["confirmed_flush_lsn"]),
+            text(&slot["lag_bytes"]),
+            text(&slot["retained_wal_bytes"]),
+            text(&slot["safe_wal_size"])
+        );
+    }
+    match doc["checkpoint"].as_object() {
+        None => println!("checkpoint: none stored"),
+        Some(c) => {
+            let relation = match doc["slot_minus_checkpoint_bytes"].as_i64() {
+                Some(0) => "slot at the checkpoint".to_owned(),
+                Some(d) if d < 0 => format!("slot {} bytes behind (confirm pending)", -d),
+                Some(d) => format!("SLOT AHEAD by {d} bytes"),
+                None => "slot position unknown".to_owned(),
+            };
+            println!(
+                "checkpoint {} stored {:.0}s ago; {relation}",
+                text(&c["lsn"]),
+                c["stored_seconds_ago"].as_f64().unwrap_or_default()
+            );
+        }
+    }
+    let stream = &doc["stream_state"];
+    if let Some(e) = stream.get("error") {
+        println!("stream {}: {}", config.nats.stream, text(e));
+    } else if stream["present"] == Value::Bool(false) {
+        println!("stream {}: missing", config.nats.stream);
+    } else {
+        println!(
+            "stream {}: last sequence {}, {} messages",
+            config.nats.stream,
+            text(&stream["last_sequence"]),
+            text(&stream["messages"])
+        );
+    }
+    let relay = &doc["relay_status"];
+    match doc["relay"].as_str() {
+        None => println!("relay: no [http] listen configured (pass --relay host:port)"),
+        Some(addr) if relay.get("error").is_some() => {
+            println!("relay {addr}: {}", text(&relay["error"]))
+        }
+        Some(addr) => {
+            let ready = relay["ready"].as_bool().unwrap_or(false);
+            println!(
+                "relay {addr}: {} (version {}, up {}s)",
+                if ready { "ready" } else { "NOT READY" },
+                text(&relay["version"]),
+                text(&relay["uptime_seconds"])
+            );
+            if let Some(reasons) = relay["reasons"].as_array() {
+                for r in reasons {
+                    println!("  reason: {}", text(r));
+                }
+            }
+            let p = &relay["pipeline"];
+            println!(
+                "  published {}, outstanding acks {}, last stream seq {}, last acknowledged commit {}",
+                text(&p["events_published"]),
+                text(&p["outstanding_acks"]),
+                text(&p["last_stream_seq"]),
+                text(&p["last_acked_commit_time"])
+            );
+        }
+    }
+}
+
+/// Where a relay on this host answers: `--relay`, else `[http] listen` (any-address → loopback).
+fn relay_address(config: &RelayConfig, relay: Option<String>) -> Option<String> {
+    relay.or_else(|| {
+        config.http.listen.as_ref().map(|l| {
+            l.replace("0.0.0.0:", "127.0.0.1:")
+                .replace("[::]:", "[::1]:")
+        })
+    })
+}
+
+/// `outbox-relay health [--ready]`: exit 0 when the relay answers 200 on `/livez` (`/readyz`).
+pub async fn health(config: &RelayConfig, ready: bool, relay: Option<String>) -> Result<(), Exit> {
+    let Some(addr) = relay_address(config, relay) else {
+        return Err(Exit::config(anyhow::anyhow!(
+            "no [http] listen configured and no --relay given"
+        )));
+    };
+    let path = if ready { "/readyz" } else { "/livez" };
+    match crate::http::get_text(&addr, path, Duration::from_secs(3)).await {
+        Ok((200, body)) => {
+            println!("{body}");
+            Ok(())
+        }
+        Ok((code, body)) => Err(Exit::new(
+            ExitKind::NotHealthy,
+            anyhow::anyhow!("{addr}{path}: HTTP {code} {body}"),
+        )),
+        Err(e) => Err(Exit::new(ExitKind::NotHealthy, e)),
+    }
+}

@@ -1,0 +1,110 @@
+//! The HTTP endpoints of a running relay (`[http] listen`):
+//!
+//! | path | answer |
+//! |---|---|
+//! | `/livez` | 200 while the process serves requests |
+//! | `/readyz` | 200 `{"ready":true}` when streaming, NATS connected and the stream present; 503 with `{"ready":false,"reasons":[…]}` otherwise |
+//! | `/metrics` | Prometheus / OpenMetrics text |
+//! | `/status` | JSON: positions, counters, slot and stream state |
+//!
+//! Also a tiny client, for `outbox-relay status` asking a running relay.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use http_body_util::{BodyExt, Empty};
+use prometheus_client::registry::Registry;
+use serde_json::json;
+
+use crate::telemetry::{MetricsCollector, Telemetry};
+
+#[derive(Debug, Clone)]
+struct AppState {
+    telemetry: Arc<Telemetry>,
+    registry: Arc<Registry>,
+}
+
+/// Serves the endpoints on `listener` until the process exits.
+pub fn spawn(listener: tokio::net::TcpListener, telemetry: Arc<Telemetry>) {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(MetricsCollector(telemetry.clone())));
+    let state = AppState {
+        telemetry,
+        registry: Arc::new(registry),
+    };
+    let app = axum::Router::new()
+        .route("/livez", get(livez))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/status", get(status))
+        .with_state(state);
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, app).await {
+            tracing::error!(error = %error, "HTTP server stopped");
+        }
+    });
+}
+
+async fn livez() -> impl IntoResponse {
+    Json(json!({ "live": true }))
+}
+
+async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
+    let (ready, reasons) = state.telemetry.readiness();
+    let code = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, Json(json!({ "ready": ready, "reasons": reasons })))
+}
+
+async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    let mut body = String::new();
+    match prometheus_client::encoding::text::encode(&mut body, &state.registry) {
+        Ok(()) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            body,
+        ),
+        Err(_) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(header::CONTENT_TYPE, "text/plain")],
+            "cannot encode metrics".to_owned(),
+        ),
+    }
+}
+
+async fn status(State(state): State<AppState>) -> impl IntoResponse {
+    Json(state.telemetry.status())
+}
+
+/// `GET http://{addr}{path}`: status code and body.
+pub async fn get_text(addr: &str, path: &str, timeout: Duration) -> anyhow::Result<(u16, String)> {
+    tokio::time::timeout(timeout, async {
+        let stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .with_context(|| format!("cannot connect to {addr}"))?;
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+        tokio::spawn(connection);
+        let request = hyper::Request::get(path)
+            .header(header::HOST, addr)
+            .body(Empty::<axum::body::Bytes>::new())?;
+        let response = sender.send_request(request).await?;
+        let code = response.status().as_u16();
+        let body = response.into_body().collect().await?.to_bytes();
+        Ok((code, String::from_utf8_lossy(&body).into_owned()))
+    })
+    .await
+    .with_context(|| format!("no answer from {addr} within {timeout:?}"))?
+}

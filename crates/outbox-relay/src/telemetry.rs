@@ -1,0 +1,503 @@
+//! What the running relay knows about itself: metric names (all here, prefix `outbox_relay_`),
+//! readiness, the `/status` document, and the log rate limiter.
+//!
+//! Every metric is read at scrape time from the pipeline's atomics ([`PipelineStats`]) and from
+//! the sampler's last look at the slot and the stream, so nothing is counted twice.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use relay_core::Lsn;
+use relay_core::pipeline::PipelineStats;
+use serde_json::json;
+
+use crate::inspect::SlotInfo;
+
+// Metric names. Counters are exposed with the `_total` suffix, the info metric with `_info`.
+
+/// Counter: outbox rows routed to messages.
+pub const EVENTS_RECEIVED: &str = "outbox_relay_events_received";
+/// Counter: messages acknowledged by JetStream (duplicates included).
+pub const EVENTS_PUBLISHED: &str = "outbox_relay_events_published";
+/// Counter: changes that were not outbox inserts (other tables, updates, deletes).
+pub const CHANGES_SKIPPED: &str = "outbox_relay_changes_skipped";
+/// Counter: acks JetStream flagged as duplicates (already stored under that `Nats-Msg-Id`).
+pub const DUPLICATES: &str = "outbox_relay_duplicates_acknowledged";
+/// Counter: events not re-published because the stream already held them (restart after a
+/// downtime longer than the duplicate window).
+pub const ALREADY_PUBLISHED: &str = "outbox_relay_events_already_published";
+/// Counter, label `kind` = `unknown` | `no_stream` | `rejected`: failed publish attempts.
+pub const PUBLISH_ERRORS: &str = "outbox_relay_publish_errors";
+/// Counter: re-publishes after an unknown outcome.
+pub const PUBLISH_RETRIES: &str = "outbox_relay_publish_retries";
+/// Gauge: events published and awaiting their ack.
+pub const OUTSTANDING_ACKS: &str = "outbox_relay_outstanding_acks";
+/// Histogram: PostgreSQL commit time to JetStream ack, seconds.
+pub const COMMIT_TO_ACK: &str = "outbox_relay_commit_to_ack_seconds";
+/// Gauge: the stored and confirmed LSN, as a number.
+pub const CHECKPOINT_LSN: &str = "outbox_relay_checkpoint_lsn";
+/// Gauge: `pg_current_wal_lsn() - confirmed_flush_lsn` of the slot, bytes.
+pub const SLOT_LAG_BYTES: &str = "outbox_relay_slot_lag_bytes";
+/// Gauge: WAL the slot keeps on disk (`pg_current_wal_lsn() - restart_lsn`), bytes.
+pub const SLOT_RETAINED_WAL_BYTES: &str = "outbox_relay_slot_retained_wal_bytes";
+/// Gauge: bytes of WAL that can still be written before the slot is invalidated
+/// (`safe_wal_size`; absent when `max_slot_wal_keep_size` is unlimited).
+pub const SLOT_SAFE_WAL_SIZE_BYTES: &str = "outbox_relay_slot_safe_wal_size_bytes";
+/// Gauge, label `status` = `reserved` | `extended` | `unreserved` | `lost` | `missing`: 1 for the
+/// slot's current `wal_status`, 0 for the others.
+pub const SLOT_WAL_STATUS: &str = "outbox_relay_slot_wal_status";
+/// Gauge: seconds since the commit of the newest acknowledged event.
+pub const LAST_ACKED_COMMIT_AGE: &str = "outbox_relay_last_acked_commit_age_seconds";
+/// Gauge: the stream's last sequence.
+pub const STREAM_LAST_SEQUENCE: &str = "outbox_relay_stream_last_sequence";
+/// Gauge, label `dependency` = `postgres` | `nats` | `stream`: 1 when connected (postgres:
+/// replication streaming; stream: the stream exists).
+pub const CONNECTED: &str = "outbox_relay_connected";
+/// Counter, label `dependency` = `postgres` | `nats`: reconnects after a lost connection.
+pub const RECONNECTS: &str = "outbox_relay_reconnects";
+/// Gauge: 1 when `/readyz` answers 200.
+pub const READY: &str = "outbox_relay_ready";
+/// Info, label `version`: the relay's version.
+pub const BUILD: &str = "outbox_relay_build";
+
+/// The relay's version.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The stream as last sampled.
+#[derive(Debug, Clone, Default)]
+pub struct StreamSample {
+    /// The stream exists (false only when JetStream said "not found").
+    pub present: bool,
+    /// Its last sequence.
+    pub last_seq: u64,
+    /// Messages it holds.
+    pub messages: u64,
+}
+
+/// Shared state of a running relay, read by `/metrics`, `/readyz` and `/status`.
+#[derive(Debug)]
+pub struct Telemetry {
+    /// The pipeline's counters.
+    pub stats: Arc<PipelineStats>,
+    /// The slot's name.
+    pub slot: String,
+    /// The stream's name.
+    pub stream: String,
+    /// A replication session is streaming now.
+    pub streaming: AtomicBool,
+    /// Replication sessions started after the first.
+    pub pg_reconnects: AtomicU64,
+    nats: OnceLock<async_nats::Client>,
+    stream_sample: Mutex<StreamSample>,
+    slot_sample: Mutex<Option<SlotInfo>>,
+    last_error: Mutex<Option<String>>,
+    started: Instant,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Telemetry {
+    /// State for a relay on `slot` publishing into `stream`.
+    pub fn new(stats: Arc<PipelineStats>, slot: &str, stream: &str) -> Self {
+        Self {
+            stats,
+            slot: slot.to_owned(),
+            stream: stream.to_owned(),
+            streaming: AtomicBool::new(false),
+            pg_reconnects: AtomicU64::new(0),
+            nats: OnceLock::new(),
+            stream_sample: Mutex::new(StreamSample::default()),
+            slot_sample: Mutex::new(None),
+            last_error: Mutex::new(None),
+            started: Instant::now(),
+        }
+    }
+
+    /// The NATS client whose connection state readiness reflects.
+    pub fn set_nats(&self, client: async_nats::Client) {
+        let _ = self.nats.set(client);
+    }
+
+    /// Records the stream as sampled.
+    pub fn set_stream(&self, sample: StreamSample) {
+        *lock(&self.stream_sample) = sample;
+    }
+
+    /// Marks the stream as missing or present, keeping the last sequence.
+    pub fn set_stream_present(&self, present: bool) {
+        lock(&self.stream_sample).present = present;
+    }
+
+    /// Records the slot as sampled (`None`: the slot does not exist).
+    pub fn set_slot(&self, sample: Option<SlotInfo>) {
+        *lock(&self.slot_sample) = sample;
+    }
+
+    /// Records why the last session ended (shown by `/readyz` and `/status`).
+    pub fn set_last_error(&self, error: Option<String>) {
+        *lock(&self.last_error) = error;
+    }
+
+    fn nats_connected(&self) -> bool {
+        self.nats.get().is_some_and(|c| {
+            matches!(
+                c.connection_state(),
+                async_nats::connection::State::Connected
+            )
+        })
+    }
+
+    fn nats_reconnects(&self) -> u64 {
+        self.nats.get().map_or(0, |c| {
+            c.statistics()
+                .connects
+                .load(Ordering::Relaxed)
+                .saturating_sub(1)
+        })
+    }
+
+    /// Whether the relay is ready, and if not, why.
+    pub fn readiness(&self) -> (bool, Vec<String>) {
+        let mut reasons = Vec::new();
+        if !self.streaming.load(Ordering::Relaxed) {
+            let mut reason = format!("postgres: slot `{}` is not streaming", self.slot);
+            if let Some(error) = lock(&self.last_error).as_ref() {
+                reason.push_str(&format!(" (last error: {error})"));
+            }
+            reasons.push(reason);
+        }
+        if !self.nats_connected() {
+            reasons.push("nats: not connected".into());
+        }
+        if !lock(&self.stream_sample).present {
+            reasons.push(format!("nats: stream `{}` not found", self.stream));
+        }
+        (reasons.is_empty(), reasons)
+    }
+
+    /// The `/status` document.
+    pub fn status(&self) -> serde_json::Value {
+        let (ready, reasons) = self.readiness();
+        let stats = &self.stats;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let last_commit = load(&stats.last_acked_commit_unix_micros);
+        let last_commit_time = (last_commit > 0).then(|| {
+            humantime_serde::re::humantime::format_rfc3339_micros(
+                UNIX_EPOCH + Duration::from_micros(last_commit),
+            )
+            .to_string()
+        });
+        let slot = lock(&self.slot_sample).clone();
+        let stream = lock(&self.stream_sample).clone();
+        json!({
+            "version": VERSION,
+            "uptime_seconds": self.started.elapsed().as_secs(),
+            "ready": ready,
+            "reasons": reasons,
+            "postgres": {
+                "slot": self.slot,
+                "streaming": self.streaming.load(Ordering::Relaxed),
+                "reconnects": load(&self.pg_reconnects),
+                "last_error": lock(&self.last_error).clone(),
+                "checkpoint_lsn": Lsn(load(&stats.confirmed_lsn)).to_string(),
+                "slot_state": slot.map(|s| s.to_json()),
+            },
+            "nats": {
+                "connected": self.nats_connected(),
+                "reconnects": self.nats_reconnects(),
+                "stream": self.stream,
+                "stream_present": stream.present,
+                "stream_last_sequence": stream.last_seq,
+                "stream_messages": stream.messages,
+            },
+            "pipeline": {
+                "events_received": load(&stats.events_received),
+                "events_published": load(&stats.events_published),
+                "changes_skipped": load(&stats.changes_skipped),
+                "duplicates_acknowledged": load(&stats.duplicates),
+                "publish_retries": load(&stats.publish_retries),
+                "outstanding_acks": load(&stats.in_flight),
+                "last_stream_seq": load(&stats.last_stream_seq),
+                "last_acked_commit_time": last_commit_time,
+            },
+        })
+    }
+}
+
+/// Seconds since a Unix-epoch microsecond timestamp (0 when unset).
+fn age_seconds(unix_micros: u64) -> f64 {
+    if unix_micros == 0 {
+        return 0.0;
+    }
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH + Duration::from_micros(unix_micros))
+        .unwrap_or_default()
+        .as_secs_f64()
+}
+
+/// Encodes [`Telemetry`] at scrape time.
+#[derive(Debug)]
+pub struct MetricsCollector(pub Arc<Telemetry>);
+
+fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
+    let c = ConstCounter::new(v);
+    c.encode(enc.encode_descriptor(name, help, None, c.metric_type())?)
+}
+
+fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, v: i64) -> std::fmt::Result {
+    let g = ConstGauge::new(v);
+    g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)
+}
+
+fn labelled<M: EncodeMetric>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label: &str,
+    values: Vec<(&str, M)>,
+) -> std::fmt::Result {
+    let Some(kind) = values.first().map(|(_, m)| m.metric_type()) else {
+        return Ok(());
+    };
+    let mut metric = enc.encode_descriptor(name, help, None, kind)?;
+    for (value, m) in values {
+        let labels = [(label, value)];
+        m.encode(metric.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+impl Collector for MetricsCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        let t = &self.0;
+        let s = &t.stats;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        enc.encode_descriptor(BUILD, "Build information", None, MetricType::Info)?
+            .encode_info(&[("version", VERSION)])?;
+        counter(
+            &mut enc,
+            EVENTS_RECEIVED,
+            "Outbox rows routed to messages",
+            load(&s.events_received),
+        )?;
+        counter(
+            &mut enc,
+            EVENTS_PUBLISHED,
+            "Messages acknowledged by JetStream",
+            load(&s.events_published),
+        )?;
+        counter(
+            &mut enc,
+            CHANGES_SKIPPED,
+            "Changes that were not outbox inserts",
+            load(&s.changes_skipped),
+        )?;
+        counter(
+            &mut enc,
+            DUPLICATES,
+            "Acks JetStream flagged as duplicates of a stored Nats-Msg-Id",
+            load(&s.duplicates),
+        )?;
+        counter(
+            &mut enc,
+            ALREADY_PUBLISHED,
+            "Events not re-published because the stream already held them",
+            load(&s.already_published),
+        )?;
+        counter(
+            &mut enc,
+            PUBLISH_RETRIES,
+            "Re-publishes after an unknown outcome",
+            load(&s.publish_retries),
+        )?;
+        labelled(
+            &mut enc,
+            PUBLISH_ERRORS,
+            "Failed publish attempts by kind",
+            "kind",
+            vec![
+                (
+                    "unknown",
+                    ConstCounter::new(load(&s.publish_errors_unknown)),
+                ),
+                (
+                    "no_stream",
+                    ConstCounter::new(load(&s.publish_errors_no_stream)),
+                ),
+                (
+                    "rejected",
+                    ConstCounter::new(load(&s.publish_errors_rejected)),
+                ),
+            ],
+        )?;
+        gauge(
+            &mut enc,
+            OUTSTANDING_ACKS,
+            "Events published and awaiting their ack",
+            load(&s.in_flight) as i64,
+        )?;
+        let mut buckets: Vec<(f64, u64)> = PipelineStats::COMMIT_TO_ACK_BOUNDS
+            .iter()
+            .copied()
+            .chain([f64::MAX])
+            .zip(s.commit_to_ack_buckets.iter().map(load))
+            .collect();
+        buckets.truncate(PipelineStats::COMMIT_TO_ACK_BOUNDS.len() + 1);
+        let count = buckets.iter().map(|(_, n)| n).sum();
+        enc.encode_descriptor(
+            COMMIT_TO_ACK,
+            "PostgreSQL commit to JetStream ack, seconds",
+            None,
+            MetricType::Histogram,
+        )?
+        .encode_histogram::<Vec<(String, String)>>(
+            load(&s.commit_to_ack_sum_micros) as f64 / 1e6,
+            count,
+            &buckets,
+            None,
+        )?;
+        gauge(
+            &mut enc,
+            CHECKPOINT_LSN,
+            "Stored and confirmed LSN as a number",
+            load(&s.confirmed_lsn) as i64,
+        )?;
+        let age = age_seconds(load(&s.last_acked_commit_unix_micros));
+        let g = ConstGauge::new(age);
+        g.encode(enc.encode_descriptor(
+            LAST_ACKED_COMMIT_AGE,
+            "Seconds since the commit of the newest acknowledged event",
+            None,
+            g.metric_type(),
+        )?)?;
+
+        let slot = lock(&t.slot_sample).clone();
+        if let Some(slot) = &slot {
+            if let Some(lag) = slot.lag_bytes {
+                gauge(
+                    &mut enc,
+                    SLOT_LAG_BYTES,
+                    "WAL between the server's position and the slot's confirmed_flush_lsn",
+                    lag,
+                )?;
+            }
+            if let Some(retained) = slot.retained_bytes {
+                gauge(
+                    &mut enc,
+                    SLOT_RETAINED_WAL_BYTES,
+                    "WAL the slot keeps on disk",
+                    retained,
+                )?;
+            }
+            if let Some(safe) = slot.safe_wal_size {
+                gauge(
+                    &mut enc,
+                    SLOT_SAFE_WAL_SIZE_BYTES,
+                    "WAL that can be written before the slot is invalidated",
+                    safe,
+                )?;
+            }
+        }
+        let current = slot
+            .as_ref()
+            .map_or("missing", |s| s.wal_status.as_deref().unwrap_or("unknown"));
+        labelled(
+            &mut enc,
+            SLOT_WAL_STATUS,
+            "1 for the slot's wal_status",
+            "status",
+            ["reserved", "extended", "unreserved", "lost", "missing"]
+                .into_iter()
+                .map(|st| (st, ConstGauge::new(i64::from(st == current))))
+                .collect(),
+        )?;
+        let stream = lock(&t.stream_sample).clone();
+        gauge(
+            &mut enc,
+            STREAM_LAST_SEQUENCE,
+            "The stream's last sequence",
+            stream.last_seq as i64,
+        )?;
+        labelled(
+            &mut enc,
+            CONNECTED,
+            "1 when connected (postgres: streaming; stream: it exists)",
+            "dependency",
+            vec![
+                (
+                    "postgres",
+                    ConstGauge::new(i64::from(t.streaming.load(Ordering::Relaxed))),
+                ),
+                ("nats", ConstGauge::new(i64::from(t.nats_connected()))),
+                ("stream", ConstGauge::new(i64::from(stream.present))),
+            ],
+        )?;
+        labelled(
+            &mut enc,
+            RECONNECTS,
+            "Reconnects after a lost connection",
+            "dependency",
+            vec![
+                ("postgres", ConstCounter::new(load(&t.pg_reconnects))),
+                ("nats", ConstCounter::new(t.nats_reconnects())),
+            ],
+        )?;
+        gauge(
+            &mut enc,
+            READY,
+            "1 when /readyz answers 200",
+            i64::from(t.readiness().0),
+        )?;
+        Ok(())
+    }
+}
+
+/// Lets at most `burst` WARN/ERROR events per log statement through every `window`; the rest
+/// are dropped, so an outage does not flood the log. INFO and below are not limited.
+#[derive(Debug)]
+pub struct RateLimit {
+    window: Duration,
+    burst: u32,
+    seen: Mutex<HashMap<tracing::callsite::Identifier, (Instant, u32)>>,
+}
+
+impl RateLimit {
+    /// A limiter of `burst` events per `window` per call site.
+    pub fn new(window: Duration, burst: u32) -> Self {
+        Self {
+            window,
+            burst,
+            seen: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for RateLimit {
+    fn event_enabled(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        let meta = event.metadata();
+        if *meta.level() > tracing::Level::WARN {
+            return true;
+        }
+        let now = Instant::now();
+        let mut seen = lock(&self.seen);
+        let entry = seen.entry(meta.callsite()).or_insert((now, 0));
+        if now.duration_since(entry.0) >= self.window {
+            *entry = (now, 0);
+        }
+        entry.1 += 1;
+        entry.1 <= self.burst
+    }
+}
