@@ -40,18 +40,26 @@
 //!
 //! See `docs/consumers.md` for the crash windows, the ordering modes and ledger pruning.
 
+mod builder;
 mod consumer;
 mod event;
+mod handler;
 mod ledger;
+mod park;
+mod stats;
+mod worker;
 
-pub use consumer::{
-    BoxError, Consumer, ConsumerBuilder, ConsumerStats, Error, HEADER_DLQ_CONSUMER,
-    HEADER_DLQ_DELIVERIES, HEADER_DLQ_EVENT_ID, HEADER_DLQ_REASON, HEADER_DLQ_SOURCE,
-    HEADER_DLQ_SUBJECT, Handler, Ordering, Permanent, PgSource, StatsSnapshot, handler_fn, hooks,
-};
+pub use builder::{ConsumerBuilder, Ordering, PgSource};
+pub use consumer::{Consumer, Error, hooks};
 pub use event::{
     Event, EventError, HEADER_AGGREGATE_ID, HEADER_AGGREGATE_TYPE, HEADER_COMMIT_LSN,
     HEADER_COMMIT_TIME, HEADER_EVENT_TYPE, HEADER_MSG_ID, HEADER_TABLE, HEADER_TRACEPARENT,
     HEADER_TX_INDEX, HEADER_XID, Lsn,
 };
+pub use handler::{BoxError, Handler, Permanent, handler_fn};
 pub use ledger::{LEDGER_MIGRATION, LEDGER_TABLE, ensure_ledger, prune_ledger};
+pub use park::{
+    HEADER_DLQ_CONSUMER, HEADER_DLQ_DELIVERIES, HEADER_DLQ_EVENT_ID, HEADER_DLQ_REASON,
+    HEADER_DLQ_SOURCE, HEADER_DLQ_SUBJECT,
+};
+pub use stats::{ConsumerStats, StatsSnapshot};

@@ -1,30 +1,36 @@
 //! What the stream already holds past a checkpoint, so a restart after a downtime longer than
 //! the stream's `duplicate_window` does not store second copies.
 //!
-//! Holds when the relay is the only writer of messages with its event ids into the stream: it
-//! reads the stream backwards from its last message and collects the `Nats-Msg-Id` of every
-//! message whose `Outbox-Commit-Lsn` is at or after the checkpoint. Messages are stored in
-//! commit order except around retries, so the scan goes on for `slack` messages older than the
-//! checkpoint before it stops.
+//! Holds when the relay is the only writer of messages with its event ids into the stream. It
+//! reads the stream's tail — at most `MAX_SCANNED` messages, with an ordered consumer — and
+//! collects the `Nats-Msg-Id` of every message whose `Outbox-Commit-Lsn` is at or after the
+//! checkpoint. The bound keeps start-up fast and memory small; a longer unconfirmed tail (a
+//! crash in the middle of a transaction of more events than that) is still re-sent, and only
+//! JetStream's duplicate window drops those copies.
 
 use std::collections::HashSet;
 use std::str::FromStr;
+use std::time::Duration;
 
-use async_nats::jetstream;
+use async_nats::jetstream::{self, consumer};
+use futures::StreamExt as _;
 use relay_core::Lsn;
 use relay_core::message::{HEADER_COMMIT_LSN, HEADER_MSG_ID};
 
 use crate::NatsError;
 
-/// Most messages one scan reads, to bound start-up time.
-const MAX_SCANNED: u64 = 1_000_000;
+/// Most messages one scan reads (about 1 MB of ids at most).
+pub const MAX_SCANNED: u64 = 20_000;
+/// Gap after which a scan gives up waiting for the next message.
+const IDLE: Duration = Duration::from_secs(3);
 
-/// Event ids in `stream` from transactions committed at or after `since`.
+/// Event ids in the last `max(at_least, MAX_SCANNED)` messages of `stream` whose transaction
+/// committed at or after `since`.
 pub async fn published_since(
     context: &jetstream::Context,
     stream: &str,
     since: Lsn,
-    slack: u64,
+    at_least: u64,
 ) -> Result<HashSet<String>, NatsError> {
     let stream_err = |e: &dyn std::fmt::Display| NatsError::Stream {
         stream: stream.to_owned(),
@@ -44,33 +50,40 @@ pub async fn published_since(
     if state.messages == 0 {
         return Ok(ids);
     }
-    let (first, last) = (state.first_sequence.max(1), state.last_sequence);
-    let mut older_in_a_row = 0;
-    let mut seq = last;
-    while seq >= first && last - seq < MAX_SCANNED && older_in_a_row <= slack {
-        let msg = match handle.get_raw_message(seq).await {
-            Ok(m) => Some(m),
-            // Deleted or purged sequence numbers leave holes.
-            Err(e) if e.to_string().contains("no message found") => None,
-            Err(e) => return Err(stream_err(&e)),
+    let window = at_least.max(MAX_SCANNED);
+    let start = state
+        .first_sequence
+        .max(state.last_sequence.saturating_sub(window - 1))
+        .max(1);
+    let reader = handle
+        .create_consumer(consumer::pull::OrderedConfig {
+            deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: start,
+            },
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| stream_err(&e))?;
+    let mut messages = reader.messages().await.map_err(|e| stream_err(&e))?;
+    loop {
+        let msg = match tokio::time::timeout(IDLE, messages.next()).await {
+            Ok(Some(Ok(m))) => m,
+            Ok(Some(Err(e))) => return Err(stream_err(&e)),
+            Ok(None) | Err(_) => break,
         };
-        let at_or_after = msg.as_ref().and_then(|m| {
-            let lsn = m.headers.get(HEADER_COMMIT_LSN)?;
-            let lsn = Lsn::from_str(lsn.as_str()).ok()?;
-            (lsn >= since).then(|| {
-                m.headers
-                    .get(HEADER_MSG_ID)
-                    .map(|id| id.as_str().to_owned())
-            })?
-        });
-        match at_or_after {
-            Some(id) => {
-                ids.insert(id);
-                older_in_a_row = 0;
+        let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(u64::MAX);
+        if let Some(headers) = &msg.headers {
+            let at_or_after = headers
+                .get(HEADER_COMMIT_LSN)
+                .and_then(|l| Lsn::from_str(l.as_str()).ok())
+                .is_some_and(|lsn| lsn >= since);
+            if at_or_after && let Some(id) = headers.get(HEADER_MSG_ID) {
+                ids.insert(id.as_str().to_owned());
             }
-            None => older_in_a_row += 1,
         }
-        seq -= 1;
+        if seq >= state.last_sequence {
+            break;
+        }
     }
     Ok(ids)
 }

@@ -1,0 +1,276 @@
+//! [`ConsumerBuilder`] and its settings: [`Ordering`] and [`PgSource`].
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use tokio_postgres::Client;
+
+use crate::consumer::{Consumer, Error, Inner, hooks};
+use crate::handler::Handler;
+use crate::stats::ConsumerStats;
+
+/// How messages are handled relative to each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ordering {
+    /// One message outstanding at a time (`max_ack_pending = 1`): messages are applied in
+    /// stream order, so in per-subject (and per-aggregate) order. A failing message blocks
+    /// every later one until it succeeds or is parked.
+    Strict,
+    /// Up to `n` messages handled concurrently, each on its own PostgreSQL connection. A
+    /// retried message is applied after messages that followed it: no order guarantee.
+    Parallel(usize),
+}
+
+impl Ordering {
+    pub(crate) fn workers(self) -> usize {
+        match self {
+            Self::Strict => 1,
+            Self::Parallel(n) => n.max(1),
+        }
+    }
+}
+
+/// Where the consumer's PostgreSQL connections come from.
+#[derive(Debug)]
+pub enum PgSource {
+    /// One connected client; [`Ordering::Strict`] only. If its connection is lost,
+    /// [`Consumer::run`] returns an error.
+    Client(Client),
+    /// One connected client per worker (`Parallel(n)` needs `n`).
+    Clients(Vec<Client>),
+    /// A configuration; the consumer opens one connection per worker (without TLS) and
+    /// reconnects after a lost connection.
+    Config(tokio_postgres::Config),
+}
+
+impl From<Client> for PgSource {
+    fn from(c: Client) -> Self {
+        Self::Client(c)
+    }
+}
+
+impl From<Vec<Client>> for PgSource {
+    fn from(c: Vec<Client>) -> Self {
+        Self::Clients(c)
+    }
+}
+
+impl From<tokio_postgres::Config> for PgSource {
+    fn from(c: tokio_postgres::Config) -> Self {
+        Self::Config(c)
+    }
+}
+
+/// Builder for [`Consumer`]; see [`Consumer::builder`].
+pub struct ConsumerBuilder {
+    jetstream: jetstream::Context,
+    pg: PgSource,
+    service: String,
+    durable: Option<String>,
+    stream: String,
+    subjects: Vec<String>,
+    ordering: Ordering,
+    max_deliver: u32,
+    backoff_initial: Duration,
+    backoff_max: Duration,
+    ack_wait: Duration,
+    dead_letter_subject: Option<String>,
+    ensure_ledger: bool,
+    hook: Option<hooks::Hook>,
+}
+
+impl std::fmt::Debug for ConsumerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsumerBuilder")
+            .field("service", &self.service)
+            .field("durable", &self.durable)
+            .field("stream", &self.stream)
+            .field("subjects", &self.subjects)
+            .field("ordering", &self.ordering)
+            .field("max_deliver", &self.max_deliver)
+            .field("ack_wait", &self.ack_wait)
+            .field("dead_letter_subject", &self.dead_letter_subject)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConsumerBuilder {
+    /// The JetStream stream to read (default `OUTBOX`).
+    pub fn stream(mut self, name: impl Into<String>) -> Self {
+        self.stream = name.into();
+        self
+    }
+
+    /// Subject filters (default `["outbox.>"]`). More than one filter needs nats-server 2.10.
+    pub fn subjects<I, S>(mut self, subjects: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.subjects = subjects.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// The durable consumer name (default: the service name). Its position in the stream is
+    /// kept by the server across restarts; never share it between different services.
+    pub fn durable_name(mut self, name: impl Into<String>) -> Self {
+        self.durable = Some(name.into());
+        self
+    }
+
+    /// [`Ordering::Strict`] (default) or [`Ordering::Parallel`].
+    pub fn ordering(mut self, ordering: Ordering) -> Self {
+        self.ordering = ordering;
+        self
+    }
+
+    /// Shorthand for `ordering(Ordering::Parallel(n))`.
+    pub fn parallel(self, n: usize) -> Self {
+        self.ordering(Ordering::Parallel(n))
+    }
+
+    /// Deliveries after which a message whose handler keeps failing is parked on the
+    /// dead-letter subject (default 5, at least 1).
+    pub fn max_deliver(mut self, n: u32) -> Self {
+        self.max_deliver = n.max(1);
+        self
+    }
+
+    /// Redelivery delay after a failure: `initial * 2^(delivery - 1)`, at most `max`
+    /// (default 1 s .. 60 s).
+    pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
+        self.backoff_initial = initial;
+        self.backoff_max = max.max(initial);
+        self
+    }
+
+    /// How long the server waits for an ack before redelivering (default 30 s). While a
+    /// handler runs, the consumer sends progress acks every third of it.
+    pub fn ack_wait(mut self, d: Duration) -> Self {
+        self.ack_wait = d;
+        self
+    }
+
+    /// Where parked messages go (default `dlq.<service>`). The subject must be captured by a
+    /// JetStream stream: a message is only acked after the dead-letter publish is confirmed.
+    pub fn dead_letter_subject(mut self, subject: impl Into<String>) -> Self {
+        self.dead_letter_subject = Some(subject.into());
+        self
+    }
+
+    /// Whether [`Consumer::run`] applies the ledger migration at start (default `true`).
+    pub fn ensure_ledger(mut self, yes: bool) -> Self {
+        self.ensure_ledger = yes;
+        self
+    }
+
+    #[doc(hidden)]
+    pub fn test_hook(mut self, hook: hooks::Hook) -> Self {
+        self.hook = Some(hook);
+        self
+    }
+
+    /// Checks the settings.
+    pub fn build(self) -> Result<Consumer, Error> {
+        let valid_name = |s: &str| {
+            !s.is_empty()
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        };
+        if !valid_name(&self.service) {
+            return Err(Error::Config(format!(
+                "service name {:?} must be non-empty ASCII letters, digits, '-' or '_'",
+                self.service
+            )));
+        }
+        let durable = self.durable.unwrap_or_else(|| self.service.clone());
+        if !valid_name(&durable) {
+            return Err(Error::Config(format!(
+                "durable name {durable:?} must be non-empty ASCII letters, digits, '-' or '_'"
+            )));
+        }
+        if self.subjects.is_empty() {
+            return Err(Error::Config("no subjects".into()));
+        }
+        let workers = self.ordering.workers();
+        match &self.pg {
+            PgSource::Client(_) if workers > 1 => {
+                return Err(Error::Config(format!(
+                    "Parallel({workers}) needs {workers} PostgreSQL clients or a \
+                     tokio_postgres::Config, got one client"
+                )));
+            }
+            PgSource::Clients(c) if c.len() < workers => {
+                return Err(Error::Config(format!(
+                    "{workers} workers need {workers} PostgreSQL clients, got {}",
+                    c.len()
+                )));
+            }
+            _ => {}
+        }
+        if self.ack_wait < Duration::from_millis(300) {
+            return Err(Error::Config("ack_wait must be at least 300 ms".into()));
+        }
+        let dead_letter_subject = self
+            .dead_letter_subject
+            .unwrap_or_else(|| format!("dlq.{}", self.service));
+        Ok(Consumer {
+            inner: Arc::new(Inner {
+                jetstream: self.jetstream,
+                service: self.service,
+                durable,
+                stream: self.stream,
+                subjects: self.subjects,
+                ordering: self.ordering,
+                max_deliver: self.max_deliver,
+                backoff_initial: self.backoff_initial,
+                backoff_max: self.backoff_max,
+                ack_wait: self.ack_wait,
+                dead_letter_subject,
+                ensure_ledger: self.ensure_ledger,
+                hook: self.hook,
+                stats: ConsumerStats::default(),
+            }),
+            pg: self.pg,
+        })
+    }
+
+    /// [`Self::build`] then [`Consumer::run`].
+    pub async fn run<H: Handler>(
+        self,
+        handler: H,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), Error> {
+        self.build()?.run(handler, shutdown).await
+    }
+}
+
+impl Consumer {
+    /// Starts a builder for service `service` (also the default durable name and the ledger's
+    /// `consumer` key). `pg` is a [`tokio_postgres::Client`], a `Vec` of them, or a
+    /// [`tokio_postgres::Config`].
+    pub fn builder(
+        jetstream: jetstream::Context,
+        pg: impl Into<PgSource>,
+        service: impl Into<String>,
+    ) -> ConsumerBuilder {
+        ConsumerBuilder {
+            jetstream,
+            pg: pg.into(),
+            service: service.into(),
+            durable: None,
+            stream: "OUTBOX".into(),
+            subjects: vec!["outbox.>".into()],
+            ordering: Ordering::Strict,
+            max_deliver: 5,
+            backoff_initial: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(60),
+            ack_wait: Duration::from_secs(30),
+            dead_letter_subject: None,
+            ensure_ledger: true,
+            hook: None,
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! The NATS half of the preflight: connection, JetStream and the stream's settings.
+
+use async_nats::jetstream::{self, stream};
+use relay_nats::{NatsError, subject_matches};
+
+use super::{Report, UNAVAILABLE, Verdict, error_chain};
+use crate::config::RelayConfig;
+use crate::inspect::{self, StreamLookup};
+
+pub(super) async fn nats_checks(config: &RelayConfig, r: &mut Report) {
+    let nats = &config.nats;
+    let client = match relay_nats::connect(nats).await {
+        Ok(c) => c,
+        Err(e) => {
+            r.hinted(
+                UNAVAILABLE,
+                "nats connection",
+                format!("{e}: {}", error_chain(&e)),
+                "check nats.url / RELAY_NATS__URL and the credentials, and that nats-server is up",
+            );
+            return;
+        }
+    };
+    r.pass("nats connection", format!("connected to {}", nats.url));
+    // The account info request itself (not `query_account`, whose reply parsing differs
+    // across server versions): any JSON without `error` means JetStream answers.
+    let answer = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        client.request("$JS.API.INFO", Default::default()),
+    )
+    .await;
+    let problem = match answer {
+        Err(_) => Some("no answer within 5s".to_owned()),
+        Ok(Err(e)) => Some(e.to_string()),
+        Ok(Ok(msg)) => match serde_json::from_slice::<serde_json::Value>(&msg.payload) {
+            Ok(doc) if doc.get("error").is_none() => {
+                r.pass(
+                    "jetstream",
+                    format!("enabled ({} streams in the account)", doc["streams"]),
+                );
+                None
+            }
+            Ok(doc) => Some(doc["error"]["description"].to_string()),
+            Err(e) => Some(format!("unreadable answer: {e}")),
+        },
+    };
+    if let Some(reason) = problem {
+        r.fail(
+            "jetstream",
+            format!("not available: {reason}"),
+            NatsError::JetStreamUnavailable {
+                url: nats.url.clone(),
+                reason,
+            }
+            .to_string(),
+        );
+        return;
+    }
+    let context = jetstream::new(client);
+    let name = format!("stream {}", nats.stream);
+    let info = match inspect::stream(&context, &nats.stream).await {
+        StreamLookup::Found(info) => info,
+        StreamLookup::NotFound if nats.create_stream => {
+            r.pass(
+                name,
+                "missing; will be created at start (create_stream = true) or by `outbox-relay setup --create-stream`",
+            );
+            return;
+        }
+        StreamLookup::NotFound => {
+            r.fail(
+                name,
+                "does not exist",
+                NatsError::StreamMissing {
+                    stream: nats.stream.clone(),
+                    subjects: nats.stream_subjects.join(","),
+                }
+                .to_string(),
+            );
+            return;
+        }
+        StreamLookup::NotEnabled(e) | StreamLookup::Failed(e) => {
+            r.hinted(
+                UNAVAILABLE,
+                name,
+                format!("lookup failed: {e}"),
+                "run again",
+            );
+            return;
+        }
+    };
+    let c = &info.config;
+    r.pass(
+        name.clone(),
+        format!("exists, subjects [{}]", c.subjects.join(", ")),
+    );
+    for (table, subject) in config.sample_subjects() {
+        let check = format!("{name} captures {subject}");
+        if c.subjects.iter().any(|f| subject_matches(f, &subject)) {
+            r.pass(check, format!("subjects of {table}"));
+        } else {
+            r.fail(
+                check,
+                format!("no stream subject matches subjects of {table}"),
+                NatsError::SubjectNotCaptured {
+                    subject,
+                    table,
+                    stream: nats.stream.clone(),
+                    stream_subjects: c.subjects.join(", "),
+                }
+                .to_string(),
+            );
+        }
+    }
+    if c.storage == stream::StorageType::File {
+        r.pass(format!("{name} storage"), "file");
+    } else {
+        r.hinted(
+            Verdict::Warn,
+            format!("{name} storage"),
+            "memory: acknowledged events are lost when nats-server restarts",
+            format!(
+                "recreate the stream with file storage: nats stream add {} --storage file ...",
+                nats.stream
+            ),
+        );
+    }
+    let limited = c.max_messages > 0 || c.max_bytes > 0 || !c.max_age.is_zero();
+    if limited && c.discard == stream::DiscardPolicy::Old {
+        r.hinted(
+            Verdict::Warn,
+            format!("{name} discard"),
+            "limits with `discard: old`: old events are evicted silently",
+            format!(
+                "nats stream edit {} --discard new (publishes are refused when full instead)",
+                nats.stream
+            ),
+        );
+    } else {
+        r.pass(
+            format!("{name} discard"),
+            format!(
+                "{:?}{}",
+                c.discard,
+                if limited { "" } else { " (no limits)" }
+            )
+            .to_lowercase(),
+        );
+    }
+    let window = c.duplicate_window;
+    if window.is_zero() {
+        r.fail(
+            format!("{name} duplicate_window"),
+            "0: re-sent events are stored twice",
+            format!("nats stream edit {} --dupe-window 2m", nats.stream),
+        );
+    } else if window < std::time::Duration::from_secs(60) {
+        r.hinted(
+            Verdict::Warn,
+            format!("{name} duplicate_window"),
+            format!(
+                "{}: a relay restart slower than this re-sends as new messages",
+                humantime_serde::re::humantime::format_duration(window)
+            ),
+            format!("nats stream edit {} --dupe-window 2m", nats.stream),
+        );
+    } else {
+        r.pass(
+            format!("{name} duplicate_window"),
+            humantime_serde::re::humantime::format_duration(window).to_string(),
+        );
+    }
+}

@@ -1,0 +1,354 @@
+//! The PostgreSQL half of the preflight: connection, server settings, privileges, outbox
+//! tables, publication and slot.
+
+use relay_postgres::PgError;
+use tokio_postgres::Client;
+
+use super::{DATA_SAFETY, FAIL, Report, UNAVAILABLE, Verdict, error_chain};
+use crate::config::RelayConfig;
+use crate::inspect;
+
+pub(super) async fn postgres_checks(config: &RelayConfig, r: &mut Report) {
+    let pg = &config.postgres;
+    let target = pg.display_target();
+    let client = match relay_postgres::connect(pg).await {
+        Ok(c) => c,
+        Err(e) => {
+            let verdict = if e.is_transient() { UNAVAILABLE } else { FAIL };
+            r.hinted(
+                verdict,
+                "postgres connection",
+                format!("{e}: {}", error_chain(&e)),
+                "check postgres.url / RELAY_POSTGRES__URL, RELAY_POSTGRES__PASSWORD, pg_hba.conf and that the server is up",
+            );
+            return;
+        }
+    };
+    r.pass("postgres connection", format!("connected to {target}"));
+    if let Err(e) = catalog_checks(config, &client, r).await {
+        r.hinted(
+            UNAVAILABLE,
+            "postgres catalog",
+            format!("query failed: {e}"),
+            "the connection broke during the preflight; run it again",
+        );
+    }
+}
+
+async fn catalog_checks(
+    config: &RelayConfig,
+    client: &Client,
+    r: &mut Report,
+) -> Result<(), tokio_postgres::Error> {
+    let pg = &config.postgres;
+    let row = client
+        .query_one(
+            "SELECT current_setting('wal_level'), current_database(), current_user, \
+                    current_setting('max_replication_slots')::int, \
+                    (SELECT count(*)::int FROM pg_replication_slots), \
+                    current_setting('max_wal_senders')::int, \
+                    (SELECT count(*)::int FROM pg_stat_replication), \
+                    current_setting('server_version')",
+            &[],
+        )
+        .await?;
+    let wal_level: String = row.get(0);
+    let database: String = row.get(1);
+    let user: String = row.get(2);
+    let (max_slots, used_slots): (i32, i32) = (row.get(3), row.get(4));
+    let (max_senders, used_senders): (i32, i32) = (row.get(5), row.get(6));
+    let version: String = row.get(7);
+    if wal_level == "logical" {
+        r.pass("wal_level", format!("logical (PostgreSQL {version})"));
+    } else {
+        r.fail(
+            "wal_level",
+            format!("`{wal_level}`, logical replication needs `logical`"),
+            "ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL",
+        );
+    }
+    let slot_info = inspect::slot(client, &pg.slot).await?;
+    if slot_info.is_some() || used_slots < max_slots {
+        r.pass(
+            "max_replication_slots",
+            format!(
+                "{used_slots} of {max_slots} in use{}",
+                if slot_info.is_some() {
+                    " (the relay's slot exists)"
+                } else {
+                    ""
+                }
+            ),
+        );
+    } else {
+        r.fail(
+            "max_replication_slots",
+            format!("all {max_slots} in use, none free for slot `{}`", pg.slot),
+            "raise max_replication_slots (ALTER SYSTEM SET max_replication_slots = ...; restart) or drop an unused slot: SELECT pg_drop_replication_slot('<name>')",
+        );
+    }
+    if used_senders < max_senders {
+        r.pass(
+            "max_wal_senders",
+            format!("{used_senders} of {max_senders} in use"),
+        );
+    } else {
+        r.fail(
+            "max_wal_senders",
+            format!("all {max_senders} in use"),
+            "raise max_wal_senders (ALTER SYSTEM SET max_wal_senders = ...; restart)",
+        );
+    }
+
+    // Privileges.
+    let row = client
+        .query_one(
+            "SELECT rolreplication OR rolsuper, \
+                    has_database_privilege(current_database(), 'CREATE'), \
+                    to_regclass('outbox_relay.checkpoint') IS NOT NULL \
+             FROM pg_roles WHERE rolname = current_user",
+            &[],
+        )
+        .await?;
+    let (replication, create_db, checkpoint_table): (bool, bool, bool) =
+        (row.get(0), row.get(1), row.get(2));
+    if replication {
+        r.pass("role replication", format!("role `{user}` has REPLICATION"));
+    } else {
+        r.fail(
+            "role replication",
+            format!("role `{user}` lacks REPLICATION"),
+            format!("ALTER ROLE {user} WITH REPLICATION"),
+        );
+    }
+    if checkpoint_table {
+        let writable: bool = client
+            .query_one(
+                "SELECT has_table_privilege('outbox_relay.checkpoint', 'SELECT, INSERT, UPDATE')",
+                &[],
+            )
+            .await?
+            .get(0);
+        if writable {
+            r.pass(
+                "checkpoint table",
+                "outbox_relay.checkpoint exists and is writable",
+            );
+        } else {
+            r.fail(
+                "checkpoint table",
+                format!("role `{user}` cannot write outbox_relay.checkpoint"),
+                format!(
+                    "GRANT USAGE ON SCHEMA outbox_relay TO {user}; GRANT SELECT, INSERT, UPDATE ON outbox_relay.checkpoint TO {user}"
+                ),
+            );
+        }
+    } else if create_db {
+        r.pass(
+            "checkpoint table",
+            "outbox_relay.checkpoint missing; will be created at start (role has CREATE)",
+        );
+    } else {
+        r.fail(
+            "checkpoint table",
+            format!("outbox_relay.checkpoint missing and role `{user}` lacks CREATE on `{database}`"),
+            "apply migrations/0002_relay_checkpoint.sql as an owner, or run `outbox-relay setup` as one",
+        );
+    }
+
+    // Outbox tables.
+    let tables = config.tables();
+    for (schema, table) in &tables {
+        let name = format!("table {schema}.{table}");
+        let row = client
+            .query_opt(
+                "SELECT has_table_privilege(c.oid, 'SELECT') FROM pg_class c \
+                 JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')",
+                &[schema, table],
+            )
+            .await?;
+        match row.map(|r| r.get::<_, bool>(0)) {
+            Some(true) => r.pass(name, "exists, readable"),
+            Some(false) => r.fail(
+                name,
+                format!("role `{user}` lacks SELECT"),
+                format!("GRANT SELECT ON {schema}.{table} TO {user}"),
+            ),
+            None => r.fail(
+                name,
+                format!("does not exist in database `{database}`"),
+                PgError::TableMissing {
+                    table: format!("{schema}.{table}"),
+                    database: database.clone(),
+                }
+                .to_string(),
+            ),
+        }
+    }
+
+    // Publication.
+    let publication = &pg.publication;
+    let quoted = tables
+        .iter()
+        .map(|(s, t)| format!("{s}.{t}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let found = client
+        .query_opt(
+            "SELECT pubinsert FROM pg_publication WHERE pubname = $1",
+            &[publication],
+        )
+        .await?;
+    let name = format!("publication {publication}");
+    match found.map(|row| row.get::<_, bool>(0)) {
+        None if pg.create_publication => r.pass(
+            name,
+            "missing; will be created at start (create_publication = true) or by `outbox-relay setup`",
+        ),
+        None => r.fail(
+            name,
+            "does not exist",
+            PgError::PublicationMissing {
+                publication: publication.clone(),
+                tables: quoted,
+            }
+            .to_string(),
+        ),
+        Some(false) => r.fail(
+            name,
+            "does not publish inserts",
+            PgError::PublicationNoInsert {
+                publication: publication.clone(),
+            }
+            .to_string(),
+        ),
+        Some(true) => {
+            r.pass(name.clone(), "exists, publishes inserts");
+            for (schema, table) in &tables {
+                let member = client
+                    .query_opt(
+                        "SELECT 1 FROM pg_publication_tables \
+                         WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
+                        &[publication, schema, table],
+                    )
+                    .await?;
+                let check = format!("{name} has {schema}.{table}");
+                if member.is_some() {
+                    r.pass(check, "member");
+                } else {
+                    r.fail(
+                        check,
+                        "not in the publication",
+                        PgError::PublicationMissingTable {
+                            publication: publication.clone(),
+                            table: format!("{schema}.{table}"),
+                        }
+                        .to_string(),
+                    );
+                }
+            }
+        }
+    }
+
+    // Slot, against the stored checkpoint.
+    let checkpoint = inspect::checkpoint(client, &pg.slot).await?;
+    let name = format!("slot {}", pg.slot);
+    let slot = &pg.slot;
+    let Some(info) = slot_info else {
+        match checkpoint {
+            Some((lsn, _)) => r.hinted(
+                DATA_SAFETY,
+                name,
+                format!("missing, but a checkpoint {lsn} is stored for it: the slot was dropped or lost"),
+                "docs/operations.md, \"Slot lost\": reconcile from the outbox table, then DELETE FROM outbox_relay.checkpoint WHERE slot_name = '<slot>'",
+            ),
+            None if pg.create_slot => r.pass(
+                name,
+                "missing; will be created at start (create_slot = true) or by `outbox-relay setup`",
+            ),
+            None => r.fail(
+                name,
+                "does not exist",
+                PgError::SlotMissing { slot: slot.clone() }.to_string(),
+            ),
+        }
+        return Ok(());
+    };
+    if info.slot_type != "logical" || info.plugin.as_deref() != Some("pgoutput") {
+        r.fail(
+            name.clone(),
+            format!(
+                "{} slot with plugin {:?}",
+                info.slot_type,
+                info.plugin.as_deref().unwrap_or("none")
+            ),
+            "the relay needs a logical slot with plugin pgoutput: use another postgres.slot name",
+        );
+    } else if info.database.as_deref() != Some(database.as_str()) {
+        r.fail(
+            name.clone(),
+            format!(
+                "belongs to database {:?}, not {database:?}",
+                info.database.as_deref().unwrap_or("")
+            ),
+            "point postgres.url at that database or use another postgres.slot name",
+        );
+    } else {
+        r.pass(
+            name.clone(),
+            format!("logical, pgoutput, database {database}"),
+        );
+    }
+    match info.wal_status.as_deref() {
+        Some("lost") => r.hinted(
+            DATA_SAFETY,
+            format!("{name} wal_status"),
+            "lost: invalidated, WAL it needed was removed (max_slot_wal_keep_size)",
+            "docs/operations.md, \"Slot lost\"",
+        ),
+        Some("unreserved") => r.hinted(
+            Verdict::Warn,
+            format!("{name} wal_status"),
+            "unreserved: the slot is about to be invalidated",
+            "start the relay now, or raise max_slot_wal_keep_size",
+        ),
+        other => r.pass(
+            format!("{name} wal_status"),
+            other.unwrap_or("unknown").to_owned(),
+        ),
+    }
+    match info.active_pid {
+        Some(pid) => r.fail(
+            format!("{name} active"),
+            format!("streaming to another process (pid {pid})"),
+            format!(
+                "another relay (or client) is reading this slot: stop it, or SELECT pg_terminate_backend({pid})"
+            ),
+        ),
+        None => r.pass(format!("{name} active"), "not in use by another process"),
+    }
+    match (checkpoint, info.confirmed_flush_lsn) {
+        (Some((stored, _)), Some(slot_lsn)) if slot_lsn > stored => r.hinted(
+            DATA_SAFETY,
+            format!("{name} position"),
+            format!("slot at {slot_lsn} is ahead of the checkpoint {stored}"),
+            PgError::SlotAhead {
+                slot: slot.clone(),
+                slot_lsn,
+                checkpoint: stored,
+            }
+            .to_string(),
+        ),
+        (Some((stored, _)), Some(slot_lsn)) => r.pass(
+            format!("{name} position"),
+            format!("slot at {slot_lsn}, checkpoint {stored}"),
+        ),
+        (None, Some(slot_lsn)) => r.pass(
+            format!("{name} position"),
+            format!("slot at {slot_lsn}, no checkpoint yet (first start)"),
+        ),
+        (_, None) => {}
+    }
+    Ok(())
+}

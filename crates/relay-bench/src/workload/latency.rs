@@ -1,0 +1,144 @@
+//! Commit-to-ack latency at steady rates.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use async_nats::jetstream::consumer;
+use futures::StreamExt as _;
+
+use crate::Args;
+use crate::measure::{peak_rss, quantile};
+
+use super::relay::{RelayProc, tail};
+use super::setup::{Env, copy_slot, drop_slot, insert_sql, reset, stream_messages};
+use super::{DB, LatencyRun, STREAM, say};
+
+/// (row insert time, stream store time), µs since the Unix epoch.
+type Stamp = (i64, i64);
+
+async fn produce(env: &Env, rate: u64, secs: u64, conns: usize) -> Result<(u64, f64)> {
+    let per_conn = rate as f64 / conns as f64;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..conns {
+        let client = env.pg.connect(DB).await?;
+        tasks.push(tokio::spawn(async move {
+            let mut sent = 0_u64;
+            let mut tick = tokio::time::interval(Duration::from_millis(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            let end = Duration::from_secs(secs);
+            let base = (c as u64) << 40;
+            loop {
+                tick.tick().await;
+                let elapsed = started.elapsed();
+                if elapsed >= end {
+                    break;
+                }
+                let due = (elapsed.as_secs_f64() * per_conn) as u64;
+                if due <= sent {
+                    continue;
+                }
+                let mut sql = String::new();
+                for k in sent..due {
+                    let g = base + k + 1;
+                    sql.push_str("BEGIN;");
+                    sql.push_str(&insert_sql(g, g));
+                    sql.push_str(";COMMIT;");
+                }
+                client.batch_execute(&sql).await?;
+                sent = due;
+            }
+            anyhow::Ok(sent)
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await??;
+    }
+    Ok((total, total as f64 / started.elapsed().as_secs_f64()))
+}
+
+pub(super) async fn latency(env: &Env, args: &Args) -> Result<Vec<LatencyRun>> {
+    say("== latency: commit to ack at steady rates");
+    reset(env).await?;
+    let slot = "relay_latency";
+    copy_slot(env, slot).await?;
+    let mut relay = RelayProc::start(
+        env,
+        slot,
+        args.max_in_flight.first().copied().unwrap_or(1024),
+    )?;
+    // Wait until the relay created the stream and delivers a warm-up row.
+    let (warm, _) = produce(env, 100, 1, 1).await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if stream_messages(env, STREAM).await.unwrap_or(0) >= warm {
+            break;
+        }
+        relay.check_alive()?;
+        if Instant::now() > deadline {
+            bail!(
+                "relay did not deliver warm-up rows; log:\n{}",
+                tail(&relay.log)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stream = env.js.get_stream(STREAM).await?;
+    let consumer = stream
+        .create_consumer(consumer::pull::OrderedConfig {
+            deliver_policy: consumer::DeliverPolicy::New,
+            ..Default::default()
+        })
+        .await?;
+    let mut messages = consumer.messages().await?;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Stamp>();
+    let reader = tokio::spawn(async move {
+        while let Some(Ok(m)) = messages.next().await {
+            let Ok(info) = m.info() else { continue };
+            let stored_us = (info.published.unix_timestamp_nanos() / 1000) as i64;
+            let ts = serde_json::from_slice::<serde_json::Value>(&m.payload)
+                .ok()
+                .and_then(|v| v.get("ts").and_then(serde_json::Value::as_i64));
+            if let Some(ts) = ts
+                && tx.send((ts, stored_us)).is_err()
+            {
+                break;
+            }
+        }
+    });
+    let mut runs = Vec::new();
+    for rate in [1_000_u64, 10_000] {
+        let conns = if rate > 2_000 { 2 } else { 1 };
+        let (sent, achieved) = produce(env, rate, args.latency_secs(), conns).await?;
+        let mut lat = Vec::with_capacity(sent as usize);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while (lat.len() as u64) < sent {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, rx.recv()).await {
+                Ok(Some((ts, stored))) => lat.push((stored - ts) as f64 / 1000.0),
+                _ => bail!("latency run at {rate}/s: received {} of {sent}", lat.len()),
+            }
+        }
+        lat.sort_by(f64::total_cmp);
+        let run = LatencyRun {
+            target_rate: rate,
+            achieved_rate: achieved,
+            samples: lat.len(),
+            p50_ms: quantile(&lat, 0.50),
+            p99_ms: quantile(&lat, 0.99),
+            p999_ms: quantile(&lat, 0.999),
+            max_ms: lat.last().copied().unwrap_or(f64::NAN),
+            relay_rss: peak_rss(relay.pid()).unwrap_or(0),
+        };
+        say(format!(
+            "   {rate}/s (achieved {achieved:.0}/s, {} samples): p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms, max {:.1} ms",
+            run.samples, run.p50_ms, run.p99_ms, run.p999_ms, run.max_ms
+        ));
+        runs.push(run);
+    }
+    reader.abort();
+    relay.stop().await?;
+    drop_slot(env, slot).await;
+    Ok(runs)
+}

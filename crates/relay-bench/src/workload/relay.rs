@@ -1,0 +1,186 @@
+//! The real `outbox-relay` binary: its config, its process, and the catch-up run.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::measure::{cpu_seconds, peak_rss};
+
+use super::setup::{Env, copy_slot, drop_slot, stream_messages};
+use super::{DB, PUBLICATION, RelayRun, STREAM};
+
+fn relay_config(env: &Env, slot: &str, max_in_flight: usize) -> Result<PathBuf> {
+    let text = format!(
+        r#"[postgres]
+url = "{pg}"
+slot = "{slot}"
+publication = "{PUBLICATION}"
+create_slot = false
+create_publication = false
+status_interval = "1s"
+
+[nats]
+url = "{nats}"
+stream = "{STREAM}"
+create_stream = true
+
+[relay]
+max_in_flight = {max_in_flight}
+checkpoint_interval = "100ms"
+"#,
+        pg = env.pg.url(DB),
+        nats = env.nats.url(),
+    );
+    let path = env.log_dir.join(format!("relay-{slot}.toml"));
+    std::fs::write(&path, text)?;
+    Ok(path)
+}
+
+pub(super) struct RelayProc {
+    child: std::process::Child,
+    pub(super) log: PathBuf,
+}
+
+impl RelayProc {
+    pub(super) fn start(env: &Env, slot: &str, max_in_flight: usize) -> Result<Self> {
+        let config = relay_config(env, slot, max_in_flight)?;
+        let log = env.log_dir.join(format!("relay-{slot}.log"));
+        let child = std::process::Command::new(&env.relay_bin)
+            .arg("--config")
+            .arg(&config)
+            .arg("run")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .with_context(|| format!("starting {}", env.relay_bin.display()))?;
+        Ok(Self { child, log })
+    }
+
+    pub(super) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub(super) fn check_alive(&mut self) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!(
+                "outbox-relay exited ({status}); log {}:\n{}",
+                self.log.display(),
+                tail(&self.log)
+            );
+        }
+        Ok(())
+    }
+
+    pub(super) async fn stop(mut self) -> Result<()> {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.child.try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                bail!("outbox-relay did not stop within 30 s of SIGTERM");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for RelayProc {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+pub(super) fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
+}
+
+async fn checkpoint_of(env: &Env, slot: &str) -> Result<Option<u64>> {
+    let row = env
+        .client
+        .query_opt(
+            "SELECT (confirmed_lsn - '0/0')::bigint FROM outbox_relay.checkpoint WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?;
+    Ok(row.map(|r| r.get::<_, i64>(0) as u64))
+}
+
+/// The real relay on a copy of the base slot, from start until the checkpoint passed the last
+/// transaction (so every event before it was acknowledged) and the stream holds every event.
+pub(super) async fn relay_catch_up(
+    env: &Env,
+    mif: usize,
+    rows: u64,
+    inside_last: u64,
+) -> Result<RelayRun> {
+    let slot = format!("relay_m{mif}");
+    copy_slot(env, &slot).await?;
+    let _ = env.js.delete_stream(STREAM).await;
+    let timeout = Duration::from_secs(120 + rows / 2_000);
+    let started = Instant::now();
+    let mut relay = RelayProc::start(env, &slot, mif)?;
+    // Optional profile of this run: `perf record` attached to the relay (see docs/benchmarks.md).
+    let perf = match std::env::var_os("RELAY_BENCH_PERF_DIR") {
+        Some(dir) => Some(
+            std::process::Command::new("perf")
+                .args(["record", "-F", "1999", "-g", "-q", "-o"])
+                .arg(PathBuf::from(dir).join(format!("perf-{slot}-{rows}.data")))
+                .args(["-p", &relay.pid().to_string()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("starting perf record")?,
+        ),
+        None => None,
+    };
+    loop {
+        if checkpoint_of(env, &slot)
+            .await?
+            .is_some_and(|c| c > inside_last)
+        {
+            break;
+        }
+        relay.check_alive()?;
+        if started.elapsed() > timeout {
+            bail!(
+                "relay did not catch up within {timeout:?}; log:\n{}",
+                tail(&relay.log)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let pid = relay.pid();
+    let rss = peak_rss(pid).unwrap_or(0);
+    let cpu = cpu_seconds(&pid.to_string()).unwrap_or(f64::NAN);
+    let messages = stream_messages(env, STREAM).await?;
+    if let Some(mut perf) = perf {
+        let pid = nix::unistd::Pid::from_raw(perf.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+        let _ = perf.wait();
+    }
+    relay.stop().await?;
+    drop_slot(env, &slot).await;
+    if messages != rows {
+        bail!("relay run stored {messages} messages, expected {rows}");
+    }
+    Ok(RelayRun {
+        max_in_flight: mif,
+        secs,
+        events_per_s: rows as f64 / secs,
+        peak_rss: rss,
+        cpu_secs: cpu,
+    })
+}

@@ -1,0 +1,212 @@
+//! The servers, their reset between runs, the backlog writer and shared JetStream helpers.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, anyhow};
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, stream};
+use relay_testkit::{NatsServer, PgOptions, PostgresServer};
+use tokio_postgres::Client;
+
+use crate::Args;
+
+use super::{BASE_SLOT, BROKER_WINDOW, DB, PUBLICATION, STREAM};
+
+pub(super) struct Env {
+    pub(super) pg: PostgresServer,
+    pub(super) nats: NatsServer,
+    pub(super) client: Client,
+    pub(super) js: jetstream::Context,
+    pub(super) relay_bin: PathBuf,
+    pub(super) log_dir: PathBuf,
+    _tmp: tempfile::TempDir,
+}
+
+pub(super) async fn start(args: &Args, relay_bin: &Path) -> Result<Env> {
+    let settings = [
+        ("shared_buffers", "256MB"),
+        ("max_wal_size", "8GB"),
+        ("checkpoint_timeout", "30min"),
+        ("max_replication_slots", "20"),
+        ("logical_decoding_work_mem", "64MB"),
+        ("autovacuum", "off"),
+    ]
+    .iter()
+    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+    .collect();
+    let bin_dir = std::env::var_os("RELAY_TEST_PG_BIN")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let p = PathBuf::from("/usr/lib/postgresql/15/bin");
+            p.is_dir().then_some(p)
+        });
+    let (pg, nats) = tokio::try_join!(
+        PostgresServer::start_with(PgOptions { settings, bin_dir }),
+        NatsServer::start()
+    )?;
+    pg.create_database(DB).await?;
+    let client = pg.connect(DB).await?;
+    client
+        .batch_execute(include_str!("../../../../migrations/0001_outbox.sql"))
+        .await?;
+    client
+        .batch_execute(include_str!(
+            "../../../../migrations/0002_relay_checkpoint.sql"
+        ))
+        .await?;
+    // The polling baseline's marker and index, on the one table everybody uses.
+    client
+        .batch_execute(&format!(
+            "ALTER TABLE outbox ADD COLUMN published_at timestamptz;
+             CREATE INDEX outbox_unpublished ON outbox (created_at, id) WHERE published_at IS NULL;
+             CREATE PUBLICATION {PUBLICATION} FOR TABLE outbox WITH (publish = 'insert');"
+        ))
+        .await?;
+    let nc = async_nats::connect(nats.url()).await?;
+    let js = jetstream::ContextBuilder::new()
+        .timeout(Duration::from_secs(10))
+        .max_ack_inflight(BROKER_WINDOW * 2)
+        .build(nc);
+    let tmp = tempfile::Builder::new().prefix("relay-bench-").tempdir()?;
+    let log_dir = match &args.log_dir {
+        Some(d) => {
+            std::fs::create_dir_all(d)?;
+            d.clone()
+        }
+        None => tmp.path().to_path_buf(),
+    };
+    Ok(Env {
+        pg,
+        nats,
+        client,
+        js,
+        relay_bin: relay_bin.to_path_buf(),
+        log_dir,
+        _tmp: tmp,
+    })
+}
+
+/// Empties the table, drops every slot and checkpoint and the stream; creates the base slot.
+pub(super) async fn reset(env: &Env) -> Result<()> {
+    let _ = env.js.delete_stream(STREAM).await;
+    // One statement per call: a multi-statement query is one transaction, and a slot cannot be
+    // created in a transaction that wrote.
+    for sql in [
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots".to_owned(),
+        "TRUNCATE outbox".to_owned(),
+        "DELETE FROM outbox_relay.checkpoint".to_owned(),
+        "CHECKPOINT".to_owned(),
+        format!("SELECT pg_create_logical_replication_slot('{BASE_SLOT}', 'pgoutput')"),
+    ] {
+        env.client
+            .batch_execute(&sql)
+            .await
+            .with_context(|| format!("resetting the bench table and slots: {sql}"))?;
+    }
+    Ok(())
+}
+
+pub(super) async fn copy_slot(env: &Env, to: &str) -> Result<()> {
+    env.client
+        .execute(
+            "SELECT pg_copy_logical_replication_slot($1, $2)",
+            &[&BASE_SLOT, &to],
+        )
+        .await
+        .with_context(|| format!("copying slot {BASE_SLOT} to {to}"))?;
+    Ok(())
+}
+
+pub(super) async fn drop_slot(env: &Env, name: &str) {
+    let _ = env
+        .client
+        .execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1",
+            &[&name],
+        )
+        .await;
+}
+
+pub(super) async fn insert_lsn(client: &impl tokio_postgres::GenericClient) -> Result<u64> {
+    let row = client
+        .query_one("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint", &[])
+        .await?;
+    Ok(row.get::<_, i64>(0) as u64)
+}
+
+/// INSERT of rows `from..=to`, each with a ~300-byte jsonb payload stamped with the
+/// row's insert time (`clock_timestamp()`, µs since the Unix epoch) in `ts`.
+pub(super) fn insert_sql(from: u64, to: u64) -> String {
+    format!(
+        "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
+         SELECT gen_random_uuid(), 'Order', g::text, 'OrderCreated', jsonb_build_object(\
+           'ts', (extract(epoch from clock_timestamp()) * 1000000)::bigint, \
+           'order_id', g, 'customer', 'customer-' || (g % 1000), 'currency', 'EUR', 'amount', 1999, \
+           'items', jsonb_build_array(jsonb_build_object('sku', 'SKU-' || (g % 97), 'qty', 1, 'price', 1999)), \
+           'note', repeat('x', 120)) \
+         FROM generate_series({from}, {to}) g"
+    )
+}
+
+/// Writes `rows` rows in transactions of `per_tx`; returns (an LSN inside the last transaction,
+/// the WAL insert position after it, seconds).
+pub(super) async fn write_backlog(env: &Env, rows: u64, per_tx: u64) -> Result<(u64, u64, f64)> {
+    let started = Instant::now();
+    let per_tx = per_tx.clamp(1, rows);
+    let txs = rows.div_ceil(per_tx);
+    // Many transactions per round trip: explicit BEGIN/COMMIT pairs in one simple query.
+    let per_batch = (2_000 / per_tx).max(1);
+    let mut next = 1_u64;
+    let mut tx_done = 0_u64;
+    while tx_done + 1 < txs {
+        let n = per_batch.min(txs - 1 - tx_done);
+        let mut sql = String::with_capacity(n as usize * 600);
+        for _ in 0..n {
+            let to = (next + per_tx - 1).min(rows);
+            sql.push_str("BEGIN;");
+            sql.push_str(&insert_sql(next, to));
+            sql.push_str(";COMMIT;");
+            next = to + 1;
+        }
+        env.client.batch_execute(&sql).await?;
+        tx_done += n;
+    }
+    let mut client = env.pg.connect(DB).await?;
+    let tx = client.transaction().await?;
+    tx.batch_execute(&insert_sql(next, rows)).await?;
+    let inside = insert_lsn(&tx).await?;
+    tx.commit().await?;
+    let end = insert_lsn(&client).await?;
+    Ok((inside, end, started.elapsed().as_secs_f64()))
+}
+
+pub(super) async fn stream_messages(env: &Env, name: &str) -> Result<u64> {
+    let mut s = env.js.get_stream(name).await?;
+    Ok(s.info().await?.state.messages)
+}
+
+pub(super) async fn create_stream(env: &Env, name: &str, subjects: &str) -> Result<()> {
+    let _ = env.js.delete_stream(name).await;
+    env.js
+        .create_stream(stream::Config {
+            name: name.into(),
+            subjects: vec![subjects.into()],
+            storage: stream::StorageType::File,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| anyhow!("creating stream {name}: {e}"))?;
+    Ok(())
+}
+
+pub(super) fn headers(id: &str, aggregate_id: &str) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert("Nats-Msg-Id", id);
+    h.insert("Nats-Expected-Stream", STREAM);
+    h.insert("Outbox-Aggregate-Type", "Order");
+    h.insert("Outbox-Aggregate-Id", aggregate_id);
+    h.insert("Outbox-Event-Type", "OrderCreated");
+    h
+}

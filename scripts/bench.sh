@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs the side-by-side benchmark (docs/benchmarks.md): installs what is missing, builds the
+# relay and the bench in release, then runs `relay-bench`, which starts its own PostgreSQL
+# (wal_level=logical) and nats-server (-js, file storage) on free ports and prints one table:
+# decode limit (pg_recvlogical), broker limit (raw JetStream), relay catch-up, polling relay,
+# latency, peak RSS and CPU, with the targets of issue 5 and PASS/FAIL.
+#
+#   scripts/bench.sh                 # full run: 200,000-row backlogs, 1,000,000-row tx (~10 min)
+#   scripts/bench.sh --quick         # 20,000-row backlogs, no 1M-row tx (< 2 min)
+#   scripts/bench.sh --rows 50000    # any relay-bench option (see `--help`)
+#   BENCH_MICRO=1 scripts/bench.sh   # also the criterion decode/route micro-benchmarks
+#
+# The table is also written to target/bench/table.md, relay logs to target/bench/logs/.
+# Environment: RELAY_TEST_PG_BIN (PostgreSQL bin dir, default /usr/lib/postgresql/15/bin),
+# RELAY_TEST_NATS_SERVER, RELAY_BIN (a prebuilt outbox-relay), CARGO_TARGET_DIR,
+# RELAY_BENCH_PERF_DIR (attach `perf record -g` to every catch-up run, files land there).
+# Not run by CI: it takes minutes and wants a quiet machine.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+scripts/ensure-deps.sh
+
+target="${CARGO_TARGET_DIR:-$PWD/target}"
+echo "==> cargo build --release -p outbox-relay -p relay-bench" >&2
+cargo build --release -p outbox-relay -p relay-bench
+export RELAY_BIN="${RELAY_BIN:-$target/release/outbox-relay}"
+
+out_dir="$target/bench"
+mkdir -p "$out_dir/logs"
+if [ "${BENCH_MICRO:-0}" = 1 ]; then
+    echo "==> criterion: decode and routing micro-benchmarks" >&2
+    cargo bench -p relay-bench --bench decode_route -- --noplot
+fi
+echo "==> relay-bench $*" >&2
+"$target/release/relay-bench" --out "$out_dir/table.md" --log-dir "$out_dir/logs" "$@"
