@@ -94,6 +94,21 @@ pub struct PipelineSettings {
     /// Default `10s`.
     #[serde(default = "default_reconnect_max", with = "humantime_serde")]
     pub reconnect_max: Duration,
+    /// Opt-in: rows that cannot be routed are published here (raw row as JSON, the reason in
+    /// headers) and the relay continues, instead of stopping. Must be captured by the stream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter_subject: Option<String>,
+    /// How often the publication is checked (still there, publishing inserts, holding every
+    /// outbox table) while running. Default `30s`.
+    #[serde(
+        default = "default_publication_check_interval",
+        with = "humantime_serde"
+    )]
+    pub publication_check_interval: Duration,
+}
+
+fn default_publication_check_interval() -> Duration {
+    Duration::from_secs(30)
 }
 
 fn default_max_in_flight() -> usize {
@@ -128,6 +143,8 @@ impl Default for PipelineSettings {
             retry_max: default_retry_max(),
             no_stream_grace: default_no_stream_grace(),
             reconnect_max: default_reconnect_max(),
+            dead_letter_subject: None,
+            publication_check_interval: default_publication_check_interval(),
         }
     }
 }
@@ -142,6 +159,7 @@ impl PipelineSettings {
             retry_max: self.retry_max,
             no_stream_grace: self.no_stream_grace,
             drain_timeout: self.drain_timeout,
+            dead_letter_subject: self.dead_letter_subject.clone(),
             ..PipelineConfig::default()
         }
     }
@@ -216,6 +234,21 @@ impl RelayConfig {
                 "[relay] checkpoint_interval must be positive".into(),
             ));
         }
+        if self.relay.publication_check_interval.is_zero() {
+            return Err(ConfigError::Invalid(
+                "[relay] publication_check_interval must be positive".into(),
+            ));
+        }
+        if let Some(dlq) = &self.relay.dead_letter_subject {
+            let literal = relay_core::subject::SubjectTemplate::parse(dlq)
+                .ok()
+                .filter(|t| t.columns().next().is_none());
+            if literal.is_none() || dlq.contains(char::is_whitespace) {
+                return Err(ConfigError::Invalid(format!(
+                    "[relay] dead_letter_subject `{dlq}` is not a plain subject (non-empty tokens, no wildcards, no `$` prefix, no `{{column}}` placeholders)"
+                )));
+            }
+        }
         if let Some(listen) = &self.http.listen
             && listen.parse::<std::net::SocketAddr>().is_err()
         {
@@ -239,10 +272,15 @@ impl RelayConfig {
 
     /// `(table, sample subject)` for every mapping, for the stream check.
     pub fn sample_subjects(&self) -> Vec<(String, String)> {
-        self.outbox
+        let mut samples: Vec<(String, String)> = self
+            .outbox
             .iter()
             .filter_map(|o| o.validate().ok().map(|t| (o.table.clone(), t.sample("x"))))
-            .collect()
+            .collect();
+        if let Some(dlq) = &self.relay.dead_letter_subject {
+            samples.push(("[relay] dead_letter_subject".into(), dlq.clone()));
+        }
+        samples
     }
 
     /// `(schema, table)` of every outbox table.
@@ -273,6 +311,40 @@ mod tests {
             c.sample_subjects(),
             [("public.outbox".to_owned(), "outbox.x.x".to_owned())]
         );
+    }
+
+    #[test]
+    fn dead_letter_subject_is_checked_and_sampled() {
+        let mut c = RelayConfig {
+            outbox: default_outbox(),
+            ..RelayConfig::default()
+        };
+        c.relay.dead_letter_subject = Some("outbox.dlq".into());
+        c.validate().unwrap();
+        assert_eq!(
+            c.sample_subjects().last(),
+            Some(&(
+                "[relay] dead_letter_subject".to_owned(),
+                "outbox.dlq".to_owned()
+            ))
+        );
+        assert_eq!(
+            c.relay.pipeline_config().dead_letter_subject.as_deref(),
+            Some("outbox.dlq")
+        );
+        for bad in [
+            "",
+            "outbox.>",
+            "outbox.*",
+            "$JS.API.X",
+            "outbox..dlq",
+            "dlq.{id}",
+            "a b",
+        ] {
+            c.relay.dead_letter_subject = Some(bad.into());
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains("dead_letter_subject"), "{bad}: {err}");
+        }
     }
 
     #[test]

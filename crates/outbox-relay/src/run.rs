@@ -155,6 +155,11 @@ pub async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), 
         );
     }
     spawn_progress_log(stats.clone(), shutdown.clone());
+    // Sessions stop on `stop`: a shutdown, or the publication check finding the publication no
+    // longer delivers the outbox tables (then the relay drains, stores, and exits with 78).
+    let stop = shutdown.child_token();
+    let drift: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+    spawn_publication_check(config.clone(), stop.clone(), drift.clone());
     let mut accept = accept_slot_position;
     let mut ever_connected = false;
     let mut backoff = Duration::from_millis(250);
@@ -167,13 +172,23 @@ pub async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), 
         let end = session(
             &config,
             &publisher,
-            &shutdown,
+            &stop,
             &telemetry,
             &mut accept,
             &mut ever_connected,
         )
         .await;
         telemetry.streaming.store(false, Ordering::Relaxed);
+        let drifted = drift.lock().ok().and_then(|d| d.clone());
+        if let Some(problem) = drifted {
+            // A session that failed on its own (e.g. a row that cannot be routed) keeps its
+            // more specific exit; the publication problem is logged by the check already.
+            end?;
+            return Err(Exit::config(anyhow::anyhow!(
+                "{problem}; stopped after storing the acknowledged position {}",
+                Lsn(stats.confirmed_lsn.load(Ordering::Relaxed))
+            )));
+        }
         let error = match end? {
             SessionEnd::Shutdown => {
                 let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
@@ -189,7 +204,10 @@ pub async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), 
         tracing::warn!(error = %format!("{error:#}"), retry_in = ?backoff, "replication session ended; reconnecting");
         tokio::select! {
             () = tokio::time::sleep(backoff) => {}
-            () = shutdown.cancelled() => return Ok(()),
+            () = stop.cancelled() => {}
+        }
+        if shutdown.is_cancelled() {
+            return Ok(());
         }
         backoff = (backoff * 2).min(config.relay.reconnect_max);
     }
@@ -341,12 +359,98 @@ async fn session(
             Err(Exit::new(
                 ExitKind::DataSafety,
                 anyhow::Error::new(e).context(format!(
-                    "stopped before this transaction; confirmed position stays at {confirmed}. Fix the row or the mapping and restart: the relay resumes there"
+                    "stopped before this transaction; confirmed position stays at {confirmed}. A committed row cannot change: fix the mapping (or set [relay] dead_letter_subject) and restart; the relay resumes there"
                 )),
             ))
         }
         Err(e @ PipelineError::Protocol(_)) => Err(Exit::internal(e)),
     }
+}
+
+/// Why the publication no longer delivers inserts of every outbox table, if it does not.
+async fn publication_problem(
+    client: &tokio_postgres::Client,
+    publication: &str,
+    tables: &[(String, String)],
+) -> Result<Option<String>, tokio_postgres::Error> {
+    let row = client
+        .query_opt(
+            "SELECT pubinsert FROM pg_catalog.pg_publication WHERE pubname = $1",
+            &[&publication],
+        )
+        .await?;
+    match row.map(|r| r.get::<_, bool>(0)) {
+        None => {
+            return Ok(Some(format!(
+                "publication `{publication}` no longer exists: outbox inserts would silently stop arriving. Re-create it (CREATE PUBLICATION {publication} FOR TABLE … WITH (publish = 'insert')) and check the slot"
+            )));
+        }
+        Some(false) => {
+            return Ok(Some(format!(
+                "publication `{publication}` no longer publishes inserts: ALTER PUBLICATION {publication} SET (publish = 'insert')"
+            )));
+        }
+        Some(true) => {}
+    }
+    for (schema, table) in tables {
+        let present = client
+            .query_opt(
+                "SELECT 1 FROM pg_catalog.pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
+                &[&publication, schema, table],
+            )
+            .await?
+            .is_some();
+        if !present {
+            return Ok(Some(format!(
+                "outbox table `{schema}.{table}` is no longer in publication `{publication}` (dropped and re-created, or removed from the publication): its inserts would silently stop arriving. ALTER PUBLICATION {publication} ADD TABLE {schema}.{table}"
+            )));
+        }
+    }
+    Ok(None)
+}
+
+/// Every `[relay] publication_check_interval`, checks on a plain session that the publication
+/// still delivers inserts of every outbox table; if not, records why and cancels `stop`.
+fn spawn_publication_check(
+    config: RelayConfig,
+    stop: CancellationToken,
+    drift: Arc<std::sync::Mutex<Option<String>>>,
+) {
+    tokio::spawn(async move {
+        let mut client: Option<tokio_postgres::Client> = None;
+        let mut tick = tokio::time::interval(config.relay.publication_check_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        let tables = config.tables();
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = stop.cancelled() => return,
+            }
+            if client
+                .as_ref()
+                .is_none_or(tokio_postgres::Client::is_closed)
+            {
+                client = relay_postgres::connect(&config.postgres).await.ok();
+            }
+            let Some(c) = &client else { continue };
+            match publication_problem(c, &config.postgres.publication, &tables).await {
+                Ok(None) => {}
+                Ok(Some(problem)) => {
+                    tracing::error!(publication = %config.postgres.publication, "{problem}");
+                    if let Ok(mut d) = drift.lock() {
+                        *d = Some(problem);
+                    }
+                    stop.cancel();
+                    return;
+                }
+                Err(error) => {
+                    tracing::debug!(error = %error, "cannot check the publication");
+                    client = None;
+                }
+            }
+        }
+    });
 }
 
 /// Logs throughput and position every 30 s, so an operator sees progress without metrics.

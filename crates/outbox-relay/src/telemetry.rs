@@ -33,6 +33,8 @@ pub const DUPLICATES: &str = "outbox_relay_duplicates_acknowledged";
 /// Counter: events not re-published because the stream already held them (restart after a
 /// downtime longer than the duplicate window).
 pub const ALREADY_PUBLISHED: &str = "outbox_relay_events_already_published";
+/// Counter: rows that could not be routed and went to `[relay] dead_letter_subject`.
+pub const DEAD_LETTERED: &str = "outbox_relay_events_dead_lettered";
 /// Counter, label `kind` = `unknown` | `no_stream` | `rejected`: failed publish attempts.
 pub const PUBLISH_ERRORS: &str = "outbox_relay_publish_errors";
 /// Counter: re-publishes after an unknown outcome.
@@ -312,6 +314,12 @@ impl Collector for MetricsCollector {
             ALREADY_PUBLISHED,
             "Events not re-published because the stream already held them",
             load(&s.already_published),
+        )?;
+        counter(
+            &mut enc,
+            DEAD_LETTERED,
+            "Rows that could not be routed and were published to the dead-letter subject",
+            load(&s.dead_lettered),
         )?;
         counter(
             &mut enc,

@@ -15,6 +15,7 @@ pub mod failpoint;
 pub mod frontier;
 pub mod message;
 pub mod pipeline;
+pub mod recent;
 pub mod route;
 pub mod stage;
 pub mod subject;

@@ -92,6 +92,9 @@ pub struct OutboundMessage {
     pub table: Arc<str>,
     /// LSN of the commit record of the row's transaction.
     pub commit_lsn: Lsn,
+    /// Commit time of the row's transaction, µs since 2000-01-01 UTC (for latency metrics,
+    /// without parsing the header back).
+    pub commit_time_micros: i64,
 }
 
 impl OutboundMessage {

@@ -18,7 +18,10 @@ use pgoutput::{LogicalMessage, Lsn};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::frontier::{AckFrontier, EventTicket, FrontierError};
-use crate::message::{OutboundMessage, TxContext};
+use crate::message::{
+    HEADER_COMMIT_LSN, HEADER_TABLE, HEADER_TX_INDEX, HEADER_XID, OutboundMessage, TxContext,
+};
+use crate::recent::RecentIds;
 use crate::route::{RouteError, Router};
 use crate::stage::{
     ChangeSource, CheckpointStore, PubReceipt, PublishError, PublishErrorKind, Publisher,
@@ -44,6 +47,10 @@ pub struct PipelineConfig {
     pub no_stream_grace: Duration,
     /// On shutdown, how long to wait for outstanding acks.
     pub drain_timeout: Duration,
+    /// Where rows that cannot be routed go instead of stopping the relay (opt-in).
+    pub dead_letter_subject: Option<String>,
+    /// How many recent event ids are remembered to detect id collisions (0: off).
+    pub collision_window: usize,
 }
 
 impl Default for PipelineConfig {
@@ -56,6 +63,8 @@ impl Default for PipelineConfig {
             retry_max: Duration::from_secs(5),
             no_stream_grace: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(20),
+            dead_letter_subject: None,
+            collision_window: crate::recent::DEFAULT_CAPACITY,
         }
     }
 }
@@ -95,6 +104,8 @@ pub struct PipelineStats {
     pub last_acked_commit_unix_micros: AtomicU64,
     /// Stream sequence of the newest acknowledged message.
     pub last_stream_seq: AtomicU64,
+    /// Rows that could not be routed and were published to the dead-letter subject.
+    pub dead_lettered: AtomicU64,
 }
 
 impl PipelineStats {
@@ -107,12 +118,8 @@ impl PipelineStats {
     fn observe_ack(&self, msg: &OutboundMessage, receipt: &PubReceipt) {
         self.last_stream_seq
             .fetch_max(receipt.stream_seq, Ordering::Relaxed);
-        let Some(committed) = msg
-            .header(crate::message::HEADER_COMMIT_TIME)
-            .and_then(|t| humantime::parse_rfc3339(t).ok())
-        else {
-            return;
-        };
+        // Per ack, so no header parsing: the commit time travels with the message.
+        let committed = crate::message::pg_time_to_system(msg.commit_time_micros);
         let now = std::time::SystemTime::now();
         let latency = now.duration_since(committed).unwrap_or_default();
         let unix = committed
@@ -149,8 +156,13 @@ pub enum PipelineError {
     #[error("replication stream failed")]
     Source(#[from] SourceError),
     /// A row could not be routed; the relay stops before its transaction.
-    #[error("cannot route outbox row of transaction {xid} (commit LSN {commit_lsn})")]
+    #[error(
+        "cannot route outbox row (event id {}) of transaction {xid} (commit LSN {commit_lsn})",
+        .event_id.as_deref().unwrap_or("NULL or empty")
+    )]
     Route {
+        /// The row's event id, when it has one (boxed: keeps the error small).
+        event_id: Option<Box<str>>,
         /// Transaction id.
         xid: u32,
         /// Commit LSN of the transaction.
@@ -270,7 +282,12 @@ pub struct Pipeline<S, P, C> {
     /// Event ids the stream already holds past the start position (a restart after a downtime
     /// longer than the duplicate window): not published again.
     already_published: HashSet<String>,
+    /// Recent event ids, to report id collisions.
+    recent: RecentIds,
 }
+
+/// Header of a dead letter: why the row could not be routed.
+pub const HEADER_DLQ_REASON: &str = "Outbox-Dlq-Reason";
 
 impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
     /// A loop that resumes at `start`, a position already stored and confirmed.
@@ -284,6 +301,7 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
         stats: Arc<PipelineStats>,
     ) -> Self {
         stats.confirmed_lsn.store(start.0, Ordering::Relaxed);
+        let recent = RecentIds::new(config.collision_window);
         Self {
             source,
             publisher,
@@ -296,6 +314,7 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
             stats,
             tx: None,
             already_published: HashSet::new(),
+            recent,
         }
     }
 
@@ -410,6 +429,8 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
     }
 
     /// Feeds one source event through decode results and routing; returns a message to publish.
+    // The large variant (Route) is the cold path that ends the session.
+    #[allow(clippy::result_large_err)]
     fn on_event(
         &mut self,
         event: SourceEvent,
@@ -437,14 +458,54 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
                 let Some((tx, index)) = self.tx.as_mut() else {
                     return Err(FrontierError::NoOpenTransaction.into());
                 };
-                let routed = self
-                    .router
-                    .route_insert(&insert, tx, *index)
-                    .map_err(|error| PipelineError::Route {
-                        xid: tx.xid,
-                        commit_lsn: tx.commit_lsn,
-                        error,
-                    })?;
+                let routed =
+                    self.router
+                        .route_insert(&insert, tx, *index)
+                        .and_then(|msg| match msg {
+                            Some(msg) if !self.recent.check(&msg) => Err(RouteError::IdCollision {
+                                table: msg.table.to_string(),
+                                event_id: msg.event_id,
+                            }),
+                            other => Ok(other),
+                        });
+                let routed = match routed {
+                    Ok(routed) => routed,
+                    Err(error) => {
+                        let dead = Self::dead_letter(
+                            &self.config,
+                            &self.router,
+                            &insert,
+                            tx,
+                            *index,
+                            &error,
+                        );
+                        let Some(msg) = dead else {
+                            return Err(PipelineError::Route {
+                                event_id: self.router.event_id_of(&insert).map(Into::into),
+                                xid: tx.xid,
+                                commit_lsn: tx.commit_lsn,
+                                error,
+                            });
+                        };
+                        *index += 1;
+                        if self.already_published.remove(&msg.event_id) {
+                            self.stats.already_published.fetch_add(1, Ordering::Relaxed);
+                            return Ok(None);
+                        }
+                        self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(
+                            table = %msg.table,
+                            commit_lsn = %tx.commit_lsn,
+                            xid = tx.xid,
+                            subject = %msg.subject,
+                            dead_letter_id = %msg.event_id,
+                            reason = %error,
+                            "row cannot be routed; publishing it to the dead-letter subject"
+                        );
+                        let ticket = self.frontier.event()?;
+                        return Ok(Some((msg, ticket)));
+                    }
+                };
                 match routed {
                     Some(msg) if self.already_published.remove(&msg.event_id) => {
                         *index += 1;
@@ -470,6 +531,43 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
         Ok(None)
     }
 
+    /// The dead letter for a row that cannot be routed, when a dead-letter subject is set.
+    fn dead_letter(
+        config: &PipelineConfig,
+        router: &Router,
+        insert: &pgoutput::Insert,
+        tx: &TxContext,
+        tx_index: u64,
+        error: &RouteError,
+    ) -> Option<OutboundMessage> {
+        let subject = config.dead_letter_subject.as_ref()?;
+        let (table, payload) = router.raw_row(insert)?;
+        // Header values cannot hold control characters; error texts rarely do, but be sure.
+        let reason: String = error
+            .to_string()
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        let event_id = format!("dlq:{table}:{}:{tx_index}", tx.commit_lsn);
+        Some(OutboundMessage {
+            subject: subject.clone(),
+            event_id,
+            headers: vec![
+                (HEADER_DLQ_REASON.into(), reason.into()),
+                (HEADER_TABLE.into(), table.clone()),
+                (HEADER_COMMIT_LSN.into(), tx.commit_lsn_text.clone()),
+                (HEADER_XID.into(), tx.xid_text.clone()),
+                (HEADER_TX_INDEX.into(), tx_index.to_string().into()),
+            ],
+            payload,
+            table,
+            commit_lsn: tx.commit_lsn,
+            commit_time_micros: tx.commit_time_micros,
+        })
+    }
+
+    // The large variant (Route) is the cold path that ends the session.
+    #[allow(clippy::result_large_err)]
     fn on_delivery(&mut self, done: Delivery) -> Result<(), PipelineError> {
         match done {
             Ok((ticket, receipt)) => {

@@ -46,6 +46,27 @@ pub struct OutboxTableConfig {
     /// header); a NULL value omits the header.
     #[serde(default = "default_headers")]
     pub headers: BTreeMap<String, String>,
+    /// What the payload column must hold: `raw` (default, forwarded as is) or `json` (must be
+    /// valid UTF-8 JSON, else the row fails closed or goes to the dead-letter subject).
+    #[serde(default, skip_serializing_if = "PayloadFormat::is_raw")]
+    pub payload_format: PayloadFormat,
+}
+
+/// Validation applied to the payload column.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PayloadFormat {
+    /// Forwarded as PostgreSQL renders it, unchecked.
+    #[default]
+    Raw,
+    /// Must be valid UTF-8 and valid JSON.
+    Json,
+}
+
+impl PayloadFormat {
+    fn is_raw(&self) -> bool {
+        *self == Self::Raw
+    }
 }
 
 fn default_event_id() -> String {
@@ -78,6 +99,7 @@ impl OutboxTableConfig {
             subject: default_subject(),
             payload: default_payload(),
             headers: default_headers(),
+            payload_format: PayloadFormat::Raw,
         }
     }
 
@@ -169,6 +191,44 @@ pub enum RouteError {
         /// What the mapping uses it for.
         role: &'static str,
     },
+    /// A mapped column changed its type since the relay first saw the table in this session.
+    #[error(
+        "outbox table `{table}`: column `{column}` (mapped as {role}) changed type from oid {was} to oid {now}; restart the relay once the mapping fits the new type"
+    )]
+    ColumnTypeChanged {
+        /// The table.
+        table: String,
+        /// The column.
+        column: String,
+        /// What the mapping uses it for.
+        role: &'static str,
+        /// Type OID first seen.
+        was: u32,
+        /// Type OID now.
+        now: u32,
+    },
+    /// The payload is not what `payload_format` declares.
+    #[error("event {event_id} in `{table}`: payload column `{column}` is not valid JSON: {reason}")]
+    InvalidPayload {
+        /// The table.
+        table: String,
+        /// The event id.
+        event_id: String,
+        /// The payload column.
+        column: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The event id was already used in this session for a different subject or payload.
+    #[error(
+        "event {event_id} in `{table}`: event id collision: an earlier row with this id had a different subject or payload"
+    )]
+    IdCollision {
+        /// The table.
+        table: String,
+        /// The event id.
+        event_id: String,
+    },
     /// The row has a different number of values than its relation has columns.
     #[error("row in `{table}` has {got} values but the relation has {expected} columns")]
     ColumnCount {
@@ -228,7 +288,11 @@ pub enum RouteError {
 /// Where a message's payload comes from.
 #[derive(Debug, Clone)]
 enum PayloadPlan {
-    Column { index: usize, type_oid: u32 },
+    Column {
+        index: usize,
+        type_oid: u32,
+        json: bool,
+    },
     WholeRow,
 }
 
@@ -255,7 +319,14 @@ enum RelationRoute {
     /// Not an outbox table: its rows are ignored.
     Ignored,
     /// An outbox table; the error says why its rows cannot be routed.
-    Outbox(Result<CompiledRoute, RouteError>),
+    Outbox {
+        /// The relation as last announced (for the raw row of a dead letter).
+        relation: Arc<Relation>,
+        /// Index of the event id column, when the table has it.
+        event_id: Option<usize>,
+        /// The compiled mapping, or why the table's rows cannot be routed.
+        route: Result<CompiledRoute, RouteError>,
+    },
 }
 
 /// One configured table, validated.
@@ -270,6 +341,8 @@ struct TableRoute {
 pub struct Router {
     tables: Vec<TableRoute>,
     relations: HashMap<Oid, RelationRoute>,
+    /// Type OID of each mapped column when the table was first compiled, per `schema.table`.
+    first_types: HashMap<String, Vec<(String, &'static str, u32)>>,
 }
 
 impl Router {
@@ -292,6 +365,7 @@ impl Router {
         Ok(Self {
             tables,
             relations: HashMap::new(),
+            first_types: HashMap::new(),
         })
     }
 
@@ -302,7 +376,28 @@ impl Router {
             t.config.qualified_name() == (relation.namespace.as_str(), relation.name.as_str())
         }) {
             None => RelationRoute::Ignored,
-            Some(table) => RelationRoute::Outbox(compile(table, Arc::new(relation))),
+            Some(table) => {
+                let relation = Arc::new(relation);
+                let route = compile(table, relation.clone()).and_then(|route| {
+                    let now = route.mapped_types();
+                    match self.first_types.get(route.table.as_ref()) {
+                        None => {
+                            self.first_types.insert(route.table.to_string(), now);
+                            Ok(route)
+                        }
+                        Some(first) => check_types(&route.table, first, &now).map(|()| route),
+                    }
+                });
+                let event_id = relation
+                    .columns
+                    .iter()
+                    .position(|c| c.name == table.config.event_id);
+                RelationRoute::Outbox {
+                    relation,
+                    event_id,
+                    route,
+                }
+            }
         };
         self.relations.insert(id, route);
     }
@@ -311,8 +406,50 @@ impl Router {
     pub fn is_outbox(&self, relation_id: Oid) -> bool {
         matches!(
             self.relations.get(&relation_id),
-            Some(RelationRoute::Outbox(_))
+            Some(RelationRoute::Outbox { .. })
         )
+    }
+
+    /// The event id of an outbox Insert, when its table has the column and the value is not
+    /// NULL or empty (for error reports; control characters escaped).
+    pub fn event_id_of(&self, insert: &Insert) -> Option<String> {
+        let Some(RelationRoute::Outbox {
+            event_id: Some(index),
+            ..
+        }) = self.relations.get(&insert.relation_id)
+        else {
+            return None;
+        };
+        match insert.new.values.get(*index) {
+            Some(TupleValue::Text(b)) if !b.is_empty() => {
+                Some(String::from_utf8_lossy(b).escape_debug().to_string())
+            }
+            _ => None,
+        }
+    }
+
+    /// The row of an outbox Insert as a JSON object (column name → text value or `null`) and
+    /// its table, for a dead letter; `None` when the relation is unknown or not an outbox.
+    pub fn raw_row(&self, insert: &Insert) -> Option<(Arc<str>, Bytes)> {
+        let Some(RelationRoute::Outbox { relation, .. }) = self.relations.get(&insert.relation_id)
+        else {
+            return None;
+        };
+        let table: Arc<str> = format!("{}.{}", relation.namespace, relation.name).into();
+        let mut row = serde_json::Map::new();
+        for (i, value) in insert.new.values.iter().enumerate() {
+            let name = relation
+                .columns
+                .get(i)
+                .map_or_else(|| format!("#{i}"), |c| c.name.clone());
+            let value = match value {
+                TupleValue::Text(b) => serde_json::Value::String(String::from_utf8_lossy(b).into()),
+                _ => serde_json::Value::Null,
+            };
+            row.insert(name, value);
+        }
+        let bytes = serde_json::to_vec(&serde_json::Value::Object(row)).unwrap_or_default();
+        Some((table, Bytes::from(bytes)))
     }
 
     /// Routes one Insert: `Ok(None)` when the table is not an outbox table.
@@ -325,8 +462,10 @@ impl Router {
         let route = match self.relations.get(&insert.relation_id) {
             None => return Err(RouteError::UnknownRelation(insert.relation_id)),
             Some(RelationRoute::Ignored) => return Ok(None),
-            Some(RelationRoute::Outbox(Err(e))) => return Err(e.clone()),
-            Some(RelationRoute::Outbox(Ok(route))) => route,
+            Some(RelationRoute::Outbox { route: Err(e), .. }) => return Err(e.clone()),
+            Some(RelationRoute::Outbox {
+                route: Ok(route), ..
+            }) => route,
         };
         route.build(insert, tx, tx_index).map(Some)
     }
@@ -361,7 +500,11 @@ fn compile(table: &TableRoute, relation: Arc<Relation>) -> Result<CompiledRoute,
     } else {
         let index = find(&config.payload, "payload")?;
         let type_oid = relation.columns.get(index).map_or(0, |c| c.type_oid);
-        PayloadPlan::Column { index, type_oid }
+        PayloadPlan::Column {
+            index,
+            type_oid,
+            json: config.payload_format == PayloadFormat::Json,
+        }
     };
     let mut headers = Vec::with_capacity(config.headers.len());
     for (header, column) in &config.headers {
@@ -385,6 +528,28 @@ fn compile(table: &TableRoute, relation: Arc<Relation>) -> Result<CompiledRoute,
     })
 }
 
+/// Fails when a mapped column's type differs from the first compile of the session.
+fn check_types(
+    table: &str,
+    first: &[(String, &'static str, u32)],
+    now: &[(String, &'static str, u32)],
+) -> Result<(), RouteError> {
+    for (column, role, was) in first {
+        if let Some((_, _, type_now)) = now.iter().find(|(c, _, _)| c == column)
+            && type_now != was
+        {
+            return Err(RouteError::ColumnTypeChanged {
+                table: table.to_owned(),
+                column: column.clone(),
+                role,
+                was: *was,
+                now: *type_now,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Text bytes of a value, `None` for NULL; other kinds are unusable in an INSERT.
 fn text_of(value: &TupleValue) -> Result<Option<&Bytes>, &'static str> {
     match value {
@@ -396,6 +561,40 @@ fn text_of(value: &TupleValue) -> Result<Option<&Bytes>, &'static str> {
 }
 
 impl CompiledRoute {
+    /// `(column, role, type oid)` of every mapped column.
+    fn mapped_types(&self) -> Vec<(String, &'static str, u32)> {
+        let mut out = Vec::new();
+        let mut push = |index: usize, role: &'static str| {
+            if let Some(c) = self.relation.columns.get(index)
+                && !out.iter().any(|(n, _, _): &(String, _, _)| *n == c.name)
+            {
+                out.push((c.name.clone(), role, c.type_oid));
+            }
+        };
+        push(self.event_id, "event_id");
+        for part in &self.subject {
+            if let SubjectPart::Column(i) = part {
+                push(*i, "subject");
+            }
+        }
+        if let PayloadPlan::Column { index, .. } = &self.payload {
+            push(*index, "payload");
+        }
+        for (_, i) in &self.headers {
+            push(*i, "header");
+        }
+        out
+    }
+
+    fn invalid_payload(&self, event_id: &str, index: usize, reason: String) -> RouteError {
+        RouteError::InvalidPayload {
+            table: self.table.to_string(),
+            event_id: event_id.to_owned(),
+            column: self.column_name(index),
+            reason,
+        }
+    }
+
     fn column_name(&self, index: usize) -> String {
         self.relation
             .columns
@@ -479,19 +678,38 @@ impl CompiledRoute {
                 }
                 value::row_to_json(cols.into_iter())
             }
-            PayloadPlan::Column { index, type_oid } => match values.get(*index) {
-                Some(TupleValue::Text(b)) if *type_oid == oid::BYTEA => value::decode_bytea_hex(b)
-                    .map_err(|_| unusable(&event_id, *index, "bytea not in hex format"))?,
-                Some(TupleValue::Text(b)) => b.clone(),
-                Some(TupleValue::Null) | None => Bytes::new(),
-                Some(other) => {
-                    return Err(unusable(
-                        &event_id,
-                        *index,
-                        text_of(other).err().unwrap_or("unexpected value"),
-                    ));
+            PayloadPlan::Column {
+                index,
+                type_oid,
+                json,
+            } => {
+                let body = match values.get(*index) {
+                    Some(TupleValue::Text(b)) if *type_oid == oid::BYTEA => {
+                        value::decode_bytea_hex(b)
+                            .map_err(|_| unusable(&event_id, *index, "bytea not in hex format"))?
+                    }
+                    Some(TupleValue::Text(b)) => b.clone(),
+                    Some(TupleValue::Null) | None if *json => {
+                        return Err(self.invalid_payload(&event_id, *index, "NULL".into()));
+                    }
+                    Some(TupleValue::Null) | None => Bytes::new(),
+                    Some(other) => {
+                        return Err(unusable(
+                            &event_id,
+                            *index,
+                            text_of(other).err().unwrap_or("unexpected value"),
+                        ));
+                    }
+                };
+                if *json {
+                    let text = std::str::from_utf8(&body).map_err(|e| {
+                        self.invalid_payload(&event_id, *index, format!("not valid UTF-8 ({e})"))
+                    })?;
+                    serde_json::from_str::<serde::de::IgnoredAny>(text)
+                        .map_err(|e| self.invalid_payload(&event_id, *index, e.to_string()))?;
                 }
-            },
+                body
+            }
         };
 
         let mut headers: Vec<(Arc<str>, Arc<str>)> = Vec::with_capacity(5 + self.headers.len());
@@ -526,6 +744,7 @@ impl CompiledRoute {
             payload,
             table: self.table.clone(),
             commit_lsn: tx.commit_lsn,
+            commit_time_micros: tx.commit_time_micros,
         })
     }
 }

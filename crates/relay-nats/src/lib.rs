@@ -18,9 +18,63 @@ pub use publisher::JetStreamPublisher;
 pub use settings::NatsSettings;
 pub use stream::{StreamReport, prepare_stream, subject_matches};
 
+/// Server errors "Permissions Violation for Publish to ..." seen on any connection of this
+/// process (most recent last, bounded). The server answers a denied publish with such an
+/// asynchronous `-ERR` and no reply, so the publisher would only see PubAck timeouts; it looks
+/// here to turn them into a clear, fatal rejection.
+static PUBLISH_DENIED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+const PUBLISH_DENIED_KEEP: usize = 64;
+
+fn record_server_error(message: &str) {
+    if message.contains("Permissions Violation for Publish") {
+        tracing::error!(error = %message, "NATS refused a publish: the relay's user lacks publish permission");
+        let mut denied = PUBLISH_DENIED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if denied.len() >= PUBLISH_DENIED_KEEP {
+            denied.remove(0);
+        }
+        denied.push(message.to_owned());
+    } else {
+        tracing::warn!(error = %message, "NATS server error");
+    }
+}
+
+/// The server's permission-violation message for a publish to `subject`, if one was seen.
+pub(crate) fn publish_denied(subject: &str) -> Option<String> {
+    let needle = format!("Publish to \"{subject}\"");
+    PUBLISH_DENIED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .rev()
+        .find(|m| m.contains(&needle))
+        .cloned()
+}
+
+/// A hint naming a JetStream API subject the server refused to let this process publish to,
+/// or nothing: such a refusal otherwise only shows up as a timed-out API request.
+fn js_api_denied_hint() -> String {
+    PUBLISH_DENIED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .rev()
+        .find(|m| m.contains("\"$JS.API."))
+        .map(|m| {
+            format!(
+                " (NATS said: {m}; allow that subject in the relay user's publish permissions, see docs/security.md)"
+            )
+        })
+        .unwrap_or_default()
+}
+
 /// Failures talking to NATS outside the publish path.
 #[derive(Debug, thiserror::Error)]
 pub enum NatsError {
+    /// A setting is unusable (a secret file, TLS files).
+    #[error("{0}")]
+    Settings(String),
     /// The server could not be reached or refused the connection.
     #[error("cannot connect to NATS at {url} (is nats-server running and reachable?)")]
     Connect {
@@ -51,7 +105,10 @@ pub enum NatsError {
         subjects: String,
     },
     /// Looking up or creating the stream failed.
-    #[error("cannot look up or create JetStream stream `{stream}`: {reason}")]
+    #[error(
+        "cannot look up or create JetStream stream `{stream}`: {reason}{}",
+        js_api_denied_hint()
+    )]
     Stream {
         /// The stream.
         stream: String,
@@ -74,14 +131,32 @@ pub enum NatsError {
     },
 }
 
+/// Selects rustls' process-wide crypto provider (ring) unless one is already set. async-nats
+/// builds its TLS configuration from the process default, and with both ring (through
+/// pgwire-replication) and aws-lc-rs (through async-nats) linked in, rustls cannot pick one
+/// by itself and panics on the first TLS connection. Idempotent.
+pub fn install_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Losing a race to another thread installing one is fine.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
 /// Connects to NATS with the settings' credentials. Fails fast (no endless retry) so a wrong URL
 /// is reported at start-up; once connected, async-nats reconnects by itself.
 pub async fn connect(settings: &NatsSettings) -> Result<async_nats::Client, NatsError> {
+    install_crypto_provider();
     let mut options = async_nats::ConnectOptions::new()
         .name("outbox-relay")
         .connection_timeout(settings.connect_timeout)
         // Unbounded reconnects: a broker outage is waited out, never turned into data loss.
-        .max_reconnects(None);
+        .max_reconnects(None)
+        .event_callback(|event| async move {
+            if let async_nats::Event::ServerError(async_nats::ServerError::Other(message)) = &event
+            {
+                record_server_error(message);
+            }
+        });
     if let Some(path) = &settings.credentials_file {
         options = options
             .credentials_file(path)
@@ -94,11 +169,36 @@ pub async fn connect(settings: &NatsSettings) -> Result<async_nats::Client, Nats
                 ),
             })?;
     }
-    if let (Some(user), Some(password)) = (&settings.user, &settings.password) {
-        options = options.user_and_password(user.clone(), password.clone());
+    if let Some(user) = &settings.user {
+        let password = settings.resolved_password()?.ok_or_else(|| {
+            NatsError::Settings(
+                "nats.user is set without nats.password or nats.password_file".into(),
+            )
+        })?;
+        options = options.user_and_password(user.clone(), password);
     }
-    if let Some(token) = &settings.token {
-        options = options.token(token.clone());
+    if let Some(token) = settings.resolved_token()? {
+        options = options.token(token);
+    }
+    if let Some(seed) = settings.resolved_nkey_seed()? {
+        options = options.nkey(seed);
+    }
+    if let Some(ca) = &settings.tls_ca_file {
+        options = options.add_root_certificates(ca.clone());
+    }
+    match (&settings.tls_cert_file, &settings.tls_key_file) {
+        (Some(cert), Some(key)) => {
+            options = options.add_client_certificate(cert.clone(), key.clone());
+        }
+        (None, None) => {}
+        _ => {
+            return Err(NatsError::Settings(
+                "nats.tls_cert_file and nats.tls_key_file must be set together".into(),
+            ));
+        }
+    }
+    if settings.tls_required {
+        options = options.require_tls(true);
     }
     // `url` may list several servers of a cluster, comma-separated.
     let addrs = settings

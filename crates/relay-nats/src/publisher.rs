@@ -105,8 +105,22 @@ impl Publisher for JetStreamPublisher {
             .send_publish(msg.subject.clone(), publish)
             .await
             .map_err(classify)?;
+        let subject = msg.subject.clone();
         Ok(Box::pin(async move {
-            let ack = ack.await.map_err(classify)?;
+            let ack = ack.await.map_err(|e| {
+                let timed_out = e.kind() == NatsKind::TimedOut;
+                let error = classify(e);
+                match crate::publish_denied(&subject) {
+                    // The server refused the publish itself: no PubAck will ever come.
+                    Some(denied) if timed_out => PublishError::new(
+                        PublishErrorKind::Rejected,
+                        format!(
+                            "NATS refused to let the relay publish to `{subject}` ({denied}): grant the relay's NATS user publish permission on the outbox subjects"
+                        ),
+                    ),
+                    _ => error,
+                }
+            })?;
             Ok(PubReceipt {
                 stream_seq: ack.sequence,
                 duplicate: ack.duplicate,

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Serialize, Serializer};
 
 /// Default JetStream stream name.
 pub const DEFAULT_STREAM: &str = "OUTBOX";
@@ -44,12 +44,85 @@ pub struct NatsSettings {
     /// User name (with `password`).
     #[serde(default)]
     pub user: Option<String>,
-    /// Password (prefer the `RELAY_NATS__PASSWORD` environment variable).
-    #[serde(default)]
+    /// Password (prefer `password_file` or the `RELAY_NATS__PASSWORD` environment variable).
+    /// Never printed.
+    #[serde(default, serialize_with = "serialize_secret")]
     pub password: Option<String>,
-    /// Token (prefer `RELAY_NATS__TOKEN`).
+    /// File holding the password (trimmed); overrides `password`.
     #[serde(default)]
+    pub password_file: Option<PathBuf>,
+    /// Token (prefer `token_file` or `RELAY_NATS__TOKEN`). Never printed.
+    #[serde(default, serialize_with = "serialize_secret")]
     pub token: Option<String>,
+    /// File holding the token (trimmed); overrides `token`.
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    /// NKey seed (`SU...`) to sign the server's nonce with (prefer `nkey_seed_file`). Never
+    /// printed.
+    #[serde(default, serialize_with = "serialize_secret")]
+    pub nkey_seed: Option<String>,
+    /// File holding the NKey seed (trimmed); overrides `nkey_seed`.
+    #[serde(default)]
+    pub nkey_seed_file: Option<PathBuf>,
+    /// PEM file of the CA(s) that signed the server certificate (instead of the system's).
+    #[serde(default)]
+    pub tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate for TLS client authentication (with `tls_key_file`).
+    #[serde(default)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `tls_cert_file`.
+    #[serde(default)]
+    pub tls_key_file: Option<PathBuf>,
+    /// Refuse to connect without TLS (also when the server does not ask for it). Default
+    /// `false`; TLS is used whenever the server requires it or the URL is `tls://`.
+    #[serde(default)]
+    pub tls_required: bool,
+}
+
+fn serialize_secret<S: Serializer>(secret: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    match secret {
+        Some(_) => s.serialize_some("<redacted>"),
+        None => s.serialize_none(),
+    }
+}
+
+impl NatsSettings {
+    /// `password_file`'s contents, else `password`.
+    pub fn resolved_password(&self) -> Result<Option<String>, crate::NatsError> {
+        resolve("nats.password_file", &self.password_file, &self.password)
+    }
+
+    /// `token_file`'s contents, else `token`.
+    pub fn resolved_token(&self) -> Result<Option<String>, crate::NatsError> {
+        resolve("nats.token_file", &self.token_file, &self.token)
+    }
+
+    /// `nkey_seed_file`'s contents, else `nkey_seed`.
+    pub fn resolved_nkey_seed(&self) -> Result<Option<String>, crate::NatsError> {
+        resolve("nats.nkey_seed_file", &self.nkey_seed_file, &self.nkey_seed)
+    }
+}
+
+/// Trimmed contents of `file` if set, else `value`. Errors name the file, never the contents.
+fn resolve(
+    what: &str,
+    file: &Option<PathBuf>,
+    value: &Option<String>,
+) -> Result<Option<String>, crate::NatsError> {
+    let Some(path) = file else {
+        return Ok(value.clone());
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        crate::NatsError::Settings(format!("cannot read {what} {}: {e}", path.display()))
+    })?;
+    let trimmed = text.trim();
+    if trimmed.is_empty() {
+        return Err(crate::NatsError::Settings(format!(
+            "{what} {} is empty",
+            path.display()
+        )));
+    }
+    Ok(Some(trimmed.to_owned()))
 }
 
 impl std::fmt::Debug for NatsSettings {
@@ -66,7 +139,15 @@ impl std::fmt::Debug for NatsSettings {
             .field("credentials_file", &self.credentials_file)
             .field("user", &self.user)
             .field("password", &redacted(&self.password))
+            .field("password_file", &self.password_file)
             .field("token", &redacted(&self.token))
+            .field("token_file", &self.token_file)
+            .field("nkey_seed", &redacted(&self.nkey_seed))
+            .field("nkey_seed_file", &self.nkey_seed_file)
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_cert_file", &self.tls_cert_file)
+            .field("tls_key_file", &self.tls_key_file)
+            .field("tls_required", &self.tls_required)
             .finish()
     }
 }
@@ -103,7 +184,51 @@ impl Default for NatsSettings {
             credentials_file: None,
             user: None,
             password: None,
+            password_file: None,
             token: None,
+            token_file: None,
+            nkey_seed: None,
+            nkey_seed_file: None,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_required: false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_come_from_files_and_are_never_printed() {
+        let dir = std::env::temp_dir().join(format!("relay-nats-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("token");
+        std::fs::write(&file, "\n tok-from-file \n").unwrap();
+        let s = NatsSettings {
+            token: Some("tok-inline".into()),
+            token_file: Some(file),
+            password: Some("pw-inline".into()),
+            nkey_seed: Some("SUAseed".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            s.resolved_token().unwrap().as_deref(),
+            Some("tok-from-file")
+        );
+        assert_eq!(s.resolved_password().unwrap().as_deref(), Some("pw-inline"));
+        let printed = format!("{s:?} {}", serde_json::to_string(&s).unwrap());
+        for secret in ["tok-from-file", "tok-inline", "pw-inline", "SUAseed"] {
+            assert!(!printed.contains(secret), "{printed}");
+        }
+        let missing = NatsSettings {
+            nkey_seed_file: Some(dir.join("nope")),
+            ..Default::default()
+        };
+        let err = missing.resolved_nkey_seed().unwrap_err().to_string();
+        assert!(err.contains("nats.nkey_seed_file"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -8,10 +8,12 @@
 
 pub mod bootstrap;
 pub mod checkpoint;
+pub mod probe;
 mod settings;
 pub mod source;
+mod tls;
 
-pub use settings::{ConnectionParts, PostgresSettings, redact_url, validate_identifier};
+pub use settings::{ConnectionParts, PostgresSettings, SslMode, redact_url, validate_identifier};
 
 use relay_core::Lsn;
 
@@ -28,6 +30,45 @@ pub enum PgError {
         what: &'static str,
         /// The name.
         name: String,
+    },
+    /// A setting is unusable (a secret file, TLS files, a combination of settings).
+    #[error("{0}")]
+    Settings(String),
+    /// The server could not be reached (the authentication probe).
+    #[error("cannot connect to PostgreSQL at {target}: {reason}")]
+    Unreachable {
+        /// host:port/db.
+        target: String,
+        /// Why.
+        reason: String,
+    },
+    /// TLS could not be set up or the server's certificate was not accepted.
+    #[error(
+        "TLS with PostgreSQL at {target} failed: {reason} (check postgres.sslmode, postgres.sslrootcert and that the server certificate names the host in postgres.url)"
+    )]
+    Tls {
+        /// host:port/db.
+        target: String,
+        /// Why.
+        reason: String,
+    },
+    /// The server refused the login before any password was sent (pg_hba, role, database).
+    #[error("PostgreSQL at {target} refused the connection: {message}")]
+    Auth {
+        /// host:port/db.
+        target: String,
+        /// The server's message.
+        message: String,
+    },
+    /// The server asked for a cleartext or MD5 password and that is not allowed.
+    #[error(
+        "PostgreSQL at {target} asked for {method}; the relay does not send such passwords: use SCRAM (set password_encryption = 'scram-sha-256', re-set the role's password, and use scram-sha-256 in pg_hba.conf), or, over verified TLS only, set postgres.allow_insecure_password = true"
+    )]
+    InsecurePassword {
+        /// host:port/db.
+        target: String,
+        /// What the server asked for.
+        method: &'static str,
     },
     /// The server could not be reached or refused the login.
     #[error("cannot connect to PostgreSQL at {target}")]
@@ -138,7 +179,9 @@ impl PgError {
     /// Whether waiting and retrying can help (connection problems) or an operator must act.
     pub fn is_transient(&self) -> bool {
         match self {
-            PgError::Connect { .. } => true,
+            PgError::Unreachable { .. } => true,
+            // A wrong password, a refused role or database, or a TLS failure needs an operator.
+            PgError::Connect { source, .. } => !is_login_refusal(source),
             PgError::Query { source, .. } => source.is_closed() || source.as_db_error().is_none(),
             _ => false,
         }
@@ -151,21 +194,51 @@ impl PgError {
     }
 }
 
-/// Connects a plain (non-replication) session and drives it on a background task.
+/// Whether a connect error is the server refusing the login (SQLSTATE class 28, unknown
+/// database) or a TLS failure, as opposed to the server being unreachable.
+fn is_login_refusal(error: &tokio_postgres::Error) -> bool {
+    if let Some(db) = error.as_db_error() {
+        let code = db.code().code();
+        return code.starts_with("28") || code == "3D000";
+    }
+    let text = error.to_string();
+    text.contains("TLS") || text.contains("tls")
+}
+
+/// Connects a plain (non-replication) session and drives it on a background task. Runs the
+/// [`probe`] first, so no cleartext or MD5 password is sent unless allowed.
 pub async fn connect(settings: &PostgresSettings) -> Result<tokio_postgres::Client, PgError> {
+    settings.validate()?;
+    probe::probe(settings).await?;
     let config = settings.client_config()?;
     let target = settings.display_target();
-    let (client, connection) = config
-        .connect(tokio_postgres::NoTls)
-        .await
-        .map_err(|source| PgError::Connect {
-            target: target.clone(),
-            source,
-        })?;
-    tokio::spawn(async move {
-        if let Err(error) = connection.await {
-            tracing::debug!(error = %error, "postgres connection ended");
+    let connect_err = |source| PgError::Connect {
+        target: target.clone(),
+        source,
+    };
+    let client = match tls::client_config(settings)? {
+        Some(tls) => {
+            let (client, connection) = config
+                .connect(tokio_postgres_rustls::MakeRustlsConnect::new(tls))
+                .await
+                .map_err(connect_err)?;
+            tokio::spawn(drive(connection));
+            client
         }
-    });
+        None => {
+            let (client, connection) = config
+                .connect(tokio_postgres::NoTls)
+                .await
+                .map_err(connect_err)?;
+            tokio::spawn(drive(connection));
+            client
+        }
+    };
     Ok(client)
+}
+
+async fn drive<F: std::future::Future<Output = Result<(), tokio_postgres::Error>>>(connection: F) {
+    if let Err(error) = connection.await {
+        tracing::debug!(error = %error, "postgres connection ended");
+    }
 }

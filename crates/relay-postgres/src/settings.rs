@@ -1,9 +1,10 @@
 //! The `[postgres]` section of the relay's configuration.
 
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Serialize, Serializer};
 
 use crate::PgError;
 
@@ -13,11 +14,34 @@ use crate::PgError;
 pub struct PostgresSettings {
     /// Connection URL, `postgres://user[:password]@host:port/database`. The role needs the
     /// REPLICATION attribute. Default `postgres://postgres@127.0.0.1:5432/postgres`.
-    #[serde(default = "default_url")]
+    #[serde(default = "default_url", serialize_with = "serialize_url")]
     pub url: String,
-    /// Password, overriding any in `url` (prefer `RELAY_POSTGRES__PASSWORD`).
-    #[serde(default)]
+    /// Password, overriding any in `url` (prefer `RELAY_POSTGRES__PASSWORD` or `password_file`).
+    /// Never printed: serialized as `<redacted>`.
+    #[serde(default, serialize_with = "serialize_secret")]
     pub password: Option<String>,
+    /// File holding the password (trimmed); overrides `password` and the URL's.
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+    /// TLS mode, as libpq's `sslmode`: `disable`, `prefer`, `require`, `verify-ca`,
+    /// `verify-full`. Default: the URL's `sslmode`, else `prefer`.
+    #[serde(default)]
+    pub sslmode: Option<SslMode>,
+    /// PEM file of the CA(s) that signed the server certificate; required for `verify-ca` and
+    /// `verify-full`.
+    #[serde(default)]
+    pub sslrootcert: Option<PathBuf>,
+    /// PEM client certificate (chain) for certificate authentication (with `sslkey`).
+    #[serde(default)]
+    pub sslcert: Option<PathBuf>,
+    /// PEM private key of `sslcert`.
+    #[serde(default)]
+    pub sslkey: Option<PathBuf>,
+    /// Allow answering a server that asks for a cleartext (`password`) or MD5 password.
+    /// Default `false`: the relay refuses and exits, since such a password can be captured or
+    /// replayed; use SCRAM (`password_encryption = scram-sha-256`).
+    #[serde(default)]
+    pub allow_insecure_password: bool,
     /// Logical replication slot (pgoutput). Default `outbox_relay`.
     #[serde(default = "default_name")]
     pub slot: String,
@@ -44,6 +68,12 @@ impl std::fmt::Debug for PostgresSettings {
         f.debug_struct("PostgresSettings")
             .field("url", &redact_url(&self.url))
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("password_file", &self.password_file)
+            .field("sslmode", &self.sslmode)
+            .field("sslrootcert", &self.sslrootcert)
+            .field("sslcert", &self.sslcert)
+            .field("sslkey", &self.sslkey)
+            .field("allow_insecure_password", &self.allow_insecure_password)
             .field("slot", &self.slot)
             .field("publication", &self.publication)
             .field("create_slot", &self.create_slot)
@@ -70,6 +100,65 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
+/// TLS modes, with libpq's names and meanings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SslMode {
+    /// Never TLS.
+    Disable,
+    /// TLS when the server offers it, without verifying the certificate; else plain.
+    Prefer,
+    /// TLS, certificate not verified.
+    Require,
+    /// TLS, certificate chain verified against `sslrootcert`, host name not checked.
+    VerifyCa,
+    /// TLS, chain verified and the certificate must name the host in the URL.
+    VerifyFull,
+}
+
+impl SslMode {
+    /// The libpq name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        }
+    }
+
+    /// Whether a plain connection is refused.
+    pub fn requires_tls(self) -> bool {
+        !matches!(self, SslMode::Disable | SslMode::Prefer)
+    }
+}
+
+fn serialize_url<S: Serializer>(url: &str, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&redact_url(url))
+}
+
+fn serialize_secret<S: Serializer>(secret: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    match secret {
+        Some(_) => s.serialize_some("<redacted>"),
+        None => s.serialize_none(),
+    }
+}
+
+/// Reads a secret file: its contents, trimmed. Errors name the file, never the contents.
+pub(crate) fn read_secret_file(what: &str, path: &std::path::Path) -> Result<String, PgError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| PgError::Settings(format!("cannot read {what} {}: {e}", path.display())))?;
+    let trimmed = text.trim();
+    if trimmed.is_empty() {
+        return Err(PgError::Settings(format!(
+            "{what} {} is empty",
+            path.display()
+        )));
+    }
+    Ok(trimmed.to_owned())
+}
+
 fn default_url() -> String {
     "postgres://postgres@127.0.0.1:5432/postgres".into()
 }
@@ -91,6 +180,12 @@ impl Default for PostgresSettings {
         Self {
             url: default_url(),
             password: None,
+            password_file: None,
+            sslmode: None,
+            sslrootcert: None,
+            sslcert: None,
+            sslkey: None,
+            allow_insecure_password: false,
             slot: default_name(),
             publication: default_name(),
             create_slot: true,
@@ -151,16 +246,49 @@ impl PostgresSettings {
     pub fn validate(&self) -> Result<(), PgError> {
         validate_identifier("slot", &self.slot)?;
         validate_identifier("publication", &self.publication)?;
+        let mode = self.ssl_mode()?;
+        if matches!(mode, SslMode::VerifyCa | SslMode::VerifyFull) && self.sslrootcert.is_none() {
+            return Err(PgError::Settings(format!(
+                "postgres.sslmode = {} needs postgres.sslrootcert (the CA certificate that signed the server's certificate, PEM)",
+                mode.as_str()
+            )));
+        }
+        if self.sslcert.is_some() != self.sslkey.is_some() {
+            return Err(PgError::Settings(
+                "postgres.sslcert and postgres.sslkey must be set together".into(),
+            ));
+        }
         self.parts().map(|_| ())
+    }
+
+    /// The TLS mode in force: `sslmode`, else the URL's, else `prefer`.
+    pub fn ssl_mode(&self) -> Result<SslMode, PgError> {
+        if let Some(mode) = self.sslmode {
+            return Ok(mode);
+        }
+        let config = tokio_postgres::Config::from_str(&self.url)
+            .map_err(|e| PgError::BadUrl(format!("{}: {e}", redact_url(&self.url))))?;
+        Ok(match config.get_ssl_mode() {
+            tokio_postgres::config::SslMode::Disable => SslMode::Disable,
+            tokio_postgres::config::SslMode::Require => SslMode::Require,
+            _ => SslMode::Prefer,
+        })
     }
 
     /// tokio-postgres configuration for plain sessions.
     pub fn client_config(&self) -> Result<tokio_postgres::Config, PgError> {
         let mut config = tokio_postgres::Config::from_str(&self.url)
             .map_err(|e| PgError::BadUrl(format!("{}: {e}", redact_url(&self.url))))?;
-        if let Some(password) = &self.password {
+        if let Some(path) = &self.password_file {
+            config.password(read_secret_file("postgres.password_file", path)?);
+        } else if let Some(password) = &self.password {
             config.password(password);
         }
+        config.ssl_mode(match self.ssl_mode()? {
+            SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+            SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+            _ => tokio_postgres::config::SslMode::Require,
+        });
         config.application_name("outbox-relay");
         config.connect_timeout(self.connect_timeout);
         Ok(config)
@@ -252,5 +380,50 @@ mod tests {
             ..Default::default()
         };
         assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn secrets_come_from_files_and_are_never_printed() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pw");
+        std::fs::write(&file, "  filesecret\n").unwrap();
+        let s = PostgresSettings {
+            url: "postgres://relay:urlsecret@db.example/app".into(),
+            password: Some("envsecret".into()),
+            password_file: Some(file),
+            ..Default::default()
+        };
+        assert_eq!(s.parts().unwrap().password, "filesecret");
+        let printed = format!("{s:?} {}", serde_json::to_string(&s).unwrap());
+        for secret in ["filesecret", "urlsecret", "envsecret"] {
+            assert!(!printed.contains(secret), "{printed}");
+        }
+        let missing = PostgresSettings {
+            password_file: Some(dir.path().join("nope")),
+            ..Default::default()
+        };
+        assert!(
+            missing
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("password_file")
+        );
+        let no_ca = PostgresSettings {
+            sslmode: Some(SslMode::VerifyFull),
+            ..Default::default()
+        };
+        assert!(
+            no_ca
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("sslrootcert")
+        );
+        let from_url = PostgresSettings {
+            url: "postgres://u@h/db?sslmode=require".into(),
+            ..Default::default()
+        };
+        assert_eq!(from_url.ssl_mode().unwrap(), SslMode::Require);
     }
 }

@@ -84,9 +84,18 @@ impl PgSource {
     /// Starts streaming `slot` from `start`, which must be a position the relay stored (the
     /// server starts at the later of it and the slot's confirmed_flush_lsn).
     pub async fn start(settings: &PostgresSettings, start: Lsn) -> Result<Self, SourceError> {
-        let parts = settings
-            .parts()
-            .map_err(|e: PgError| SourceError::new(ErrorClass::Fatal, e.to_string()))?;
+        let setup = |e: PgError| {
+            let class = if e.is_transient() {
+                ErrorClass::Transient
+            } else {
+                ErrorClass::Fatal
+            };
+            SourceError::new(class, e.to_string())
+        };
+        settings.validate().map_err(setup)?;
+        crate::probe::probe(settings).await.map_err(setup)?;
+        let parts = settings.parts().map_err(setup)?;
+        let tls = crate::tls::replication_tls(settings, &parts.host).map_err(setup)?;
         let config = ReplicationConfig::new(
             parts.host,
             parts.user,
@@ -96,6 +105,7 @@ impl PgSource {
             settings.publication.clone(),
         )
         .with_port(parts.port)
+        .with_tls(tls)
         .with_start_lsn(to_wire(start))
         .with_ack_lsn(to_wire(start))
         .with_status_interval(settings.status_interval)

@@ -11,6 +11,8 @@
 //! * [`NatsCluster`]: several nats-servers with cluster routes and
 //!   JetStream (streams with 3 replicas), plus [`stream_leader_stepdown`]
 //!   and [`stream_leader`].
+//! * [`TestCa`]: a throw-away CA for TLS-enabled servers ([`PgSecurity::tls`],
+//!   [`NatsOptions::tls`]).
 //! * [`FaultProxy`]: a TCP proxy in front of a server that can delay,
 //!   blackhole, cut or refuse connections.
 //!
@@ -32,15 +34,17 @@ mod nats_cluster;
 mod postgres;
 mod procs;
 mod proxy;
+mod tls;
 
 use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, TcpListener};
 use std::sync::{Mutex, PoisonError};
 
-pub use nats::{NatsOptions, NatsServer};
+pub use nats::{NatsOptions, NatsServer, new_nkey_user};
 pub use nats_cluster::{CLUSTER_READY_TIMEOUT, NatsCluster, stream_leader, stream_leader_stepdown};
-pub use postgres::{PgOptions, PostgresServer};
+pub use postgres::{PgOptions, PgSecurity, PostgresServer};
 pub use proxy::FaultProxy;
+pub use tls::{IssuedCert, TestCa};
 
 /// The address every test server listens on.
 pub const HOST: &str = "127.0.0.1";

@@ -33,6 +33,12 @@ pub struct NatsOptions {
     /// The nats-server binary. Default: `$RELAY_TEST_NATS_SERVER`, else
     /// `nats-server` on `PATH`.
     pub binary: Option<PathBuf>,
+    /// Turn on TLS with a server certificate (for `localhost` and `127.0.0.1`) issued by a test
+    /// CA the kit makes ([`NatsServer::ca_cert_path`]), and issue a client certificate
+    /// ([`NatsServer::client_cert`]).
+    pub tls: bool,
+    /// With `tls`: require and verify client certificates (`verify: true`).
+    pub tls_verify_clients: bool,
 }
 
 impl Default for NatsOptions {
@@ -41,8 +47,18 @@ impl Default for NatsOptions {
             jetstream: true,
             config: None,
             binary: None,
+            tls: false,
+            tls_verify_clients: false,
         }
     }
+}
+
+/// A new NKey user: `(seed, public key)`, for `authorization { users = [{ nkey: PUBLIC }] }`
+/// and a client's `nkey_seed`.
+pub fn new_nkey_user() -> anyhow::Result<(String, String)> {
+    let pair = nkeys::KeyPair::new_user();
+    let seed = pair.seed().map_err(|e| anyhow!("NKey seed: {e}"))?;
+    Ok((seed, pair.public_key()))
 }
 
 /// A nats-server on `127.0.0.1:<free port>`, by default with JetStream and
@@ -60,6 +76,8 @@ pub struct NatsServer {
     port: u16,
     child: Option<Child>,
     version: String,
+    ca: Option<crate::TestCa>,
+    client_cert: Option<crate::IssuedCert>,
     _watchdog: Option<Watchdog>,
 }
 
@@ -80,7 +98,24 @@ impl NatsServer {
             .context("creating a temporary directory for nats-server")?;
         let store_dir = dir.path().join("store");
         std::fs::create_dir(&store_dir).context("creating the JetStream store directory")?;
-        let config_path = match &opts.config {
+        let mut ca = None;
+        let mut client_cert = None;
+        let mut config = opts.config.clone();
+        if opts.tls {
+            let new_ca = crate::TestCa::new(dir.path(), "nats")?;
+            let server = new_ca.issue_server(dir.path(), "nats-server", &["localhost", HOST])?;
+            client_cert = Some(new_ca.issue_client(dir.path(), "nats-client", "outbox-relay")?);
+            let block = format!(
+                "tls {{\n  cert_file: {:?}\n  key_file: {:?}\n  ca_file: {:?}\n  verify: {}\n  timeout: 5\n}}\n",
+                server.cert_path,
+                server.key_path,
+                new_ca.cert_path(),
+                opts.tls_verify_clients
+            );
+            config = Some(format!("{}\n{block}", config.unwrap_or_default()));
+            ca = Some(new_ca);
+        }
+        let config_path = match &config {
             Some(text) => {
                 let path = dir.path().join("nats.conf");
                 std::fs::write(&path, format!("# relay-testkit extra config\n{text}\n"))
@@ -101,6 +136,8 @@ impl NatsServer {
             port: 0,
             child: None,
             version: String::new(),
+            ca,
+            client_cert,
             _watchdog: watchdog,
             dir,
         };
@@ -124,6 +161,16 @@ impl NatsServer {
     /// `nats://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("nats://{HOST}:{}", self.port)
+    }
+
+    /// The test CA's certificate (PEM), when [`NatsOptions::tls`].
+    pub fn ca_cert_path(&self) -> Option<&Path> {
+        self.ca.as_ref().map(crate::TestCa::cert_path)
+    }
+
+    /// A client certificate issued by the test CA, when [`NatsOptions::tls`].
+    pub fn client_cert(&self) -> Option<&crate::IssuedCert> {
+        self.client_cert.as_ref()
     }
 
     /// The directory passed as `-sd` (nats-server keeps its data in a

@@ -35,6 +35,20 @@ pub struct PgOptions {
     pub bin_dir: Option<PathBuf>,
 }
 
+/// TLS and authentication set-up for [`PostgresServer::start_secured`].
+#[derive(Debug, Clone, Default)]
+pub struct PgSecurity {
+    /// Turn on TLS (`ssl = on`) with a server certificate issued by a test CA that the kit
+    /// makes ([`PostgresServer::ca`]); the certificate names [`Self::tls_server_names`].
+    pub tls: bool,
+    /// Names in the server certificate. Default (empty): `localhost` and `127.0.0.1`.
+    pub tls_server_names: Vec<String>,
+    /// Replaces `pg_hba.conf` (e.g. `hostssl all all 127.0.0.1/32 scram-sha-256`). A
+    /// `local all all trust` line is always put first, and the kit's own connections
+    /// ([`PostgresServer::connect`]) then use the unix socket.
+    pub hba: Option<String>,
+}
+
 /// A PostgreSQL cluster in its own temporary directory, listening on
 /// `127.0.0.1:<free port>`, with `wal_level=logical`.
 ///
@@ -63,6 +77,10 @@ pub struct PostgresServer {
     owner: Option<(Uid, Gid)>,
     port: u16,
     version_num: u32,
+    /// The test CA when TLS is on.
+    ca: Option<crate::TestCa>,
+    /// Whether the kit's own connections go through the unix socket (custom pg_hba).
+    admin_socket: bool,
     /// Processes of a postmaster killed by [`Self::kill9`] that may still run.
     leftovers: Vec<Proc>,
     _watchdog: Option<Watchdog>,
@@ -77,6 +95,11 @@ impl PostgresServer {
     /// `initdb`s a new cluster in a temporary directory and starts it on a
     /// free port; returns once a client can connect.
     pub async fn start_with(opts: PgOptions) -> anyhow::Result<Self> {
+        Self::start_secured(opts, PgSecurity::default()).await
+    }
+
+    /// [`Self::start_with`], plus TLS and a custom `pg_hba.conf` as `security` says.
+    pub async fn start_secured(opts: PgOptions, security: PgSecurity) -> anyhow::Result<Self> {
         let bin_dir = resolve_bin_dir(opts.bin_dir.as_deref())?;
         let owner = server_owner()?;
         let dir = tempfile::Builder::new()
@@ -97,12 +120,20 @@ impl PostgresServer {
             owner,
             port: 0,
             version_num: 0,
+            ca: None,
+            admin_socket: security.hba.is_some(),
             leftovers: Vec::new(),
             _watchdog: watchdog,
             dir,
         };
         server.initdb().await?;
         server.write_settings(&opts.settings)?;
+        if security.tls {
+            server.write_tls(&security.tls_server_names)?;
+        }
+        if let Some(hba) = &security.hba {
+            server.write_hba(hba)?;
+        }
 
         let mut attempt = 0;
         loop {
@@ -148,6 +179,22 @@ impl PostgresServer {
         )
     }
 
+    /// The test CA that issued the server certificate (when [`PgSecurity::tls`]).
+    pub fn ca(&self) -> Option<&crate::TestCa> {
+        self.ca.as_ref()
+    }
+
+    /// The CA certificate (PEM) to give clients as `sslrootcert` (when [`PgSecurity::tls`]).
+    pub fn ca_cert_path(&self) -> Option<&Path> {
+        self.ca.as_ref().map(crate::TestCa::cert_path)
+    }
+
+    /// A directory for test files (certificates, password files) that is removed with the
+    /// server.
+    pub fn work_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
     /// `server_version_num`, e.g. `150019` for 15.19 or `180006` for 18.6.
     pub fn version_num(&self) -> u32 {
         self.version_num
@@ -168,8 +215,12 @@ impl PostgresServer {
     /// dropped: they show up as errors of the client's calls).
     pub async fn connect(&self, database: &str) -> anyhow::Result<Client> {
         let mut config = tokio_postgres::Config::new();
+        if self.admin_socket {
+            config.host_path(self.dir.path());
+        } else {
+            config.host(HOST);
+        }
         config
-            .host(HOST)
             .port(self.port)
             .user(SUPERUSER)
             .password(PASSWORD)
@@ -383,6 +434,21 @@ impl PostgresServer {
         Ok(())
     }
 
+    fn write_settings_only(&self, settings: &[(String, String)]) -> anyhow::Result<()> {
+        let mut text = String::new();
+        for (key, value) in settings {
+            let value = value.replace('\\', "\\\\").replace('\'', "''");
+            text.push_str(&format!("{key} = '{value}'\n"));
+        }
+        let conf = self.data_dir.join("postgresql.conf");
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&conf)
+            .with_context(|| format!("opening {}", conf.display()))?;
+        file.write_all(text.as_bytes())
+            .with_context(|| format!("writing {}", conf.display()))
+    }
+
     fn write_settings(&self, extra: &[(String, String)]) -> anyhow::Result<()> {
         let socket_dir = self.dir.path().to_string_lossy().into_owned();
         let defaults: [(&str, &str); 14] = [
@@ -425,6 +491,46 @@ impl PostgresServer {
         file.write_all(text.as_bytes())
             .with_context(|| format!("writing {}", conf.display()))?;
         Ok(())
+    }
+
+    fn write_tls(&mut self, names: &[String]) -> anyhow::Result<()> {
+        let dir = self.dir.path();
+        let ca = crate::TestCa::new(dir, "postgres")?;
+        let names: Vec<&str> = if names.is_empty() {
+            vec!["localhost", HOST]
+        } else {
+            names.iter().map(String::as_str).collect()
+        };
+        let issued = ca.issue_server(dir, "server", &names)?;
+        // PostgreSQL insists on a private key only its owner can read.
+        std::fs::set_permissions(&issued.key_path, std::fs::Permissions::from_mode(0o600))
+            .context("chmod 600 server.key")?;
+        if let Some((uid, gid)) = self.owner {
+            for path in [&issued.cert_path, &issued.key_path] {
+                chown(path, Some(uid), Some(gid))
+                    .with_context(|| format!("chown {}", path.display()))?;
+            }
+        }
+        let settings = [
+            ("ssl".to_owned(), "on".to_owned()),
+            (
+                "ssl_cert_file".to_owned(),
+                issued.cert_path.to_string_lossy().into_owned(),
+            ),
+            (
+                "ssl_key_file".to_owned(),
+                issued.key_path.to_string_lossy().into_owned(),
+            ),
+        ];
+        self.write_settings_only(&settings)?;
+        self.ca = Some(ca);
+        Ok(())
+    }
+
+    fn write_hba(&self, hba: &str) -> anyhow::Result<()> {
+        let path = self.data_dir.join("pg_hba.conf");
+        std::fs::write(&path, format!("local all all trust\n{hba}\n"))
+            .with_context(|| format!("writing {}", path.display()))
     }
 
     async fn pg_ctl_start(&self) -> anyhow::Result<StartOutcome> {

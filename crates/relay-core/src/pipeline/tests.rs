@@ -239,7 +239,9 @@ async fn run_script_skipping(
         match e {
             SourceEvent::Begin { .. } => current.clear(),
             SourceEvent::Message(LogicalMessage::Insert(i)) if i.relation_id == OUTBOX => {
-                if let Some(TupleValue::Text(id)) = i.new.values.first() {
+                if let Some(TupleValue::Text(id)) = i.new.values.first()
+                    && !id.is_empty()
+                {
                     current.push(String::from_utf8_lossy(id).into_owned());
                 }
             }
@@ -580,4 +582,59 @@ async fn events_already_in_the_stream_are_not_published_again() {
     // The Tx-Index stays the row's position in its transaction.
     let broker = h.broker.0.lock().unwrap();
     assert_eq!(broker.stream[1].header("Outbox-Tx-Index"), Some("2"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dead_letter_subject_takes_unroutable_rows_and_the_relay_continues() {
+    let mut events = preamble();
+    events.extend(tx(1, &["a"]));
+    events.extend(tx(2, &[""])); // empty event id
+    events.extend(tx(3, &["b"]));
+    let config = PipelineConfig {
+        dead_letter_subject: Some("outbox.dlq".into()),
+        ..PipelineConfig::default()
+    };
+    let (result, h) = run_script(events, FakeBroker::default(), config, false).await;
+    assert_eq!(result.unwrap().confirmed, Lsn(3000));
+    let broker = h.broker.0.lock().unwrap();
+    let dead = &broker.stream[1];
+    assert_eq!(dead.subject, "outbox.dlq");
+    assert_eq!(dead.event_id, format!("dlq:public.outbox:{}:0", Lsn(1990)));
+    assert!(dead.header(HEADER_DLQ_REASON).unwrap().contains("event id"));
+    assert_eq!(dead.header("Outbox-Table"), Some("public.outbox"));
+    let row: serde_json::Value = serde_json::from_slice(&dead.payload).unwrap();
+    assert_eq!(row["aggregatetype"], "Order");
+    assert_eq!(broker.stream[2].event_id, "b");
+    assert_eq!(h.stats.dead_lettered.load(Ordering::Relaxed), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_event_id_collision_stops_before_its_transaction() {
+    let mut events = preamble();
+    events.extend(tx(1, &["a"]));
+    events.extend(tx(2, &["a"])); // identical: a re-send, no collision
+    events.push(begin(3));
+    events.push(SourceEvent::Message(LogicalMessage::Insert(Insert {
+        relation_id: OUTBOX,
+        new: row(&["a", "Order", "1", "Created", r#"{"other":1}"#]),
+    })));
+    events.push(commit(3));
+    let (result, h) = run_script(
+        events,
+        FakeBroker::default(),
+        PipelineConfig::default(),
+        false,
+    )
+    .await;
+    assert!(
+        matches!(
+            result,
+            Err(PipelineError::Route {
+                error: RouteError::IdCollision { .. },
+                ..
+            })
+        ),
+        "{result:?}"
+    );
+    assert!(h.saved.lock().unwrap().iter().all(|l| *l <= Lsn(2000)));
 }

@@ -147,6 +147,7 @@ fn notification_outbox_works_by_configuration_alone() {
         subject: "notifications.{tenant_id}.{event_type}".into(),
         payload: PAYLOAD_WHOLE_ROW.into(),
         headers: [("Tenant-Id".to_owned(), "tenant_id".to_owned())].into(),
+        payload_format: PayloadFormat::Raw,
     };
     let mut router = Router::new(&[config]).unwrap();
     router.on_relation(relation(
@@ -330,4 +331,102 @@ fn config_validation_names_the_problem() {
         Router::new(&[OutboxTableConfig::with_defaults("a.b.c")]),
         Err(ConfigError::TableName(_))
     ));
+}
+
+#[test]
+fn json_payload_format_refuses_invalid_json_and_utf8() {
+    let mut config = OutboxTableConfig::with_defaults("public.outbox");
+    config.payload_format = PayloadFormat::Json;
+    let mut router = Router::new(&[config]).unwrap();
+    let mut rel = debezium_relation(1);
+    rel.columns[4].type_oid = 25; // text payload
+    router.on_relation(rel);
+    let ok = insert(
+        1,
+        &[
+            Some("e1"),
+            Some("A"),
+            Some("1"),
+            Some("T"),
+            Some(r#"{"a":"😀"}"#),
+            None,
+        ],
+    );
+    assert!(router.route_insert(&ok, &tx(), 0).unwrap().is_some());
+    let bad = insert(
+        1,
+        &[
+            Some("e2"),
+            Some("A"),
+            Some("1"),
+            Some("T"),
+            Some("{not json"),
+            None,
+        ],
+    );
+    let err = router.route_insert(&bad, &tx(), 0).unwrap_err();
+    assert!(
+        matches!(err, RouteError::InvalidPayload { ref event_id, .. } if event_id == "e2"),
+        "{err}"
+    );
+    let mut bad_utf8 = insert(
+        1,
+        &[Some("e3"), Some("A"), Some("1"), Some("T"), Some("x"), None],
+    );
+    bad_utf8.new.values[4] = TupleValue::Text(Bytes::from_static(b"\"\xff\""));
+    let err = router.route_insert(&bad_utf8, &tx(), 0).unwrap_err();
+    assert!(err.to_string().contains("UTF-8"), "{err}");
+}
+
+#[test]
+fn a_mapped_column_type_change_is_refused_by_name() {
+    let mut router = Router::new(&[OutboxTableConfig::with_defaults("public.outbox")]).unwrap();
+    router.on_relation(debezium_relation(1));
+    let mut changed = debezium_relation(1);
+    changed.columns[1].type_oid = 25; // aggregatetype varchar -> text
+    router.on_relation(changed);
+    let row = insert(
+        1,
+        &[
+            Some("e1"),
+            Some("A"),
+            Some("1"),
+            Some("T"),
+            Some("{}"),
+            None,
+        ],
+    );
+    let err = router.route_insert(&row, &tx(), 0).unwrap_err();
+    assert!(
+        matches!(err, RouteError::ColumnTypeChanged { ref column, was: 1043, now: 25, .. } if column == "aggregatetype"),
+        "{err}"
+    );
+    // An added column keeps going.
+    let mut added = debezium_relation(1);
+    added.columns.push(Column {
+        flags: 0,
+        name: "extra".into(),
+        type_oid: 25,
+        type_modifier: -1,
+    });
+    router.on_relation(added);
+    let row = insert(
+        1,
+        &[
+            Some("e2"),
+            Some("A"),
+            Some("1"),
+            Some("T"),
+            Some("{}"),
+            None,
+            None,
+        ],
+    );
+    assert!(router.route_insert(&row, &tx(), 0).unwrap().is_some());
+    // The raw row of a dead letter names every column.
+    let (table, raw) = router.raw_row(&row).unwrap();
+    assert_eq!(&*table, "public.outbox");
+    let v: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+    assert_eq!(v["id"], "e2");
+    assert!(v["extra"].is_null());
 }

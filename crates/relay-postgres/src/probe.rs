@@ -1,0 +1,207 @@
+//! The authentication probe: before a session logs in, find out how the server wants the
+//! password, so the relay never sends a cleartext or MD5 password unless allowed.
+//!
+//! tokio-postgres and pgwire-replication both answer `AuthenticationCleartextPassword` with the
+//! password as it is, whatever the TLS state. The probe opens its own connection (TLS as the
+//! settings say), sends a StartupMessage, reads the first answer and hangs up without answering
+//! it. It also turns the usual refusals (no pg_hba entry without TLS, TLS failures, unknown
+//! role or database) into fast, specific errors.
+
+use bytes::{Buf as _, BytesMut};
+use postgres_protocol::message::frontend;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+
+use crate::settings::SslMode;
+use crate::{PgError, PostgresSettings, tls};
+
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+
+/// How the server asked for the password.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthMethod {
+    /// No password needed (trust, or certificate authentication).
+    None,
+    /// `AuthenticationCleartextPassword` (pg_hba `password`, or `ldap`/`pam`/`radius`).
+    Cleartext,
+    /// `AuthenticationMD5Password` (pg_hba `md5` with an MD5-hashed password).
+    Md5,
+    /// SASL (SCRAM-SHA-256).
+    Sasl,
+    /// Something else (GSSAPI, SSPI).
+    Other(i32),
+}
+
+/// Runs the probe; `Ok` when logging in may go ahead.
+pub async fn probe(settings: &PostgresSettings) -> Result<AuthMethod, PgError> {
+    let parts = settings.parts()?;
+    if parts.host.starts_with('/') {
+        // Unix socket: nothing crosses a network.
+        return Ok(AuthMethod::None);
+    }
+    let target = settings.display_target();
+    let timeout = settings.connect_timeout;
+    let method = tokio::time::timeout(timeout, run(settings, &parts, &target))
+        .await
+        .map_err(|_| PgError::Unreachable {
+            target: target.clone(),
+            reason: format!("no answer within {timeout:?}"),
+        })??;
+    if matches!(method, AuthMethod::Cleartext | AuthMethod::Md5)
+        && !settings.allow_insecure_password
+    {
+        return Err(PgError::InsecurePassword {
+            target,
+            method: if method == AuthMethod::Md5 {
+                "an MD5 password (pg_hba method md5 with an MD5-hashed password)"
+            } else {
+                "a cleartext password (pg_hba method password, or ldap/pam/radius)"
+            },
+        });
+    }
+    Ok(method)
+}
+
+async fn run(
+    settings: &PostgresSettings,
+    parts: &crate::ConnectionParts,
+    target: &str,
+) -> Result<AuthMethod, PgError> {
+    let unreachable = |e: std::io::Error| PgError::Unreachable {
+        target: target.to_owned(),
+        reason: e.to_string(),
+    };
+    let mode = settings.ssl_mode()?;
+    let mut tcp = TcpStream::connect((parts.host.as_str(), parts.port))
+        .await
+        .map_err(unreachable)?;
+    let mut buf = BytesMut::new();
+    let mut stream: Box<dyn Stream> = if mode == SslMode::Disable {
+        Box::new(tcp)
+    } else {
+        frontend::ssl_request(&mut buf);
+        tcp.write_all(&buf).await.map_err(unreachable)?;
+        buf.clear();
+        let answer = tcp.read_u8().await.map_err(unreachable)?;
+        match answer {
+            b'S' => {
+                let config = tls::client_config(settings)?.ok_or_else(|| {
+                    PgError::Settings("TLS requested without a TLS configuration".into())
+                })?;
+                let name = rustls::pki_types::ServerName::try_from(parts.host.clone())
+                    .map_err(|e| PgError::Settings(format!("host {}: {e}", parts.host)))?;
+                let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+                let tls = connector
+                    .connect(name, tcp)
+                    .await
+                    .map_err(|e| PgError::Tls {
+                        target: target.to_owned(),
+                        reason: e.to_string(),
+                    })?;
+                Box::new(tls)
+            }
+            b'N' if mode.requires_tls() => {
+                return Err(PgError::Tls {
+                    target: target.to_owned(),
+                    reason: format!(
+                        "the server does not accept TLS (ssl = off), but postgres.sslmode = {}",
+                        mode.as_str()
+                    ),
+                });
+            }
+            b'N' => Box::new(tcp),
+            other => {
+                return Err(PgError::Unreachable {
+                    target: target.to_owned(),
+                    reason: format!("unexpected answer {other:#x} to SSLRequest: not PostgreSQL?"),
+                });
+            }
+        }
+    };
+    let params = [
+        ("user", parts.user.as_str()),
+        ("database", parts.database.as_str()),
+        ("application_name", "outbox-relay-probe"),
+    ];
+    frontend::startup_message(params, &mut buf).map_err(unreachable)?;
+    stream.write_all(&buf).await.map_err(unreachable)?;
+    stream.flush().await.map_err(unreachable)?;
+    let tag = stream.read_u8().await.map_err(unreachable)?;
+    let len = stream.read_i32().await.map_err(unreachable)?;
+    if !(4..=65_536).contains(&len) {
+        return Err(PgError::Unreachable {
+            target: target.to_owned(),
+            reason: format!("malformed answer to the startup message (length {len})"),
+        });
+    }
+    let mut body = vec![0; len as usize - 4];
+    stream.read_exact(&mut body).await.map_err(unreachable)?;
+    let mut body = &body[..];
+    match tag {
+        b'R' if body.len() >= 4 => Ok(match body.get_i32() {
+            0 => AuthMethod::None,
+            3 => AuthMethod::Cleartext,
+            5 => AuthMethod::Md5,
+            10 => AuthMethod::Sasl,
+            other => AuthMethod::Other(other),
+        }),
+        b'E' => {
+            let (code, message) = error_fields(body);
+            // 28xxx: no pg_hba entry, unknown role; 3D000: unknown database. Others (too many
+            // connections, starting up) may clear by themselves.
+            if code.starts_with("28") || code == "3D000" {
+                Err(PgError::Auth {
+                    target: target.to_owned(),
+                    message: format!("{message} (SQLSTATE {code})"),
+                })
+            } else {
+                Err(PgError::Unreachable {
+                    target: target.to_owned(),
+                    reason: format!("{message} (SQLSTATE {code})"),
+                })
+            }
+        }
+        other => Err(PgError::Unreachable {
+            target: target.to_owned(),
+            reason: format!(
+                "unexpected message {:?} after the startup message",
+                other as char
+            ),
+        }),
+    }
+}
+
+/// SQLSTATE and message of an ErrorResponse body.
+fn error_fields(body: &[u8]) -> (String, String) {
+    let (mut code, mut message) = (String::new(), String::new());
+    let mut rest = body;
+    while let Some((&kind, tail)) = rest.split_first() {
+        if kind == 0 {
+            break;
+        }
+        let end = tail.iter().position(|&b| b == 0).unwrap_or(tail.len());
+        let value = String::from_utf8_lossy(&tail[..end]).into_owned();
+        match kind {
+            b'C' => code = value,
+            b'M' => message = value,
+            _ => {}
+        }
+        rest = tail.get(end + 1..).unwrap_or_default();
+    }
+    (code, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_response_fields_are_read() {
+        let body = b"SFATAL\0C28000\0Mno pg_hba.conf entry\0\0";
+        assert_eq!(
+            error_fields(body),
+            ("28000".to_owned(), "no pg_hba.conf entry".to_owned())
+        );
+    }
+}

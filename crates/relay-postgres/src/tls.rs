@@ -1,0 +1,221 @@
+//! TLS for the plain sessions (tokio-postgres through tokio-postgres-rustls), the
+//! authentication probe (tokio-rustls), and the replication session (pgwire-replication's own
+//! rustls, configured from the same settings).
+//!
+//! Certificate checks follow libpq's `sslmode`: `prefer` and `require` encrypt without
+//! verifying, `verify-ca` verifies the chain against `sslrootcert`, `verify-full` also checks the
+//! host name (or IP address) in the URL against the certificate.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
+
+use crate::settings::SslMode;
+use crate::{PgError, PostgresSettings};
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    // Both ring and aws-lc-rs are linked into the binary (async-nats brings the latter), so the
+    // provider is named instead of relying on a process default.
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn tls_err(message: String) -> PgError {
+    PgError::Settings(message)
+}
+
+fn load_certs(what: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, PgError> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| tls_err(format!("cannot read {what} {}: {e}", path.display())))?;
+    if certs.is_empty() {
+        return Err(tls_err(format!(
+            "{what} {} holds no PEM certificate",
+            path.display()
+        )));
+    }
+    Ok(certs)
+}
+
+/// The rustls client configuration for `settings`' sslmode, or `None` for `disable`.
+pub(crate) fn client_config(
+    settings: &PostgresSettings,
+) -> Result<Option<rustls::ClientConfig>, PgError> {
+    let mode = settings.ssl_mode()?;
+    if mode == SslMode::Disable {
+        return Ok(None);
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| tls_err(format!("TLS set-up failed: {e}")))?;
+    let builder = match mode {
+        SslMode::Disable | SslMode::Prefer | SslMode::Require => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(NoVerify(provider()))),
+        SslMode::VerifyCa | SslMode::VerifyFull => {
+            let path = settings.sslrootcert.as_deref().ok_or_else(|| {
+                tls_err(format!(
+                    "postgres.sslmode = {} needs postgres.sslrootcert",
+                    mode.as_str()
+                ))
+            })?;
+            let mut roots = RootCertStore::empty();
+            for cert in load_certs("postgres.sslrootcert", path)? {
+                roots.add(cert).map_err(|e| {
+                    tls_err(format!("postgres.sslrootcert {}: {e}", path.display()))
+                })?;
+            }
+            let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
+                .build()
+                .map_err(|e| tls_err(format!("TLS set-up failed: {e}")))?;
+            if mode == SslMode::VerifyFull {
+                builder.with_webpki_verifier(webpki)
+            } else {
+                builder
+                    .dangerous()
+                    .with_custom_certificate_verifier(Arc::new(ChainOnly(webpki)))
+            }
+        }
+    };
+    let config = match (&settings.sslcert, &settings.sslkey) {
+        (Some(cert), Some(key)) => {
+            let chain = load_certs("postgres.sslcert", cert)?;
+            let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+                tls_err(format!(
+                    "cannot read postgres.sslkey {}: {e}",
+                    key.display()
+                ))
+            })?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| tls_err(format!("postgres.sslcert/sslkey: {e}")))?
+        }
+        _ => builder.with_no_client_auth(),
+    };
+    Ok(Some(config))
+}
+
+/// pgwire-replication's TLS settings for the replication session.
+pub(crate) fn replication_tls(
+    settings: &PostgresSettings,
+    host: &str,
+) -> Result<pgwire_replication::TlsConfig, PgError> {
+    use pgwire_replication::SslMode as Wire;
+    let mode = settings.ssl_mode()?;
+    let mut tls = pgwire_replication::TlsConfig {
+        mode: match mode {
+            SslMode::Disable => Wire::Disable,
+            SslMode::Prefer => Wire::Prefer,
+            SslMode::Require => Wire::Require,
+            SslMode::VerifyCa => Wire::VerifyCa,
+            SslMode::VerifyFull => Wire::VerifyFull,
+        },
+        ca_pem_path: settings.sslrootcert.clone(),
+        ..Default::default()
+    };
+    if mode == SslMode::VerifyFull {
+        // pgwire-replication refuses verify-full with an IP literal unless the name to check is
+        // given explicitly; rustls then checks the certificate's IP address SAN.
+        tls.sni_hostname = Some(host.to_owned());
+    }
+    if let (Some(cert), Some(key)) = (&settings.sslcert, &settings.sslkey) {
+        tls.client_cert_pem_path = Some(cert.clone());
+        tls.client_key_pem_path = Some(key.clone());
+    }
+    Ok(tls)
+}
+
+/// `sslmode = prefer | require`: encryption without authentication of the server, as libpq.
+#[derive(Debug)]
+struct NoVerify(Arc<rustls::crypto::CryptoProvider>);
+
+impl ServerCertVerifier for NoVerify {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// `sslmode = verify-ca`: the chain must verify; a name mismatch is accepted.
+#[derive(Debug)]
+struct ChainOnly(Arc<WebPkiServerVerifier>);
+
+impl ServerCertVerifier for ChainOnly {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
+        {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::NotValidForName
+                | rustls::CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}

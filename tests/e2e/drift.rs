@@ -1,0 +1,199 @@
+//! Schema and publication drift while the relay runs (docs/bad-rows.md): a nullable column
+//! added keeps going; a mapped column dropped, renamed or retyped stops the relay at that
+//! transaction naming the column (exit 65, nothing confirmed past it); a table that left the
+//! publication, a publication that stopped publishing inserts or was dropped stops it with 78.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use nix::sys::signal::Signal;
+
+use crate::support::*;
+
+const EX_DATAERR: i32 = 65;
+const EX_CONFIG: i32 = 78;
+const WAIT: Duration = Duration::from_secs(30);
+
+async fn wait_for_id(
+    js: &async_nats::jetstream::Context,
+    id: &str,
+    relay: &Relay,
+) -> Result<Vec<Received>> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let got = read_stream(js).await?;
+        if got.iter().any(|m| m.id() == id) {
+            return Ok(got);
+        }
+        if Instant::now() > deadline {
+            bail!("event {id} never arrived; log:\n{}", relay.log());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn expect_stop(relay: &mut Relay, code: i32, needles: &[&str]) -> Result<String> {
+    let status = relay.wait_exit(WAIT).await?;
+    let log = relay.log();
+    assert_eq!(status.code(), Some(code), "exit code; log:\n{log}");
+    for needle in needles {
+        assert!(log.contains(needle), "log should say {needle:?}:\n{log}");
+    }
+    assert!(!log.contains("panicked"), "{log}");
+    Ok(log)
+}
+
+/// ADD COLUMN keeps going; RENAME, a type change and DROP COLUMN of a mapped column each stop
+/// at their transaction with the column named and the checkpoint before it.
+#[tokio::test(flavor = "multi_thread")]
+async fn column_drift_keeps_going_or_stops_naming_the_column() -> Result<()> {
+    let env = Env::start().await?;
+    let db = env.db().await?;
+    let js = env.jetstream().await?;
+    let config = env.config("");
+    let dead_letter = env.config("dead_letter_subject = \"outbox.dlq\"");
+
+    let mut relay = Relay::start(&config)?;
+    relay.wait_log("replication started", WAIT).await?;
+    insert_event(&db, "Order", "Created", r#"{"n":1}"#).await?;
+    db.batch_execute("ALTER TABLE outbox ADD COLUMN note text")
+        .await?;
+    let e2 = insert_event(&db, "Order", "Created", r#"{"n":2}"#).await?;
+    wait_for_id(&js, &e2, &relay).await?;
+
+    // RENAME of a mapped column.
+    db.batch_execute("ALTER TABLE outbox RENAME COLUMN aggregatetype TO agg_type")
+        .await?;
+    let wal_before = env.current_wal().await?;
+    let renamed = uuid::Uuid::new_v4().to_string();
+    db.execute(
+        "INSERT INTO outbox (id, agg_type, aggregateid, type, payload) VALUES ($1::text::uuid, 'Order', '1', 'Renamed', '{}')",
+        &[&renamed],
+    )
+    .await?;
+    expect_stop(
+        &mut relay,
+        EX_DATAERR,
+        &[
+            "no column `aggregatetype`",
+            "public.outbox",
+            "commit LSN",
+            &format!("event id {renamed}"),
+        ],
+    )
+    .await?;
+    assert!(env.checkpoint().await?.expect("checkpoint") <= wal_before);
+    // Fixed: the column is renamed back; the committed row goes to the dead-letter subject.
+    db.batch_execute("ALTER TABLE outbox RENAME COLUMN agg_type TO aggregatetype")
+        .await?;
+    let e4 = insert_event(&db, "Order", "Created", r#"{"n":4}"#).await?;
+    let mut relay = Relay::start(&dead_letter)?;
+    let got = wait_for_id(&js, &e4, &relay).await?;
+    assert!(
+        got.iter().any(|m| m.subject == "outbox.dlq"
+            && m.header("Outbox-Dlq-Reason").contains("aggregatetype")),
+        "renamed row dead-lettered"
+    );
+    relay.signal(Signal::SIGTERM);
+    assert_eq!(relay.wait_exit(WAIT).await?.code(), Some(0));
+
+    // A type change of a mapped column.
+    let mut relay = Relay::start(&config)?;
+    relay.wait_log("replication started", WAIT).await?;
+    let e5 = insert_event(&db, "Order", "Created", r#"{"n":5}"#).await?;
+    wait_for_id(&js, &e5, &relay).await?;
+    db.batch_execute("ALTER TABLE outbox ALTER COLUMN aggregateid TYPE text")
+        .await?;
+    let wal_before = env.current_wal().await?;
+    let e6 = insert_event(&db, "Order", "Created", r#"{"n":6}"#).await?;
+    expect_stop(
+        &mut relay,
+        EX_DATAERR,
+        &[
+            "column `aggregateid`",
+            "changed type",
+            "public.outbox",
+            &format!("event id {e6}"),
+        ],
+    )
+    .await?;
+    assert!(env.checkpoint().await?.expect("checkpoint") <= wal_before);
+    // A restart takes the new type as the session's baseline: the operator's acknowledgement.
+    let mut relay = Relay::start(&config)?;
+    wait_for_id(&js, &e6, &relay).await?;
+
+    // DROP COLUMN of a mapped column.
+    db.batch_execute("ALTER TABLE outbox DROP COLUMN aggregateid")
+        .await?;
+    let wal_before = env.current_wal().await?;
+    db.execute(
+        "INSERT INTO outbox (id, aggregatetype, type, payload) VALUES (gen_random_uuid(), 'Order', 'NoAggId', '{}')",
+        &[],
+    )
+    .await?;
+    expect_stop(
+        &mut relay,
+        EX_DATAERR,
+        &["no column `aggregateid`", "public.outbox"],
+    )
+    .await?;
+    assert!(env.checkpoint().await?.expect("checkpoint") <= wal_before);
+    Ok(())
+}
+
+/// The publication is checked while running: the outbox table dropped and re-created (the new
+/// table is not in the publication), the table removed from it, inserts no longer published,
+/// or the publication dropped: a clear error and exit 78, not a silent stop.
+#[tokio::test(flavor = "multi_thread")]
+async fn publication_drift_is_detected_while_running() -> Result<()> {
+    let env = Env::start().await?;
+    let db = env.db().await?;
+    let js = env.jetstream().await?;
+    let config = env.config("publication_check_interval = \"500ms\"");
+    let no_create = [("RELAY_POSTGRES__CREATE_PUBLICATION", "false")];
+
+    let cases: [(&str, &str, &[&str]); 4] = [
+        (
+            "ALTER PUBLICATION relay_pub SET (publish = 'update, delete')",
+            "ALTER PUBLICATION relay_pub SET (publish = 'insert')",
+            &["no longer publishes inserts", "relay_pub"],
+        ),
+        (
+            "ALTER PUBLICATION relay_pub DROP TABLE outbox",
+            "ALTER PUBLICATION relay_pub ADD TABLE outbox",
+            &["`public.outbox` is no longer in publication `relay_pub`"],
+        ),
+        (
+            "CREATE TABLE outbox_new (LIKE outbox INCLUDING ALL); DROP TABLE outbox; ALTER TABLE outbox_new RENAME TO outbox",
+            "ALTER PUBLICATION relay_pub ADD TABLE outbox",
+            &[
+                "`public.outbox` is no longer in publication `relay_pub`",
+                "dropped and re-created",
+            ],
+        ),
+        (
+            "DROP PUBLICATION relay_pub",
+            "",
+            // Whichever notices first: the check ("publication `relay_pub` no longer exists")
+            // or the walsender decoding the next WAL ("publication \"relay_pub\" does not
+            // exist"): both exit 78.
+            &["relay_pub", "exist"],
+        ),
+    ];
+    for (n, (drift, fix, needles)) in cases.iter().enumerate() {
+        let started = Instant::now();
+        // The last case must not have the relay re-create the publication it lost.
+        let env_vars: &[(&str, &str)] = if n == 3 { &no_create } else { &[] };
+        let mut relay = Relay::start_with_env(&config, &["run"], env_vars)?;
+        relay.wait_log("replication started", WAIT).await?;
+        let id = insert_event(&db, "Order", "Created", &format!("{{\"case\":{n}}}")).await?;
+        wait_for_id(&js, &id, &relay).await?;
+        db.batch_execute(drift).await?;
+        expect_stop(&mut relay, EX_CONFIG, needles).await?;
+        if !fix.is_empty() {
+            db.batch_execute(fix).await?;
+        }
+        println!("drift {drift:?}: {:?}", started.elapsed());
+    }
+    Ok(())
+}
