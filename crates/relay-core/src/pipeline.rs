@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -18,15 +18,20 @@ use pgoutput::{LogicalMessage, Lsn};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::frontier::{AckFrontier, EventTicket, FrontierError};
+
+mod deliver;
+mod stats;
+
 use crate::message::{
     HEADER_COMMIT_LSN, HEADER_TABLE, HEADER_TX_INDEX, HEADER_XID, OutboundMessage, TxContext,
 };
 use crate::recent::RecentIds;
 use crate::route::{RouteError, Router};
 use crate::stage::{
-    ChangeSource, CheckpointStore, PubReceipt, PublishError, PublishErrorKind, Publisher,
-    SourceError, SourceEvent, StoreError,
+    ChangeSource, CheckpointStore, PublishError, Publisher, SourceError, SourceEvent, StoreError,
 };
+use deliver::{Delivery, RetryPolicy, deliver};
+pub use stats::PipelineStats;
 
 /// Tuning of the loop. Defaults suit a 2-core machine next to the database.
 #[derive(Debug, Clone)]
@@ -66,86 +71,6 @@ impl Default for PipelineConfig {
             dead_letter_subject: None,
             collision_window: crate::recent::DEFAULT_CAPACITY,
         }
-    }
-}
-
-/// Counters the binary turns into logs and metrics.
-#[derive(Debug, Default)]
-pub struct PipelineStats {
-    /// Outbox rows routed to messages.
-    pub events_received: AtomicU64,
-    /// Messages acknowledged by JetStream.
-    pub events_published: AtomicU64,
-    /// Acks that JetStream flagged as duplicates (already stored under that `Nats-Msg-Id`).
-    pub duplicates: AtomicU64,
-    /// Re-publishes after an unknown outcome.
-    pub publish_retries: AtomicU64,
-    /// Events not re-published because the stream already held them (see
-    /// [`Pipeline::skip_published`]).
-    pub already_published: AtomicU64,
-    /// Changes that are not outbox inserts (updates, deletes, truncates, other tables).
-    pub changes_skipped: AtomicU64,
-    /// Last stored and confirmed LSN.
-    pub confirmed_lsn: AtomicU64,
-    /// Events awaiting an ack now.
-    pub in_flight: AtomicU64,
-    /// Failed publish attempts whose outcome was unknown (timeout, connection lost).
-    pub publish_errors_unknown: AtomicU64,
-    /// Failed publish attempts that no stream answered (no responders).
-    pub publish_errors_no_stream: AtomicU64,
-    /// Publishes JetStream refused for good.
-    pub publish_errors_rejected: AtomicU64,
-    /// Commit-to-ack latency: acks per bucket of [`PipelineStats::COMMIT_TO_ACK_BOUNDS`] (not
-    /// cumulative); the last bucket counts everything above the largest bound.
-    pub commit_to_ack_buckets: [AtomicU64; 14],
-    /// Sum of all commit-to-ack latencies, microseconds.
-    pub commit_to_ack_sum_micros: AtomicU64,
-    /// Commit time (µs since the Unix epoch) of the transaction of the newest acknowledged event.
-    pub last_acked_commit_unix_micros: AtomicU64,
-    /// Stream sequence of the newest acknowledged message.
-    pub last_stream_seq: AtomicU64,
-    /// Rows that could not be routed and were published to the dead-letter subject.
-    pub dead_lettered: AtomicU64,
-}
-
-impl PipelineStats {
-    /// Upper bounds (seconds) of the commit-to-ack latency buckets, then +Inf.
-    pub const COMMIT_TO_ACK_BOUNDS: [f64; 13] = [
-        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-    ];
-
-    /// Records one acknowledged message: its commit-to-ack latency and stream sequence.
-    fn observe_ack(&self, msg: &OutboundMessage, receipt: &PubReceipt) {
-        self.last_stream_seq
-            .fetch_max(receipt.stream_seq, Ordering::Relaxed);
-        // Per ack, so no header parsing: the commit time travels with the message.
-        let committed = crate::message::pg_time_to_system(msg.commit_time_micros);
-        let now = std::time::SystemTime::now();
-        let latency = now.duration_since(committed).unwrap_or_default();
-        let unix = committed
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_micros() as u64;
-        self.last_acked_commit_unix_micros
-            .fetch_max(unix, Ordering::Relaxed);
-        let secs = latency.as_secs_f64();
-        let bucket = Self::COMMIT_TO_ACK_BOUNDS
-            .iter()
-            .position(|bound| secs <= *bound)
-            .unwrap_or(Self::COMMIT_TO_ACK_BOUNDS.len());
-        self.commit_to_ack_buckets[bucket].fetch_add(1, Ordering::Relaxed);
-        self.commit_to_ack_sum_micros
-            .fetch_add(latency.as_micros() as u64, Ordering::Relaxed);
-    }
-
-    /// Counts one failed publish attempt by kind.
-    fn count_publish_error(&self, kind: PublishErrorKind) {
-        let counter = match kind {
-            PublishErrorKind::Unknown => &self.publish_errors_unknown,
-            PublishErrorKind::NoStream => &self.publish_errors_no_stream,
-            PublishErrorKind::Rejected => &self.publish_errors_rejected,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -203,64 +128,6 @@ pub struct RunOutcome {
     pub confirmed: Lsn,
     /// Events still unacknowledged when the drain timed out (re-sent after restart).
     pub abandoned: u64,
-}
-
-/// The outcome of one delivery: its ticket and receipt, or the message and the fatal error.
-type Delivery = Result<(EventTicket, PubReceipt), (Arc<OutboundMessage>, PublishError)>;
-
-/// Retry settings a delivery carries.
-#[derive(Debug, Clone, Copy)]
-struct RetryPolicy {
-    initial: Duration,
-    max: Duration,
-    no_stream_grace: Duration,
-}
-
-/// Publishes one message until it is acknowledged or refused for good.
-async fn deliver<P: Publisher>(
-    publisher: P,
-    msg: Arc<OutboundMessage>,
-    first: Result<P::Ack, PublishError>,
-    ticket: EventTicket,
-    policy: RetryPolicy,
-    stats: Arc<PipelineStats>,
-) -> Delivery {
-    let started = Instant::now();
-    let mut delay = policy.initial;
-    let mut pending = first;
-    loop {
-        let result = match pending {
-            Ok(ack) => ack.await,
-            Err(e) => Err(e),
-        };
-        let error = match result {
-            Ok(receipt) => {
-                stats.observe_ack(&msg, &receipt);
-                return Ok((ticket, receipt));
-            }
-            Err(e) => e,
-        };
-        stats.count_publish_error(error.kind);
-        let retry = match error.kind {
-            PublishErrorKind::Unknown => true,
-            PublishErrorKind::NoStream => started.elapsed() < policy.no_stream_grace,
-            PublishErrorKind::Rejected => false,
-        };
-        if !retry {
-            return Err((msg, error));
-        }
-        tracing::warn!(
-            event_id = %msg.event_id,
-            subject = %msg.subject,
-            error = %error,
-            retry_in = ?delay,
-            "publish outcome unknown; re-publishing with the same Nats-Msg-Id"
-        );
-        stats.publish_retries.fetch_add(1, Ordering::Relaxed);
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(policy.max);
-        pending = publisher.send(&msg).await;
-    }
 }
 
 /// The relay loop over one source session.

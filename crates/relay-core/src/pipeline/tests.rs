@@ -10,7 +10,7 @@ use pgoutput::{Column, Insert, Relation, TupleData, TupleValue, Update};
 
 use super::*;
 use crate::route::OutboxTableConfig;
-use crate::stage::ErrorClass;
+use crate::stage::{ErrorClass, PubReceipt, PublishErrorKind};
 
 const OUTBOX: u32 = 100;
 const OTHER: u32 = 200;

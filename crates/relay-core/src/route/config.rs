@@ -1,0 +1,163 @@
+//! The mapping of one outbox table (the `[[outbox]]` configuration) and its validation.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::message::{
+    HEADER_COMMIT_LSN, HEADER_COMMIT_TIME, HEADER_TABLE, HEADER_TX_INDEX, HEADER_XID,
+};
+use crate::subject::{SubjectTemplate, TemplateError};
+
+/// `payload` value that publishes the whole row as a JSON object.
+pub const PAYLOAD_WHOLE_ROW: &str = "*";
+/// Suffix on a header column name that makes the column optional.
+pub(super) const OPTIONAL_SUFFIX: char = '?';
+
+/// How one outbox table maps to messages. Defaults follow Debezium's outbox event router shape.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutboxTableConfig {
+    /// The table, `schema.table` (or `table` for `public`), as stored in the catalog
+    /// (lower-case unless created with quotes).
+    pub table: String,
+    /// Column whose value is the event id, sent as `Nats-Msg-Id`. Default `id`.
+    #[serde(default = "default_event_id")]
+    pub event_id: String,
+    /// Subject template; `{column}` is replaced by the column's value under the token rule.
+    /// Default `outbox.{aggregatetype}.{type}`.
+    #[serde(default = "default_subject")]
+    pub subject: String,
+    /// Payload column, forwarded byte-exact (json, jsonb, text) or decoded (bytea); `"*"` sends
+    /// the whole row as a JSON object. Default `payload`.
+    #[serde(default = "default_payload")]
+    pub payload: String,
+    /// Header name → column. A trailing `?` on the column makes it optional (absent column: no
+    /// header); a NULL value omits the header.
+    #[serde(default = "default_headers")]
+    pub headers: BTreeMap<String, String>,
+    /// What the payload column must hold: `raw` (default, forwarded as is) or `json` (must be
+    /// valid UTF-8 JSON, else the row fails closed or goes to the dead-letter subject).
+    #[serde(default, skip_serializing_if = "PayloadFormat::is_raw")]
+    pub payload_format: PayloadFormat,
+}
+
+/// Validation applied to the payload column.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PayloadFormat {
+    /// Forwarded as PostgreSQL renders it, unchecked.
+    #[default]
+    Raw,
+    /// Must be valid UTF-8 and valid JSON.
+    Json,
+}
+
+impl PayloadFormat {
+    fn is_raw(&self) -> bool {
+        *self == Self::Raw
+    }
+}
+
+fn default_event_id() -> String {
+    "id".into()
+}
+fn default_subject() -> String {
+    "outbox.{aggregatetype}.{type}".into()
+}
+fn default_payload() -> String {
+    "payload".into()
+}
+fn default_headers() -> BTreeMap<String, String> {
+    [
+        ("Outbox-Aggregate-Type", "aggregatetype"),
+        ("Outbox-Aggregate-Id", "aggregateid"),
+        ("Outbox-Event-Type", "type"),
+        ("traceparent", "tracingspancontext?"),
+    ]
+    .into_iter()
+    .map(|(h, c)| (h.to_owned(), c.to_owned()))
+    .collect()
+}
+
+impl OutboxTableConfig {
+    /// A mapping with every default for `table`.
+    pub fn with_defaults(table: impl Into<String>) -> Self {
+        Self {
+            table: table.into(),
+            event_id: default_event_id(),
+            subject: default_subject(),
+            payload: default_payload(),
+            headers: default_headers(),
+            payload_format: PayloadFormat::Raw,
+        }
+    }
+
+    /// `(schema, table)`.
+    pub fn qualified_name(&self) -> (&str, &str) {
+        self.table
+            .split_once('.')
+            .unwrap_or(("public", &self.table))
+    }
+
+    /// Checks everything that can be checked without the database.
+    pub fn validate(&self) -> Result<SubjectTemplate, ConfigError> {
+        let (schema, table) = self.qualified_name();
+        if schema.is_empty() || table.is_empty() || table.contains('.') {
+            return Err(ConfigError::TableName(self.table.clone()));
+        }
+        if self.event_id.is_empty() || self.payload.is_empty() {
+            return Err(ConfigError::EmptyColumn(self.table.clone()));
+        }
+        for name in self.headers.keys() {
+            let reserved = [
+                crate::message::HEADER_MSG_ID,
+                HEADER_COMMIT_LSN,
+                HEADER_XID,
+                HEADER_COMMIT_TIME,
+                HEADER_TABLE,
+                HEADER_TX_INDEX,
+            ];
+            let bad_char = |c: char| !c.is_ascii_graphic() || c == ':';
+            if name.is_empty() || name.contains(bad_char) {
+                return Err(ConfigError::HeaderName(name.clone()));
+            }
+            if reserved.iter().any(|r| r.eq_ignore_ascii_case(name)) {
+                return Err(ConfigError::ReservedHeader(name.clone()));
+            }
+        }
+        SubjectTemplate::parse(&self.subject).map_err(|source| ConfigError::Subject {
+            table: self.table.clone(),
+            source,
+        })
+    }
+}
+
+/// A mapping that cannot work whatever the database holds.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// Not `schema.table` or `table`.
+    #[error("outbox table name `{0}` is not `schema.table` or `table`")]
+    TableName(String),
+    /// `event_id` or `payload` is empty.
+    #[error("outbox table `{0}`: `event_id` and `payload` must name a column")]
+    EmptyColumn(String),
+    /// Header names are ASCII without spaces or `:`.
+    #[error("header name `{0}` is not a valid NATS header name (printable ASCII, no `:`)")]
+    HeaderName(String),
+    /// Header set by the relay itself.
+    #[error("header `{0}` is set by the relay itself and cannot be mapped from a column")]
+    ReservedHeader(String),
+    /// Subject template refused.
+    #[error("outbox table `{table}`: bad subject template")]
+    Subject {
+        /// The table.
+        table: String,
+        /// Why.
+        #[source]
+        source: TemplateError,
+    },
+    /// Two mappings for one table.
+    #[error("outbox table `{0}` is configured twice")]
+    DuplicateTable(String),
+}

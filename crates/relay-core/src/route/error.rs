@@ -1,0 +1,116 @@
+//! Why a row could not become a message.
+
+use pgoutput::Oid;
+
+/// Why one row could not become a message. The relay fails closed on these: it stops before
+/// the row's transaction and confirms nothing past it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    /// An Insert for a relation whose Relation message never arrived (protocol violation).
+    #[error("insert into relation oid {0} arrived before its relation message")]
+    UnknownRelation(Oid),
+    /// A mapped column is not in the table (dropped, renamed, or never there).
+    #[error(
+        "outbox table `{table}` has no column `{column}` (mapped as {role}); fix the mapping or the table"
+    )]
+    MissingColumn {
+        /// The table.
+        table: String,
+        /// The column.
+        column: String,
+        /// What the mapping uses it for.
+        role: &'static str,
+    },
+    /// A mapped column changed its type since the relay first saw the table in this session.
+    #[error(
+        "outbox table `{table}`: column `{column}` (mapped as {role}) changed type from oid {was} to oid {now}; restart the relay once the mapping fits the new type"
+    )]
+    ColumnTypeChanged {
+        /// The table.
+        table: String,
+        /// The column.
+        column: String,
+        /// What the mapping uses it for.
+        role: &'static str,
+        /// Type OID first seen.
+        was: u32,
+        /// Type OID now.
+        now: u32,
+    },
+    /// The payload is not what `payload_format` declares.
+    #[error("event {event_id} in `{table}`: payload column `{column}` is not valid JSON: {reason}")]
+    InvalidPayload {
+        /// The table.
+        table: String,
+        /// The event id.
+        event_id: String,
+        /// The payload column.
+        column: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The event id was already used in this session for a different subject or payload.
+    #[error(
+        "event {event_id} in `{table}`: event id collision: an earlier row with this id had a different subject or payload"
+    )]
+    IdCollision {
+        /// The table.
+        table: String,
+        /// The event id.
+        event_id: String,
+    },
+    /// The row has a different number of values than its relation has columns.
+    #[error("row in `{table}` has {got} values but the relation has {expected} columns")]
+    ColumnCount {
+        /// The table.
+        table: String,
+        /// Values in the row.
+        got: usize,
+        /// Columns in the relation.
+        expected: usize,
+    },
+    /// The event id is NULL or empty.
+    #[error("row in `{table}` has a NULL or empty event id in column `{column}`")]
+    MissingEventId {
+        /// The table.
+        table: String,
+        /// The event id column.
+        column: String,
+    },
+    /// A subject column is NULL or empty: it cannot form a subject token.
+    #[error("event {event_id} in `{table}`: subject column `{column}` is NULL or empty")]
+    EmptySubjectValue {
+        /// The table.
+        table: String,
+        /// The event id.
+        event_id: String,
+        /// The column.
+        column: String,
+    },
+    /// A value holds a control character (CR, LF, ...) and cannot be a header value.
+    #[error(
+        "event {event_id} in `{table}`: column `{column}` holds a control character and cannot be header `{header}`"
+    )]
+    InvalidHeaderValue {
+        /// The table.
+        table: String,
+        /// The event id (may be the raw value if the id itself is bad).
+        event_id: String,
+        /// The column.
+        column: String,
+        /// The header.
+        header: String,
+    },
+    /// A value in a form the relay does not request (binary, unchanged TOAST) or a bad bytea.
+    #[error("event {event_id} in `{table}`: column `{column}` has an unusable value: {reason}")]
+    UnusableValue {
+        /// The table.
+        table: String,
+        /// The event id.
+        event_id: String,
+        /// The column.
+        column: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
+}
