@@ -360,8 +360,8 @@ table = "public.outbox"
         insert_bad(&db, Some(&before_id), Some("ok"), Some(b"{\"ok\":1}")).await?;
         wait_for_id(&js, &before_id, &relay).await?;
 
-        let wal_before_bad = env.current_wal().await?;
         insert_bad(&db, case.id, case.kind, case.payload).await?;
+        let wal_after_bad = env.current_wal().await?;
         let after_id = format!("good-{n}-after");
         insert_bad(&db, Some(&after_id), Some("ok"), Some(b"{\"ok\":2}")).await?;
 
@@ -387,8 +387,8 @@ table = "public.outbox"
         assert!(!log.contains("panicked"), "{log}");
         let checkpoint = env.checkpoint().await?.expect("checkpoint");
         assert!(
-            checkpoint <= wal_before_bad,
-            "{}: checkpoint {checkpoint:X} past the bad transaction at {wal_before_bad:X}",
+            checkpoint < wal_after_bad,
+            "{}: checkpoint {checkpoint:X} past the bad transaction at {wal_after_bad:X}",
             case.name
         );
         let got = read_stream(&js).await?;
@@ -451,15 +451,15 @@ table = "public.outbox"
     let mut relay = Relay::start(&fail_closed)?;
     relay.wait_log("replication started", WAIT).await?;
     insert_bad(&db, Some("ev-dup"), Some("ok"), Some(b"{\"v\":1}")).await?;
-    let wal_before_bad = env.current_wal().await?;
     insert_bad(&db, Some("ev-dup"), Some("ok"), Some(b"{\"v\":2}")).await?;
+    let wal_after_bad = env.current_wal().await?;
     let status = relay.wait_exit(WAIT).await?;
     let log = relay.log();
     assert_eq!(status.code(), Some(EX_DATAERR), "{log}");
     for needle in ["ev-dup", "collision", "public.bad_outbox", "commit LSN"] {
         assert!(log.contains(needle), "log should say {needle:?}:\n{log}");
     }
-    assert!(env.checkpoint().await?.expect("checkpoint") <= wal_before_bad);
+    assert!(env.checkpoint().await?.expect("checkpoint") < wal_after_bad);
     // With the dead-letter subject, a collision inside the session goes there.
     let mut relay = Relay::start(&dead_letter)?;
     relay.wait_log("replication started", WAIT).await?;
@@ -481,16 +481,60 @@ table = "public.outbox"
     // A payload larger than the server's max_payload (1 MB): refused before it is sent.
     let mut relay = Relay::start(&fail_closed)?;
     relay.wait_log("replication started", WAIT).await?;
-    let wal_before_bad = env.current_wal().await?;
     let big = format!("\"{}\"", "x".repeat(1_100_000));
     insert_bad(&db, Some("ev-big"), Some("ok"), Some(big.as_bytes())).await?;
+    let wal_after_bad = env.current_wal().await?;
     let status = relay.wait_exit(WAIT).await?;
     let log = relay.log();
     assert_eq!(status.code(), Some(EX_DATAERR), "{log}");
     for needle in ["ev-big", "refused", "max payload size exceeded"] {
         assert!(log.contains(needle), "log should say {needle:?}:\n{log}");
     }
-    assert!(env.checkpoint().await?.expect("checkpoint") <= wal_before_bad);
+    assert!(env.checkpoint().await?.expect("checkpoint") < wal_after_bad);
     assert!(read_stream(&js).await?.iter().all(|m| m.id() != "ev-big"));
+    Ok(())
+}
+
+/// A collision across sessions: the relay's in-memory window is empty after a restart, so the
+/// second row with a reused event id reaches JetStream, which acks it as a duplicate. The relay
+/// compares the stored copy and refuses instead of reporting a silent success.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_event_id_reused_after_a_restart_is_reported_as_a_collision() -> Result<()> {
+    let env = Env::start().await?;
+    let db = env.db().await?;
+    db.batch_execute(
+        "CREATE TABLE bad_outbox (
+            seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            id text,
+            kind text,
+            payload bytea
+        )",
+    )
+    .await?;
+    let config = env.config(
+        "[[outbox]]\ntable = \"public.bad_outbox\"\nevent_id = \"id\"\nsubject = \"outbox.b.{kind}\"\npayload = \"payload\"\nheaders = {}\n",
+    );
+    let js = env.jetstream().await?;
+    let mut relay = Relay::start(&config)?;
+    relay.wait_log("replication started", WAIT).await?;
+    insert_bad(&db, Some("ev-x"), Some("ok"), Some(b"{\"v\":1}")).await?;
+    wait_for_id(&js, "ev-x", &relay).await?;
+    relay.signal(Signal::SIGTERM);
+    assert_eq!(relay.wait_exit(WAIT).await?.code(), Some(0));
+
+    // An identical re-send is not a collision; a different payload under the same id is.
+    let mut relay = Relay::start(&config)?;
+    relay.wait_log("replication started", WAIT).await?;
+    insert_bad(&db, Some("ev-x"), Some("ok"), Some(b"{\"v\":2}")).await?;
+    let wal_after_bad = env.current_wal().await?;
+    let status = relay.wait_exit(WAIT).await?;
+    let log = relay.log();
+    assert_eq!(status.code(), Some(EX_DATAERR), "{log}");
+    for needle in ["event id collision", "ev-x", "stream sequence"] {
+        assert!(log.contains(needle), "log should say {needle:?}:\n{log}");
+    }
+    assert!(env.checkpoint().await?.expect("checkpoint") < wal_after_bad);
+    let copies = read_stream(&js).await?;
+    assert_eq!(copies.iter().filter(|m| m.id() == "ev-x").count(), 1);
     Ok(())
 }

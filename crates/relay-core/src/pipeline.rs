@@ -28,7 +28,8 @@ use crate::message::{
 use crate::recent::RecentIds;
 use crate::route::{RouteError, Router};
 use crate::stage::{
-    ChangeSource, CheckpointStore, PublishError, Publisher, SourceError, SourceEvent, StoreError,
+    ChangeSource, CheckpointStore, PublishError, PublishErrorKind, Publisher, SourceError,
+    SourceEvent, StoreError,
 };
 use deliver::{Delivery, RetryPolicy, deliver};
 pub use stats::PipelineStats;
@@ -219,8 +220,12 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
                 biased;
                 () = &mut shutdown => break None,
                 Some(done) = in_flight.next(), if !in_flight.is_empty() => {
-                    if let Err(e) = self.on_delivery(done) {
-                        break Some(e);
+                    match self.on_delivery(done) {
+                        Ok(Some((msg, ticket))) => {
+                            in_flight.push(self.launch(msg, ticket, policy).await);
+                        }
+                        Ok(None) => {}
+                        Err(e) => break Some(e),
                     }
                 }
                 _ = tick.tick() => {
@@ -236,16 +241,7 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
                     };
                     match self.on_event(event) {
                         Ok(Some((msg, ticket))) => {
-                            let msg = Arc::new(msg);
-                            let first = self.publisher.send(&msg).await;
-                            in_flight.push(deliver(
-                                self.publisher.clone(),
-                                msg,
-                                first,
-                                ticket,
-                                policy,
-                                self.stats.clone(),
-                            ));
+                            in_flight.push(self.launch(msg, ticket, policy).await);
                         }
                         Ok(None) => {}
                         Err(e) => break Some(e),
@@ -265,8 +261,14 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
             tokio::select! {
                 () = tokio::time::sleep_until(deadline) => break,
                 Some(done) = in_flight.next() => {
-                    if let Err(e) = self.on_delivery(done) {
-                        failure.get_or_insert(e);
+                    match self.on_delivery(done) {
+                        Ok(Some((msg, ticket))) => {
+                            in_flight.push(self.launch(msg, ticket, policy).await);
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            failure.get_or_insert(e);
+                        }
                     }
                 }
                 _ = tick.tick() => {
@@ -433,9 +435,34 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
         })
     }
 
+    /// Hands `msg` to the publisher (in call order) and returns the future that sees it
+    /// acknowledged, re-publishing while the outcome is unknown.
+    async fn launch(
+        &self,
+        msg: OutboundMessage,
+        ticket: EventTicket,
+        policy: RetryPolicy,
+    ) -> impl Future<Output = Delivery> + use<S, P, C> {
+        let msg = Arc::new(msg);
+        let first = self.publisher.send(&msg).await;
+        deliver(
+            self.publisher.clone(),
+            msg,
+            first,
+            ticket,
+            policy,
+            self.stats.clone(),
+        )
+    }
+
+    /// Acks one delivery. A collision the broker revealed goes to the dead-letter subject when
+    /// one is set: the returned message is published under the same ticket.
     // The large variant (Route) is the cold path that ends the session.
     #[allow(clippy::result_large_err)]
-    fn on_delivery(&mut self, done: Delivery) -> Result<(), PipelineError> {
+    fn on_delivery(
+        &mut self,
+        done: Delivery,
+    ) -> Result<Option<(OutboundMessage, EventTicket)>, PipelineError> {
         match done {
             Ok((ticket, receipt)) => {
                 self.frontier.ack(ticket)?;
@@ -443,13 +470,44 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
                 if receipt.duplicate {
                     self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
                 }
-                Ok(())
+                Ok(None)
             }
-            Err((msg, error)) => Err(PipelineError::Publish {
-                event_id: msg.event_id.clone(),
-                subject: msg.subject.clone(),
-                error,
-            }),
+            Err((ticket, msg, error)) => {
+                let dead_letter_subject = self.config.dead_letter_subject.as_ref();
+                match dead_letter_subject {
+                    Some(subject) if error.kind == PublishErrorKind::Collision => {
+                        tracing::warn!(
+                            event_id = %msg.event_id,
+                            table = %msg.table,
+                            error = %error,
+                            "event id collision: publishing it to the dead-letter subject"
+                        );
+                        self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                        let mut headers = msg.headers.clone();
+                        let reason: String = error
+                            .to_string()
+                            .chars()
+                            .map(|c| if c.is_control() { ' ' } else { c })
+                            .collect();
+                        headers.push((HEADER_DLQ_REASON.into(), reason.into()));
+                        let dead = OutboundMessage {
+                            subject: subject.clone(),
+                            event_id: format!("dlq:collision:{}:{}", msg.event_id, msg.commit_lsn),
+                            headers,
+                            payload: msg.payload.clone(),
+                            table: msg.table.clone(),
+                            commit_lsn: msg.commit_lsn,
+                            commit_time_micros: msg.commit_time_micros,
+                        };
+                        Ok(Some((dead, ticket)))
+                    }
+                    _ => Err(PipelineError::Publish {
+                        event_id: msg.event_id.clone(),
+                        subject: msg.subject.clone(),
+                        error,
+                    }),
+                }
+            }
         }
     }
 

@@ -3,6 +3,7 @@
 //! `relay-nats`; tests use in-memory ones.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use pgoutput::{LogicalMessage, Lsn};
 
@@ -120,6 +121,9 @@ pub enum PublishErrorKind {
     /// The broker refused the message for good (too large, stream full with `discard: new`,
     /// permissions). Fatal.
     Rejected,
+    /// The stream already holds this event id with a different subject or payload: two outbox
+    /// rows share an id. Fatal, or dead-lettered when a dead-letter subject is set.
+    Collision,
 }
 
 impl PublishError {
@@ -137,10 +141,11 @@ pub trait Publisher: Clone + Send + Sync + 'static {
     /// Resolves when the broker acknowledged (or refused) the message.
     type Ack: Future<Output = Result<PubReceipt, PublishError>> + Send + 'static;
 
-    /// Hands `msg` to the broker connection, in call order, returning its pending ack.
+    /// Hands `msg` to the broker connection, in call order, returning its pending ack. The ack
+    /// future may keep `msg` (a reference count, no copy).
     fn send(
         &self,
-        msg: &OutboundMessage,
+        msg: &Arc<OutboundMessage>,
     ) -> impl Future<Output = Result<Self::Ack, PublishError>> + Send;
 }
 

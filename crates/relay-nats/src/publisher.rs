@@ -20,6 +20,43 @@ const HEADER_EXPECTED_STREAM: &str = "Nats-Expected-Stream";
 pub struct JetStreamPublisher {
     context: jetstream::Context,
     stream: Arc<str>,
+    /// The same context, shared with ack futures by reference count (no per-event clone).
+    shared: Arc<jetstream::Context>,
+}
+
+/// A duplicate PubAck means JetStream already holds a message with this `Nats-Msg-Id`: a
+/// re-send (same subject and payload), or a second outbox row reusing the id. Fetch the stored
+/// copy and refuse the second case instead of reporting a silent success.
+async fn verify_duplicate(
+    context: &jetstream::Context,
+    stream: &str,
+    seq: u64,
+    msg: &OutboundMessage,
+) -> Result<(), PublishError> {
+    let stored = match context.get_stream_no_info(stream).await {
+        Ok(handle) => handle.get_raw_message(seq).await,
+        Err(e) => {
+            tracing::debug!(error = %e, seq, "cannot look up the stored copy of a duplicate");
+            return Ok(());
+        }
+    };
+    match stored {
+        Ok(stored) if stored.subject.as_str() != msg.subject || stored.payload != msg.payload => {
+            Err(PublishError::new(
+                PublishErrorKind::Collision,
+                format!(
+                    "event id collision: `{}` is already stored (stream sequence {seq}) with a different subject or payload; two outbox rows share this event id",
+                    msg.event_id
+                ),
+            ))
+        }
+        Ok(_) => Ok(()),
+        // Purged or aged out: nothing to compare with.
+        Err(e) => {
+            tracing::debug!(error = %e, seq, "cannot read the stored copy of a duplicate");
+            Ok(())
+        }
+    }
 }
 
 impl std::fmt::Debug for JetStreamPublisher {
@@ -44,6 +81,7 @@ impl JetStreamPublisher {
             .max_ack_inflight(max_in_flight.saturating_add(64))
             .build(client);
         Self {
+            shared: Arc::new(context.clone()),
             context,
             stream: stream.into(),
         }
@@ -90,7 +128,7 @@ fn classify(error: jetstream::context::PublishError) -> PublishError {
 impl Publisher for JetStreamPublisher {
     type Ack = BoxFuture<'static, Result<PubReceipt, PublishError>>;
 
-    async fn send(&self, msg: &OutboundMessage) -> Result<Self::Ack, PublishError> {
+    async fn send(&self, msg: &Arc<OutboundMessage>) -> Result<Self::Ack, PublishError> {
         let mut headers = HeaderMap::new();
         headers.insert(HEADER_MSG_ID, msg.event_id.as_str());
         headers.insert(HEADER_EXPECTED_STREAM, self.stream.as_ref());
@@ -105,12 +143,16 @@ impl Publisher for JetStreamPublisher {
             .send_publish(msg.subject.clone(), publish)
             .await
             .map_err(classify)?;
-        let subject = msg.subject.clone();
+        // For the rare duplicate ack and permission errors: reference counts, no copies.
+        let context = self.shared.clone();
+        let stream = self.stream.clone();
+        let msg = msg.clone();
         Ok(Box::pin(async move {
+            let subject = &msg.subject;
             let ack = ack.await.map_err(|e| {
                 let timed_out = e.kind() == NatsKind::TimedOut;
                 let error = classify(e);
-                match crate::publish_denied(&subject) {
+                match crate::publish_denied(subject) {
                     // The server refused the publish itself: no PubAck will ever come.
                     Some(denied) if timed_out => PublishError::new(
                         PublishErrorKind::Rejected,
@@ -121,6 +163,9 @@ impl Publisher for JetStreamPublisher {
                     _ => error,
                 }
             })?;
+            if ack.duplicate {
+                verify_duplicate(&context, &stream, ack.sequence, &msg).await?;
+            }
             Ok(PubReceipt {
                 stream_seq: ack.sequence,
                 duplicate: ack.duplicate,

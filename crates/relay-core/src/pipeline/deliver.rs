@@ -13,7 +13,8 @@ use crate::message::OutboundMessage;
 use crate::stage::{PubReceipt, PublishError, PublishErrorKind, Publisher};
 
 /// The outcome of one delivery: its ticket and receipt, or the message and the fatal error.
-pub(super) type Delivery = Result<(EventTicket, PubReceipt), (Arc<OutboundMessage>, PublishError)>;
+pub(super) type Delivery =
+    Result<(EventTicket, PubReceipt), (EventTicket, Arc<OutboundMessage>, PublishError)>;
 
 /// Retry settings a delivery carries.
 #[derive(Debug, Clone, Copy)]
@@ -51,10 +52,10 @@ pub(super) async fn deliver<P: Publisher>(
         let retry = match error.kind {
             PublishErrorKind::Unknown => true,
             PublishErrorKind::NoStream => started.elapsed() < policy.no_stream_grace,
-            PublishErrorKind::Rejected => false,
+            PublishErrorKind::Rejected | PublishErrorKind::Collision => false,
         };
         if !retry {
-            return Err((msg, error));
+            return Err((ticket, msg, error));
         }
         tracing::warn!(
             event_id = %msg.event_id,

@@ -79,7 +79,9 @@ impl PipelineStats {
         let counter = match kind {
             PublishErrorKind::Unknown => &self.publish_errors_unknown,
             PublishErrorKind::NoStream => &self.publish_errors_no_stream,
-            PublishErrorKind::Rejected => &self.publish_errors_rejected,
+            PublishErrorKind::Rejected | PublishErrorKind::Collision => {
+                &self.publish_errors_rejected
+            }
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }

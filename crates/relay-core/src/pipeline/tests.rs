@@ -140,9 +140,9 @@ struct FakeBroker(Arc<Mutex<BrokerState>>);
 impl Publisher for FakeBroker {
     type Ack = futures::future::BoxFuture<'static, Result<PubReceipt, PublishError>>;
 
-    async fn send(&self, msg: &OutboundMessage) -> Result<Self::Ack, PublishError> {
+    async fn send(&self, msg: &Arc<OutboundMessage>) -> Result<Self::Ack, PublishError> {
         let state = self.0.clone();
-        let msg = msg.clone();
+        let msg = OutboundMessage::clone(msg);
         let (delay, fault) = {
             let mut s = state.lock().unwrap();
             s.sends += 1;
