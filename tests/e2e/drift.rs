@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use nix::sys::signal::Signal;
 
 use crate::support::*;
@@ -13,24 +13,6 @@ use crate::support::*;
 const EX_DATAERR: i32 = 65;
 const EX_CONFIG: i32 = 78;
 const WAIT: Duration = Duration::from_secs(30);
-
-async fn wait_for_id(
-    js: &async_nats::jetstream::Context,
-    id: &str,
-    relay: &Relay,
-) -> Result<Vec<Received>> {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let got = read_stream(js).await?;
-        if got.iter().any(|m| m.id() == id) {
-            return Ok(got);
-        }
-        if Instant::now() > deadline {
-            bail!("event {id} never arrived; log:\n{}", relay.log());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 async fn expect_stop(relay: &mut Relay, code: i32, needles: &[&str]) -> Result<String> {
     let status = relay.wait_exit(WAIT).await?;

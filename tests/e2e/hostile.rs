@@ -7,7 +7,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use futures::StreamExt;
 use nix::sys::signal::Signal;
 
@@ -234,22 +234,18 @@ async fn insert_bad(
     Ok(())
 }
 
-async fn wait_for_id(
-    js: &async_nats::jetstream::Context,
-    id: &str,
-    relay: &Relay,
-) -> Result<Vec<Received>> {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let got = read_stream(js).await?;
-        if got.iter().any(|m| m.id() == id) {
-            return Ok(got);
-        }
-        if Instant::now() > deadline {
-            bail!("event {id} never arrived; log:\n{}", relay.log());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+/// An outbox without a key on its event id, so rows can reuse one.
+async fn create_bad_outbox(db: &tokio_postgres::Client) -> Result<()> {
+    db.batch_execute(
+        "CREATE TABLE bad_outbox (
+            seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            id text,
+            kind text,
+            payload bytea
+        )",
+    )
+    .await?;
+    Ok(())
 }
 
 struct Case {
@@ -267,15 +263,7 @@ struct Case {
 async fn bad_rows_fail_closed_then_resume_through_the_dead_letter_subject() -> Result<()> {
     let env = Env::start().await?;
     let db = env.db().await?;
-    db.batch_execute(
-        "CREATE TABLE bad_outbox (
-            seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-            id text,
-            kind text,
-            payload bytea
-        )",
-    )
-    .await?;
+    create_bad_outbox(&db).await?;
     let mapping = r#"
 [[outbox]]
 table = "public.bad_outbox"
@@ -502,15 +490,7 @@ table = "public.outbox"
 async fn an_event_id_reused_after_a_restart_is_reported_as_a_collision() -> Result<()> {
     let env = Env::start().await?;
     let db = env.db().await?;
-    db.batch_execute(
-        "CREATE TABLE bad_outbox (
-            seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-            id text,
-            kind text,
-            payload bytea
-        )",
-    )
-    .await?;
+    create_bad_outbox(&db).await?;
     let config = env.config(
         "[[outbox]]\ntable = \"public.bad_outbox\"\nevent_id = \"id\"\nsubject = \"outbox.b.{kind}\"\npayload = \"payload\"\nheaders = {}\n",
     );

@@ -338,6 +338,25 @@ pub async fn wait_for_messages(
     }
 }
 
+/// Waits (30 s) until a message with `Nats-Msg-Id` = `id` is in the stream; returns the stream.
+pub async fn wait_for_id(
+    js: &jetstream::Context,
+    id: &str,
+    relay: &Relay,
+) -> Result<Vec<Received>> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = read_stream(js).await?;
+        if got.iter().any(|m| m.id() == id) {
+            return Ok(got);
+        }
+        if Instant::now() > deadline {
+            bail!("event {id} never arrived; log:\n{}", relay.log());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Inserts one Debezium-shaped outbox row; returns its id.
 pub async fn insert_event(
     client: &impl tokio_postgres::GenericClient,
