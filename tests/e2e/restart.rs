@@ -118,3 +118,85 @@ async fn kill9_mid_stream_then_restart_has_every_event_exactly_once() -> Result<
     }
     Ok(())
 }
+
+/// An operator (or a failover tool) terminates the relay's sessions with
+/// `pg_terminate_backend` (SQLSTATE 57P01) while events flow, once in the middle of a checkpoint
+/// write (held on a table lock so the server's reply is that error) and then the walsender too:
+/// the relay reconnects and delivers every event instead of stopping as if the error were a
+/// configuration problem.
+#[tokio::test(flavor = "multi_thread")]
+async fn terminated_sessions_are_reconnected_not_fatal() -> Result<()> {
+    let env = Env::start().await?;
+    let config = env.config_full("create_stream = true", "");
+    let mut relay = Relay::start(&config)?;
+    relay
+        .wait_log("replication started", Duration::from_secs(30))
+        .await?;
+    let mut db = env.db().await?;
+    let js = env.jetstream().await?;
+
+    // 1. A checkpoint write that the server answers with "terminating connection".
+    let lock = db.transaction().await?;
+    lock.batch_execute("LOCK TABLE outbox_relay.checkpoint IN EXCLUSIVE MODE")
+        .await?;
+    let mut ids = write_events(env.pg.url(DB), 3, 5).await?;
+    let blocked = wait_for_pid(
+        &env,
+        "application_name = 'outbox-relay' AND wait_event_type = 'Lock'",
+        &relay,
+    )
+    .await?;
+    lock.execute("SELECT pg_terminate_backend($1)", &[&blocked])
+        .await?;
+    lock.commit().await?;
+    relay
+        .wait_log("cannot store checkpoint", Duration::from_secs(30))
+        .await?;
+
+    // 2. Every session of the relay, three times, while events flow.
+    let writer = tokio::spawn(write_events(env.pg.url(DB), 100, 5));
+    for _ in 0..3 {
+        wait_for_pid(
+            &env,
+            "application_name = 'outbox-relay' AND backend_type = 'walsender'",
+            &relay,
+        )
+        .await?;
+        db.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE application_name = 'outbox-relay'",
+            &[],
+        )
+        .await?;
+    }
+    ids.extend(writer.await??);
+    let got = wait_for_messages(&js, ids.len(), Duration::from_secs(60), Some(&relay)).await?;
+    let counts = counts(&got);
+    for id in &ids {
+        assert!(counts.contains_key(id), "event {id} delivered");
+    }
+    assert!(
+        relay.try_status()?.is_none(),
+        "the relay is still running; log:\n{}",
+        relay.log()
+    );
+    Ok(())
+}
+
+/// Waits up to 30 s for a backend matching `filter` (SQL over pg_stat_activity); its pid.
+async fn wait_for_pid(env: &Env, filter: &str, relay: &Relay) -> Result<i32> {
+    let db = env.db().await?;
+    let sql = format!("SELECT pid FROM pg_stat_activity WHERE {filter} LIMIT 1");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(row) = db.query_opt(&sql, &[]).await? {
+            return Ok(row.get(0));
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "no session with {filter}; log:\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -207,6 +207,11 @@ impl Relay {
         let _ = self.child.wait();
     }
 
+    /// The exit status if the process has exited, `None` while it runs.
+    pub fn try_status(&mut self) -> Result<Option<ExitStatus>> {
+        Ok(self.child.try_wait()?)
+    }
+
     /// Waits for the process to exit.
     pub async fn wait_exit(&mut self, timeout: Duration) -> Result<ExitStatus> {
         let deadline = Instant::now() + timeout;

@@ -22,7 +22,7 @@ pub struct PgCheckpointStore {
 
 fn store_err(message: String) -> impl FnOnce(tokio_postgres::Error) -> StoreError {
     move |source| {
-        let class = if source.is_closed() || source.as_db_error().is_none() {
+        let class = if crate::is_transient_query_error(&source) {
             ErrorClass::Transient
         } else {
             ErrorClass::Fatal

@@ -182,7 +182,7 @@ impl PgError {
             PgError::Unreachable { .. } => true,
             // A wrong password, a refused role or database, or a TLS failure needs an operator.
             PgError::Connect { source, .. } => !is_login_refusal(source),
-            PgError::Query { source, .. } => source.is_closed() || source.as_db_error().is_none(),
+            PgError::Query { source, .. } => is_transient_query_error(source),
             _ => false,
         }
     }
@@ -192,6 +192,31 @@ impl PgError {
         matches!(self, PgError::SlotLost { .. } | PgError::SlotAhead { .. })
             || matches!(self, PgError::SlotUnusable { reason, .. } if reason.contains("invalidated"))
     }
+}
+
+/// Whether a failed statement on an established session is worth retrying on a new session:
+/// the connection broke, or the server said so by SQLSTATE (connection exception, shutdown or
+/// restart in progress, out of resources, serialization failure, lock or statement timeout).
+/// Everything else (privileges, missing objects, bad data) needs an operator.
+pub fn is_transient_query_error(error: &tokio_postgres::Error) -> bool {
+    if error.is_closed() {
+        return true;
+    }
+    let Some(db) = error.as_db_error() else {
+        return true;
+    };
+    let code = db.code().code();
+    matches!(
+        code,
+        // admin_shutdown, crash_shutdown, cannot_connect_now, query_canceled (statement_timeout)
+        "57P01" | "57P02" | "57P03" | "57014"
+            // serialization_failure, deadlock_detected, lock_not_available
+            | "40001" | "40P01" | "55P03"
+            // read_only_sql_transaction: a standby during a failover
+            | "25006"
+    ) || code.starts_with("08") // connection exception
+        || code.starts_with("53") // insufficient resources
+        || code.starts_with("58") // system error (I/O)
 }
 
 /// Whether a connect error is the server refusing the login (SQLSTATE class 28, unknown
