@@ -61,6 +61,20 @@ impl Verdict {
         self.report();
         assert!(self.pass, "scenario failed: {self:?}");
     }
+
+    /// As [`Self::assert`], and on failure prints the end of the relay's log first, so a
+    /// failure in CI can be diagnosed from its output alone.
+    pub fn assert_with_log(&self, relay_log: &str) {
+        if !self.pass {
+            let lines: Vec<&str> = relay_log.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(80)..];
+            eprintln!("--- last {} lines of the relay log ---", tail.len());
+            for line in tail {
+                eprintln!("{line}");
+            }
+        }
+        self.assert();
+    }
 }
 
 /// Committed event ids, from the outbox table.
