@@ -12,5 +12,7 @@ mod hostile;
 mod ops;
 mod restart;
 mod security;
+mod security_nats;
+mod security_roles;
 mod slot;
 mod support;

@@ -249,6 +249,27 @@ impl Drop for Relay {
     }
 }
 
+/// Waits up to `within` for `relay` to exit; asserts the exit code, that the log has every
+/// needle and no panic. Returns the log (to check, e.g., that no secret is in it).
+pub async fn expect_exit(
+    relay: &mut Relay,
+    code: i32,
+    within: Duration,
+    needles: &[&str],
+) -> Result<String> {
+    let status = relay.wait_exit(within).await?;
+    let log = relay.log();
+    assert_eq!(status.code(), Some(code), "exit code; log:\n{log}");
+    for needle in needles {
+        assert!(
+            log.contains(needle),
+            "log should mention {needle:?}:\n{log}"
+        );
+    }
+    assert!(!log.contains("panicked"), "{log}");
+    Ok(log)
+}
+
 /// A message read back from the stream.
 #[derive(Debug, Clone)]
 pub struct Received {

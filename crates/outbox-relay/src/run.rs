@@ -22,6 +22,9 @@ use crate::exit::{Exit, ExitKind};
 use crate::inspect::{self, StreamLookup};
 use crate::telemetry::{StreamSample, Telemetry};
 
+/// Consecutive refused logins after the first session before the relay exits with 78.
+const MAX_REFUSED_LOGINS: u32 = 3;
+
 /// How a session ended without a fatal error.
 enum SessionEnd {
     /// Shutdown was requested; everything acknowledged is stored and confirmed.
@@ -162,6 +165,7 @@ pub async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), 
     spawn_publication_check(config.clone(), stop.clone(), drift.clone());
     let mut accept = accept_slot_position;
     let mut ever_connected = false;
+    let mut refused_logins = 0u32;
     let mut backoff = Duration::from_millis(250);
     let mut sessions = 0u64;
     loop {
@@ -176,6 +180,7 @@ pub async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), 
             &telemetry,
             &mut accept,
             &mut ever_connected,
+            &mut refused_logins,
         )
         .await;
         telemetry.streaming.store(false, Ordering::Relaxed);
@@ -221,16 +226,34 @@ async fn session(
     telemetry: &Arc<Telemetry>,
     accept_slot_position: &mut bool,
     ever_connected: &mut bool,
+    refused_logins: &mut u32,
 ) -> Result<SessionEnd, Exit> {
     let stats = &telemetry.stats;
     let slot = config.postgres.slot.as_str();
     let client = match relay_postgres::connect(&config.postgres).await {
         Ok(client) => client,
         // Unreachable at start-up: say so and exit; later, wait for it to come back.
-        Err(e) if *ever_connected => return Ok(SessionEnd::Retry(e.into())),
+        Err(e) if *ever_connected && e.is_transient() => return Ok(SessionEnd::Retry(e.into())),
+        // A refused login (password, LOGIN, pg_hba, TLS) needs an operator: a few quick retries
+        // cover a secret file updated a moment after the role, then exit instead of looping.
+        Err(e) if *ever_connected => {
+            *refused_logins += 1;
+            let who = config.postgres.parts().map(|p| p.user).unwrap_or_default();
+            let message = format!(
+                "PostgreSQL at {} refused the login of role `{who}` ({} of {MAX_REFUSED_LOGINS} attempts) after the relay had run: check the role (LOGIN, password, pg_hba.conf, certificate) and postgres.password / password_file / sslcert",
+                config.postgres.display_target(),
+                refused_logins
+            );
+            let error = anyhow::Error::new(e).context(message);
+            if *refused_logins >= MAX_REFUSED_LOGINS {
+                return Err(Exit::config(error));
+            }
+            return Ok(SessionEnd::Retry(error));
+        }
         Err(e) => return Err(pg_exit(e)),
     };
     *ever_connected = true;
+    *refused_logins = 0;
     let mut store = match PgCheckpointStore::new(client, slot).await {
         Ok(store) => store,
         Err(e) => return store_end(e),

@@ -158,16 +158,14 @@ pub async fn connect(settings: &NatsSettings) -> Result<async_nats::Client, Nats
             }
         });
     if let Some(path) = &settings.credentials_file {
-        options = options
-            .credentials_file(path)
-            .await
-            .map_err(|source| NatsError::Connect {
-                url: settings.url.clone(),
-                source: async_nats::ConnectError::with_source(
-                    async_nats::ConnectErrorKind::Authentication,
-                    source,
-                ),
-            })?;
+        // A file that cannot be read or parsed is a configuration error (78), not an outage;
+        // the message names the file, never its contents.
+        options = options.credentials_file(path).await.map_err(|e| {
+            NatsError::Settings(format!(
+                "cannot use nats.credentials_file {}: {e} (expected a .creds file with a user JWT and an NKey seed, as `nsc generate creds` writes)",
+                path.display()
+            ))
+        })?;
     }
     if let Some(user) = &settings.user {
         let password = settings.resolved_password()?.ok_or_else(|| {

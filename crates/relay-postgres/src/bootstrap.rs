@@ -44,6 +44,32 @@ fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
+/// Fails closed instead of creating the publication after the slot: the slot decodes its WAL
+/// with the catalog as it was, so rows committed between the slot's position and the new
+/// publication cannot be read through it (PostgreSQL 17 and older stop decoding with
+/// "publication does not exist", 18 skips those rows with a server-log warning).
+async fn refuse_publication_after_slot(
+    client: &Client,
+    settings: &PostgresSettings,
+) -> Result<(), PgError> {
+    let (slot, publication) = (&settings.slot, &settings.publication);
+    let found = client
+        .query_opt(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+            &[slot],
+        )
+        .await
+        .map_err(query_err(format!("cannot look up replication slot {slot}")))?;
+    let Some(row) = found else { return Ok(()) };
+    let position = parse_lsn(row.get(0)).map_or_else(|| "?".to_owned(), |l| l.to_string());
+    Err(PgError::SlotUnusable {
+        slot: slot.clone(),
+        reason: format!(
+            "publication `{publication}` does not exist, and creating it now would make it newer than the slot's position {position}: PostgreSQL cannot decode the slot's older WAL through it (17 and older stop with \"publication does not exist\", 18 silently skips those rows). Reconcile outbox rows committed since {position} from the outbox table, then create the publication before the slot: SELECT pg_drop_replication_slot('{slot}'), delete the slot's row from outbox_relay.checkpoint, and start the relay (or run `outbox-relay setup`), which creates the publication first"
+        ),
+    })
+}
+
 /// Checks the server, tables, publication and slot; creates the publication and slot where
 /// allowed. `tables` are `(schema, table)`; `checkpoint` is the relay's stored position.
 pub async fn prepare(
@@ -106,6 +132,7 @@ pub async fn prepare(
             false
         }
         None if settings.create_publication => {
+            refuse_publication_after_slot(client, settings).await?;
             // Names are validated identifiers; tables are quoted.
             let sql = format!(
                 "CREATE PUBLICATION {publication} FOR TABLE {} WITH (publish = 'insert')",

@@ -32,15 +32,37 @@ fn store_err(message: String) -> impl FnOnce(tokio_postgres::Error) -> StoreErro
 }
 
 impl PgCheckpointStore {
-    /// A store for `slot`; creates the table when missing.
+    /// A store for `slot`. Runs [`CHECKPOINT_MIGRATION`] only when the table is missing, so a
+    /// role without CREATE on the database works once an administrator has applied it.
     pub async fn new(client: Client, slot: &str) -> Result<Self, StoreError> {
-        client
-            .batch_execute(CHECKPOINT_MIGRATION)
+        // The catalog, not to_regclass: looking a name up in a schema without USAGE is an error,
+        // and the privileges are checked by oid for a precise message.
+        let found = client
+            .query_opt(
+                "SELECT has_schema_privilege(n.oid, 'USAGE') \
+                        AND has_table_privilege(c.oid, 'SELECT, INSERT, UPDATE'), current_user \
+                 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname = 'outbox_relay' AND c.relname = 'checkpoint'",
+                &[],
+            )
             .await
-            .map_err(store_err(
-            "cannot create outbox_relay.checkpoint (does the role have CREATE on the database?)"
-                .into(),
-        ))?;
+            .map_err(store_err("cannot look up outbox_relay.checkpoint".into()))?;
+        match found {
+            Some(row) if row.get::<_, bool>(0) => {}
+            Some(row) => {
+                let role: String = row.get(1);
+                return Err(StoreError {
+                    class: ErrorClass::Fatal,
+                    message: format!(
+                        "role `{role}` may not use outbox_relay.checkpoint: GRANT USAGE ON SCHEMA outbox_relay TO {role}; GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_relay.checkpoint TO {role}"
+                    ),
+                    source: None,
+                });
+            }
+            None => client.batch_execute(CHECKPOINT_MIGRATION).await.map_err(store_err(
+                "outbox_relay.checkpoint does not exist and cannot be created: apply migrations/0002_relay_checkpoint.sql as an administrator, or GRANT CREATE ON DATABASE to the relay's role".into(),
+            ))?,
+        }
         Ok(Self {
             client,
             slot: slot.to_owned(),

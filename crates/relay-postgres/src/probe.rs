@@ -77,6 +77,7 @@ async fn run(
         .await
         .map_err(unreachable)?;
     let mut buf = BytesMut::new();
+    let mut tls_on = false;
     let mut stream: Box<dyn Stream> = if mode == SslMode::Disable {
         Box::new(tcp)
     } else {
@@ -92,13 +93,13 @@ async fn run(
                 let name = rustls::pki_types::ServerName::try_from(parts.host.clone())
                     .map_err(|e| PgError::Settings(format!("host {}: {e}", parts.host)))?;
                 let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
-                let tls = connector
-                    .connect(name, tcp)
-                    .await
-                    .map_err(|e| PgError::Tls {
+                let tls = connector.connect(name, tcp).await.map_err(|e| {
+                    tls_failure(settings, target, &e).unwrap_or_else(|| PgError::Tls {
                         target: target.to_owned(),
                         reason: e.to_string(),
-                    })?;
+                    })
+                })?;
+                tls_on = true;
                 Box::new(tls)
             }
             b'N' if mode.requires_tls() => {
@@ -125,10 +126,20 @@ async fn run(
         ("application_name", "outbox-relay-probe"),
     ];
     frontend::startup_message(params, &mut buf).map_err(unreachable)?;
-    stream.write_all(&buf).await.map_err(unreachable)?;
-    stream.flush().await.map_err(unreachable)?;
-    let tag = stream.read_u8().await.map_err(unreachable)?;
-    let len = stream.read_i32().await.map_err(unreachable)?;
+    // With TLS 1.3 the server checks the client certificate after the client finished the
+    // handshake: a rejection arrives as an alert on the first read.
+    let io_err = |e: std::io::Error| {
+        let refused = if tls_on {
+            tls_failure(settings, target, &e)
+        } else {
+            None
+        };
+        refused.unwrap_or_else(|| unreachable(e))
+    };
+    stream.write_all(&buf).await.map_err(io_err)?;
+    stream.flush().await.map_err(io_err)?;
+    let tag = stream.read_u8().await.map_err(io_err)?;
+    let len = stream.read_i32().await.map_err(io_err)?;
     if !(4..=65_536).contains(&len) {
         return Err(PgError::Unreachable {
             target: target.to_owned(),
@@ -136,7 +147,7 @@ async fn run(
         });
     }
     let mut body = vec![0; len as usize - 4];
-    stream.read_exact(&mut body).await.map_err(unreachable)?;
+    stream.read_exact(&mut body).await.map_err(io_err)?;
     let mut body = &body[..];
     match tag {
         b'R' if body.len() >= 4 => Ok(match body.get_i32() {
@@ -153,7 +164,10 @@ async fn run(
             if code.starts_with("28") || code == "3D000" {
                 Err(PgError::Auth {
                     target: target.to_owned(),
-                    message: format!("{message} (SQLSTATE {code})"),
+                    message: format!(
+                        "{message} (SQLSTATE {code}){}",
+                        cert_hint(settings, &message)
+                    ),
                 })
             } else {
                 Err(PgError::Unreachable {
@@ -169,6 +183,56 @@ async fn run(
                 other as char
             ),
         }),
+    }
+}
+
+/// The server's TLS alert about the client certificate inside `error`, if that is what it is:
+/// a refusal naming `sslcert` (an operator must act), instead of an unreachable server.
+fn tls_failure(
+    settings: &PostgresSettings,
+    target: &str,
+    error: &std::io::Error,
+) -> Option<PgError> {
+    use rustls::AlertDescription as A;
+    let alert = match error.get_ref()?.downcast_ref::<rustls::Error>()? {
+        rustls::Error::AlertReceived(
+            alert @ (A::BadCertificate
+            | A::UnsupportedCertificate
+            | A::CertificateRevoked
+            | A::CertificateExpired
+            | A::CertificateUnknown
+            | A::UnknownCA
+            | A::AccessDenied
+            | A::CertificateRequired),
+        ) => alert,
+        _ => return None,
+    };
+    let message = match &settings.sslcert {
+        Some(cert) => format!(
+            "the server rejected the client certificate postgres.sslcert {} (TLS alert {alert:?}): it must be signed by a CA in the server's ssl_ca_file and be valid now",
+            cert.display()
+        ),
+        None => format!(
+            "the server ended the TLS session (TLS alert {alert:?}); if it requires a client certificate, set postgres.sslcert and postgres.sslkey"
+        ),
+    };
+    Some(PgError::Auth {
+        target: target.to_owned(),
+        message,
+    })
+}
+
+/// The fix for a refusal about the client certificate (pg_hba `cert` or `clientcert=`).
+fn cert_hint(settings: &PostgresSettings, message: &str) -> String {
+    if !message.contains("certificate") {
+        return String::new();
+    }
+    match &settings.sslcert {
+        None => "; set postgres.sslcert and postgres.sslkey to a client certificate signed by a CA in the server's ssl_ca_file, whose CN is the role".into(),
+        Some(cert) => format!(
+            "; the CN of postgres.sslcert {} must be the role in postgres.url (or mapped to it in pg_ident.conf)",
+            cert.display()
+        ),
     }
 }
 

@@ -64,7 +64,9 @@ pub fn classify(slot: &str, error: PgWireError) -> SourceError {
     } else if text.contains("publication") && text.contains("does not exist") {
         (
             ErrorClass::Fatal,
-            format!("the publication of slot {slot} does not exist (for the WAL being decoded)"),
+            format!(
+                "the publication of slot {slot} does not exist for the WAL being decoded (dropped, or created after the slot): re-create it, or if it is newer than the slot, reconcile the outbox rows since the slot's position, drop the slot and its outbox_relay.checkpoint row, and run `outbox-relay setup` (publication first, then slot); see docs/bad-rows.md"
+            ),
         )
     } else if error.is_auth() || error.is_tls() {
         (

@@ -11,6 +11,8 @@
 //! * [`NatsCluster`]: several nats-servers with cluster routes and
 //!   JetStream (streams with 3 replicas), plus [`stream_leader_stepdown`]
 //!   and [`stream_leader`].
+//! * [`NatsOperator`]: operator-mode nats-server configuration (JWTs signed with NKeys) and
+//!   users as `.creds` files.
 //! * [`TestCa`]: a throw-away CA for TLS-enabled servers ([`PgSecurity::tls`],
 //!   [`NatsOptions::tls`]).
 //! * [`FaultProxy`]: a TCP proxy in front of a server that can delay,
@@ -31,6 +33,7 @@
 
 mod nats;
 mod nats_cluster;
+mod nats_jwt;
 mod postgres;
 mod procs;
 mod proxy;
@@ -42,6 +45,7 @@ use std::sync::{Mutex, PoisonError};
 
 pub use nats::{NatsOptions, NatsServer, new_nkey_user};
 pub use nats_cluster::{CLUSTER_READY_TIMEOUT, NatsCluster, stream_leader, stream_leader_stepdown};
+pub use nats_jwt::{NatsOperator, UserPermissions};
 pub use postgres::{PgOptions, PgSecurity, PostgresServer};
 pub use proxy::FaultProxy;
 pub use tls::{IssuedCert, TestCa};

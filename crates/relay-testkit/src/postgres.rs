@@ -208,6 +208,17 @@ impl PostgresServer {
         self.ca.as_ref().map(crate::TestCa::cert_path)
     }
 
+    /// Issues a client certificate with common name `cn` (the role, for pg_hba `cert`) from
+    /// the test CA, into [`Self::work_dir`] as `<cn>.crt` and `<cn>.key` (when
+    /// [`PgSecurity::tls`]).
+    pub fn issue_client_cert(&self, cn: &str) -> anyhow::Result<crate::IssuedCert> {
+        let ca = self
+            .ca
+            .as_ref()
+            .ok_or_else(|| anyhow!("issue_client_cert: this server was started without TLS"))?;
+        ca.issue_client(self.dir.path(), &format!("client-{cn}"), cn)
+    }
+
     /// A directory for test files (certificates, password files) that is removed with the
     /// server.
     pub fn work_dir(&self) -> &Path {
@@ -539,6 +550,12 @@ impl PostgresServer {
             (
                 "ssl_key_file".to_owned(),
                 issued.key_path.to_string_lossy().into_owned(),
+            ),
+            // Client certificates issued by the same CA are accepted (pg_hba `cert`); without
+            // a `cert` line the server asks for one but does not insist.
+            (
+                "ssl_ca_file".to_owned(),
+                ca.cert_path().to_string_lossy().into_owned(),
             ),
         ];
         self.write_settings_only(&settings)?;
