@@ -59,6 +59,10 @@ pub struct Args {
     /// The outbox-relay binary.
     #[arg(long, env = "RELAY_BIN")]
     pub relay_bin: Option<PathBuf>,
+    /// A second outbox-relay binary (e.g. the previous commit) run right after each catch-up of
+    /// the main one, on the same backlog: an A/B comparison within one run.
+    #[arg(long)]
+    pub compare_bin: Option<PathBuf>,
     /// Also write the table (markdown) to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use crate::Args;
-use crate::workload::{Results, Scenario};
+use crate::workload::{RelayRun, Results, Scenario};
 
 const MB: f64 = 1024.0 * 1024.0;
 const RSS_TARGET_MB: f64 = 64.0;
@@ -38,9 +38,10 @@ fn catch_up_rows(out: &mut String, sc: &Scenario) {
         let ratio = limit.map(|l| r.events_per_s / l);
         let _ = writeln!(
             out,
-            "| **Catch-up, {}**, max_in_flight {} ({:.2} s) | {:.0}/s | min(decode, broker) {} | {} | >= 90% | {} |",
+            "| **Catch-up, {}**, max_in_flight {}{} ({:.2} s) | {:.0}/s | min(decode, broker) {} | {} | >= 90% | {} |",
             sc.label,
             r.max_in_flight,
+            variant_note(r),
             r.secs,
             r.events_per_s,
             rate(limit),
@@ -52,6 +53,7 @@ fn catch_up_rows(out: &mut String, sc: &Scenario) {
         let best = sc
             .relays
             .iter()
+            .filter(|r| r.variant.is_empty())
             .map(|r| r.events_per_s)
             .fold(f64::NAN, f64::max);
         let _ = writeln!(
@@ -118,6 +120,7 @@ pub fn render(args: &Args, res: &Results) -> String {
         .collect();
     let max_rss = all_runs
         .iter()
+        .filter(|(_, r)| r.variant.is_empty())
         .map(|(_, r)| r.peak_rss)
         .chain(res.latency.iter().map(|l| l.relay_rss))
         .max()
@@ -131,9 +134,10 @@ pub fn render(args: &Args, res: &Results) -> String {
     for (s, r) in &all_runs {
         let _ = writeln!(
             out,
-            "| Cost, {}, max_in_flight {} | {:.2} CPU s / 100k events, peak RSS {:.1} MB | | | – | – |",
+            "| Cost, {}, max_in_flight {}{} | {:.2} CPU s / 100k events, peak RSS {:.1} MB | | | – | – |",
             s.label,
             r.max_in_flight,
+            variant_note(r),
             r.cpu_secs * 100_000.0 / s.rows as f64,
             r.peak_rss as f64 / MB
         );
@@ -144,6 +148,7 @@ pub fn render(args: &Args, res: &Results) -> String {
             .iter()
             .filter(|s| s.label.starts_with("1 tx"))
             .flat_map(|s| s.relays.iter())
+            .filter(|r| r.variant.is_empty())
             .map(|r| r.peak_rss)
             .max();
         let big_rss = big.relays.iter().map(|r| r.peak_rss).max().unwrap_or(0);
@@ -186,4 +191,13 @@ pub fn render(args: &Args, res: &Results) -> String {
         "\nLatency: `ts` = clock_timestamp() at INSERT of a 1-row autocommit transaction; ack time = the JetStream stream timestamp of the stored message (`info().published`), same clock.\nCatch-up: from spawning the relay until outbox_relay.checkpoint.confirmed_lsn is past the last transaction and the stream holds every event (checkpoint_interval 100ms, status_interval 1s)."
     );
     out
+}
+
+/// ", --compare-bin" for runs of the comparison binary.
+fn variant_note(r: &RelayRun) -> String {
+    if r.variant.is_empty() {
+        String::new()
+    } else {
+        format!(", {} (--compare-bin)", r.variant)
+    }
 }

@@ -64,6 +64,8 @@ impl Scenario {
 
 #[derive(Debug, Clone)]
 pub struct RelayRun {
+    /// `""` for the relay under test, `"compare"` for `--compare-bin`.
+    pub variant: &'static str,
     pub max_in_flight: usize,
     pub secs: f64,
     pub events_per_s: f64,
@@ -205,16 +207,27 @@ async fn scenario(
             rows as f64 / secs
         ));
     }
+    let mut variants = vec![("", env.relay_bin.clone())];
+    if let Some(bin) = &args.compare_bin {
+        variants.push(("compare", bin.clone()));
+    }
     for &mif in mifs {
-        let run = relay_catch_up(env, mif, rows, inside_last).await?;
-        say(format!(
-            "   relay max_in_flight={mif}: {:.0} events/s ({:.2} s), peak RSS {:.1} MB, {:.2} CPU s",
-            run.events_per_s,
-            run.secs,
-            run.peak_rss as f64 / 1048576.0,
-            run.cpu_secs
-        ));
-        sc.relays.push(run);
+        for (variant, bin) in &variants {
+            let run = relay_catch_up(env, bin, variant, mif, rows, inside_last).await?;
+            say(format!(
+                "   relay{} max_in_flight={mif}: {:.0} events/s ({:.2} s), peak RSS {:.1} MB, {:.2} CPU s",
+                if variant.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({variant})")
+                },
+                run.events_per_s,
+                run.secs,
+                run.peak_rss as f64 / 1048576.0,
+                run.cpu_secs
+            ));
+            sc.relays.push(run);
+        }
     }
     drop_slot(env, BASE_SLOT).await;
     if with_broker_and_polling && !args.no_polling {

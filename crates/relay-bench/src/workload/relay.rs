@@ -45,9 +45,18 @@ pub(super) struct RelayProc {
 
 impl RelayProc {
     pub(super) fn start(env: &Env, slot: &str, max_in_flight: usize) -> Result<Self> {
+        Self::start_bin(env, &env.relay_bin, slot, max_in_flight)
+    }
+
+    pub(super) fn start_bin(
+        env: &Env,
+        bin: &Path,
+        slot: &str,
+        max_in_flight: usize,
+    ) -> Result<Self> {
         let config = relay_config(env, slot, max_in_flight)?;
         let log = env.log_dir.join(format!("relay-{slot}.log"));
-        let child = std::process::Command::new(&env.relay_bin)
+        let child = std::process::Command::new(bin)
             .arg("--config")
             .arg(&config)
             .arg("run")
@@ -56,7 +65,7 @@ impl RelayProc {
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)
             .spawn()
-            .with_context(|| format!("starting {}", env.relay_bin.display()))?;
+            .with_context(|| format!("starting {}", bin.display()))?;
         Ok(Self { child, log })
     }
 
@@ -121,21 +130,26 @@ async fn checkpoint_of(env: &Env, slot: &str) -> Result<Option<u64>> {
 /// transaction (so every event before it was acknowledged) and the stream holds every event.
 pub(super) async fn relay_catch_up(
     env: &Env,
+    bin: &Path,
+    variant: &'static str,
     mif: usize,
     rows: u64,
     inside_last: u64,
 ) -> Result<RelayRun> {
-    let slot = format!("relay_m{mif}");
+    let slot = format!("relay_m{mif}{variant}");
     copy_slot(env, &slot).await?;
     let _ = env.js.delete_stream(STREAM).await;
     let timeout = Duration::from_secs(120 + rows / 2_000);
     let started = Instant::now();
-    let mut relay = RelayProc::start(env, &slot, mif)?;
+    let mut relay = RelayProc::start_bin(env, bin, &slot, mif)?;
     // Optional profile of this run: `perf record` attached to the relay (see docs/benchmarks.md).
     let perf = match std::env::var_os("RELAY_BENCH_PERF_DIR") {
         Some(dir) => Some(
             std::process::Command::new("perf")
-                .args(["record", "-F", "1999", "-g", "-q", "-o"])
+                // RELAY_BENCH_PERF_CALL_GRAPH=dwarf when the binary has no frame pointers.
+                .args(["record", "-F", "1999", "-q", "--call-graph"])
+                .arg(std::env::var("RELAY_BENCH_PERF_CALL_GRAPH").unwrap_or_else(|_| "fp".into()))
+                .arg("-o")
                 .arg(PathBuf::from(dir).join(format!("perf-{slot}-{rows}.data")))
                 .args(["-p", &relay.pid().to_string()])
                 .stdout(Stdio::null())
@@ -177,6 +191,7 @@ pub(super) async fn relay_catch_up(
         bail!("relay run stored {messages} messages, expected {rows}");
     }
     Ok(RelayRun {
+        variant,
         max_in_flight: mif,
         secs,
         events_per_s: rows as f64 / secs,
