@@ -86,6 +86,10 @@ pub struct OutboundMessage {
     pub event_id: String,
     /// Headers other than `Nats-Msg-Id`, in a fixed order.
     pub headers: Vec<(Arc<str>, Arc<str>)>,
+    /// How many leading `headers` every event of this transaction and table shares, as the same
+    /// `Arc`s (commit LSN, xid, commit time, table): a publisher may prepare them once per
+    /// transaction instead of once per event.
+    pub shared_headers: usize,
     /// Message body.
     pub payload: Bytes,
     /// The source table, `schema.table`.

@@ -135,7 +135,9 @@ pub struct RunOutcome {
 #[derive(Debug)]
 pub struct Pipeline<S, P, C> {
     source: S,
-    publisher: P,
+    /// Shared with every delivery by reference count (a publisher clone can be costly: an
+    /// async-nats context clones its client and prefix).
+    publisher: Arc<P>,
     store: C,
     router: Router,
     frontier: AckFrontier,
@@ -172,7 +174,7 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
         let recent = RecentIds::new(config.collision_window);
         Self {
             source,
-            publisher,
+            publisher: Arc::new(publisher),
             store,
             router,
             frontier: AckFrontier::new(start),
@@ -193,7 +195,7 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
     }
 
     /// Takes the loop apart: the source (to stop it cleanly), publisher and store.
-    pub fn into_parts(self) -> (S, P, C) {
+    pub fn into_parts(self) -> (S, Arc<P>, C) {
         (self.source, self.publisher, self.store)
     }
 
@@ -428,6 +430,7 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
                 (HEADER_XID.into(), tx.xid_text.clone()),
                 (HEADER_TX_INDEX.into(), tx_index.to_string().into()),
             ],
+            shared_headers: 0,
             payload,
             table,
             commit_lsn: tx.commit_lsn,
@@ -494,6 +497,7 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
                             subject: subject.clone(),
                             event_id: format!("dlq:collision:{}:{}", msg.event_id, msg.commit_lsn),
                             headers,
+                            shared_headers: msg.shared_headers,
                             payload: msg.payload.clone(),
                             table: msg.table.clone(),
                             commit_lsn: msg.commit_lsn,

@@ -452,12 +452,13 @@ impl CompiledRoute {
             }
         };
 
+        let [commit_lsn, xid, commit_time, table, index_name] = &*RELAY_HEADER_NAMES;
         let mut headers: Vec<(Arc<str>, Arc<str>)> = Vec::with_capacity(5 + self.headers.len());
-        headers.push((HEADER_COMMIT_LSN.into(), tx.commit_lsn_text.clone()));
-        headers.push((HEADER_XID.into(), tx.xid_text.clone()));
-        headers.push((HEADER_COMMIT_TIME.into(), tx.commit_time_text.clone()));
-        headers.push((HEADER_TABLE.into(), self.table.clone()));
-        headers.push((HEADER_TX_INDEX.into(), tx_index.to_string().into()));
+        headers.push((commit_lsn.clone(), tx.commit_lsn_text.clone()));
+        headers.push((xid.clone(), tx.xid_text.clone()));
+        headers.push((commit_time.clone(), tx.commit_time_text.clone()));
+        headers.push((table.clone(), self.table.clone()));
+        headers.push((index_name.clone(), tx_index.to_string().into()));
         for (header, index) in &self.headers {
             let Some(raw) = text(*index, &event_id)? else {
                 continue;
@@ -481,6 +482,7 @@ impl CompiledRoute {
             subject,
             event_id,
             headers,
+            shared_headers: SHARED_HEADERS,
             payload,
             table: self.table.clone(),
             commit_lsn: tx.commit_lsn,
@@ -488,6 +490,20 @@ impl CompiledRoute {
         })
     }
 }
+
+/// The leading headers of a routed event that are the same for its whole transaction and table.
+const SHARED_HEADERS: usize = 4;
+
+/// The relay's own header names, allocated once: every event carries all five.
+static RELAY_HEADER_NAMES: std::sync::LazyLock<[Arc<str>; 5]> = std::sync::LazyLock::new(|| {
+    [
+        HEADER_COMMIT_LSN.into(),
+        HEADER_XID.into(),
+        HEADER_COMMIT_TIME.into(),
+        HEADER_TABLE.into(),
+        HEADER_TX_INDEX.into(),
+    ]
+});
 
 /// Debezium stores the span context as Java properties text (`traceparent=00-…` lines); a bare
 /// W3C value is taken as is.

@@ -26,7 +26,7 @@ pub(super) struct RetryPolicy {
 
 /// Publishes one message until it is acknowledged or refused for good.
 pub(super) async fn deliver<P: Publisher>(
-    publisher: P,
+    publisher: Arc<P>,
     msg: Arc<OutboundMessage>,
     first: Result<P::Ack, PublishError>,
     ticket: EventTicket,
