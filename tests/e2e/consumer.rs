@@ -22,10 +22,7 @@ async fn relay_and_consumer_apply_every_event_exactly_once() -> Result<()> {
 
     // A 100 ms duplicate window: a re-send after a restart is stored as a second copy.
     let config = env.config_full("create_stream = true\nduplicate_window = \"100ms\"", "");
-    let mut relay = Relay::start(&config)?;
-    relay
-        .wait_log("replication started", Duration::from_secs(30))
-        .await?;
+    let mut relay = Relay::start_streaming(&config).await?;
 
     let db = env.db().await?;
     let mut ids = Vec::new();

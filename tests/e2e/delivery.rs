@@ -14,10 +14,7 @@ async fn committed_events_arrive_once_in_commit_order_with_headers() -> Result<(
     let db = env.db().await?;
     db.batch_execute("CREATE TABLE orders (id bigserial PRIMARY KEY, note text)")
         .await?;
-    let relay = Relay::start(&env.config(""))?;
-    relay
-        .wait_log("replication started", Duration::from_secs(30))
-        .await?;
+    let relay = Relay::start_streaming(&env.config("")).await?;
 
     let mut expected: Vec<(String, String)> = Vec::new(); // (id, xid) in commit order
     // 1. Plain transaction with two events and a write to another table.
@@ -168,10 +165,7 @@ payload = "*"
 headers = { "Tenant-Id" = "tenant_id", "Order-Id" = "order_id" }
 "#,
     );
-    let relay = Relay::start(&config)?;
-    relay
-        .wait_log("replication started", Duration::from_secs(30))
-        .await?;
+    let relay = Relay::start_streaming(&config).await?;
     db.batch_execute(
         "INSERT INTO notification_outbox (request_id, tenant_id, order_id, event_type)
          VALUES (11, 'acme', 501, 'ORDER_PLACED'), (12, 'globex.eu', 502, 'ORDER_SHIPPED')",

@@ -25,8 +25,7 @@ async fn column_drift_keeps_going_or_stops_naming_the_column() -> Result<()> {
     let config = env.config("");
     let dead_letter = env.config("dead_letter_subject = \"outbox.dlq\"");
 
-    let mut relay = Relay::start(&config)?;
-    relay.wait_log("replication started", WAIT).await?;
+    let mut relay = Relay::start_streaming(&config).await?;
     insert_event(&db, "Order", "Created", r#"{"n":1}"#).await?;
     db.batch_execute("ALTER TABLE outbox ADD COLUMN note text")
         .await?;
@@ -71,8 +70,7 @@ async fn column_drift_keeps_going_or_stops_naming_the_column() -> Result<()> {
     assert_eq!(relay.wait_exit(WAIT).await?.code(), Some(0));
 
     // A type change of a mapped column.
-    let mut relay = Relay::start(&config)?;
-    relay.wait_log("replication started", WAIT).await?;
+    let mut relay = Relay::start_streaming(&config).await?;
     let e5 = insert_event(&db, "Order", "Created", r#"{"n":5}"#).await?;
     wait_for_id(&js, &e5, &relay).await?;
     db.batch_execute("ALTER TABLE outbox ALTER COLUMN aggregateid TYPE text")

@@ -89,8 +89,7 @@ table = "public.outbox"
 "#,
     );
     let seen = watch_all_subjects(&env).await?;
-    let relay = Relay::start(&config)?;
-    relay.wait_log("replication started", WAIT).await?;
+    let relay = Relay::start_streaming(&config).await?;
 
     let long = "x".repeat(300);
     let kinds: Vec<&str> = vec![
@@ -342,8 +341,7 @@ table = "public.outbox"
     let mut dead_letters = 0;
     for (n, case) in cases.iter().enumerate() {
         let started = Instant::now();
-        let mut relay = Relay::start(&fail_closed)?;
-        relay.wait_log("replication started", WAIT).await?;
+        let mut relay = Relay::start_streaming(&fail_closed).await?;
         let before_id = format!("good-{n}-before");
         insert_bad(&db, Some(&before_id), Some("ok"), Some(b"{\"ok\":1}")).await?;
         wait_for_id(&js, &before_id, &relay).await?;
@@ -436,8 +434,7 @@ table = "public.outbox"
     }
 
     // An event id reused with a different payload: a collision, not a silent duplicate.
-    let mut relay = Relay::start(&fail_closed)?;
-    relay.wait_log("replication started", WAIT).await?;
+    let mut relay = Relay::start_streaming(&fail_closed).await?;
     insert_bad(&db, Some("ev-dup"), Some("ok"), Some(b"{\"v\":1}")).await?;
     insert_bad(&db, Some("ev-dup"), Some("ok"), Some(b"{\"v\":2}")).await?;
     let wal_after_bad = env.current_wal().await?;
@@ -449,8 +446,7 @@ table = "public.outbox"
     }
     assert!(env.checkpoint().await?.expect("checkpoint") < wal_after_bad);
     // With the dead-letter subject, a collision inside the session goes there.
-    let mut relay = Relay::start(&dead_letter)?;
-    relay.wait_log("replication started", WAIT).await?;
+    let mut relay = Relay::start_streaming(&dead_letter).await?;
     insert_bad(&db, Some("ev-dup2"), Some("ok"), Some(b"{\"v\":1}")).await?;
     insert_bad(&db, Some("ev-dup2"), Some("ok"), Some(b"{\"v\":2}")).await?;
     insert_bad(&db, Some("good-final"), Some("ok"), Some(b"{}")).await?;
@@ -467,8 +463,7 @@ table = "public.outbox"
     assert_eq!(relay.wait_exit(WAIT).await?.code(), Some(0));
 
     // A payload larger than the server's max_payload (1 MB): refused before it is sent.
-    let mut relay = Relay::start(&fail_closed)?;
-    relay.wait_log("replication started", WAIT).await?;
+    let mut relay = Relay::start_streaming(&fail_closed).await?;
     let big = format!("\"{}\"", "x".repeat(1_100_000));
     insert_bad(&db, Some("ev-big"), Some("ok"), Some(big.as_bytes())).await?;
     let wal_after_bad = env.current_wal().await?;
@@ -495,16 +490,14 @@ async fn an_event_id_reused_after_a_restart_is_reported_as_a_collision() -> Resu
         "[[outbox]]\ntable = \"public.bad_outbox\"\nevent_id = \"id\"\nsubject = \"outbox.b.{kind}\"\npayload = \"payload\"\nheaders = {}\n",
     );
     let js = env.jetstream().await?;
-    let mut relay = Relay::start(&config)?;
-    relay.wait_log("replication started", WAIT).await?;
+    let mut relay = Relay::start_streaming(&config).await?;
     insert_bad(&db, Some("ev-x"), Some("ok"), Some(b"{\"v\":1}")).await?;
     wait_for_id(&js, "ev-x", &relay).await?;
     relay.signal(Signal::SIGTERM);
     assert_eq!(relay.wait_exit(WAIT).await?.code(), Some(0));
 
     // An identical re-send is not a collision; a different payload under the same id is.
-    let mut relay = Relay::start(&config)?;
-    relay.wait_log("replication started", WAIT).await?;
+    let mut relay = Relay::start_streaming(&config).await?;
     insert_bad(&db, Some("ev-x"), Some("ok"), Some(b"{\"v\":2}")).await?;
     let wal_after_bad = env.current_wal().await?;
     let status = relay.wait_exit(WAIT).await?;

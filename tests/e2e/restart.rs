@@ -47,10 +47,7 @@ fn counts(got: &[Received]) -> HashMap<String, usize> {
 async fn sigterm_mid_stream_then_restart_delivers_all_and_resends_nothing() -> Result<()> {
     let env = Env::start().await?;
     let config = env.config_full("create_stream = true\nduplicate_window = \"100ms\"", "");
-    let mut relay = Relay::start(&config)?;
-    relay
-        .wait_log("replication started", Duration::from_secs(30))
-        .await?;
+    let mut relay = Relay::start_streaming(&config).await?;
 
     let writer = tokio::spawn(write_events(env.pg.url(DB), 60, 10));
     let js = env.jetstream().await?;
@@ -85,10 +82,7 @@ async fn sigterm_mid_stream_then_restart_delivers_all_and_resends_nothing() -> R
 async fn kill9_mid_stream_then_restart_has_every_event_exactly_once() -> Result<()> {
     let env = Env::start().await?;
     let config = env.config("");
-    let mut relay = Relay::start(&config)?;
-    relay
-        .wait_log("replication started", Duration::from_secs(30))
-        .await?;
+    let mut relay = Relay::start_streaming(&config).await?;
 
     let writer = tokio::spawn(write_events(env.pg.url(DB), 60, 10));
     let js = env.jetstream().await?;
@@ -128,10 +122,7 @@ async fn kill9_mid_stream_then_restart_has_every_event_exactly_once() -> Result<
 async fn terminated_sessions_are_reconnected_not_fatal() -> Result<()> {
     let env = Env::start().await?;
     let config = env.config_full("create_stream = true", "");
-    let mut relay = Relay::start(&config)?;
-    relay
-        .wait_log("replication started", Duration::from_secs(30))
-        .await?;
+    let mut relay = Relay::start_streaming(&config).await?;
     let mut db = env.db().await?;
     let js = env.jetstream().await?;
 

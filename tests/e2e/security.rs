@@ -105,19 +105,9 @@ async fn postgres_tls_verify_full_and_every_refusal_is_fast_and_clear() -> Resul
             pw_file.display()
         ),
     );
-    let relay = Relay::start(&good)?;
-    relay
-        .wait_log("replication started", Duration::from_secs(30))
-        .await?;
+    let relay = Relay::start_streaming(&good).await?;
     let id = insert_event(&env.db().await?, "Order", "Created", r#"{"tls": true}"#).await?;
-    let got = wait_for_messages(
-        &env.jetstream().await?,
-        1,
-        Duration::from_secs(20),
-        Some(&relay),
-    )
-    .await?;
-    assert_eq!(got[0].id(), id);
+    wait_for_id(&env.jetstream().await?, &id, &relay).await?;
     assert!(!relay.log().contains(PG_SECRET), "{}", relay.log());
     // The relay's sessions really were encrypted.
     let plain: i64 = env
@@ -256,19 +246,9 @@ async fn cleartext_password_is_refused_unless_allowed() -> Result<()> {
         &url,
         "allow_insecure_password = true",
     );
-    let relay = Relay::start(&allowed)?;
-    relay
-        .wait_log("replication started", Duration::from_secs(30))
-        .await?;
+    let relay = Relay::start_streaming(&allowed).await?;
     let id = insert_event(&env.db().await?, "Order", "Created", "{}").await?;
-    let got = wait_for_messages(
-        &env.jetstream().await?,
-        1,
-        Duration::from_secs(20),
-        Some(&relay),
-    )
-    .await?;
-    assert_eq!(got[0].id(), id);
+    wait_for_id(&env.jetstream().await?, &id, &relay).await?;
     assert!(!relay.log().contains(PG_SECRET), "{}", relay.log());
     Ok(())
 }
@@ -334,19 +314,9 @@ async fn postgres_client_certificate_login() -> Result<()> {
 
     let cert = env.pg.issue_client_cert("postgres")?;
     let good = pg_config(&env, &env.config(""), &url, &with_cert(&cert));
-    let relay = Relay::start(&good)?;
-    relay
-        .wait_log("replication started", Duration::from_secs(30))
-        .await?;
+    let relay = Relay::start_streaming(&good).await?;
     let id = insert_event(&env.db().await?, "Order", "Created", r#"{"cert": true}"#).await?;
-    let got = wait_for_messages(
-        &env.jetstream().await?,
-        1,
-        Duration::from_secs(20),
-        Some(&relay),
-    )
-    .await?;
-    assert_eq!(got[0].id(), id);
+    wait_for_id(&env.jetstream().await?, &id, &relay).await?;
     // (walsenders, other sessions, sessions without the certificate) of the relay.
     let row = env
         .db()

@@ -97,10 +97,7 @@ async fn nats_tls_client_certs_nkeys_passwords_and_a_denied_publish() -> Result<
         ),
         "",
     );
-    let relay = Relay::start(&good)?;
-    relay
-        .wait_log("replication started", Duration::from_secs(30))
-        .await?;
+    let relay = Relay::start_streaming(&good).await?;
     let id = insert_event(&env.db().await?, "Order", "Created", "{}").await?;
     let got = wait_for_messages(&js, 1, Duration::from_secs(20), Some(&relay)).await?;
     assert_eq!(got[0].id(), id);
@@ -117,10 +114,7 @@ async fn nats_tls_client_certs_nkeys_passwords_and_a_denied_publish() -> Result<
         ),
         "",
     );
-    let mut relay = Relay::start(&denied)?;
-    relay
-        .wait_log("replication started", Duration::from_secs(30))
-        .await?;
+    let mut relay = Relay::start_streaming(&denied).await?;
     insert_event(&env.db().await?, "Customer", "Registered", "{}").await?;
     let status = relay.wait_exit(Duration::from_secs(30)).await?;
     let log = relay.log();
@@ -175,22 +169,12 @@ async fn nats_token_from_a_file() -> Result<()> {
         &format!("create_stream = true\ntoken_file = \"{}\"", token.display()),
         "",
     );
-    let relay = Relay::start(&good)?;
-    relay
-        .wait_log("replication started", Duration::from_secs(30))
-        .await?;
+    let relay = Relay::start_streaming(&good).await?;
     let id = insert_event(&env.db().await?, "Order", "Created", "{}").await?;
     let client = async_nats::ConnectOptions::with_token("tok-never-logged".into())
         .connect(env.nats.url())
         .await?;
-    let got = wait_for_messages(
-        &async_nats::jetstream::new(client),
-        1,
-        Duration::from_secs(20),
-        Some(&relay),
-    )
-    .await?;
-    assert_eq!(got[0].id(), id);
+    wait_for_id(&async_nats::jetstream::new(client), &id, &relay).await?;
     assert!(!relay.log().contains("tok-never-logged"), "{}", relay.log());
     Ok(())
 }
@@ -255,8 +239,7 @@ async fn nats_creds_file_in_operator_mode() -> Result<()> {
     .await?;
 
     // The .creds file: events flow; an event the JWT may not publish stops the relay.
-    let mut relay = Relay::start(&env.config_full(&nats_lines(&creds_file), ""))?;
-    relay.wait_log("replication started", WAIT).await?;
+    let mut relay = Relay::start_streaming(&env.config_full(&nats_lines(&creds_file), "")).await?;
     let id = insert_event(&env.db().await?, "Order", "Created", "{}").await?;
     let got = wait_for_messages(&js, 1, WAIT, Some(&relay)).await?;
     assert_eq!(got[0].id(), id);

@@ -74,19 +74,9 @@ async fn least_privilege_postgres_role_is_enough() -> Result<()> {
         )
         .await?;
 
-    let relay = Relay::start(&config)?;
-    relay
-        .wait_log("replication started", Duration::from_secs(30))
-        .await?;
+    let relay = Relay::start_streaming(&config).await?;
     let id = insert_event(&admin, "Order", "Created", "{}").await?;
-    let got = wait_for_messages(
-        &env.jetstream().await?,
-        1,
-        Duration::from_secs(20),
-        Some(&relay),
-    )
-    .await?;
-    assert_eq!(got[0].id(), id);
+    wait_for_id(&env.jetstream().await?, &id, &relay).await?;
     let log = relay.log();
     assert!(!log.contains("relay-pw-never-logged"), "{log}");
     let superuser: bool = admin
@@ -128,10 +118,7 @@ async fn login_refused_while_running_stops_the_relay() -> Result<()> {
         ("ALTER ROLE rotating NOLOGIN", "not permitted to log in"),
     ];
     for (change, needle) in cases {
-        let mut relay = Relay::start(&config)?;
-        relay
-            .wait_log("replication started", Duration::from_secs(30))
-            .await?;
+        let mut relay = Relay::start_streaming(&config).await?;
         let id = insert_event(&admin, "Order", "Created", "{}").await?;
         wait_for_id(&js, &id, &relay).await?;
         admin.batch_execute(change).await?;

@@ -12,10 +12,7 @@ async fn idle_outbox_with_busy_other_table_keeps_the_slot_advancing() -> Result<
     let db = env.db().await?;
     db.batch_execute("CREATE TABLE busy (id bigserial PRIMARY KEY, pad text)")
         .await?;
-    let relay = Relay::start(&env.config(""))?;
-    relay
-        .wait_log("replication started", Duration::from_secs(30))
-        .await?;
+    let relay = Relay::start_streaming(&env.config("")).await?;
     let before = env.slot_confirmed().await?.expect("slot exists");
 
     for _ in 0..20 {

@@ -180,6 +180,15 @@ impl Relay {
         Ok(Self { child, log })
     }
 
+    /// Starts the relay and waits (30 s at most) until its replication stream has started.
+    pub async fn start_streaming(config: &Path) -> Result<Self> {
+        let relay = Self::start(config)?;
+        relay
+            .wait_log("replication started", Duration::from_secs(30))
+            .await?;
+        Ok(relay)
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
