@@ -31,35 +31,68 @@ fn store_err(message: String) -> impl FnOnce(tokio_postgres::Error) -> StoreErro
     }
 }
 
+/// What the current role may do with `outbox_relay.checkpoint`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TableAccess {
+    /// The table exists and the role may read and write it.
+    Usable,
+    /// The table exists; the role lacks USAGE on the schema or rights on the table.
+    NotGranted {
+        /// The current role.
+        role: String,
+    },
+    /// No such table (yet).
+    Missing,
+}
+
+/// The statements that let `role` use the checkpoint table (DELETE: `checkpoint reset`).
+pub fn checkpoint_grants(role: &str) -> String {
+    format!(
+        "GRANT USAGE ON SCHEMA outbox_relay TO {role}; GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_relay.checkpoint TO {role}"
+    )
+}
+
+/// Looks the checkpoint table up in the catalog, not with to_regclass: looking a name up in a
+/// schema without USAGE is an error, and privileges are checked by oid for a precise message.
+pub async fn checkpoint_table_access(
+    client: &Client,
+) -> Result<TableAccess, tokio_postgres::Error> {
+    let found = client
+        .query_opt(
+            "SELECT has_schema_privilege(n.oid, 'USAGE') \
+                    AND has_table_privilege(c.oid, 'SELECT, INSERT, UPDATE'), current_user::text \
+             FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = 'outbox_relay' AND c.relname = 'checkpoint'",
+            &[],
+        )
+        .await?;
+    Ok(match found {
+        None => TableAccess::Missing,
+        Some(row) if row.get::<_, bool>(0) => TableAccess::Usable,
+        Some(row) => TableAccess::NotGranted { role: row.get(1) },
+    })
+}
+
 impl PgCheckpointStore {
     /// A store for `slot`. Runs [`CHECKPOINT_MIGRATION`] only when the table is missing, so a
     /// role without CREATE on the database works once an administrator has applied it.
     pub async fn new(client: Client, slot: &str) -> Result<Self, StoreError> {
-        // The catalog, not to_regclass: looking a name up in a schema without USAGE is an error,
-        // and the privileges are checked by oid for a precise message.
-        let found = client
-            .query_opt(
-                "SELECT has_schema_privilege(n.oid, 'USAGE') \
-                        AND has_table_privilege(c.oid, 'SELECT, INSERT, UPDATE'), current_user \
-                 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-                 WHERE n.nspname = 'outbox_relay' AND c.relname = 'checkpoint'",
-                &[],
-            )
+        let access = checkpoint_table_access(&client)
             .await
             .map_err(store_err("cannot look up outbox_relay.checkpoint".into()))?;
-        match found {
-            Some(row) if row.get::<_, bool>(0) => {}
-            Some(row) => {
-                let role: String = row.get(1);
+        match access {
+            TableAccess::Usable => {}
+            TableAccess::NotGranted { role } => {
                 return Err(StoreError {
                     class: ErrorClass::Fatal,
                     message: format!(
-                        "role `{role}` may not use outbox_relay.checkpoint: GRANT USAGE ON SCHEMA outbox_relay TO {role}; GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_relay.checkpoint TO {role}"
+                        "role `{role}` may not use outbox_relay.checkpoint: {}",
+                        checkpoint_grants(&role)
                     ),
                     source: None,
                 });
             }
-            None => client.batch_execute(CHECKPOINT_MIGRATION).await.map_err(store_err(
+            TableAccess::Missing => client.batch_execute(CHECKPOINT_MIGRATION).await.map_err(store_err(
                 "outbox_relay.checkpoint does not exist and cannot be created: apply migrations/0002_relay_checkpoint.sql as an administrator, or GRANT CREATE ON DATABASE to the relay's role".into(),
             ))?,
         }

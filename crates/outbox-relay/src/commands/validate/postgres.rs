@@ -2,6 +2,7 @@
 //! tables, publication and slot.
 
 use relay_postgres::PgError;
+use relay_postgres::checkpoint::TableAccess;
 use tokio_postgres::Client;
 
 use super::{DATA_SAFETY, FAIL, Report, UNAVAILABLE, Verdict, error_chain};
@@ -104,14 +105,13 @@ async fn catalog_checks(
     let row = client
         .query_one(
             "SELECT rolreplication OR rolsuper, \
-                    has_database_privilege(current_database(), 'CREATE'), \
-                    to_regclass('outbox_relay.checkpoint') IS NOT NULL \
+                    has_database_privilege(current_database(), 'CREATE') \
              FROM pg_roles WHERE rolname = current_user",
             &[],
         )
         .await?;
-    let (replication, create_db, checkpoint_table): (bool, bool, bool) =
-        (row.get(0), row.get(1), row.get(2));
+    let (replication, create_db): (bool, bool) = (row.get(0), row.get(1));
+    let checkpoint_table = relay_postgres::checkpoint::checkpoint_table_access(client).await?;
     if replication {
         r.pass("role replication", format!("role `{user}` has REPLICATION"));
     } else {
@@ -121,28 +121,17 @@ async fn catalog_checks(
             format!("ALTER ROLE {user} WITH REPLICATION"),
         );
     }
-    if checkpoint_table {
-        let writable: bool = client
-            .query_one(
-                "SELECT has_table_privilege('outbox_relay.checkpoint', 'SELECT, INSERT, UPDATE')",
-                &[],
-            )
-            .await?
-            .get(0);
-        if writable {
-            r.pass(
-                "checkpoint table",
-                "outbox_relay.checkpoint exists and is writable",
-            );
-        } else {
-            r.fail(
-                "checkpoint table",
-                format!("role `{user}` cannot write outbox_relay.checkpoint"),
-                format!(
-                    "GRANT USAGE ON SCHEMA outbox_relay TO {user}; GRANT SELECT, INSERT, UPDATE ON outbox_relay.checkpoint TO {user}"
-                ),
-            );
-        }
+    if checkpoint_table == TableAccess::Usable {
+        r.pass(
+            "checkpoint table",
+            "outbox_relay.checkpoint exists and is writable",
+        );
+    } else if let TableAccess::NotGranted { role } = &checkpoint_table {
+        r.fail(
+            "checkpoint table",
+            format!("role `{role}` cannot use outbox_relay.checkpoint"),
+            relay_postgres::checkpoint::checkpoint_grants(role),
+        );
     } else if create_db {
         r.pass(
             "checkpoint table",
