@@ -2,8 +2,6 @@
 //! CREATE on the database, and a login refused while the relay runs stops it instead of a retry
 //! loop (docs/security.md).
 
-use std::time::Duration;
-
 use anyhow::Result;
 
 use crate::security::{EX_CONFIG, FAST, fast_exit, pg_config, secret_file};
