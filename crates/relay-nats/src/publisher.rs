@@ -212,7 +212,9 @@ impl Publisher for JetStreamPublisher {
                 }
             })?;
             if ack.duplicate {
-                verify_duplicate(&context, &stream, ack.sequence, &msg).await?;
+                // Boxed: the lookup's future is kilobytes, and inline it would make every
+                // outstanding ack that large, duplicate or not.
+                Box::pin(verify_duplicate(&context, &stream, ack.sequence, &msg)).await?;
             }
             Ok(PubReceipt {
                 stream_seq: ack.sequence,
@@ -278,6 +280,16 @@ mod tests {
             assert_eq!(get("Outbox-Tx-Index").as_deref(), Some(*index));
             assert_eq!(headers.iter().count(), 5, "no header of another event");
         }
+        // Every outstanding ack holds one of these: keep it small (the rare paths are boxed).
+        let ack = publisher
+            .send(&Arc::new(cases[2].0.clone()))
+            .await
+            .expect("queued while the client connects");
+        assert!(
+            std::mem::size_of_val(&*ack) <= 512,
+            "ack future is {} bytes",
+            std::mem::size_of_val(&*ack)
+        );
         let template = publisher.template.lock().expect("not poisoned");
         assert!(
             template.as_ref().is_some_and(|t| t.matches(&second_tx)),

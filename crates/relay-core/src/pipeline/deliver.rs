@@ -67,6 +67,8 @@ pub(super) async fn deliver<P: Publisher>(
         stats.publish_retries.fetch_add(1, Ordering::Relaxed);
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(policy.max);
-        pending = publisher.send(&msg).await;
+        // Boxed: a publish future can be large, and inline it would size every delivery in the
+        // window for this rare retry path.
+        pending = Box::pin(publisher.send(&msg)).await;
     }
 }
