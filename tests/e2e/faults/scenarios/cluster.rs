@@ -1,0 +1,92 @@
+//! Fault scenario 15: a three-node NATS cluster with leader step-downs and a node kill.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+
+use super::{config_via, settle, started};
+use crate::faults::oracle::*;
+use crate::support::*;
+
+/// 15. A three-node NATS cluster with an R3 stream: the stream leader steps down every few
+/// seconds under load, and one node is killed and restarted. "No responders" during elections
+/// is retried; lost 0, no duplicate in the stream.
+#[tokio::test(flavor = "multi_thread")]
+async fn s15_three_node_cluster_with_leader_stepdowns_and_a_node_kill() -> Result<()> {
+    let env = Env::start().await?;
+    let mut cluster = relay_testkit::NatsCluster::start(3).await?;
+    let client = async_nats::ConnectOptions::new()
+        .connect(
+            cluster
+                .urls()
+                .iter()
+                .map(|u| u.parse::<async_nats::ServerAddr>())
+                .collect::<Result<Vec<_>, _>>()?,
+        )
+        .await?;
+    let js = async_nats::jetstream::new(client.clone());
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: STREAM.into(),
+        subjects: vec!["outbox.>".into()],
+        num_replicas: 3,
+        storage: async_nats::jetstream::stream::StorageType::File,
+        ..Default::default()
+    })
+    .await?;
+    let config = config_via(
+        &env,
+        &env.config_full("", ""),
+        env.pg.port(),
+        &cluster.url(),
+    )?;
+    let relay = started(&config, &[]).await?;
+    let load = Load::start(&env, 2, 20, Duration::from_millis(20)).await?;
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        relay_testkit::stream_leader_stepdown(&client, STREAM)
+            .await
+            .ok();
+    }
+    let victim = 2;
+    cluster.node(victim).kill9()?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    cluster.node(victim).start_again().await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    load.stop().await;
+
+    // Classify against the cluster: read through a client of the cluster.
+    let committed = committed_ids(&env).await?;
+    let deadline = Instant::now() + settle();
+    let counts = loop {
+        let mut counts = std::collections::HashMap::<String, usize>::new();
+        // A node that just restarted may still be catching up: a failed read is retried.
+        let messages = match read_stream(&js).await {
+            Ok(messages) => messages,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("s15: reading the stream failed, retrying: {e:#}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        for m in messages {
+            *counts.entry(m.id().to_owned()).or_default() += 1;
+        }
+        if committed.iter().all(|id| counts.contains_key(id)) || Instant::now() > deadline {
+            break counts;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let v = Verdict::from_counts(
+        "15 NATS cluster R3: stepdowns + node kill",
+        &committed,
+        &counts,
+        false,
+        &format!(
+            "4 leader step-downs, kill -9 of node {victim}; retries {}",
+            relay.log().matches("re-publishing").count()
+        ),
+    );
+    v.assert_with_log(&relay.log());
+    Ok(())
+}
