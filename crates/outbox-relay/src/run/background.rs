@@ -1,0 +1,174 @@
+//! The tasks that run beside the relay's sessions: the publication drift check, the progress
+//! log and the sampler behind `/metrics`, `/readyz` and `/status`.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use relay_core::Lsn;
+use relay_core::pipeline::PipelineStats;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::RelayConfig;
+use crate::inspect::{self, StreamLookup};
+use crate::telemetry::{StreamSample, Telemetry};
+
+/// Why the publication no longer delivers inserts of every outbox table, if it does not.
+async fn publication_problem(
+    client: &tokio_postgres::Client,
+    publication: &str,
+    tables: &[(String, String)],
+) -> Result<Option<String>, tokio_postgres::Error> {
+    let row = client
+        .query_opt(
+            "SELECT pubinsert FROM pg_catalog.pg_publication WHERE pubname = $1",
+            &[&publication],
+        )
+        .await?;
+    match row.map(|r| r.get::<_, bool>(0)) {
+        None => {
+            return Ok(Some(format!(
+                "publication `{publication}` no longer exists: outbox inserts would silently stop arriving. Re-create it (CREATE PUBLICATION {publication} FOR TABLE … WITH (publish = 'insert')) and check the slot"
+            )));
+        }
+        Some(false) => {
+            return Ok(Some(format!(
+                "publication `{publication}` no longer publishes inserts: ALTER PUBLICATION {publication} SET (publish = 'insert')"
+            )));
+        }
+        Some(true) => {}
+    }
+    for (schema, table) in tables {
+        let present = client
+            .query_opt(
+                "SELECT 1 FROM pg_catalog.pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
+                &[&publication, schema, table],
+            )
+            .await?
+            .is_some();
+        if !present {
+            return Ok(Some(format!(
+                "outbox table `{schema}.{table}` is no longer in publication `{publication}` (dropped and re-created, or removed from the publication): its inserts would silently stop arriving. ALTER PUBLICATION {publication} ADD TABLE {schema}.{table}"
+            )));
+        }
+    }
+    Ok(None)
+}
+
+/// Every `[relay] publication_check_interval`, checks on a plain session that the publication
+/// still delivers inserts of every outbox table; if not, records why and cancels `stop`.
+pub(super) fn spawn_publication_check(
+    config: RelayConfig,
+    stop: CancellationToken,
+    drift: Arc<std::sync::Mutex<Option<String>>>,
+) {
+    tokio::spawn(async move {
+        let mut client: Option<tokio_postgres::Client> = None;
+        let mut tick = tokio::time::interval(config.relay.publication_check_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        let tables = config.tables();
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = stop.cancelled() => return,
+            }
+            if client
+                .as_ref()
+                .is_none_or(tokio_postgres::Client::is_closed)
+            {
+                client = relay_postgres::connect(&config.postgres).await.ok();
+            }
+            let Some(c) = &client else { continue };
+            match publication_problem(c, &config.postgres.publication, &tables).await {
+                Ok(None) => {}
+                Ok(Some(problem)) => {
+                    tracing::error!(publication = %config.postgres.publication, "{problem}");
+                    if let Ok(mut d) = drift.lock() {
+                        *d = Some(problem);
+                    }
+                    stop.cancel();
+                    return;
+                }
+                Err(error) => {
+                    tracing::debug!(error = %error, "cannot check the publication");
+                    client = None;
+                }
+            }
+        }
+    });
+}
+
+/// Logs throughput and position every 30 s, so an operator sees progress without metrics.
+pub(super) fn spawn_progress_log(stats: Arc<PipelineStats>, shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(30));
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = shutdown.cancelled() => return,
+            }
+            tracing::info!(
+                events_published = stats.events_published.load(Ordering::Relaxed),
+                duplicates = stats.duplicates.load(Ordering::Relaxed),
+                publish_retries = stats.publish_retries.load(Ordering::Relaxed),
+                in_flight = stats.in_flight.load(Ordering::Relaxed),
+                confirmed_lsn = %Lsn(stats.confirmed_lsn.load(Ordering::Relaxed)),
+                "progress"
+            );
+        }
+    });
+}
+
+/// Samples the slot (lag, `wal_status`) and the stream every `[http] sample_interval`, for
+/// `/metrics`, `/readyz` and `/status`. Uses its own plain PostgreSQL session.
+pub(super) fn spawn_sampler(
+    config: RelayConfig,
+    telemetry: Arc<Telemetry>,
+    context: async_nats::jetstream::Context,
+    shutdown: CancellationToken,
+) {
+    tokio::spawn(async move {
+        let mut client: Option<tokio_postgres::Client> = None;
+        let mut tick = tokio::time::interval(config.http.sample_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let slot = config.postgres.slot.as_str();
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = shutdown.cancelled() => return,
+            }
+            if client
+                .as_ref()
+                .is_none_or(tokio_postgres::Client::is_closed)
+            {
+                client = relay_postgres::connect(&config.postgres).await.ok();
+            }
+            if let Some(c) = &client {
+                match inspect::slot(c, slot).await {
+                    Ok(sample) => telemetry.set_slot(sample),
+                    Err(error) => {
+                        tracing::debug!(error = %error, "cannot sample the slot");
+                        client = None;
+                    }
+                }
+            }
+            let lookup = tokio::time::timeout(
+                Duration::from_secs(2),
+                inspect::stream(&context, &config.nats.stream),
+            )
+            .await;
+            match lookup {
+                Ok(StreamLookup::Found(info)) => telemetry.set_stream(StreamSample {
+                    present: true,
+                    last_seq: info.state.last_sequence,
+                    messages: info.state.messages,
+                }),
+                Ok(StreamLookup::NotFound) => telemetry.set_stream_present(false),
+                // No answer: NATS readiness already shows it; keep the last sample.
+                _ => {}
+            }
+        }
+    });
+}

@@ -1,0 +1,303 @@
+//! The fakes and fixtures the pipeline tests run on.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Mutex;
+
+use bytes::Bytes;
+use pgoutput::{Column, Insert, Relation, TupleData, TupleValue};
+
+use super::super::*;
+use crate::route::OutboxTableConfig;
+use crate::stage::{ErrorClass, PubReceipt, PublishErrorKind};
+
+pub(super) const OUTBOX: u32 = 100;
+pub(super) const OTHER: u32 = 200;
+
+pub(super) fn relation(id: u32, name: &str, cols: &[&str]) -> SourceEvent {
+    SourceEvent::Message(LogicalMessage::Relation(Relation {
+        id,
+        namespace: "public".into(),
+        name: name.into(),
+        replica_identity: b'd',
+        columns: cols
+            .iter()
+            .map(|c| Column {
+                flags: 0,
+                name: (*c).into(),
+                type_oid: 25,
+                type_modifier: -1,
+            })
+            .collect(),
+    }))
+}
+
+pub(super) fn row(values: &[&str]) -> TupleData {
+    TupleData {
+        values: values
+            .iter()
+            .map(|v| TupleValue::Text(Bytes::copy_from_slice(v.as_bytes())))
+            .collect(),
+    }
+}
+
+pub(super) fn outbox_insert(id: &str) -> SourceEvent {
+    SourceEvent::Message(LogicalMessage::Insert(Insert {
+        relation_id: OUTBOX,
+        new: row(&[id, "Order", "1", "Created", "{}"]),
+    }))
+}
+
+pub(super) fn begin(n: u64) -> SourceEvent {
+    SourceEvent::Begin {
+        xid: n as u32,
+        final_lsn: Lsn(n * 1000 - 10),
+        commit_time_micros: 0,
+    }
+}
+
+pub(super) fn commit(n: u64) -> SourceEvent {
+    SourceEvent::Commit {
+        commit_lsn: Lsn(n * 1000 - 10),
+        end_lsn: Lsn(n * 1000),
+    }
+}
+
+/// Transaction `n` (end LSN n*1000) holding outbox events `ids`.
+pub(super) fn tx(n: u64, ids: &[&str]) -> Vec<SourceEvent> {
+    let mut v = vec![begin(n)];
+    v.extend(ids.iter().map(|id| outbox_insert(id)));
+    v.push(commit(n));
+    v
+}
+
+pub(super) fn preamble() -> Vec<SourceEvent> {
+    vec![
+        relation(
+            OUTBOX,
+            "outbox",
+            &["id", "aggregatetype", "aggregateid", "type", "payload"],
+        ),
+        relation(OTHER, "orders", &["id"]),
+    ]
+}
+
+pub(super) struct ScriptedSource {
+    pub(super) events: VecDeque<SourceEvent>,
+    pub(super) confirmed: Arc<Mutex<Vec<Lsn>>>,
+    /// Error to return once the script is exhausted instead of ending.
+    pub(super) then_fail: bool,
+    pub(super) keepalive_due: Option<Instant>,
+}
+
+impl ChangeSource for ScriptedSource {
+    async fn next(&mut self) -> Result<Option<SourceEvent>, SourceError> {
+        if let Some(SourceEvent::KeepAlive { .. }) = self.events.front() {
+            // Servers send keepalives on a timer; let time pass first. The deadline survives a
+            // cancelled call, and the event is popped only after it.
+            let due = *self
+                .keepalive_due
+                .get_or_insert_with(|| Instant::now() + Duration::from_millis(100));
+            tokio::time::sleep_until(due).await;
+            self.keepalive_due = None;
+        }
+        match self.events.pop_front() {
+            Some(e) => Ok(Some(e)),
+            None if self.then_fail => Err(SourceError::new(ErrorClass::Transient, "lost")),
+            None => Ok(None),
+        }
+    }
+    fn confirm(&mut self, lsn: Lsn) {
+        self.confirmed.lock().unwrap().push(lsn);
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Fault {
+    /// Stored, but the ack is lost: the publisher reports an unknown outcome.
+    FailAfterWrite,
+    /// Refused for good.
+    Reject,
+}
+
+#[derive(Default)]
+pub(super) struct BrokerState {
+    /// Stored messages in stream order, deduplicated by event id.
+    pub(super) stream: Vec<OutboundMessage>,
+    pub(super) ids: HashSet<String>,
+    pub(super) faults: HashMap<String, VecDeque<Fault>>,
+    /// Ack delay per event id (default 1 ms).
+    pub(super) delays: HashMap<String, Duration>,
+    pub(super) outstanding: usize,
+    pub(super) max_outstanding: usize,
+    pub(super) sends: usize,
+}
+
+#[derive(Clone, Default)]
+pub(super) struct FakeBroker(pub(super) Arc<Mutex<BrokerState>>);
+
+impl Publisher for FakeBroker {
+    type Ack = futures::future::BoxFuture<'static, Result<PubReceipt, PublishError>>;
+
+    async fn send(&self, msg: &Arc<OutboundMessage>) -> Result<Self::Ack, PublishError> {
+        let state = self.0.clone();
+        let msg = OutboundMessage::clone(msg);
+        let (delay, fault) = {
+            let mut s = state.lock().unwrap();
+            s.sends += 1;
+            s.outstanding += 1;
+            s.max_outstanding = s.max_outstanding.max(s.outstanding);
+            let fault = s.faults.get_mut(&msg.event_id).and_then(|q| q.pop_front());
+            let delay = s.delays.get(&msg.event_id).copied();
+            (delay.unwrap_or(Duration::from_millis(1)), fault)
+        };
+        Ok(Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            let mut s = state.lock().unwrap();
+            s.outstanding -= 1;
+            if fault == Some(Fault::Reject) {
+                return Err(PublishError::new(PublishErrorKind::Rejected, "too big"));
+            }
+            let duplicate = !s.ids.insert(msg.event_id.clone());
+            if !duplicate {
+                s.stream.push(msg);
+            }
+            let seq = s.stream.len() as u64;
+            if fault == Some(Fault::FailAfterWrite) {
+                return Err(PublishError::new(
+                    PublishErrorKind::Unknown,
+                    "ack timed out",
+                ));
+            }
+            Ok(PubReceipt {
+                stream_seq: seq,
+                duplicate,
+            })
+        }))
+    }
+}
+
+/// Checks the delivery rule on every save: every event of every transaction ending at or
+/// before the saved LSN is in the broker.
+pub(super) struct CheckingStore {
+    pub(super) broker: FakeBroker,
+    /// (end LSN of transaction, its event ids)
+    pub(super) txs: Vec<(Lsn, Vec<String>)>,
+    pub(super) saved: Arc<Mutex<Vec<Lsn>>>,
+}
+
+impl CheckpointStore for CheckingStore {
+    async fn load(&mut self) -> Result<Option<Lsn>, StoreError> {
+        Ok(self.saved.lock().unwrap().last().copied())
+    }
+    async fn save(&mut self, lsn: Lsn) -> Result<(), StoreError> {
+        let broker = self.broker.0.lock().unwrap();
+        for (end, ids) in &self.txs {
+            if *end <= lsn {
+                for id in ids {
+                    assert!(
+                        broker.ids.contains(id),
+                        "saved {lsn} before event {id} was acked"
+                    );
+                }
+            }
+        }
+        self.saved.lock().unwrap().push(lsn);
+        Ok(())
+    }
+}
+
+pub(super) struct Harness {
+    pub(super) broker: FakeBroker,
+    pub(super) saved: Arc<Mutex<Vec<Lsn>>>,
+    pub(super) confirmed: Arc<Mutex<Vec<Lsn>>>,
+    pub(super) stats: Arc<PipelineStats>,
+}
+
+pub(super) async fn run_script(
+    events: Vec<SourceEvent>,
+    broker: FakeBroker,
+    config: PipelineConfig,
+    then_fail: bool,
+) -> (Result<RunOutcome, PipelineError>, Harness) {
+    run_script_skipping(events, broker, config, then_fail, HashSet::new()).await
+}
+
+/// As [`run_script`], with event ids the stream already holds.
+pub(super) async fn run_script_skipping(
+    events: Vec<SourceEvent>,
+    broker: FakeBroker,
+    config: PipelineConfig,
+    then_fail: bool,
+    already_published: HashSet<String>,
+) -> (Result<RunOutcome, PipelineError>, Harness) {
+    // Work out each transaction's events for the checking store.
+    let mut txs = Vec::new();
+    let mut current = Vec::new();
+    for e in &events {
+        match e {
+            SourceEvent::Begin { .. } => current.clear(),
+            SourceEvent::Message(LogicalMessage::Insert(i)) if i.relation_id == OUTBOX => {
+                if let Some(TupleValue::Text(id)) = i.new.values.first()
+                    && !id.is_empty()
+                {
+                    current.push(String::from_utf8_lossy(id).into_owned());
+                }
+            }
+            SourceEvent::Commit { end_lsn, .. } => txs.push((*end_lsn, current.clone())),
+            _ => {}
+        }
+    }
+    let saved = Arc::new(Mutex::new(Vec::new()));
+    let confirmed = Arc::new(Mutex::new(Vec::new()));
+    let stats = Arc::new(PipelineStats::default());
+    let source = ScriptedSource {
+        events: events.into(),
+        confirmed: confirmed.clone(),
+        then_fail,
+        keepalive_due: None,
+    };
+    let store = CheckingStore {
+        broker: broker.clone(),
+        txs,
+        saved: saved.clone(),
+    };
+    let router = Router::new(&[OutboxTableConfig::with_defaults("public.outbox")]).unwrap();
+    let mut pipeline = Pipeline::new(
+        source,
+        broker.clone(),
+        store,
+        router,
+        Lsn(1),
+        config,
+        stats.clone(),
+    );
+    // By premise the stream already holds them.
+    broker
+        .0
+        .lock()
+        .unwrap()
+        .ids
+        .extend(already_published.iter().cloned());
+    pipeline.skip_published(already_published);
+    let result = pipeline.run(std::future::pending()).await;
+    (
+        result,
+        Harness {
+            broker,
+            saved,
+            confirmed,
+            stats,
+        },
+    )
+}
+
+pub(super) fn stream_ids(h: &Harness) -> Vec<String> {
+    h.broker
+        .0
+        .lock()
+        .unwrap()
+        .stream
+        .iter()
+        .map(|m| m.event_id.clone())
+        .collect()
+}
