@@ -42,6 +42,15 @@ pub(crate) async fn secured_env(security: PgSecurity, nats: NatsOptions) -> Resu
     })
 }
 
+/// The test CA's certificate path of a TLS-enabled test PostgreSQL.
+fn pg_ca(env: &Env) -> String {
+    env.pg
+        .ca_cert_path()
+        .expect("TLS server has a CA")
+        .display()
+        .to_string()
+}
+
 /// `config` with `lines` added to its `[postgres]` section and its URL replaced by `url`.
 pub(crate) fn pg_config(env: &Env, config: &Path, url: &str, lines: &str) -> PathBuf {
     let text = std::fs::read_to_string(config)
@@ -84,12 +93,7 @@ async fn postgres_tls_verify_full_and_every_refusal_is_fast_and_clear() -> Resul
         NatsOptions::default(),
     )
     .await?;
-    let ca = env
-        .pg
-        .ca_cert_path()
-        .expect("TLS server has a CA")
-        .display()
-        .to_string();
+    let ca = pg_ca(&env);
     let port = env.pg.port();
     let pw_file = secret_file(&env, "pg-password", &format!("{PG_SECRET}\n"));
     let by_name = format!("postgres://postgres@localhost:{port}/{DB}");
@@ -267,12 +271,7 @@ async fn postgres_client_certificate_login() -> Result<()> {
         NatsOptions::default(),
     )
     .await?;
-    let ca = env
-        .pg
-        .ca_cert_path()
-        .expect("TLS server has a CA")
-        .display()
-        .to_string();
+    let ca = pg_ca(&env);
     let url = format!("postgres://postgres@localhost:{}/{DB}", env.pg.port());
     let tls = format!("sslmode = \"verify-full\"\nsslrootcert = \"{ca}\"");
     let with_cert = |cert: &relay_testkit::IssuedCert| {

@@ -44,7 +44,9 @@ use std::net::{Ipv4Addr, TcpListener};
 use std::sync::{Mutex, PoisonError};
 
 pub use nats::{NatsOptions, NatsServer, new_nkey_user};
-pub use nats_cluster::{CLUSTER_READY_TIMEOUT, NatsCluster, stream_leader, stream_leader_stepdown};
+pub use nats_cluster::{
+    CLUSTER_READY_TIMEOUT, NatsCluster, nats_request, stream_leader, stream_leader_stepdown,
+};
 pub use nats_jwt::{NatsOperator, UserPermissions};
 pub use postgres::{PgOptions, PgSecurity, PostgresServer};
 pub use proxy::FaultProxy;

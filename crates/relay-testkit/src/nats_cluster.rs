@@ -216,7 +216,7 @@ impl NatsCluster {
             .first()
             .ok_or_else(|| anyhow!("no node is running"))?;
         for node in &running {
-            let reply = js_request(node.port(), "$JS.API.INFO", "").await?;
+            let reply = nats_request(node.port(), "$JS.API.INFO", "").await?;
             check_js_reply(&reply).with_context(|| format!("$JS.API.INFO on {}", node.url()))?;
         }
         let probe = format!("TESTKIT_READY_{}", CLUSTERS.fetch_add(1, Ordering::Relaxed));
@@ -226,7 +226,7 @@ impl NatsCluster {
             "storage": "memory",
             "num_replicas": running.len(),
         });
-        let reply = js_request(
+        let reply = nats_request(
             first.port(),
             &format!("$JS.API.STREAM.CREATE.{probe}"),
             &config.to_string(),
@@ -235,7 +235,7 @@ impl NatsCluster {
         check_js_reply(&reply).context("creating a probe stream")?;
         for _ in 0..20 {
             if let Ok(reply) =
-                js_request(first.port(), &format!("$JS.API.STREAM.DELETE.{probe}"), "").await
+                nats_request(first.port(), &format!("$JS.API.STREAM.DELETE.{probe}"), "").await
                 && check_js_reply(&reply).is_ok()
             {
                 return Ok(());
@@ -283,8 +283,9 @@ fn check_js_reply(reply: &str) -> anyhow::Result<serde_json::Value> {
     Ok(value)
 }
 
-/// One request over the raw NATS protocol (no client library), 5 s timeout.
-async fn js_request(port: u16, subject: &str, payload: &str) -> anyhow::Result<String> {
+/// One request over the raw NATS protocol (no client library), 5 s timeout: the reply's payload,
+/// or an error for "no responders", a server error or no reply.
+pub async fn nats_request(port: u16, subject: &str, payload: &str) -> anyhow::Result<String> {
     tokio::time::timeout(Duration::from_secs(5), raw_request(port, subject, payload))
         .await
         .with_context(|| format!("{subject} on port {port}: no reply within 5 s"))?

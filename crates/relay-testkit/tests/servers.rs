@@ -3,9 +3,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
-use relay_testkit::{NatsOptions, NatsServer, PgOptions, PostgresServer, free_port};
-use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
+use anyhow::Context as _;
+use relay_testkit::{NatsOptions, NatsServer, PgOptions, PostgresServer, free_port, nats_request};
+use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::net::TcpStream;
 
 #[tokio::test]
@@ -169,50 +169,6 @@ fn free_ports_differ() {
     assert!(a > 0 && b > 0);
 }
 
-/// Sends one request over the raw NATS protocol and returns the reply
-/// payload (no client library needed).
-async fn nats_request(port: u16, subject: &str, payload: &str) -> anyhow::Result<String> {
-    let stream = TcpStream::connect(("127.0.0.1", port)).await?;
-    let mut stream = BufReader::new(stream);
-    let mut line = String::new();
-    stream.read_line(&mut line).await?;
-    if !line.starts_with("INFO ") {
-        bail!("no INFO: {line:?}");
-    }
-    let msg = format!(
-        "CONNECT {{\"verbose\":false,\"pedantic\":false,\"headers\":true,\"no_responders\":true}}\r\n\
-         SUB _INBOX.testkit 1\r\nPUB {subject} _INBOX.testkit {}\r\n{payload}\r\nPING\r\n",
-        payload.len()
-    );
-    stream.get_mut().write_all(msg.as_bytes()).await?;
-    loop {
-        line.clear();
-        if stream.read_line(&mut line).await? == 0 {
-            bail!("connection closed");
-        }
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        match fields.first().copied() {
-            Some("MSG") => {
-                let len: usize = fields.last().context("MSG without size")?.parse()?;
-                let mut body = vec![0; len + 2];
-                stream.read_exact(&mut body).await?;
-                body.truncate(len);
-                return Ok(String::from_utf8(body)?);
-            }
-            Some("HMSG") => bail!("no responders / header-only reply: {line:?}"),
-            Some("PING") => stream.get_mut().write_all(b"PONG\r\n").await?,
-            Some("-ERR") => bail!("server error: {line:?}"),
-            _ => {}
-        }
-    }
-}
-
-async fn request(port: u16, subject: &str, payload: &str) -> anyhow::Result<String> {
-    tokio::time::timeout(Duration::from_secs(5), nats_request(port, subject, payload))
-        .await
-        .context("NATS request timed out")?
-}
-
 #[tokio::test]
 async fn nats_jetstream_kill9_and_restart_on_same_port() -> anyhow::Result<()> {
     let mut nats = NatsServer::start().await?;
@@ -222,11 +178,11 @@ async fn nats_jetstream_kill9_and_restart_on_same_port() -> anyhow::Result<()> {
     eprintln!("nats-server {}", nats.version());
     assert!(nats.store_dir().is_dir());
 
-    let info = request(port, "$JS.API.INFO", "").await?;
+    let info = nats_request(port, "$JS.API.INFO", "").await?;
     assert!(info.contains("account_info_response"), "{info}");
     assert!(!info.contains("\"error\""), "{info}");
 
-    let created = request(
+    let created = nats_request(
         port,
         "$JS.API.STREAM.CREATE.OUTBOX",
         r#"{"name":"OUTBOX","subjects":["outbox.>"],"storage":"file"}"#,
@@ -238,7 +194,7 @@ async fn nats_jetstream_kill9_and_restart_on_same_port() -> anyhow::Result<()> {
     assert!(TcpStream::connect(("127.0.0.1", port)).await.is_err());
     nats.start_again().await?;
     assert_eq!(nats.port(), port);
-    let stream_info = request(port, "$JS.API.STREAM.INFO.OUTBOX", "").await?;
+    let stream_info = nats_request(port, "$JS.API.STREAM.INFO.OUTBOX", "").await?;
     assert!(stream_info.contains("\"OUTBOX\""), "{stream_info}");
     assert!(!stream_info.contains("\"error\""), "{stream_info}");
 
@@ -266,7 +222,7 @@ async fn nats_pause_and_resume() -> anyhow::Result<()> {
     .await;
     assert!(paused.is_err(), "a paused server answered: {paused:?}");
     nats.resume()?;
-    let info = request(port, "$JS.API.INFO", "").await?;
+    let info = nats_request(port, "$JS.API.INFO", "").await?;
     assert!(info.contains("account_info_response"), "{info}");
 
     // The extra config is in force.
@@ -284,7 +240,7 @@ async fn nats_without_jetstream() -> anyhow::Result<()> {
         ..NatsOptions::default()
     })
     .await?;
-    let reply = request(nats.port(), "$JS.API.INFO", "").await;
+    let reply = nats_request(nats.port(), "$JS.API.INFO", "").await;
     assert!(reply.is_err(), "JetStream answered: {reply:?}");
     Ok(())
 }
