@@ -36,18 +36,7 @@ pub struct PgSecurity {
 
 impl PostgresServer {
     pub(super) fn write_settings_only(&self, settings: &[(String, String)]) -> anyhow::Result<()> {
-        let mut text = String::new();
-        for (key, value) in settings {
-            let value = value.replace('\\', "\\\\").replace('\'', "''");
-            text.push_str(&format!("{key} = '{value}'\n"));
-        }
-        let conf = self.data_dir.join("postgresql.conf");
-        let mut file = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&conf)
-            .with_context(|| format!("opening {}", conf.display()))?;
-        file.write_all(text.as_bytes())
-            .with_context(|| format!("writing {}", conf.display()))
+        self.append_settings("", settings.iter().map(|(k, v)| (k.as_str(), v.as_str())))
     }
 
     pub(super) fn write_settings(&self, extra: &[(String, String)]) -> anyhow::Result<()> {
@@ -68,12 +57,22 @@ impl PostgresServer {
             ("TimeZone", "UTC"),
             ("logging_collector", "off"),
         ];
-        let mut text = String::from("\n# ---- relay-testkit ----\n");
         let all = defaults
             .iter()
             .map(|(k, v)| (*k, *v))
             .chain(extra.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-        for (key, value) in all {
+        self.append_settings("\n# ---- relay-testkit ----\n", all)
+    }
+
+    /// Appends `key = 'value'` lines (names checked, values quoted) after `header` to
+    /// postgresql.conf.
+    fn append_settings<'a>(
+        &self,
+        header: &str,
+        settings: impl Iterator<Item = (&'a str, &'a str)>,
+    ) -> anyhow::Result<()> {
+        let mut text = String::from(header);
+        for (key, value) in settings {
             if key.is_empty()
                 || !key
                     .chars()
@@ -90,8 +89,7 @@ impl PostgresServer {
             .open(&conf)
             .with_context(|| format!("opening {}", conf.display()))?;
         file.write_all(text.as_bytes())
-            .with_context(|| format!("writing {}", conf.display()))?;
-        Ok(())
+            .with_context(|| format!("writing {}", conf.display()))
     }
 
     pub(super) fn write_hba(&self, hba: &str) -> anyhow::Result<()> {
