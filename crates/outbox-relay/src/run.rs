@@ -334,13 +334,18 @@ async fn session(
             "events past the checkpoint are already in the stream; they will not be published again"
         );
     }
+    let mut router = Router::new(&config.outbox)
+        .context("outbox mapping")
+        .map_err(Exit::config)?;
+    match relay_postgres::catalog::outbox_table_oids(store.client(), &tables).await {
+        Ok(oids) => router.bind_catalog(&oids.tables, oids.read_at),
+        Err(e) if e.is_transient() => return Ok(SessionEnd::Retry(e.into())),
+        Err(e) => return Err(pg_exit(e)),
+    }
     let source = match PgSource::start(&config.postgres, start).await {
         Ok(source) => source,
         Err(e) => return source_end(e),
     };
-    let router = Router::new(&config.outbox)
-        .context("outbox mapping")
-        .map_err(Exit::config)?;
     telemetry.streaming.store(true, Ordering::Relaxed);
     telemetry.set_last_error(None);
     // systemd (Type=notify): ready once replication streams; repeated READY=1 is harmless.
@@ -388,6 +393,13 @@ async fn session(
                     "stopped before this transaction; confirmed position stays at {confirmed}. A committed row cannot change: fix the mapping (or set [relay] dead_letter_subject) and restart; the relay resumes there"
                 )),
             ))
+        }
+        Err(e @ PipelineError::Schema { .. }) => {
+            source.stop(stop_wait).await;
+            let confirmed = Lsn(stats.confirmed_lsn.load(Ordering::Relaxed));
+            Err(Exit::config(anyhow::Error::new(e).context(format!(
+                "stopped before this transaction; confirmed position stays at {confirmed}, and the relay resumes there once the configuration matches the table"
+            ))))
         }
         Err(e @ PipelineError::Protocol(_)) => Err(Exit::internal(e)),
     }

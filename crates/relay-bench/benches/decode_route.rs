@@ -86,7 +86,9 @@ fn router() -> Router {
     let mut router = Router::new(&[OutboxTableConfig::with_defaults("public.outbox")])
         .expect("default mapping is valid");
     match decode(&relation_frame()) {
-        Ok(LogicalMessage::Relation(r)) => router.on_relation(r),
+        Ok(LogicalMessage::Relation(r)) => {
+            router.on_relation(r, None).expect("bench relation matches")
+        }
         other => panic!("relation frame did not decode: {other:?}"),
     }
     router

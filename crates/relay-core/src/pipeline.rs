@@ -97,6 +97,22 @@ pub enum PipelineError {
         #[source]
         error: RouteError,
     },
+    /// An outbox table no longer matches the configuration (renamed table, renamed, dropped or
+    /// retyped mapped column); the relay stops before the transaction that shows it.
+    #[error(
+        "outbox table no longer matches the configuration (transaction {}, commit LSN {})",
+        .xid.map_or_else(|| "?".to_owned(), |x| x.to_string()),
+        .commit_lsn.map_or_else(|| "?".to_owned(), |l| l.to_string())
+    )]
+    Schema {
+        /// Transaction id, when inside one.
+        xid: Option<u32>,
+        /// Commit LSN of the transaction, when inside one.
+        commit_lsn: Option<Lsn>,
+        /// What changed.
+        #[source]
+        error: RouteError,
+    },
     /// The broker refused a message for good.
     #[error("JetStream refused event {event_id} on subject `{subject}`")]
     Publish {
@@ -323,7 +339,19 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
                 self.frontier.keepalive(wal_end);
             }
             SourceEvent::Message(LogicalMessage::Relation(relation)) => {
-                self.router.on_relation(relation);
+                let commit_lsn = self.tx.as_ref().map(|(tx, _)| tx.commit_lsn);
+                match self.router.on_relation(relation, commit_lsn) {
+                    Err(error) if Self::stops_on(&self.config, &error) => {
+                        let tx = self.tx.as_ref().map(|(tx, _)| tx);
+                        return Err(Self::schema_error(tx, error));
+                    }
+                    // A mapped column that no longer fits, with a dead-letter subject: the
+                    // table's rows go there (the route keeps the error).
+                    Err(error) => {
+                        tracing::warn!(reason = %error, "outbox rows will go to the dead-letter subject");
+                    }
+                    Ok(()) => {}
+                }
             }
             SourceEvent::Message(LogicalMessage::Insert(insert)) => {
                 let Some((tx, index)) = self.tx.as_mut() else {
@@ -341,6 +369,9 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
                         });
                 let routed = match routed {
                     Ok(routed) => routed,
+                    Err(error) if Self::stops_on(&self.config, &error) => {
+                        return Err(Self::schema_error(Some(tx), error));
+                    }
                     Err(error) => {
                         let dead = Self::dead_letter(
                             &self.config,
@@ -400,6 +431,25 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
             }
         }
         Ok(None)
+    }
+
+    /// Whether a route error is a table-shape error that stops the relay (exit 78) instead of a
+    /// row-level one. A renamed table always stops: renaming it back lets its rows through
+    /// (`Router::bind_catalog`). A mapped column that no longer fits stops unless a dead-letter
+    /// subject is set: rows committed under the old shape can only be parked, never re-read
+    /// under a new one.
+    fn stops_on(config: &PipelineConfig, error: &RouteError) -> bool {
+        matches!(error, RouteError::OutboxRenamed { .. })
+            || (error.is_schema_mismatch() && config.dead_letter_subject.is_none())
+    }
+
+    /// A table-shape error in the open transaction (if any).
+    fn schema_error(tx: Option<&TxContext>, error: RouteError) -> PipelineError {
+        PipelineError::Schema {
+            xid: tx.map(|tx| tx.xid),
+            commit_lsn: tx.map(|tx| tx.commit_lsn),
+            error,
+        }
     }
 
     /// The dead letter for a row that cannot be routed, when a dead-letter subject is set.

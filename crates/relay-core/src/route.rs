@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use pgoutput::{Insert, Oid, Relation, TupleValue};
+use pgoutput::{Insert, Lsn, Oid, Relation, TupleValue};
 
 use crate::message::{
     HEADER_COMMIT_LSN, HEADER_COMMIT_TIME, HEADER_TABLE, HEADER_TX_INDEX, HEADER_XID,
@@ -83,6 +83,12 @@ pub struct Router {
     relations: HashMap<Oid, RelationRoute>,
     /// Type OID of each mapped column when the table was first compiled, per `schema.table`.
     first_types: HashMap<String, Vec<(String, &'static str, u32)>>,
+    /// Relation OID → index in `tables`: from the catalog at start-up and from every Relation
+    /// message that carried a configured name.
+    outbox_oids: HashMap<Oid, usize>,
+    /// The OIDs the catalog gave the configured tables at start-up, and the WAL position then.
+    catalog_oids: HashMap<Oid, usize>,
+    catalog_lsn: Lsn,
 }
 
 impl Router {
@@ -106,40 +112,121 @@ impl Router {
             tables,
             relations: HashMap::new(),
             first_types: HashMap::new(),
+            outbox_oids: HashMap::new(),
+            catalog_oids: HashMap::new(),
+            catalog_lsn: Lsn(0),
         })
     }
 
-    /// Learns (or re-learns, after DDL) a relation's shape.
-    pub fn on_relation(&mut self, relation: Relation) {
+    /// Binds the configured tables to the relation OIDs the catalog gives them at `at` (the WAL
+    /// position when the catalog was read): `(schema, table, oid)`.
+    ///
+    /// A bound table is recognised by OID even when its first Relation message of the session
+    /// carries another name. Such a name from a transaction committed before `at` is history
+    /// (the table was renamed and renamed back before this session): its rows are the outbox's
+    /// and are routed under the configured name. From a later transaction it is a live rename.
+    pub fn bind_catalog(&mut self, tables: &[(String, String, Oid)], at: Lsn) {
+        for (schema, table, oid) in tables {
+            if let Some(index) = self
+                .tables
+                .iter()
+                .position(|t| t.config.qualified_name() == (schema.as_str(), table.as_str()))
+            {
+                self.outbox_oids.insert(*oid, index);
+                self.catalog_oids.insert(*oid, index);
+            }
+        }
+        self.catalog_lsn = at;
+    }
+
+    /// Learns (or re-learns, after DDL) a relation's shape; `commit_lsn` is the commit LSN of
+    /// the transaction that announces it.
+    ///
+    /// Outbox tables are known by relation OID, not only by name: a publication follows the
+    /// table through `RENAME` and `SET SCHEMA`, so an outbox relation announced under another
+    /// name, or whose mapped columns are gone, renamed or retyped, is an error here, before any
+    /// row of the transaction that announces it is routed: the relay stops instead of counting
+    /// the table's rows as "not an outbox".
+    pub fn on_relation(
+        &mut self,
+        relation: Relation,
+        commit_lsn: Option<Lsn>,
+    ) -> Result<(), RouteError> {
         let id = relation.id;
-        let route = match self.tables.iter().find(|t| {
+        let by_name = self.tables.iter().position(|t| {
             t.config.qualified_name() == (relation.namespace.as_str(), relation.name.as_str())
-        }) {
-            None => RelationRoute::Ignored,
-            Some(table) => {
-                let relation = Arc::new(relation);
-                let route = compile(table, relation.clone()).and_then(|route| {
-                    let now = route.mapped_types();
-                    match self.first_types.get(route.table.as_ref()) {
-                        None => {
-                            self.first_types.insert(route.table.to_string(), now);
-                            Ok(route)
-                        }
-                        Some(first) => check_types(&route.table, first, &now).map(|()| route),
-                    }
-                });
-                let event_id = relation
-                    .columns
-                    .iter()
-                    .position(|c| c.name == table.config.event_id);
-                RelationRoute::Outbox {
-                    relation,
-                    event_id,
-                    route,
+        });
+        let index = match (by_name, self.outbox_oids.get(&id).copied()) {
+            (by_name, Some(known)) if by_name != Some(known) => {
+                let historic = self.catalog_oids.get(&id) == Some(&known)
+                    && commit_lsn.is_some_and(|lsn| lsn < self.catalog_lsn);
+                let now = format!("{}.{}", relation.namespace, relation.name);
+                if !historic {
+                    let error = RouteError::OutboxRenamed {
+                        configured: self.tables[known].config.table.clone(),
+                        now,
+                        oid: id,
+                    };
+                    // Its rows stay outbox rows that fail, never "not an outbox".
+                    self.relations.insert(
+                        id,
+                        RelationRoute::Outbox {
+                            relation: Arc::new(relation),
+                            event_id: None,
+                            route: Err(error.clone()),
+                        },
+                    );
+                    return Err(error);
                 }
+                tracing::warn!(
+                    table = %self.tables[known].config.table,
+                    name_then = %now,
+                    oid = id,
+                    "outbox table had another name when these rows were written; routing them as the configured table"
+                );
+                known
+            }
+            (Some(index), _) => index,
+            (None, _) => {
+                self.relations.insert(id, RelationRoute::Ignored);
+                return Ok(());
             }
         };
-        self.relations.insert(id, route);
+        // A name seen once as an outbox keeps its OID: an older incarnation of the table (dropped
+        // and re-created while the relay was behind) is still an outbox for its WAL.
+        self.outbox_oids.insert(id, index);
+        let table = &self.tables[index];
+        let previous = match self.relations.get(&id) {
+            Some(RelationRoute::Outbox { relation, .. }) => Some(relation.clone()),
+            _ => None,
+        };
+        let relation = Arc::new(relation);
+        let route = compile(table, relation.clone())
+            .map_err(|e| renamed_column(e, previous.as_deref(), &relation))
+            .and_then(|route| {
+                let now = route.mapped_types();
+                match self.first_types.get(route.table.as_ref()) {
+                    None => {
+                        self.first_types.insert(route.table.to_string(), now);
+                        Ok(route)
+                    }
+                    Some(first) => check_types(&route.table, first, &now).map(|()| route),
+                }
+            });
+        let event_id = relation
+            .columns
+            .iter()
+            .position(|c| c.name == table.config.event_id);
+        let failed = route.as_ref().err().cloned();
+        self.relations.insert(
+            id,
+            RelationRoute::Outbox {
+                relation,
+                event_id,
+                route,
+            },
+        );
+        failed.map_or(Ok(()), Err)
     }
 
     /// Whether `relation_id` is a configured outbox table.
@@ -212,7 +299,10 @@ impl Router {
 }
 
 fn compile(table: &TableRoute, relation: Arc<Relation>) -> Result<CompiledRoute, RouteError> {
-    let name: Arc<str> = format!("{}.{}", relation.namespace, relation.name).into();
+    // The configured name, not the relation's: rows written under an earlier name of the same
+    // table (see `Router::bind_catalog`) are the configured table's events.
+    let (schema, table_name) = table.config.qualified_name();
+    let name: Arc<str> = format!("{schema}.{table_name}").into();
     let find = |column: &str, role: &'static str| -> Result<usize, RouteError> {
         relation
             .columns
@@ -266,6 +356,40 @@ fn compile(table: &TableRoute, relation: Arc<Relation>) -> Result<CompiledRoute,
         payload,
         headers,
     })
+}
+
+/// A mapped column missing from a relation that had it at the same position, with the same
+/// number of columns and the same type, was renamed: say so, with both names.
+fn renamed_column(error: RouteError, previous: Option<&Relation>, now: &Relation) -> RouteError {
+    let RouteError::MissingColumn {
+        table,
+        column,
+        role,
+    } = error
+    else {
+        return error;
+    };
+    let renamed_to = previous.and_then(|previous| {
+        let index = previous.columns.iter().position(|c| c.name == column)?;
+        if previous.columns.len() != now.columns.len() {
+            return None;
+        }
+        let (was, is) = (previous.columns.get(index)?, now.columns.get(index)?);
+        (was.type_oid == is.type_oid && was.name != is.name).then(|| is.name.clone())
+    });
+    match renamed_to {
+        Some(now) => RouteError::ColumnRenamed {
+            table,
+            column,
+            now,
+            role,
+        },
+        None => RouteError::MissingColumn {
+            table,
+            column,
+            role,
+        },
+    }
 }
 
 /// Fails when a mapped column's type differs from the first compile of the session.

@@ -7,6 +7,7 @@
 //!   the `pgoutput` crate into [`relay_core::stage::SourceEvent`]s.
 
 pub mod bootstrap;
+pub mod catalog;
 pub mod checkpoint;
 pub mod probe;
 mod settings;

@@ -21,6 +21,33 @@ pub enum RouteError {
         /// What the mapping uses it for.
         role: &'static str,
     },
+    /// A configured outbox table (known by its relation OID) is announced under another name:
+    /// `ALTER TABLE … RENAME` or `SET SCHEMA`. The publication still streams its rows.
+    #[error(
+        "outbox table `{configured}` (relation oid {oid}) is now named `{now}` (renamed or moved to another schema); its rows would no longer match the configuration. Rename it back, or set [[outbox]] table = \"{now}\" and restart"
+    )]
+    OutboxRenamed {
+        /// The table as configured.
+        configured: String,
+        /// Its name now.
+        now: String,
+        /// The relation OID.
+        oid: Oid,
+    },
+    /// A mapped column was renamed (same position and type, another name).
+    #[error(
+        "outbox table `{table}`: column `{column}` (mapped as {role}) was renamed to `{now}`; rename it back, or map `{now}` in the [[outbox]] configuration, and restart"
+    )]
+    ColumnRenamed {
+        /// The table.
+        table: String,
+        /// The mapped (old) name.
+        column: String,
+        /// The name now.
+        now: String,
+        /// What the mapping uses it for.
+        role: &'static str,
+    },
     /// A mapped column changed its type since the relay first saw the table in this session.
     #[error(
         "outbox table `{table}`: column `{column}` (mapped as {role}) changed type from oid {was} to oid {now}; restart the relay once the mapping fits the new type"
@@ -113,4 +140,20 @@ pub enum RouteError {
         /// What is wrong.
         reason: &'static str,
     },
+}
+
+impl RouteError {
+    /// Whether the table's shape no longer matches the configuration (renamed table, missing,
+    /// renamed or retyped mapped column). Every later row of the table fails the same way, so
+    /// this is a configuration error that stops the relay, never a dead letter.
+    #[must_use]
+    pub const fn is_schema_mismatch(&self) -> bool {
+        matches!(
+            self,
+            Self::OutboxRenamed { .. }
+                | Self::ColumnRenamed { .. }
+                | Self::MissingColumn { .. }
+                | Self::ColumnTypeChanged { .. }
+        )
+    }
 }

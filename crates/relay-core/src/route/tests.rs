@@ -50,6 +50,13 @@ fn debezium_relation(id: Oid) -> Relation {
     )
 }
 
+impl Router {
+    /// A Relation message of a transaction after the start-up catalog read.
+    fn on_relation_live(&mut self, relation: Relation) -> Result<(), RouteError> {
+        self.on_relation(relation, Some(Lsn(u64::MAX)))
+    }
+}
+
 fn tx() -> TxContext {
     TxContext::new(731, Lsn(0x16B3748), 0)
 }
@@ -57,7 +64,7 @@ fn tx() -> TxContext {
 #[test]
 fn default_mapping_routes_a_debezium_outbox_row() {
     let mut router = Router::new(&[OutboxTableConfig::with_defaults("public.outbox")]).unwrap();
-    router.on_relation(debezium_relation(16384));
+    router.on_relation_live(debezium_relation(16384)).unwrap();
     let payload = r#"{"orderId": 7, "note": "ünïcødé 😀"}"#;
     let row = insert(
         16384,
@@ -104,7 +111,7 @@ fn optional_header_column_may_be_absent_and_null_headers_are_omitted() {
     let mut router = Router::new(&[OutboxTableConfig::with_defaults("outbox")]).unwrap();
     let mut rel = debezium_relation(1);
     rel.columns.pop(); // no tracingspancontext column at all
-    router.on_relation(rel);
+    router.on_relation_live(rel).unwrap();
     let row = insert(1, &[Some("e1"), Some("A"), None, Some("T"), Some("{}")]);
     let msg = router.route_insert(&row, &tx(), 0).unwrap().unwrap();
     assert_eq!(msg.header("traceparent"), None);
@@ -114,11 +121,15 @@ fn optional_header_column_may_be_absent_and_null_headers_are_omitted() {
 #[test]
 fn other_tables_are_ignored_and_unknown_relations_are_errors() {
     let mut router = Router::new(&[OutboxTableConfig::with_defaults("public.outbox")]).unwrap();
-    router.on_relation(relation(2, "public", "orders", &[("id", oid::INT8)]));
-    router.on_relation(debezium_relation(3).clone());
+    router
+        .on_relation_live(relation(2, "public", "orders", &[("id", oid::INT8)]))
+        .unwrap();
+    router
+        .on_relation_live(debezium_relation(3).clone())
+        .unwrap();
     let mut other_schema = debezium_relation(4);
     other_schema.namespace = "audit".into();
-    router.on_relation(other_schema);
+    router.on_relation_live(other_schema).unwrap();
     assert!(
         router
             .route_insert(&insert(2, &[Some("1")]), &tx(), 0)
@@ -150,21 +161,23 @@ fn notification_outbox_works_by_configuration_alone() {
         payload_format: PayloadFormat::Raw,
     };
     let mut router = Router::new(&[config]).unwrap();
-    router.on_relation(relation(
-        7,
-        "public",
-        "notification_outbox",
-        &[
-            ("id", oid::INT8),
-            ("request_id", oid::INT8),
-            ("tenant_id", 1043),
-            ("order_id", oid::INT8),
-            ("event_type", 1043),
-            ("status", 1043),
-            ("attempts", oid::INT4),
-            ("published_at", 1184),
-        ],
-    ));
+    router
+        .on_relation_live(relation(
+            7,
+            "public",
+            "notification_outbox",
+            &[
+                ("id", oid::INT8),
+                ("request_id", oid::INT8),
+                ("tenant_id", 1043),
+                ("order_id", oid::INT8),
+                ("event_type", 1043),
+                ("status", 1043),
+                ("attempts", oid::INT4),
+                ("published_at", 1184),
+            ],
+        ))
+        .unwrap();
     let row = insert(
         7,
         &[
@@ -197,12 +210,14 @@ fn bytea_payload_is_decoded() {
     config.subject = "blobs.{kind}".into();
     config.headers.clear();
     let mut router = Router::new(&[config]).unwrap();
-    router.on_relation(relation(
-        5,
-        "public",
-        "blobs",
-        &[("id", oid::INT8), ("kind", 25), ("payload", oid::BYTEA)],
-    ));
+    router
+        .on_relation_live(relation(
+            5,
+            "public",
+            "blobs",
+            &[("id", oid::INT8), ("kind", 25), ("payload", oid::BYTEA)],
+        ))
+        .unwrap();
     let msg = router
         .route_insert(
             &insert(5, &[Some("1"), Some("k"), Some("\\x00ff0a")]),
@@ -217,7 +232,7 @@ fn bytea_payload_is_decoded() {
 #[test]
 fn bad_rows_fail_closed_with_the_reason() {
     let mut router = Router::new(&[OutboxTableConfig::with_defaults("public.outbox")]).unwrap();
-    router.on_relation(debezium_relation(1));
+    router.on_relation_live(debezium_relation(1)).unwrap();
     let route = |vals: &[Option<&str>]| router.route_insert(&insert(1, vals), &tx(), 0);
     assert!(matches!(
         route(&[None, Some("A"), Some("1"), Some("T"), Some("{}"), None]),
@@ -254,7 +269,7 @@ fn subject_values_never_escape_their_token() {
     let mut config = OutboxTableConfig::with_defaults("public.outbox");
     config.headers.clear(); // a tab is fine in a subject token (escaped), not in a header
     let mut router = Router::new(&[config]).unwrap();
-    router.on_relation(debezium_relation(1));
+    router.on_relation_live(debezium_relation(1)).unwrap();
     for hostile in [
         "a.b",
         "*",
@@ -292,8 +307,13 @@ fn subject_values_never_escape_their_token() {
 fn drifted_schema_names_the_missing_column() {
     let mut router = Router::new(&[OutboxTableConfig::with_defaults("public.outbox")]).unwrap();
     let mut rel = debezium_relation(1);
-    rel.columns[3].name = "event_type".into(); // `type` renamed
-    router.on_relation(rel);
+    rel.columns[3].name = "event_type".into(); // `type` gone (first sight: cannot tell a rename)
+    let err = router.on_relation_live(rel).unwrap_err();
+    assert!(
+        matches!(err, RouteError::MissingColumn { ref column, role: "subject", .. } if column == "type"),
+        "{err}"
+    );
+    assert!(err.is_schema_mismatch());
     let row = insert(
         1,
         &[Some("e"), Some("A"), Some("1"), Some("T"), Some("{}"), None],
@@ -303,7 +323,7 @@ fn drifted_schema_names_the_missing_column() {
         Err(RouteError::MissingColumn { ref column, role: "subject", .. }) if column == "type"
     ));
     // A later Relation message (after the DDL is fixed) heals the route.
-    router.on_relation(debezium_relation(1));
+    router.on_relation_live(debezium_relation(1)).unwrap();
     assert!(router.route_insert(&row, &tx(), 0).unwrap().is_some());
 }
 
@@ -340,7 +360,7 @@ fn json_payload_format_refuses_invalid_json_and_utf8() {
     let mut router = Router::new(&[config]).unwrap();
     let mut rel = debezium_relation(1);
     rel.columns[4].type_oid = 25; // text payload
-    router.on_relation(rel);
+    router.on_relation_live(rel).unwrap();
     let ok = insert(
         1,
         &[
@@ -381,10 +401,15 @@ fn json_payload_format_refuses_invalid_json_and_utf8() {
 #[test]
 fn a_mapped_column_type_change_is_refused_by_name() {
     let mut router = Router::new(&[OutboxTableConfig::with_defaults("public.outbox")]).unwrap();
-    router.on_relation(debezium_relation(1));
+    router.on_relation_live(debezium_relation(1)).unwrap();
     let mut changed = debezium_relation(1);
     changed.columns[1].type_oid = 25; // aggregatetype varchar -> text
-    router.on_relation(changed);
+    assert!(
+        router
+            .on_relation_live(changed)
+            .unwrap_err()
+            .is_schema_mismatch()
+    );
     let row = insert(
         1,
         &[
@@ -409,7 +434,7 @@ fn a_mapped_column_type_change_is_refused_by_name() {
         type_oid: 25,
         type_modifier: -1,
     });
-    router.on_relation(added);
+    router.on_relation_live(added).unwrap();
     let row = insert(
         1,
         &[
@@ -429,4 +454,136 @@ fn a_mapped_column_type_change_is_refused_by_name() {
     let v: serde_json::Value = serde_json::from_slice(&raw).unwrap();
     assert_eq!(v["id"], "e2");
     assert!(v["extra"].is_null());
+}
+
+#[test]
+fn a_renamed_outbox_table_is_an_error_not_another_table() {
+    let mut router = Router::new(&[OutboxTableConfig::with_defaults("public.outbox")]).unwrap();
+    router.on_relation_live(debezium_relation(16384)).unwrap();
+    let mut renamed = debezium_relation(16384);
+    renamed.name = "outbox_old".into();
+    let err = router.on_relation_live(renamed).unwrap_err();
+    assert_eq!(
+        err,
+        RouteError::OutboxRenamed {
+            configured: "public.outbox".into(),
+            now: "public.outbox_old".into(),
+            oid: 16384
+        }
+    );
+    assert!(err.is_schema_mismatch());
+    let text = err.to_string();
+    assert!(
+        text.contains("`public.outbox`") && text.contains("`public.outbox_old`"),
+        "{text}"
+    );
+    // Its rows fail too; they are never "not an outbox".
+    let row = insert(
+        16384,
+        &[Some("e"), Some("A"), Some("1"), Some("T"), Some("{}"), None],
+    );
+    assert!(router.is_outbox(16384));
+    assert!(router.route_insert(&row, &tx(), 0).is_err());
+}
+
+#[test]
+fn a_table_moved_to_another_schema_is_an_error() {
+    let mut router = Router::new(&[OutboxTableConfig::with_defaults("public.outbox")]).unwrap();
+    router.on_relation_live(debezium_relation(5)).unwrap();
+    let mut moved = debezium_relation(5);
+    moved.namespace = "archive".into();
+    assert!(matches!(
+        router.on_relation_live(moved),
+        Err(RouteError::OutboxRenamed { ref now, .. }) if now == "archive.outbox"
+    ));
+}
+
+#[test]
+fn an_oid_bound_from_the_catalog_is_caught_on_its_first_relation_message() {
+    // Renamed before the relay saw any of its rows in this session.
+    let mut router = Router::new(&[OutboxTableConfig::with_defaults("public.outbox")]).unwrap();
+    router.bind_catalog(&[("public".into(), "outbox".into(), 77)], Lsn(5000));
+    let mut renamed = debezium_relation(77);
+    renamed.name = "outbox_2025".into();
+    assert!(matches!(
+        router.on_relation_live(renamed),
+        Err(RouteError::OutboxRenamed { oid: 77, .. })
+    ));
+    // An older incarnation (another OID) under the configured name is still the outbox.
+    let mut router = Router::new(&[OutboxTableConfig::with_defaults("public.outbox")]).unwrap();
+    router.bind_catalog(&[("public".into(), "outbox".into(), 77)], Lsn(5000));
+    router.on_relation_live(debezium_relation(60)).unwrap();
+    assert!(router.is_outbox(60));
+}
+
+#[test]
+fn a_name_from_before_the_catalog_read_is_history_and_routed_as_configured() {
+    // Renamed and renamed back before this session: the WAL still carries the old name.
+    let mut router = Router::new(&[OutboxTableConfig::with_defaults("public.outbox")]).unwrap();
+    router.bind_catalog(&[("public".into(), "outbox".into(), 77)], Lsn(5000));
+    let mut then = debezium_relation(77);
+    then.name = "outbox_old".into();
+    router.on_relation(then.clone(), Some(Lsn(4000))).unwrap();
+    let row = insert(
+        77,
+        &[Some("e"), Some("A"), Some("1"), Some("T"), Some("{}"), None],
+    );
+    let msg = router.route_insert(&row, &tx(), 0).unwrap().unwrap();
+    assert_eq!(msg.header("Outbox-Table"), Some("public.outbox"));
+    assert_eq!(&*msg.table, "public.outbox");
+    // The same name in a transaction after the catalog read is a live rename.
+    router
+        .on_relation(debezium_relation(77), Some(Lsn(5100)))
+        .unwrap();
+    assert!(matches!(
+        router.on_relation(then, Some(Lsn(5200))),
+        Err(RouteError::OutboxRenamed { .. })
+    ));
+}
+
+#[test]
+fn two_outbox_tables_swapping_names_is_an_error() {
+    let mut router = Router::new(&[
+        OutboxTableConfig::with_defaults("public.a"),
+        OutboxTableConfig::with_defaults("public.b"),
+    ])
+    .unwrap();
+    let mut a = debezium_relation(1);
+    a.name = "a".into();
+    let mut b = debezium_relation(2);
+    b.name = "b".into();
+    router.on_relation_live(a.clone()).unwrap();
+    router.on_relation_live(b.clone()).unwrap();
+    a.name = "b".into();
+    assert!(matches!(
+        router.on_relation_live(a),
+        Err(RouteError::OutboxRenamed { ref configured, ref now, .. })
+            if configured == "public.a" && now == "public.b"
+    ));
+}
+
+#[test]
+fn a_renamed_mapped_column_names_old_and_new() {
+    let mut router = Router::new(&[OutboxTableConfig::with_defaults("public.outbox")]).unwrap();
+    router.on_relation_live(debezium_relation(1)).unwrap();
+    let mut renamed = debezium_relation(1);
+    renamed.columns[3].name = "event_type".into();
+    let err = router.on_relation_live(renamed).unwrap_err();
+    assert_eq!(
+        err,
+        RouteError::ColumnRenamed {
+            table: "public.outbox".into(),
+            column: "type".into(),
+            now: "event_type".into(),
+            role: "subject"
+        }
+    );
+    assert!(err.to_string().contains("renamed to `event_type`"), "{err}");
+    // A dropped column (fewer columns) is reported as missing, not renamed.
+    let mut dropped = debezium_relation(1);
+    dropped.columns.remove(3);
+    assert!(matches!(
+        router.on_relation_live(dropped),
+        Err(RouteError::MissingColumn { ref column, .. }) if column == "type"
+    ));
 }

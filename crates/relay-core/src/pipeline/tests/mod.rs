@@ -343,3 +343,88 @@ async fn an_event_id_collision_stops_before_its_transaction() {
     );
     assert!(h.saved.lock().unwrap().iter().all(|l| *l <= Lsn(2000)));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_renamed_outbox_table_stops_before_its_transaction_even_with_a_dead_letter_subject() {
+    let mut events = preamble();
+    events.extend(tx(1, &["a"]));
+    // ALTER TABLE outbox RENAME TO outbox_old: pgoutput announces the same OID under the new
+    // name before the next row, inside that row's transaction.
+    let mut renamed = tx(2, &["b"]);
+    renamed.insert(
+        1,
+        relation(
+            OUTBOX,
+            "outbox_old",
+            &["id", "aggregatetype", "aggregateid", "type", "payload"],
+        ),
+    );
+    events.extend(renamed);
+    events.extend(tx(3, &[])); // later WAL the checkpoint must not reach
+    let config = PipelineConfig {
+        dead_letter_subject: Some("outbox.dlq".into()),
+        ..PipelineConfig::default()
+    };
+    let (result, h) = run_script(events, FakeBroker::default(), config, false).await;
+    assert!(
+        matches!(
+            result,
+            Err(PipelineError::Schema {
+                xid: Some(2),
+                error: RouteError::OutboxRenamed { .. },
+                ..
+            })
+        ),
+        "{result:?}"
+    );
+    assert_eq!(stream_ids(&h), ["a"], "nothing of the renamed table's rows");
+    assert_eq!(h.saved.lock().unwrap().last(), Some(&Lsn(1000)));
+    assert_eq!(h.confirmed.lock().unwrap().last(), Some(&Lsn(1000)));
+    assert_eq!(h.stats.dead_lettered.load(Ordering::Relaxed), 0);
+    assert_eq!(h.stats.changes_skipped.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_renamed_mapped_column_stops_with_a_schema_error_or_dead_letters_when_asked() {
+    let columns_then = ["id", "agg_type", "aggregateid", "type", "payload"];
+    let script = || {
+        let mut events = preamble();
+        events.extend(tx(1, &["a"]));
+        let mut renamed = tx(2, &["b"]);
+        renamed.insert(1, relation(OUTBOX, "outbox", &columns_then));
+        events.extend(renamed);
+        events
+    };
+    let (result, h) = run_script(
+        script(),
+        FakeBroker::default(),
+        PipelineConfig::default(),
+        false,
+    )
+    .await;
+    assert!(
+        matches!(
+            result,
+            Err(PipelineError::Schema {
+                error: RouteError::ColumnRenamed { .. },
+                ..
+            })
+        ),
+        "{result:?}"
+    );
+    assert_eq!(h.saved.lock().unwrap().last(), Some(&Lsn(1000)));
+    let config = PipelineConfig {
+        dead_letter_subject: Some("outbox.dlq".into()),
+        ..PipelineConfig::default()
+    };
+    let (result, h) = run_script(script(), FakeBroker::default(), config, false).await;
+    assert_eq!(result.unwrap().confirmed, Lsn(2000));
+    let broker = h.broker.0.lock().unwrap();
+    assert_eq!(broker.stream[1].subject, "outbox.dlq");
+    assert!(
+        broker.stream[1]
+            .header(HEADER_DLQ_REASON)
+            .unwrap()
+            .contains("renamed to `agg_type`")
+    );
+}
