@@ -44,6 +44,10 @@ pub enum FrontierError {
     /// An ack arrived for a transaction the frontier no longer tracks, or twice for one event.
     #[error("acknowledgement for an event that is not outstanding")]
     UnknownTicket,
+    /// A Begin or Commit arrived as a plain decoded message: the source frames transactions
+    /// itself, so this one would open or close a transaction the frontier never saw.
+    #[error("a pgoutput {0} message arrived outside the source's transaction framing")]
+    Unframed(&'static str),
     /// Commit LSNs must increase; this one did not.
     #[error("commit end LSN {got} is not after the previous one {previous}")]
     CommitOutOfOrder {

@@ -172,6 +172,24 @@ pub struct Pipeline<S, P, C> {
     recent: RecentIds,
 }
 
+/// Why the loop leaves its reading phase.
+enum Stop {
+    /// Shutdown requested or the source ended: drain.
+    Drain,
+    /// A failure: drain, then report it.
+    Failed(PipelineError),
+    /// The drain deadline passed.
+    DrainTimedOut,
+}
+
+/// Sleeps until `deadline`, or forever without one.
+async fn sleep_until_some(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Header of a dead letter: why the row could not be routed.
 pub const HEADER_DLQ_REASON: &str = "Outbox-Dlq-Reason";
 
@@ -217,6 +235,10 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
 
     /// Runs until `shutdown` resolves (then drains and checkpoints), the source ends, or an
     /// error. On any error the acknowledged prefix is still checkpointed when possible.
+    ///
+    /// One loop in two phases: *reading* (source, acks, checkpoints) and, after a shutdown, the
+    /// end of the source or a failure, *draining*: no more reading, outstanding acks awaited for
+    /// at most `drain_timeout` so the stored position is as far as the broker really got.
     pub async fn run(
         &mut self,
         shutdown: impl Future<Output = ()>,
@@ -231,72 +253,56 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
             no_stream_grace: self.config.no_stream_grace,
         };
         let max_in_flight = self.config.max_in_flight.max(1);
+        let mut failure: Option<PipelineError> = None;
+        // Set when draining starts.
+        let mut drain_deadline: Option<Instant> = None;
 
-        let failure: Option<PipelineError> = loop {
-            let can_read = in_flight.len() < max_in_flight;
-            tokio::select! {
+        loop {
+            let reading = drain_deadline.is_none();
+            if !reading && in_flight.is_empty() {
+                break;
+            }
+            let can_read = reading && in_flight.len() < max_in_flight;
+            // What the select produced: a message to publish, an error, or a phase change.
+            let step: Result<Option<(OutboundMessage, EventTicket)>, Stop> = tokio::select! {
                 biased;
-                () = &mut shutdown => break None,
+                () = &mut shutdown, if reading => Err(Stop::Drain),
+                () = sleep_until_some(drain_deadline), if !reading => Err(Stop::DrainTimedOut),
                 Some(done) = in_flight.next(), if !in_flight.is_empty() => {
-                    match self.on_delivery(done) {
-                        Ok(Some((msg, ticket))) => {
-                            in_flight.push(self.launch(msg, ticket, policy).await);
-                        }
-                        Ok(None) => {}
-                        Err(e) => break Some(e),
-                    }
+                    self.on_delivery(done).map_err(Stop::Failed)
                 }
-                _ = tick.tick() => {
-                    if let Err(e) = self.checkpoint(false).await {
-                        break Some(e);
+                _ = tick.tick() => match self.checkpoint(false).await {
+                    Ok(()) => Ok(None),
+                    // Storing failed: draining cannot store either.
+                    Err(e) if !reading => {
+                        failure.get_or_insert(e);
+                        break;
                     }
-                }
-                event = self.source.next(), if can_read => {
-                    let event = match event {
-                        Ok(Some(event)) => event,
-                        Ok(None) => break None,
-                        Err(e) => break Some(e.into()),
-                    };
-                    match self.on_event(event) {
-                        Ok(Some((msg, ticket))) => {
-                            in_flight.push(self.launch(msg, ticket, policy).await);
-                        }
-                        Ok(None) => {}
-                        Err(e) => break Some(e),
+                    Err(e) => Err(Stop::Failed(e)),
+                },
+                event = self.source.next(), if can_read => match event {
+                    Ok(Some(event)) => self.on_event(event).map_err(Stop::Failed),
+                    Ok(None) => Err(Stop::Drain),
+                    Err(e) => Err(Stop::Failed(e.into())),
+                },
+            };
+            match step {
+                Ok(Some((msg, ticket))) => in_flight.push(self.launch(msg, ticket, policy).await),
+                Ok(None) => {}
+                Err(Stop::DrainTimedOut) => break,
+                Err(stop) => {
+                    if let Stop::Failed(e) = stop {
+                        failure.get_or_insert(e);
                     }
+                    drain_deadline
+                        .get_or_insert_with(|| Instant::now() + self.config.drain_timeout);
                 }
             }
             self.stats
                 .in_flight
                 .store(self.frontier.in_flight(), Ordering::Relaxed);
-        };
-
-        // Drain: whatever happened, wait (bounded) for outstanding acks so the stored position
-        // is as far as the broker really got, then store it and confirm it.
-        let deadline = Instant::now() + self.config.drain_timeout;
-        let mut failure = failure;
-        while !in_flight.is_empty() {
-            tokio::select! {
-                () = tokio::time::sleep_until(deadline) => break,
-                Some(done) = in_flight.next() => {
-                    match self.on_delivery(done) {
-                        Ok(Some((msg, ticket))) => {
-                            in_flight.push(self.launch(msg, ticket, policy).await);
-                        }
-                        Ok(None) => {}
-                        Err(e) => {
-                            failure.get_or_insert(e);
-                        }
-                    }
-                }
-                _ = tick.tick() => {
-                    if let Err(e) = self.checkpoint(false).await {
-                        failure.get_or_insert(e);
-                        break;
-                    }
-                }
-            }
         }
+
         let abandoned = in_flight.len() as u64;
         if abandoned > 0 {
             tracing::warn!(
@@ -423,6 +429,12 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
                         self.stats.changes_skipped.fetch_add(1, Ordering::Relaxed);
                     }
                 }
+            }
+            SourceEvent::Message(LogicalMessage::Begin(_)) => {
+                return Err(FrontierError::Unframed("Begin").into());
+            }
+            SourceEvent::Message(LogicalMessage::Commit(_)) => {
+                return Err(FrontierError::Unframed("Commit").into());
             }
             SourceEvent::Message(_) => {
                 // Updates, deletes and truncates of the outbox (e.g. insert-then-delete in one

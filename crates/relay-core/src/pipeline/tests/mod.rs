@@ -428,3 +428,33 @@ async fn a_renamed_mapped_column_stops_with_a_schema_error_or_dead_letters_when_
             .contains("renamed to `agg_type`")
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_begin_arriving_as_a_plain_message_is_a_protocol_error_not_a_skip() {
+    let mut events = preamble();
+    events.extend(tx(1, &["a"]));
+    events.push(SourceEvent::Message(LogicalMessage::Begin(
+        pgoutput::Begin {
+            final_lsn: Lsn(1990),
+            commit_time: 0,
+            xid: 9,
+        },
+    )));
+    events.extend(tx(2, &["b"]));
+    let (result, h) = run_script(
+        events,
+        FakeBroker::default(),
+        PipelineConfig::default(),
+        false,
+    )
+    .await;
+    assert!(
+        matches!(
+            result,
+            Err(PipelineError::Protocol(FrontierError::Unframed("Begin")))
+        ),
+        "{result:?}"
+    );
+    assert_eq!(h.stats.changes_skipped.load(Ordering::Relaxed), 0);
+    assert_eq!(h.saved.lock().unwrap().last(), Some(&Lsn(1000)));
+}
