@@ -60,6 +60,6 @@ pub use handler::{BoxError, Handler, Permanent, handler_fn};
 pub use ledger::{LEDGER_MIGRATION, LEDGER_TABLE, ensure_ledger, prune_ledger};
 pub use park::{
     HEADER_DLQ_CONSUMER, HEADER_DLQ_DELIVERIES, HEADER_DLQ_EVENT_ID, HEADER_DLQ_REASON,
-    HEADER_DLQ_SOURCE, HEADER_DLQ_SUBJECT,
+    HEADER_DLQ_SOURCE, HEADER_DLQ_SUBJECT, HEADER_ORIGINAL_PREFIX,
 };
 pub use stats::{ConsumerStats, StatsSnapshot};

@@ -20,6 +20,24 @@ pub const HEADER_DLQ_CONSUMER: &str = "Outbox-Dlq-Consumer";
 /// Dead-letter header: stream and sequence of the original message, `STREAM:SEQ`.
 pub const HEADER_DLQ_SOURCE: &str = "Outbox-Dlq-Source";
 
+/// Prefix under which the dead letter keeps the original message's `Nats-*` headers, in place
+/// of their `Nats-`: `Nats-Expected-Stream: OUTBOX` becomes `Outbox-Original-Expected-Stream:
+/// OUTBOX`. Not `Outbox-Original-Nats-…`: nats-server before 2.11.11 / 2.12.2 looks a header
+/// up by the first occurrence of its name anywhere in the header block, so a copy named
+/// `…-Nats-Msg-Id` written before the real `Nats-Msg-Id` hides it and turns deduplication off
+/// (seen with 2.9.10 in the dead-letter tests).
+pub const HEADER_ORIGINAL_PREFIX: &str = "Outbox-Original-";
+
+/// NATS reserves the `Nats-` header namespace, and JetStream acts on many of these headers
+/// when it stores a message: `Nats-Expected-*` bind the publish to a stream or a position (the
+/// relay sets `Nats-Expected-Stream`, which the dead-letter stream refuses with error 10060),
+/// `Nats-Msg-Id` deduplicates, `Nats-Rollup` purges, `Nats-TTL` expires, `Nats-Batch-*`,
+/// `Nats-Schedule*`, `Nats-Incr` change how the message is stored, `Nats-Stream-Source` is
+/// refused on a direct publish. Newer servers add more. So the whole namespace is moved aside,
+/// as nats-server itself does with `Nats-Expected-` and `Nats-Batch-` when it sources a
+/// message into another stream.
+const RESERVED_PREFIX: &str = "Nats-";
+
 /// Longest `Outbox-Dlq-Reason` value; longer reasons are cut.
 const MAX_REASON_LEN: usize = 1024;
 
@@ -47,17 +65,16 @@ impl Inner {
             .info()
             .map(|i| (i.stream.to_owned(), i.stream_sequence))
             .unwrap_or_default();
-        let mut headers: HeaderMap = msg.headers.clone().unwrap_or_default();
+        let mut headers = dead_letter_headers(msg.headers.as_ref());
         headers.insert(HEADER_DLQ_REASON, reason.as_str());
         headers.insert(HEADER_DLQ_SUBJECT, msg.subject.as_str());
         headers.insert(HEADER_DLQ_EVENT_ID, event_id.as_str());
         headers.insert(HEADER_DLQ_DELIVERIES, delivered.to_string().as_str());
         headers.insert(HEADER_DLQ_CONSUMER, self.service.as_str());
         headers.insert(HEADER_DLQ_SOURCE, format!("{stream}:{seq}").as_str());
-        // Dedupe a re-park (crash between the dead-letter publish and the TERM).
         headers.insert(
             HEADER_MSG_ID,
-            format!("dlq:{}:{stream}:{seq}", self.service).as_str(),
+            dead_letter_id(&self.service, &event_id, &stream, seq).as_str(),
         );
 
         let published = async {
@@ -107,6 +124,42 @@ impl Inner {
     }
 }
 
+/// The original headers with every `Nats-*` one renamed to [`HEADER_ORIGINAL_PREFIX`] + the
+/// rest of its name, so the dead-letter publish is stored as a plain message whatever the
+/// original carried, and the values stay readable.
+fn dead_letter_headers(original: Option<&HeaderMap>) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for (name, values) in original.into_iter().flat_map(HeaderMap::iter) {
+        let name: &str = name.as_ref();
+        let reserved = name
+            .as_bytes()
+            .get(..RESERVED_PREFIX.len())
+            .is_some_and(|p| p.eq_ignore_ascii_case(RESERVED_PREFIX.as_bytes()));
+        let name = match name.get(RESERVED_PREFIX.len()..) {
+            Some(rest) if reserved => format!("{HEADER_ORIGINAL_PREFIX}{rest}"),
+            _ => name.to_owned(),
+        };
+        for value in values {
+            headers.append(name.as_str(), value.clone());
+        }
+    }
+    headers
+}
+
+/// The dead letter's own `Nats-Msg-Id`: derived from the event, so parking it again (a crash
+/// between the dead-letter publish and the TERM, or a second copy of the event re-sent by the
+/// relay past the outbox stream's duplicate window) is dropped by the dead-letter stream
+/// instead of stored twice. The service is part of it because several services may share one
+/// dead-letter stream and each parks its own copy. A message without an event id falls back to
+/// its stream position.
+fn dead_letter_id(service: &str, event_id: &str, stream: &str, seq: u64) -> String {
+    if event_id.is_empty() {
+        format!("dlq:{service}:{stream}:{seq}")
+    } else {
+        format!("dlq:{service}:{event_id}")
+    }
+}
+
 /// One line, at most [`MAX_REASON_LEN`] bytes (header values cannot hold CR/LF).
 fn sanitize_reason(reason: &str) -> String {
     let mut s: String = reason
@@ -126,6 +179,78 @@ fn sanitize_reason(reason: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dead_letters_carry_no_reserved_header_and_keep_the_originals() {
+        let mut original = HeaderMap::new();
+        for (name, value) in [
+            ("Nats-Msg-Id", "e1"),
+            ("Nats-Expected-Stream", "OUTBOX"),
+            ("Nats-Expected-Last-Msg-Id", "e0"),
+            ("Nats-Expected-Last-Sequence", "41"),
+            ("Nats-Expected-Last-Subject-Sequence", "7"),
+            ("Nats-Rollup", "all"),
+            ("Nats-TTL", "1s"),
+            ("Nats-Batch-Id", "b1"),
+            ("Nats-Schedule", "@every 1s"),
+            ("Nats-Stream-Source", "OTHER 1 > > outbox.a"),
+            ("Nats-Marker-Reason", "MaxAge"),
+            ("nats-expected-stream", "lowercase"),
+            ("Outbox-Commit-Lsn", "0/16B3748"),
+            (
+                "traceparent",
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            ),
+        ] {
+            original.insert(name, value);
+        }
+        original.append("Outbox-Tag", "a");
+        original.append("Outbox-Tag", "b");
+        let headers = dead_letter_headers(Some(&original));
+        // Not even inside a name: old servers would find `Nats-Msg-Id` in `X-Nats-Msg-Id`.
+        let reserved: Vec<String> = headers
+            .iter()
+            .map(|(n, _)| n.to_string())
+            .filter(|n| n.to_ascii_lowercase().contains("nats-"))
+            .collect();
+        assert!(reserved.is_empty(), "{reserved:?}");
+        let get = |name: &str| headers.get(name).map(|v| v.as_str().to_owned());
+        assert_eq!(
+            get("Outbox-Original-Expected-Stream").as_deref(),
+            Some("OUTBOX")
+        );
+        assert_eq!(get("Outbox-Original-Msg-Id").as_deref(), Some("e1"));
+        assert_eq!(get("Outbox-Original-Rollup").as_deref(), Some("all"));
+        assert_eq!(
+            get("Outbox-Original-expected-stream").as_deref(),
+            Some("lowercase")
+        );
+        assert_eq!(get("Outbox-Commit-Lsn").as_deref(), Some("0/16B3748"));
+        assert!(get("traceparent").is_some());
+        let tags: Vec<&str> = headers.get_all("Outbox-Tag").map(|v| v.as_str()).collect();
+        assert_eq!(
+            tags,
+            ["a", "b"],
+            "repeated headers keep every value in order"
+        );
+        assert_eq!(headers.iter().count(), original.iter().count());
+        assert!(dead_letter_headers(None).is_empty());
+    }
+
+    #[test]
+    fn dead_letter_ids_follow_the_event() {
+        assert_eq!(dead_letter_id("svc", "e1", "OUTBOX", 9), "dlq:svc:e1");
+        assert_eq!(
+            dead_letter_id("svc", "e1", "OUTBOX", 10),
+            dead_letter_id("svc", "e1", "OUTBOX", 9),
+            "a second copy of the event parks under the same id"
+        );
+        assert_ne!(
+            dead_letter_id("svc", "e1", "OUTBOX", 9),
+            dead_letter_id("other", "e1", "OUTBOX", 9)
+        );
+        assert_eq!(dead_letter_id("svc", "", "OUTBOX", 9), "dlq:svc:OUTBOX:9");
+    }
 
     #[test]
     fn reasons_are_one_bounded_line() {

@@ -110,7 +110,9 @@ impl JetStreamPublisher {
     }
 
     /// The headers of `msg`: its shared headers from the transaction's template, then its own.
-    fn headers(&self, msg: &OutboundMessage) -> HeaderMap {
+    /// Exactly what [`Publisher::send`] puts on the wire; public so consumer tests publish (and
+    /// compare against) the relay's real header set instead of a hand-written copy.
+    pub fn headers(&self, msg: &OutboundMessage) -> HeaderMap {
         let split = msg.shared_headers.min(msg.headers.len());
         let (shared, own) = msg.headers.split_at(split);
         // A poisoned lock only means a panic elsewhere mid-update: rebuild the template.

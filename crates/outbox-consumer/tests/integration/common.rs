@@ -4,15 +4,24 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::{Context as _, anyhow, bail};
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, stream};
-use futures::FutureExt as _;
+use bytes::Bytes;
+use futures::{FutureExt as _, StreamExt as _};
 use outbox_consumer::{BoxError, ConsumerBuilder, Event, Handler, handler_fn};
+use pgoutput::{Column, Insert, Relation, TupleData, TupleValue};
+use relay_core::Lsn;
+use relay_core::message::{HEADER_MSG_ID, OutboundMessage, TxContext};
+use relay_core::route::{OutboxTableConfig, Router};
+use relay_core::stage::Publisher as _;
+use relay_nats::JetStreamPublisher;
 use relay_testkit::{NatsServer, PostgresServer};
 use tokio_postgres::Transaction;
 
 pub const DB: &str = "consumer";
+/// The stream the relay publishes into (and pins with `Nats-Expected-Stream`).
+pub const STREAM: &str = "OUTBOX";
 
 #[derive(Debug)]
 pub struct Env {
@@ -22,6 +31,8 @@ pub struct Env {
     pub nats: NatsServer,
     pub js: jetstream::Context,
     pub db: tokio_postgres::Client,
+    /// The relay's own publisher: test events carry exactly the relay's wire headers.
+    pub relay: JetStreamPublisher,
 }
 
 impl Env {
@@ -52,16 +63,24 @@ impl Env {
              )",
         )
         .await?;
-        let js = jetstream::new(async_nats::connect(nats.url()).await?);
+        let client = async_nats::connect(nats.url()).await?;
+        let relay = JetStreamPublisher::new(client.clone(), STREAM, Duration::from_secs(5), 64);
+        let js = jetstream::new(client);
         js.create_stream(stream::Config {
-            name: "OUTBOX".into(),
+            name: STREAM.into(),
             subjects: vec!["outbox.>".into()],
             duplicate_window: dup_window,
             ..Default::default()
         })
         .await
         .context("creating stream OUTBOX")?;
-        let env = Self { pg, nats, js, db };
+        let env = Self {
+            pg,
+            nats,
+            js,
+            db,
+            relay,
+        };
         if dlq_stream {
             env.create_dlq_stream().await?;
         }
@@ -97,7 +116,10 @@ impl Env {
             .dead_letter_subject(format!("dlq.{service}"))
     }
 
-    /// Publishes one message in the relay's format; `id: None` omits `Nats-Msg-Id`.
+    /// Publishes one event exactly as the relay does: routed by relay-core's router (default
+    /// mapping) and sent by relay-nats' publisher, so every header the relay sets is on the
+    /// wire, `Nats-Expected-Stream` included. `id: None` publishes the same headers without
+    /// `Nats-Msg-Id` (something the relay never sends: a foreign or damaged message).
     /// Returns (stream sequence, duplicate flag).
     pub async fn publish(
         &self,
@@ -105,24 +127,27 @@ impl Env {
         subject: &str,
         payload: &str,
     ) -> anyhow::Result<(u64, bool)> {
-        let mut h = HeaderMap::new();
-        if let Some(id) = id {
-            h.insert("Nats-Msg-Id", id);
+        let msg = relay_message(id.unwrap_or("no-id"), subject, payload)?;
+        if id.is_some() {
+            let receipt = self
+                .relay
+                .send(&Arc::new(msg))
+                .await
+                .map_err(|e| anyhow!("relay publish: {e}"))?
+                .await
+                .map_err(|e| anyhow!("relay publish ack: {e}"))?;
+            return Ok((receipt.stream_seq, receipt.duplicate));
         }
-        h.insert("Outbox-Commit-Lsn", "0/16B3748");
-        h.insert("Outbox-Xid", "771");
-        h.insert("Outbox-Commit-Time", "2026-11-29T11:38:44.123456Z");
-        h.insert("Outbox-Table", "public.outbox");
-        h.insert("Outbox-Tx-Index", "0");
-        h.insert("Outbox-Aggregate-Type", "Order");
-        h.insert("Outbox-Aggregate-Id", "7");
-        h.insert(
-            "Outbox-Event-Type",
-            subject.rsplit('.').next().unwrap_or_default(),
-        );
+        let headers: HeaderMap = self
+            .relay
+            .headers(&msg)
+            .iter()
+            .filter(|(name, _)| name.as_ref() as &str != HEADER_MSG_ID)
+            .flat_map(|(name, values)| values.iter().map(move |v| (name.clone(), v.clone())))
+            .collect();
         let ack = self
             .js
-            .publish_with_headers(subject.to_owned(), h, payload.to_owned().into())
+            .publish_with_headers(msg.subject, headers, msg.payload)
             .await?
             .await?;
         Ok((ack.sequence, ack.duplicate))
@@ -161,6 +186,87 @@ impl Env {
         }
         bail!("{service}: {} of {n} events applied: {last:?}", last.len())
     }
+}
+
+/// The message the relay publishes for one row of a Debezium-shaped `public.outbox` table,
+/// built by relay-core's router with the default mapping. `subject` must have the default
+/// template's shape, `outbox.<aggregatetype>.<type>`.
+pub fn relay_message(id: &str, subject: &str, payload: &str) -> anyhow::Result<OutboundMessage> {
+    const RELATION: u32 = 16384;
+    let Some(("outbox", aggregate_type, event_type)) = subject
+        .split_once('.')
+        .and_then(|(p, rest)| rest.split_once('.').map(|(a, t)| (p, a, t)))
+    else {
+        bail!("subject {subject:?} is not outbox.<aggregatetype>.<type>");
+    };
+    let column = |name: &str, type_oid: u32| Column {
+        flags: 0,
+        name: name.into(),
+        type_oid,
+        type_modifier: -1,
+    };
+    let text = |v: &str| TupleValue::Text(Bytes::copy_from_slice(v.as_bytes()));
+    let mut router = Router::new(&[OutboxTableConfig::with_defaults("public.outbox")])?;
+    router.on_relation(
+        Relation {
+            id: RELATION,
+            namespace: "public".into(),
+            name: "outbox".into(),
+            replica_identity: b'd',
+            columns: vec![
+                column("id", 25),
+                column("aggregatetype", 1043),
+                column("aggregateid", 1043),
+                column("type", 1043),
+                column("payload", 3802),
+                column("tracingspancontext", 1043),
+            ],
+        },
+        None,
+    )?;
+    let insert = Insert {
+        relation_id: RELATION,
+        new: TupleData {
+            values: vec![
+                text(id),
+                text(aggregate_type),
+                text("7"),
+                text(event_type),
+                text(payload),
+                TupleValue::Null,
+            ],
+        },
+    };
+    // 2026-11-29T11:38:44.123456Z, in µs since 2000-01-01.
+    let commit_time = (1_795_952_324 - 946_684_800) * 1_000_000 + 123_456;
+    let tx = TxContext::new(771, Lsn(0x16B3748), commit_time);
+    router
+        .route_insert(&insert, &tx, 0)?
+        .context("the router skipped an outbox row")
+}
+
+/// Reads every message of stream `DLQ` (up to `n + 1`, so an extra copy shows).
+pub async fn dead_letters(env: &Env, n: usize) -> anyhow::Result<Vec<async_nats::Message>> {
+    let stream = env.js.get_stream("DLQ").await?;
+    let consumer = stream
+        .create_consumer(jetstream::consumer::pull::Config::default())
+        .await?;
+    let mut batch = consumer
+        .fetch()
+        .max_messages(n + 1)
+        .expires(Duration::from_millis(500))
+        .messages()
+        .await?;
+    let mut out = Vec::new();
+    while let Some(m) = batch.next().await {
+        out.push(m.map_err(|e| anyhow!(e))?.message);
+    }
+    Ok(out)
+}
+
+/// The first value of header `name` of `m`.
+pub fn header<'a>(m: &'a async_nats::Message, name: &str) -> Option<&'a str> {
+    m.headers.as_ref()?.get(name).map(|v| v.as_str())
 }
 
 /// Records every applied event into `applied` (in the consumer's transaction).

@@ -4,8 +4,10 @@
 mod common;
 
 mod crash_windows;
+mod dead_letters;
 mod exactly_once;
 mod ledger;
+mod relay_format;
 mod retries;
 
 #[path = "../../examples/order_notifications/service.rs"]

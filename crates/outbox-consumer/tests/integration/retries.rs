@@ -4,34 +4,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::jetstream;
-use futures::{FutureExt as _, StreamExt as _};
+use futures::FutureExt as _;
 use outbox_consumer::{Permanent, handler_fn};
 
-use crate::common::{Env, record, shutdown, wait_for};
-
-/// Reads every message of stream `DLQ`.
-async fn dead_letters(env: &Env, n: usize) -> anyhow::Result<Vec<async_nats::Message>> {
-    let stream = env.js.get_stream("DLQ").await?;
-    let consumer = stream
-        .create_consumer(jetstream::consumer::pull::Config::default())
-        .await?;
-    let mut batch = consumer
-        .fetch()
-        .max_messages(n + 1)
-        .expires(Duration::from_millis(500))
-        .messages()
-        .await?;
-    let mut out = Vec::new();
-    while let Some(m) = batch.next().await {
-        out.push(m.map_err(|e| anyhow::anyhow!(e))?.message);
-    }
-    Ok(out)
-}
-
-fn header<'a>(m: &'a async_nats::Message, name: &str) -> Option<&'a str> {
-    m.headers.as_ref()?.get(name).map(|v| v.as_str())
-}
+use crate::common::{Env, dead_letters, header, record, shutdown, wait_for};
 
 /// Fails `flaky` twice, fails `poison` always, fails `bad-json` permanently.
 fn failing_handler(calls: Arc<Mutex<HashMap<String, u64>>>) -> impl outbox_consumer::Handler {
