@@ -12,6 +12,8 @@ use http_body_util::{BodyExt, Empty};
 
 use crate::support::*;
 
+mod durability;
+
 const EX_DATA_SAFETY: i32 = 65;
 const EX_UNAVAILABLE: i32 = 69;
 const EX_CONFIG: i32 = 78;

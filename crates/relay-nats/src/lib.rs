@@ -8,11 +8,16 @@
 //!   asks), capture every subject the mappings can produce, and not be configured in a way that
 //!   loses acknowledged events.
 
+mod durability;
 mod published;
 mod publisher;
 mod settings;
 mod stream;
 
+pub use durability::{
+    Aspect, Durability, DurabilityCheck, LazyServer, SYNC_PROBE_SUBJECT, ServerSync, Storage,
+    assess_durability,
+};
 pub use published::published_since;
 pub use publisher::JetStreamPublisher;
 pub use settings::NatsSettings;

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
 
+use crate::durability::{Durability, assess_durability};
 use crate::{NatsError, NatsSettings};
 
 /// Below this, a slow restart's re-sends land as second copies: worth a warning.
@@ -18,7 +19,10 @@ pub struct StreamReport {
     pub duplicate_window: Duration,
     /// Whether the relay created the stream just now.
     pub created: bool,
-    /// Human-readable warnings about durability settings.
+    /// How durable its acknowledgements are (storage, replicas, the servers' disk sync).
+    pub durability: Durability,
+    /// Human-readable warnings about settings that can lose acknowledged events or store
+    /// re-sends twice: the durability warnings with their hints, then the stream's limits.
     pub warnings: Vec<String>,
 }
 
@@ -38,7 +42,8 @@ pub fn subject_matches(filter: &str, subject: &str) -> bool {
 }
 
 /// Ensures the stream exists (creating it only when allowed) and captures every sample
-/// subject `(table, subject)`; reports durability warnings.
+/// subject `(table, subject)`; reports durability warnings (asking the servers for their sync
+/// setting, up to 2 s).
 pub async fn prepare_stream(
     context: &jetstream::Context,
     settings: &NatsSettings,
@@ -119,12 +124,19 @@ pub async fn prepare_stream(
             });
         }
     }
-    let mut warnings = Vec::new();
-    if config.storage == stream::StorageType::Memory {
-        warnings.push(format!(
-            "stream `{name}` uses memory storage: acknowledged events are lost when nats-server restarts"
-        ));
-    }
+    let durability = assess_durability(&context.client(), &info).await;
+    let mut warnings: Vec<String> = durability
+        .warnings()
+        .into_iter()
+        .map(|w| {
+            format!(
+                "stream `{name}` {}: {} (hint: {})",
+                w.aspect.name(),
+                w.detail,
+                w.hint.unwrap_or_default()
+            )
+        })
+        .collect();
     let limited = config.max_messages > 0 || config.max_bytes > 0 || !config.max_age.is_zero();
     if limited && config.discard == stream::DiscardPolicy::Old {
         warnings.push(format!(
@@ -141,6 +153,7 @@ pub async fn prepare_stream(
         subjects: config.subjects.clone(),
         duplicate_window: config.duplicate_window,
         created,
+        durability,
         warnings,
     })
 }

@@ -32,13 +32,14 @@ pub async fn status(
 
     let stream = match relay_nats::connect(&config.nats).await {
         Ok(client) => {
-            let context = async_nats::jetstream::new(client);
+            let context = async_nats::jetstream::new(client.clone());
             match inspect::stream(&context, &config.nats.stream).await {
                 StreamLookup::Found(info) => json!({
                     "present": true,
                     "last_sequence": info.state.last_sequence,
                     "messages": info.state.messages,
                     "subjects": info.config.subjects,
+                    "durability": relay_nats::assess_durability(&client, &info).await.to_json(),
                 }),
                 StreamLookup::NotFound => json!({ "present": false }),
                 StreamLookup::NotEnabled(e) | StreamLookup::Failed(e) => {
@@ -160,6 +161,7 @@ fn print_text(config: &RelayConfig, doc: &Value) {
             text(&stream["last_sequence"]),
             text(&stream["messages"])
         );
+        print_durability(&stream["durability"]);
     }
     let relay = &doc["relay_status"];
     match doc["relay"].as_str() {
@@ -188,6 +190,31 @@ fn print_text(config: &RelayConfig, doc: &Value) {
                 text(&p["last_stream_seq"]),
                 text(&p["last_acked_commit_time"])
             );
+        }
+    }
+}
+
+/// The stream's durability (see `relay_nats::Durability`): a summary, then each warning with
+/// its hint, as `validate --connect` prints them.
+fn print_durability(d: &Value) {
+    let sync = match d["server_sync"]["mode"].as_str() {
+        Some(mode) => format!("server sync {mode}"),
+        None => "server sync n/a".to_owned(),
+    };
+    println!(
+        "  durability: {} storage, {} replica(s), persist_mode {}, {sync}",
+        text(&d["storage"]),
+        text(&d["replicas"]),
+        text(&d["persist_mode"])
+    );
+    for check in d["checks"].as_array().into_iter().flatten() {
+        if check["verdict"] == "warn" {
+            println!(
+                "  WARN  {}: {}",
+                text(&check["check"]),
+                text(&check["detail"])
+            );
+            println!("        hint: {}", text(&check["hint"]));
         }
     }
 }

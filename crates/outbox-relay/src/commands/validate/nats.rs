@@ -56,7 +56,7 @@ pub(super) async fn nats_checks(config: &RelayConfig, r: &mut Report) {
         );
         return;
     }
-    let context = jetstream::new(client);
+    let context = jetstream::new(client.clone());
     let name = format!("stream {}", nats.stream);
     let info = match inspect::stream(&context, &nats.stream).await {
         StreamLookup::Found(info) => info,
@@ -112,18 +112,15 @@ pub(super) async fn nats_checks(config: &RelayConfig, r: &mut Report) {
             );
         }
     }
-    if c.storage == stream::StorageType::File {
-        r.pass(format!("{name} storage"), "file");
-    } else {
-        r.hinted(
-            Verdict::Warn,
-            format!("{name} storage"),
-            "memory: acknowledged events are lost when nats-server restarts",
-            format!(
-                "recreate the stream with file storage: nats stream add {} --storage file ...",
-                nats.stream
-            ),
-        );
+    // Storage, replicas, persist mode and the servers' disk sync: one assessment (shared with
+    // `status` and the start-up log).
+    let durability = relay_nats::assess_durability(&client, &info).await;
+    for check in durability.checks() {
+        let line = format!("{name} {}", check.aspect.name());
+        match check.hint {
+            None => r.pass(line, check.detail),
+            Some(hint) => r.hinted(Verdict::Warn, line, check.detail, hint),
+        }
     }
     let limited = c.max_messages > 0 || c.max_bytes > 0 || !c.max_age.is_zero();
     if limited && c.discard == stream::DiscardPolicy::Old {
