@@ -22,6 +22,7 @@ use crate::exit::{Exit, ExitKind};
 use crate::telemetry::{StreamSample, Telemetry};
 
 mod background;
+mod failpoint;
 
 use background::{spawn_progress_log, spawn_publication_check, spawn_sampler};
 
@@ -342,6 +343,7 @@ async fn session(
         Err(e) if e.is_transient() => return Ok(SessionEnd::Retry(e.into())),
         Err(e) => return Err(pg_exit(e)),
     }
+    failpoint::pause("before_start_replication").await;
     let source = match PgSource::start(&config.postgres, start).await {
         Ok(source) => source,
         Err(e) => return source_end(e),

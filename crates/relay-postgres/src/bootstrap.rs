@@ -227,9 +227,7 @@ pub async fn prepare(
     let confirmed = parse_lsn(row.get(3));
     let Some(confirmed_flush_lsn) = confirmed.filter(|_| wal_status.as_deref() != Some("lost"))
     else {
-        return Err(unusable(
-            "it was invalidated (wal_status = lost: it fell behind max_slot_wal_keep_size); events committed since it was last read are gone from WAL. See docs/operations.md, \"Slot lost\"".into(),
-        ));
+        return Err(PgError::SlotInvalidated { slot: slot.clone() });
     };
     if let Some(checkpoint) = checkpoint
         && confirmed_flush_lsn > checkpoint

