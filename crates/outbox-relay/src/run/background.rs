@@ -19,40 +19,18 @@ async fn publication_problem(
     publication: &str,
     tables: &[(String, String)],
 ) -> Result<Option<String>, tokio_postgres::Error> {
-    let row = client
-        .query_opt(
-            "SELECT pubinsert FROM pg_catalog.pg_publication WHERE pubname = $1",
-            &[&publication],
-        )
-        .await?;
-    match row.map(|r| r.get::<_, bool>(0)) {
-        None => {
-            return Ok(Some(format!(
-                "publication `{publication}` no longer exists: outbox inserts would silently stop arriving. Re-create it (CREATE PUBLICATION {publication} FOR TABLE … WITH (publish = 'insert')) and check the slot"
-            )));
-        }
-        Some(false) => {
-            return Ok(Some(format!(
-                "publication `{publication}` no longer publishes inserts: ALTER PUBLICATION {publication} SET (publish = 'insert')"
-            )));
-        }
-        Some(true) => {}
-    }
-    for (schema, table) in tables {
-        let present = client
-            .query_opt(
-                "SELECT 1 FROM pg_catalog.pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
-                &[&publication, schema, table],
-            )
-            .await?
-            .is_some();
-        if !present {
-            return Ok(Some(format!(
-                "outbox table `{schema}.{table}` is no longer in publication `{publication}` (dropped and re-created, or removed from the publication): its inserts would silently stop arriving. ALTER PUBLICATION {publication} ADD TABLE {schema}.{table}"
-            )));
-        }
-    }
-    Ok(None)
+    use relay_postgres::catalog::{PublicationGap, publication_gap};
+    Ok(publication_gap(client, publication, tables).await?.map(|gap| match gap {
+        PublicationGap::Missing => format!(
+            "publication `{publication}` no longer exists: outbox inserts would silently stop arriving. Re-create it (CREATE PUBLICATION {publication} FOR TABLE … WITH (publish = 'insert')) and check the slot"
+        ),
+        PublicationGap::NoInserts => format!(
+            "publication `{publication}` no longer publishes inserts: ALTER PUBLICATION {publication} SET (publish = 'insert')"
+        ),
+        PublicationGap::MissingTable(table) => format!(
+            "outbox table `{table}` is no longer in publication `{publication}` (dropped and re-created, or removed from the publication): its inserts would silently stop arriving. ALTER PUBLICATION {publication} ADD TABLE {table}"
+        ),
+    }))
 }
 
 /// Every `[relay] publication_check_interval`, checks on a plain session that the publication

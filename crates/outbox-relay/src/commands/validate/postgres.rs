@@ -7,7 +7,7 @@ use tokio_postgres::Client;
 
 use super::{DATA_SAFETY, FAIL, Report, UNAVAILABLE, Verdict, error_chain};
 use crate::config::RelayConfig;
-use crate::inspect;
+use relay_postgres::catalog;
 
 pub(super) async fn postgres_checks(config: &RelayConfig, r: &mut Report) {
     let pg = &config.postgres;
@@ -42,23 +42,15 @@ async fn catalog_checks(
     r: &mut Report,
 ) -> Result<(), tokio_postgres::Error> {
     let pg = &config.postgres;
-    let row = client
-        .query_one(
-            "SELECT current_setting('wal_level'), current_database(), current_user, \
-                    current_setting('max_replication_slots')::int, \
-                    (SELECT count(*)::int FROM pg_replication_slots), \
-                    current_setting('max_wal_senders')::int, \
-                    (SELECT count(*)::int FROM pg_stat_replication), \
-                    current_setting('server_version')",
-            &[],
-        )
-        .await?;
-    let wal_level: String = row.get(0);
-    let database: String = row.get(1);
-    let user: String = row.get(2);
-    let (max_slots, used_slots): (i32, i32) = (row.get(3), row.get(4));
-    let (max_senders, used_senders): (i32, i32) = (row.get(5), row.get(6));
-    let version: String = row.get(7);
+    let server = catalog::server(client).await?;
+    let (wal_level, database, user, version) = (
+        &server.wal_level,
+        &server.database,
+        &server.user,
+        &server.version,
+    );
+    let (max_slots, used_slots) = server.replication_slots;
+    let (max_senders, used_senders) = server.wal_senders;
     if wal_level == "logical" {
         r.pass("wal_level", format!("logical (PostgreSQL {version})"));
     } else {
@@ -68,7 +60,7 @@ async fn catalog_checks(
             "ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL",
         );
     }
-    let slot_info = inspect::slot(client, &pg.slot).await?;
+    let slot_info = catalog::slot(client, &pg.slot).await?;
     if slot_info.is_some() || used_slots < max_slots {
         r.pass(
             "max_replication_slots",
@@ -102,15 +94,7 @@ async fn catalog_checks(
     }
 
     // Privileges.
-    let row = client
-        .query_one(
-            "SELECT rolreplication OR rolsuper, \
-                    has_database_privilege(current_database(), 'CREATE') \
-             FROM pg_roles WHERE rolname = current_user",
-            &[],
-        )
-        .await?;
-    let (replication, create_db): (bool, bool) = (row.get(0), row.get(1));
+    let (replication, create_db) = (server.can_replicate, server.can_create_in_database);
     let checkpoint_table = relay_postgres::checkpoint::checkpoint_table_access(client).await?;
     if replication {
         r.pass("role replication", format!("role `{user}` has REPLICATION"));
@@ -149,15 +133,8 @@ async fn catalog_checks(
     let tables = config.tables();
     for (schema, table) in &tables {
         let name = format!("table {schema}.{table}");
-        let row = client
-            .query_opt(
-                "SELECT has_table_privilege(c.oid, 'SELECT') FROM pg_class c \
-                 JOIN pg_namespace n ON n.oid = c.relnamespace \
-                 WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')",
-                &[schema, table],
-            )
-            .await?;
-        match row.map(|r| r.get::<_, bool>(0)) {
+        let info = catalog::table(client, schema, table).await?;
+        match info.map(|t| t.readable) {
             Some(true) => r.pass(name, "exists, readable"),
             Some(false) => r.fail(
                 name,
@@ -183,14 +160,9 @@ async fn catalog_checks(
         .map(|(s, t)| format!("{s}.{t}"))
         .collect::<Vec<_>>()
         .join(", ");
-    let found = client
-        .query_opt(
-            "SELECT pubinsert FROM pg_publication WHERE pubname = $1",
-            &[publication],
-        )
-        .await?;
+    let found = catalog::publication(client, publication).await?;
     let name = format!("publication {publication}");
-    match found.map(|row| row.get::<_, bool>(0)) {
+    match found.map(|p| p.publishes_inserts) {
         None if pg.create_publication => r.pass(
             name,
             "missing; will be created at start (create_publication = true) or by `outbox-relay setup`",
@@ -215,15 +187,9 @@ async fn catalog_checks(
         Some(true) => {
             r.pass(name.clone(), "exists, publishes inserts");
             for (schema, table) in &tables {
-                let member = client
-                    .query_opt(
-                        "SELECT 1 FROM pg_publication_tables \
-                         WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
-                        &[publication, schema, table],
-                    )
-                    .await?;
+                let member = catalog::publication_has_table(client, publication, schema, table).await?;
                 let check = format!("{name} has {schema}.{table}");
-                if member.is_some() {
+                if member {
                     r.pass(check, "member");
                 } else {
                     r.fail(
@@ -241,7 +207,7 @@ async fn catalog_checks(
     }
 
     // Slot, against the stored checkpoint.
-    let checkpoint = inspect::checkpoint(client, &pg.slot).await?;
+    let checkpoint = catalog::stored_checkpoint(client, &pg.slot).await?;
     let name = format!("slot {}", pg.slot);
     let slot = &pg.slot;
     let Some(info) = slot_info else {
