@@ -1,54 +1,15 @@
 //! The typed event read from one relay message.
 
-use std::fmt;
-use std::str::FromStr;
 use std::time::SystemTime;
 
 use async_nats::HeaderMap;
 use bytes::Bytes;
+pub use outbox_contract::{
+    HEADER_AGGREGATE_ID, HEADER_AGGREGATE_TYPE, HEADER_COMMIT_LSN, HEADER_COMMIT_TIME,
+    HEADER_EVENT_TYPE, HEADER_MSG_ID, HEADER_TABLE, HEADER_TRACEPARENT, HEADER_TX_INDEX,
+    HEADER_XID, Lsn,
+};
 use serde::de::DeserializeOwned;
-
-/// JetStream's deduplication header; the relay sets it to the event id (the idempotency key).
-pub const HEADER_MSG_ID: &str = "Nats-Msg-Id";
-/// LSN of the commit record of the source transaction (`0/16B3748`).
-pub const HEADER_COMMIT_LSN: &str = "Outbox-Commit-Lsn";
-/// PostgreSQL transaction id of the source transaction.
-pub const HEADER_XID: &str = "Outbox-Xid";
-/// Commit time of the source transaction, RFC 3339 UTC with microseconds.
-pub const HEADER_COMMIT_TIME: &str = "Outbox-Commit-Time";
-/// The source outbox table, `schema.table`.
-pub const HEADER_TABLE: &str = "Outbox-Table";
-/// 0-based position of the event among the outbox events of its transaction.
-pub const HEADER_TX_INDEX: &str = "Outbox-Tx-Index";
-/// Aggregate type (default mapping).
-pub const HEADER_AGGREGATE_TYPE: &str = "Outbox-Aggregate-Type";
-/// Aggregate id (default mapping).
-pub const HEADER_AGGREGATE_ID: &str = "Outbox-Aggregate-Id";
-/// Event type (default mapping).
-pub const HEADER_EVENT_TYPE: &str = "Outbox-Event-Type";
-/// W3C trace context, when the outbox row carried one.
-pub const HEADER_TRACEPARENT: &str = "traceparent";
-
-/// A PostgreSQL WAL position, as the relay writes it (`0/16B3748`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Lsn(pub u64);
-
-impl FromStr for Lsn {
-    type Err = ();
-
-    fn from_str(s: &str) -> Result<Self, ()> {
-        let (hi, lo) = s.split_once('/').ok_or(())?;
-        let hi = u32::from_str_radix(hi, 16).map_err(|_| ())?;
-        let lo = u32::from_str_radix(lo, 16).map_err(|_| ())?;
-        Ok(Self((u64::from(hi) << 32) | u64::from(lo)))
-    }
-}
-
-impl fmt::Display for Lsn {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:X}/{:X}", self.0 >> 32, self.0 & 0xFFFF_FFFF)
-    }
-}
 
 /// Why a JetStream message could not be read as an [`Event`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -286,13 +247,5 @@ mod tests {
             Event::from_parts("s", Some(&h), Bytes::new(), 1, 1).err(),
             Some(EventError::MissingEventId)
         );
-    }
-
-    #[test]
-    fn lsn_round_trips() {
-        let lsn: Lsn = "A/1".parse().expect("lsn");
-        assert_eq!(lsn, Lsn(0xA_0000_0001));
-        assert_eq!(lsn.to_string(), "A/1");
-        assert!("1".parse::<Lsn>().is_err());
     }
 }

@@ -58,6 +58,10 @@ pub use event::{
 };
 pub use handler::{BoxError, Handler, Permanent, handler_fn};
 pub use ledger::{LEDGER_MIGRATION, LEDGER_TABLE, ensure_ledger, prune_ledger};
+/// The wire contract shared with the relay (header names, dead-letter headers, the reserved
+/// `Nats-*` headers, [`Lsn`]), re-exported so a service needs no second dependency for it.
+pub use outbox_contract as contract;
+pub use outbox_contract::ParseLsnError;
 pub use park::{
     HEADER_DLQ_CONSUMER, HEADER_DLQ_DELIVERIES, HEADER_DLQ_EVENT_ID, HEADER_DLQ_REASON,
     HEADER_DLQ_SOURCE, HEADER_DLQ_SUBJECT, HEADER_ORIGINAL_PREFIX,

@@ -2,41 +2,14 @@
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, AckKind};
+pub use outbox_contract::{
+    HEADER_DLQ_CONSUMER, HEADER_DLQ_DELIVERIES, HEADER_DLQ_EVENT_ID, HEADER_DLQ_REASON,
+    HEADER_DLQ_SOURCE, HEADER_DLQ_SUBJECT, HEADER_ORIGINAL_PREFIX,
+};
 use tracing::{error, warn};
 
 use crate::consumer::Inner;
 use crate::event::{Event, HEADER_MSG_ID};
-
-/// Dead-letter header: why the message was parked.
-pub const HEADER_DLQ_REASON: &str = "Outbox-Dlq-Reason";
-/// Dead-letter header: the subject the message was delivered on.
-pub const HEADER_DLQ_SUBJECT: &str = "Outbox-Dlq-Subject";
-/// Dead-letter header: the event id (`Nats-Msg-Id` of the original message).
-pub const HEADER_DLQ_EVENT_ID: &str = "Outbox-Dlq-Event-Id";
-/// Dead-letter header: how many times the message had been delivered.
-pub const HEADER_DLQ_DELIVERIES: &str = "Outbox-Dlq-Deliveries";
-/// Dead-letter header: the consumer (service) that parked it.
-pub const HEADER_DLQ_CONSUMER: &str = "Outbox-Dlq-Consumer";
-/// Dead-letter header: stream and sequence of the original message, `STREAM:SEQ`.
-pub const HEADER_DLQ_SOURCE: &str = "Outbox-Dlq-Source";
-
-/// Prefix under which the dead letter keeps the original message's `Nats-*` headers, in place
-/// of their `Nats-`: `Nats-Expected-Stream: OUTBOX` becomes `Outbox-Original-Expected-Stream:
-/// OUTBOX`. Not `Outbox-Original-Nats-…`: nats-server before 2.11.11 / 2.12.2 looks a header
-/// up by the first occurrence of its name anywhere in the header block, so a copy named
-/// `…-Nats-Msg-Id` written before the real `Nats-Msg-Id` hides it and turns deduplication off
-/// (seen with 2.9.10 in the dead-letter tests).
-pub const HEADER_ORIGINAL_PREFIX: &str = "Outbox-Original-";
-
-/// NATS reserves the `Nats-` header namespace, and JetStream acts on many of these headers
-/// when it stores a message: `Nats-Expected-*` bind the publish to a stream or a position (the
-/// relay sets `Nats-Expected-Stream`, which the dead-letter stream refuses with error 10060),
-/// `Nats-Msg-Id` deduplicates, `Nats-Rollup` purges, `Nats-TTL` expires, `Nats-Batch-*`,
-/// `Nats-Schedule*`, `Nats-Incr` change how the message is stored, `Nats-Stream-Source` is
-/// refused on a direct publish. Newer servers add more. So the whole namespace is moved aside,
-/// as nats-server itself does with `Nats-Expected-` and `Nats-Batch-` when it sources a
-/// message into another stream.
-const RESERVED_PREFIX: &str = "Nats-";
 
 /// Longest `Outbox-Dlq-Reason` value; longer reasons are cut.
 const MAX_REASON_LEN: usize = 1024;
@@ -125,20 +98,20 @@ impl Inner {
 }
 
 /// The original headers with every `Nats-*` one renamed to [`HEADER_ORIGINAL_PREFIX`] + the
-/// rest of its name, so the dead-letter publish is stored as a plain message whatever the
-/// original carried, and the values stay readable.
+/// rest of its name (`outbox_contract::original_name`), so the dead-letter publish is stored
+/// as a plain message whatever the original carried, and the values stay readable.
+///
+/// Why the whole `Nats-` namespace: JetStream acts on these headers when it stores a message.
+/// The relay sets `Nats-Expected-Stream`, which the dead-letter stream refuses (error 10060);
+/// `Nats-Expected-Last-*` pin a position, `Nats-Msg-Id` deduplicates, `Nats-Rollup` purges,
+/// `Nats-TTL` expires, `Nats-Batch-*`, `Nats-Schedule*`, `Nats-Incr` change how it is stored,
+/// `Nats-Stream-Source` is refused on a direct publish, and newer servers add more. nats-server
+/// itself drops `Nats-Expected-*` and `Nats-Batch-*` when it sources a message elsewhere.
 fn dead_letter_headers(original: Option<&HeaderMap>) -> HeaderMap {
     let mut headers = HeaderMap::new();
     for (name, values) in original.into_iter().flat_map(HeaderMap::iter) {
         let name: &str = name.as_ref();
-        let reserved = name
-            .as_bytes()
-            .get(..RESERVED_PREFIX.len())
-            .is_some_and(|p| p.eq_ignore_ascii_case(RESERVED_PREFIX.as_bytes()));
-        let name = match name.get(RESERVED_PREFIX.len()..) {
-            Some(rest) if reserved => format!("{HEADER_ORIGINAL_PREFIX}{rest}"),
-            _ => name.to_owned(),
-        };
+        let name = outbox_contract::original_name(name).unwrap_or_else(|| name.to_owned());
         for value in values {
             headers.append(name.as_str(), value.clone());
         }

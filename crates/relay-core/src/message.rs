@@ -1,7 +1,8 @@
 //! The message the relay publishes for one outbox row, and the header names it carries.
 //!
 //! Header names are part of the relay's public contract: consumers (and `outbox-consumer`) read
-//! them. See `docs/message-format.md`.
+//! them. They are defined once, in `outbox-contract`, which the consumer library uses too. See
+//! `docs/message-format.md`.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -9,18 +10,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use pgoutput::Lsn;
 
-/// JetStream's deduplication header; the relay sets it to the event id.
-pub const HEADER_MSG_ID: &str = "Nats-Msg-Id";
-/// LSN of the commit record of the transaction that inserted the row (`0/16B3748`).
-pub const HEADER_COMMIT_LSN: &str = "Outbox-Commit-Lsn";
-/// PostgreSQL transaction id of that transaction.
-pub const HEADER_XID: &str = "Outbox-Xid";
-/// Commit time of that transaction, RFC 3339 UTC with microseconds.
-pub const HEADER_COMMIT_TIME: &str = "Outbox-Commit-Time";
-/// The source table, `schema.table`.
-pub const HEADER_TABLE: &str = "Outbox-Table";
-/// 0-based position of the event among the outbox events of its transaction.
-pub const HEADER_TX_INDEX: &str = "Outbox-Tx-Index";
+pub use outbox_contract::{
+    HEADER_COMMIT_LSN, HEADER_COMMIT_TIME, HEADER_EXPECTED_STREAM, HEADER_MSG_ID, HEADER_TABLE,
+    HEADER_TX_INDEX, HEADER_XID,
+};
 
 /// Microseconds between the Unix epoch and PostgreSQL's epoch (2000-01-01 UTC).
 const PG_EPOCH_UNIX_SECS: u64 = 946_684_800;

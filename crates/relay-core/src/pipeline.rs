@@ -191,7 +191,7 @@ async fn sleep_until_some(deadline: Option<Instant>) {
 }
 
 /// Header of a dead letter: why the row could not be routed.
-pub const HEADER_DLQ_REASON: &str = "Outbox-Dlq-Reason";
+pub use outbox_contract::HEADER_DLQ_REASON;
 
 impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
     /// A loop that resumes at `start`, a position already stored and confirmed.

@@ -9,11 +9,8 @@ use async_nats::jetstream::context::PublishErrorKind as NatsKind;
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::{self, ErrorCode};
 use futures::future::BoxFuture;
-use relay_core::message::{HEADER_MSG_ID, OutboundMessage};
+use relay_core::message::{HEADER_EXPECTED_STREAM, HEADER_MSG_ID, OutboundMessage};
 use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind, Publisher};
-
-/// JetStream's header pinning a publish to one stream.
-const HEADER_EXPECTED_STREAM: &str = "Nats-Expected-Stream";
 
 /// Publishes outbound messages into one JetStream stream.
 #[derive(Clone)]

@@ -1,9 +1,11 @@
 //! The test events are the relay's: their header set is the one relay-nats puts on the wire,
-//! and that set is the documented one (docs/message-format.md). No server needed.
+//! and that set is the one `outbox-contract` defines (docs/message-format.md). No server
+//! needed.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use outbox_consumer::contract;
 use relay_nats::JetStreamPublisher;
 
 use crate::common::{STREAM, relay_message};
@@ -26,22 +28,33 @@ async fn test_events_carry_exactly_the_relays_wire_headers() -> anyhow::Result<(
     let relay = JetStreamPublisher::new(client, STREAM, Duration::from_secs(1), 8);
     let msg = relay_message("e1", "outbox.Order.order-created", "{}")?;
     let wire = sorted(&relay.headers(&msg));
-    let expected: BTreeMap<String, Vec<String>> = [
-        ("Nats-Msg-Id", "e1"),
-        ("Nats-Expected-Stream", STREAM),
-        ("Outbox-Commit-Lsn", "0/16B3748"),
-        ("Outbox-Xid", "771"),
-        ("Outbox-Commit-Time", "2026-11-29T11:38:44.123456Z"),
-        ("Outbox-Table", "public.outbox"),
-        ("Outbox-Tx-Index", "0"),
-        ("Outbox-Aggregate-Type", "Order"),
-        ("Outbox-Aggregate-Id", "7"),
-        ("Outbox-Event-Type", "order-created"),
-    ]
-    .into_iter()
-    .map(|(n, v)| (n.to_owned(), vec![v.to_owned()]))
-    .collect();
+    // The contract's list, in its order, then the default mapping's headers.
+    let values = [
+        "e1",
+        STREAM,
+        "0/16B3748",
+        "771",
+        "2026-11-29T11:38:44.123456Z",
+        "public.outbox",
+        "0",
+    ];
+    let mapped = [
+        (contract::HEADER_AGGREGATE_TYPE, "Order"),
+        (contract::HEADER_AGGREGATE_ID, "7"),
+        (contract::HEADER_EVENT_TYPE, "order-created"),
+    ];
+    let expected: BTreeMap<String, Vec<String>> = contract::RELAY_HEADERS
+        .into_iter()
+        .zip(values)
+        .chain(mapped)
+        .map(|(n, v)| (n.to_owned(), vec![v.to_owned()]))
+        .collect();
     assert_eq!(wire, expected);
+    assert_eq!(
+        wire.get(contract::HEADER_COMMIT_LSN),
+        Some(&vec![contract::Lsn(0x16B3748).to_string()]),
+        "the LSN in its one text form"
+    );
 
     // And the consumer reads every one of them.
     let event = outbox_consumer::Event::from_parts(

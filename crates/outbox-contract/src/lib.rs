@@ -1,0 +1,109 @@
+//! The wire contract between outbox-relay and the services that consume its messages.
+//!
+//! One definition of every header name the relay writes and `outbox-consumer` reads, of the
+//! headers the dead letters carry, of the `Nats-*` headers that must not follow a message
+//! that is re-published elsewhere, and of the LSN text form (`0/16B3748`). The relay
+//! (`relay-core`, `relay-nats`), the decoder (`pgoutput`) and the consumer library use these,
+//! so the two ends cannot drift apart. See `docs/message-format.md` and `docs/consumers.md`.
+//!
+//! No dependencies, no IO.
+
+mod lsn;
+mod reserved;
+
+pub use lsn::{Lsn, ParseLsnError};
+pub use reserved::{
+    HEADER_ORIGINAL_PREFIX, RESERVED_PREFIX, SERVER_ACTION_HEADERS, STREAM_BINDING_HEADERS,
+    is_reserved, original_name,
+};
+
+// --- Headers on every relay message -------------------------------------------------------
+
+/// JetStream's deduplication header; the relay sets it to the event id, which consumers use as
+/// the idempotency key.
+pub const HEADER_MSG_ID: &str = "Nats-Msg-Id";
+/// JetStream refuses the message unless this stream stores it; the relay sets its configured
+/// stream, so a subject captured by another stream fails instead of landing there.
+pub const HEADER_EXPECTED_STREAM: &str = "Nats-Expected-Stream";
+/// LSN of the commit record of the transaction that inserted the row, in [`Lsn`]'s text form.
+pub const HEADER_COMMIT_LSN: &str = "Outbox-Commit-Lsn";
+/// PostgreSQL transaction id of that transaction.
+pub const HEADER_XID: &str = "Outbox-Xid";
+/// Commit time of that transaction, RFC 3339 UTC with microseconds.
+pub const HEADER_COMMIT_TIME: &str = "Outbox-Commit-Time";
+/// The source table, `schema.table`.
+pub const HEADER_TABLE: &str = "Outbox-Table";
+/// 0-based position of the event among the outbox events of its transaction.
+pub const HEADER_TX_INDEX: &str = "Outbox-Tx-Index";
+
+/// The headers every message the relay publishes for an outbox row carries, whatever the
+/// mapping; the mapped headers come on top.
+pub const RELAY_HEADERS: [&str; 7] = [
+    HEADER_MSG_ID,
+    HEADER_EXPECTED_STREAM,
+    HEADER_COMMIT_LSN,
+    HEADER_XID,
+    HEADER_COMMIT_TIME,
+    HEADER_TABLE,
+    HEADER_TX_INDEX,
+];
+
+// --- Headers of the default mapping (present when the row has the column) -----------------
+
+/// Aggregate type (default mapping, column `aggregatetype`).
+pub const HEADER_AGGREGATE_TYPE: &str = "Outbox-Aggregate-Type";
+/// Aggregate id (default mapping, column `aggregateid`).
+pub const HEADER_AGGREGATE_ID: &str = "Outbox-Aggregate-Id";
+/// Event type (default mapping, column `type`).
+pub const HEADER_EVENT_TYPE: &str = "Outbox-Event-Type";
+/// W3C trace context (default mapping, optional column `tracingspancontext`).
+pub const HEADER_TRACEPARENT: &str = "traceparent";
+
+// --- Dead letters ---------------------------------------------------------------------------
+
+/// Why the message is a dead letter. Set by the relay on a row it cannot route (with
+/// `dead_letter_subject` configured) and by `outbox-consumer` on an event it parks.
+pub const HEADER_DLQ_REASON: &str = "Outbox-Dlq-Reason";
+/// Consumer dead letter: the subject the message was delivered on.
+pub const HEADER_DLQ_SUBJECT: &str = "Outbox-Dlq-Subject";
+/// Consumer dead letter: the event id (`Nats-Msg-Id` of the original message).
+pub const HEADER_DLQ_EVENT_ID: &str = "Outbox-Dlq-Event-Id";
+/// Consumer dead letter: how many times the message had been delivered.
+pub const HEADER_DLQ_DELIVERIES: &str = "Outbox-Dlq-Deliveries";
+/// Consumer dead letter: the consumer (service) that parked it.
+pub const HEADER_DLQ_CONSUMER: &str = "Outbox-Dlq-Consumer";
+/// Consumer dead letter: stream and sequence of the original message, `STREAM:SEQ`.
+pub const HEADER_DLQ_SOURCE: &str = "Outbox-Dlq-Source";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relay_headers_are_distinct_and_only_the_jetstream_ones_are_reserved() {
+        for (i, a) in RELAY_HEADERS.iter().enumerate() {
+            for b in &RELAY_HEADERS[i + 1..] {
+                assert!(!a.eq_ignore_ascii_case(b), "{a} twice");
+            }
+        }
+        let reserved: Vec<&str> = RELAY_HEADERS
+            .into_iter()
+            .filter(|h| is_reserved(h))
+            .collect();
+        assert_eq!(reserved, [HEADER_MSG_ID, HEADER_EXPECTED_STREAM]);
+        for own in [
+            HEADER_AGGREGATE_TYPE,
+            HEADER_AGGREGATE_ID,
+            HEADER_EVENT_TYPE,
+            HEADER_TRACEPARENT,
+            HEADER_DLQ_REASON,
+            HEADER_DLQ_SUBJECT,
+            HEADER_DLQ_EVENT_ID,
+            HEADER_DLQ_DELIVERIES,
+            HEADER_DLQ_CONSUMER,
+            HEADER_DLQ_SOURCE,
+        ] {
+            assert!(!is_reserved(own), "{own}");
+        }
+    }
+}
