@@ -7,6 +7,7 @@ mod consumer;
 mod delivery;
 mod deploy;
 mod drift;
+mod durable_checkpoint;
 mod faults;
 mod hostile;
 mod localized;

@@ -1,7 +1,9 @@
 //! The checkpoint store: `outbox_relay.checkpoint` in the source database.
 //!
-//! Writing progress into the source database keeps the relay free of any other state store,
-//! and the write is an ordinary durable commit (`synchronous_commit` as configured).
+//! Writing progress into the source database keeps the relay free of any other state store.
+//! The write must be durable before the relay confirms the position to the slot, so the
+//! session commits with `synchronous_commit = on` when the server, database or role set it
+//! `off`: an asynchronous commit lost in a crash would leave the slot ahead of the checkpoint.
 
 use std::str::FromStr;
 
@@ -96,6 +98,16 @@ impl PgCheckpointStore {
                 "outbox_relay.checkpoint does not exist and cannot be created: apply migrations/0002_relay_checkpoint.sql as an administrator, or GRANT CREATE ON DATABASE to the relay's role".into(),
             ))?,
         }
+        // Stronger settings (local, remote_write, remote_apply) also flush locally: keep them.
+        client
+            .batch_execute(
+                "SELECT set_config('synchronous_commit', 'on', false) \
+                 WHERE current_setting('synchronous_commit') = 'off'",
+            )
+            .await
+            .map_err(store_err(
+                "cannot set synchronous_commit = on for the checkpoint session".into(),
+            ))?;
         Ok(Self {
             client,
             slot: slot.to_owned(),
