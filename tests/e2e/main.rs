@@ -10,6 +10,7 @@ mod drift;
 mod durable_checkpoint;
 mod faults;
 mod hostile;
+mod limits;
 mod localized;
 mod ops;
 mod pause;

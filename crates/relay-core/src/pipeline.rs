@@ -373,6 +373,9 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
                             }),
                             other => Ok(other),
                         });
+                // A message the broker cannot take is a bad row, not a publish to retry forever.
+                let limits = self.publisher.limits();
+                let routed = routed.and_then(|m| self.router.check_limits(&insert, m, &limits));
                 let routed = match routed {
                     Ok(routed) => routed,
                     Err(error) if Self::stops_on(&self.config, &error) => {
@@ -386,7 +389,9 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
                             tx,
                             *index,
                             &error,
-                        );
+                        )
+                        // Too large itself (the raw row of an oversized payload): fail closed.
+                        .filter(|dead| limits.check(dead).is_ok());
                         let Some(msg) = dead else {
                             return Err(PipelineError::Route {
                                 event_id: self.router.event_id_of(&insert).map(Into::into),

@@ -20,10 +20,12 @@ use crate::value::{self, oid};
 
 mod config;
 mod error;
+mod limits;
 
 use config::OPTIONAL_SUFFIX;
 pub use config::{ConfigError, OutboxTableConfig, PAYLOAD_WHOLE_ROW, PayloadFormat};
 pub use error::RouteError;
+pub use limits::{Limit, MessageLimits, Oversize, Part};
 
 /// Where a message's payload comes from.
 #[derive(Debug, Clone)]

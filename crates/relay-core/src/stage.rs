@@ -8,6 +8,7 @@ use std::sync::Arc;
 use pgoutput::{LogicalMessage, Lsn};
 
 use crate::message::OutboundMessage;
+use crate::route::MessageLimits;
 
 /// What a [`ChangeSource`] yields, in WAL order. Begin and Commit are split out because the
 /// replication client already parses them; every other pgoutput message arrives decoded.
@@ -108,6 +109,12 @@ pub struct PublishError {
     pub kind: PublishErrorKind,
     /// What happened.
     pub message: String,
+    /// The server closed the connection right after a protocol error about what this client
+    /// sent (`-ERR 'maximum control line exceeded'`, `'Maximum Payload Violation'`), while this
+    /// message's outcome was pending. The outcome is unknown like any connection loss, but a
+    /// message that meets this on every send is the cause: see
+    /// [`Publisher::max_server_closes`].
+    pub closed_by_server: bool,
 }
 
 /// Publish failure classes.
@@ -132,6 +139,16 @@ impl PublishError {
         Self {
             kind,
             message: message.into(),
+            closed_by_server: false,
+        }
+    }
+
+    /// An unknown outcome: the server closed the connection over a protocol error after the
+    /// message was sent (see [`PublishError::closed_by_server`]).
+    pub fn closed_by_server(message: impl Into<String>) -> Self {
+        Self {
+            closed_by_server: true,
+            ..Self::new(PublishErrorKind::Unknown, message)
         }
     }
 }
@@ -147,6 +164,20 @@ pub trait Publisher: Clone + Send + Sync + 'static {
         &self,
         msg: &Arc<OutboundMessage>,
     ) -> impl Future<Output = Result<Self::Ack, PublishError>> + Send;
+
+    /// What the broker accepts for one message: the route stage refuses a row whose message
+    /// would not fit as a row-level error (fail closed, or the dead-letter subject), instead of
+    /// handing the broker something it refuses on every re-send. Default: no limits known.
+    fn limits(&self) -> MessageLimits {
+        MessageLimits::NONE
+    }
+
+    /// After how many attempts in a row that each ended with
+    /// [`PublishError::closed_by_server`] a message counts as refused for good. Default: never
+    /// (a publisher that cannot tell a protocol close from an outage must keep retrying).
+    fn max_server_closes(&self) -> u32 {
+        u32::MAX
+    }
 }
 
 /// A failure of the checkpoint store.

@@ -8,6 +8,7 @@
 //!   asks), capture every subject the mappings can produce, and not be configured in a way that
 //!   loses acknowledged events.
 
+mod closes;
 mod durability;
 mod published;
 mod publisher;
@@ -151,12 +152,19 @@ pub fn install_crypto_provider() {
 /// is reported at start-up; once connected, async-nats reconnects by itself.
 pub async fn connect(settings: &NatsSettings) -> Result<async_nats::Client, NatsError> {
     install_crypto_provider();
+    if settings.max_control_line == 0 || settings.max_server_closes == 0 {
+        return Err(NatsError::Settings(
+            "nats.max_control_line and nats.max_server_closes must be at least 1".into(),
+        ));
+    }
+    closes::WATCH.configure(settings.max_control_line, settings.max_server_closes);
     let mut options = async_nats::ConnectOptions::new()
         .name("outbox-relay")
         .connection_timeout(settings.connect_timeout)
         // Unbounded reconnects: a broker outage is waited out, never turned into data loss.
         .max_reconnects(None)
         .event_callback(|event| async move {
+            closes::WATCH.on_event(&event);
             if let async_nats::Event::ServerError(async_nats::ServerError::Other(message)) = &event
             {
                 record_server_error(message);

@@ -10,7 +10,10 @@ use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::{self, ErrorCode};
 use futures::future::BoxFuture;
 use relay_core::message::{HEADER_EXPECTED_STREAM, HEADER_MSG_ID, OutboundMessage};
+use relay_core::route::MessageLimits;
 use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind, Publisher};
+
+use crate::closes::{self, Quarantine};
 
 /// Publishes outbound messages into one JetStream stream.
 #[derive(Clone)]
@@ -21,6 +24,12 @@ pub struct JetStreamPublisher {
     shared: Arc<jetstream::Context>,
     /// The headers of the current transaction, prepared once (see [`HeaderTemplate`]).
     template: Arc<Mutex<Option<HeaderTemplate>>>,
+    /// For the server's `max_payload` (a relaxed atomic load).
+    client: async_nats::Client,
+    /// Length of the reply subject async-nats adds to each publish: `<inbox>.<id>.<token>`.
+    reply_len: usize,
+    /// Messages the server closed the connection on, re-sent one at a time.
+    quarantine: Arc<Quarantine>,
 }
 
 /// `Nats-Expected-Stream` plus a message's shared headers (`OutboundMessage::shared_headers`)
@@ -87,22 +96,32 @@ impl std::fmt::Debug for JetStreamPublisher {
 
 impl JetStreamPublisher {
     /// A publisher into `stream`. `ack_timeout` bounds the wait for each PubAck; `max_in_flight`
-    /// sizes the client's own window so it never blocks before the pipeline's does.
+    /// sizes the client's own window so it never blocks before the pipeline's does. Its
+    /// [`Publisher::limits`] are the server's `max_payload` and `[nats] max_control_line` /
+    /// `max_server_closes` as [`crate::connect`] set them (their defaults for other clients).
     pub fn new(
         client: async_nats::Client,
         stream: &str,
         ack_timeout: std::time::Duration,
         max_in_flight: usize,
     ) -> Self {
+        // A JetStream publish replies to `<inbox prefix>.<id>.<token>`, where
+        // `<inbox prefix>.<token>` is a new inbox (async-nats' request multiplexer).
+        let inbox = client.new_inbox();
+        let token = inbox.rsplit('.').next().map_or(0, str::len);
+        let reply_len = inbox.len() + 1 + token;
         let context = jetstream::ContextBuilder::new()
             .timeout(ack_timeout)
             .max_ack_inflight(max_in_flight.saturating_add(64))
-            .build(client);
+            .build(client.clone());
         Self {
             shared: Arc::new(context.clone()),
             context,
             stream: stream.into(),
             template: Arc::default(),
+            client,
+            reply_len,
+            quarantine: Arc::default(),
         }
     }
 
@@ -144,44 +163,16 @@ impl JetStreamPublisher {
     pub fn context(&self) -> &jetstream::Context {
         &self.context
     }
-}
 
-/// Maps an async-nats publish error to the pipeline's classes.
-fn classify(error: jetstream::context::PublishError) -> PublishError {
-    let server_code = error
-        .source()
-        .and_then(|s| s.downcast_ref::<jetstream::Error>())
-        .map(jetstream::Error::error_code);
-    let kind = match error.kind() {
-        NatsKind::TimedOut | NatsKind::BrokenPipe | NatsKind::MaxAckPending => {
-            PublishErrorKind::Unknown
-        }
-        // 503 no responders: a leader election, or no stream captures the subject.
-        NatsKind::StreamNotFound => PublishErrorKind::NoStream,
-        NatsKind::MaxPayloadExceeded
-        | NatsKind::WrongLastMessageId
-        | NatsKind::WrongLastSequence => PublishErrorKind::Rejected,
-        _ => match server_code {
-            // The subject belongs to another stream, or the message exceeds the stream's limit:
-            // retrying cannot change the answer.
-            Some(ErrorCode::STREAM_NOT_MATCH) | Some(ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM) => {
-                PublishErrorKind::Rejected
-            }
-            // Store failures (disk full, `discard: new` limits) may clear: keep retrying, loudly.
-            _ => PublishErrorKind::Unknown,
-        },
-    };
-    let detail = match error.source() {
-        Some(source) => format!("{error}: {source}"),
-        None => error.to_string(),
-    };
-    PublishError::new(kind, detail)
-}
-
-impl Publisher for JetStreamPublisher {
-    type Ack = BoxFuture<'static, Result<PubReceipt, PublishError>>;
-
-    async fn send(&self, msg: &Arc<OutboundMessage>) -> Result<Self::Ack, PublishError> {
+    /// Sends `msg` now; the returned future sees it acknowledged. `probe` (a suspect's turn,
+    /// see [`Quarantine`]) is held until the outcome is known.
+    async fn publish(
+        &self,
+        msg: &Arc<OutboundMessage>,
+        probe: Option<tokio::sync::OwnedMutexGuard<()>>,
+    ) -> Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError> {
+        // Before sending: a server close from now on may be this message's doing.
+        let mut closes = closes::WATCH.subscribe();
         let publish = PublishMessage::build()
             .headers(self.headers(msg))
             .payload(msg.payload.clone());
@@ -193,10 +184,25 @@ impl Publisher for JetStreamPublisher {
         // For the rare duplicate ack and permission errors: reference counts, no copies.
         let context = self.shared.clone();
         let stream = self.stream.clone();
+        let quarantine = self.quarantine.clone();
         let msg = msg.clone();
         Ok(Box::pin(async move {
             let subject = &msg.subject;
-            let ack = ack.await.map_err(|e| {
+            // The server closed the connection over a protocol error while the ack was
+            // pending: no ack will come on it. Say so now rather than after the ack timeout.
+            let ack = tokio::select! {
+                biased;
+                ack = ack => ack,
+                reason = closes::next_close(&mut closes) => {
+                    quarantine.outcome(&msg.event_id, true);
+                    return Err(PublishError::closed_by_server(format!(
+                        "NATS closed the connection after this message was sent: -ERR '{reason}'"
+                    )));
+                }
+            };
+            quarantine.outcome(&msg.event_id, false);
+            drop(probe);
+            let ack = ack.map_err(|e| {
                 let timed_out = e.kind() == NatsKind::TimedOut;
                 let error = classify(e);
                 match crate::publish_denied(subject) {
@@ -220,6 +226,88 @@ impl Publisher for JetStreamPublisher {
                 duplicate: ack.duplicate,
             })
         }))
+    }
+}
+
+/// Maps an async-nats publish error to the pipeline's classes.
+fn classify(error: jetstream::context::PublishError) -> PublishError {
+    let server_code = error
+        .source()
+        .and_then(|s| s.downcast_ref::<jetstream::Error>())
+        .map(jetstream::Error::error_code);
+    let kind = match error.kind() {
+        NatsKind::TimedOut | NatsKind::BrokenPipe | NatsKind::MaxAckPending => {
+            PublishErrorKind::Unknown
+        }
+        // 503 no responders: a leader election, or no stream captures the subject.
+        NatsKind::StreamNotFound => PublishErrorKind::NoStream,
+        NatsKind::MaxPayloadExceeded
+        | NatsKind::WrongLastMessageId
+        | NatsKind::WrongLastSequence => PublishErrorKind::Rejected,
+        _ => match server_code {
+            // The subject belongs to another stream, or the message exceeds the stream's limit:
+            // retrying cannot change the answer.
+            // A header block over 64 KiB (10097) is refused on every re-send too.
+            Some(
+                ErrorCode::STREAM_NOT_MATCH
+                | ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM
+                | ErrorCode::STREAM_HEADER_EXCEEDS_MAXIMUM,
+            ) => PublishErrorKind::Rejected,
+            // Store failures (disk full, `discard: new` limits) may clear: keep retrying, loudly.
+            _ => PublishErrorKind::Unknown,
+        },
+    };
+    let detail = match error.source() {
+        Some(source) => format!("{error}: {source}"),
+        None => error.to_string(),
+    };
+    PublishError::new(kind, detail)
+}
+
+impl Publisher for JetStreamPublisher {
+    type Ack = BoxFuture<'static, Result<PubReceipt, PublishError>>;
+
+    async fn send(&self, msg: &Arc<OutboundMessage>) -> Result<Self::Ack, PublishError> {
+        // The route stage checked rows already; this catches dead letters and limits that
+        // changed since (a reconnect to a server with a smaller `max_payload`).
+        if let Err(over) = self.limits().check(msg) {
+            return Err(PublishError::new(
+                PublishErrorKind::Rejected,
+                format!("event {} is too large to publish: {over}", msg.event_id),
+            ));
+        }
+        if self.quarantine.is_suspect(&msg.event_id) {
+            // Re-sent alone among suspects. The wait is inside the ack future, so the caller
+            // (the pipeline's loop, which polls the other deliveries) never blocks on it.
+            let this = self.clone();
+            let msg = msg.clone();
+            return Ok(Box::pin(async move {
+                let probe = this.quarantine.probe().await;
+                this.publish(&msg, Some(probe)).await?.await
+            }));
+        }
+        self.publish(msg, None).await
+    }
+
+    fn limits(&self) -> MessageLimits {
+        MessageLimits {
+            // 0 before the first INFO: unknown, the server decides.
+            max_payload: match self.client.max_payload() {
+                0 => usize::MAX,
+                n => n,
+            },
+            max_control_line: closes::WATCH.max_control_line(),
+            max_header_block: MessageLimits::JETSTREAM_MAX_HEADER_BYTES,
+            reply_len: self.reply_len,
+            extra_header_bytes: MessageLimits::header_line_len(
+                HEADER_EXPECTED_STREAM,
+                &self.stream,
+            ),
+        }
+    }
+
+    fn max_server_closes(&self) -> u32 {
+        closes::WATCH.max_server_closes()
     }
 }
 

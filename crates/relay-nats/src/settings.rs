@@ -38,6 +38,18 @@ pub struct NatsSettings {
     /// Connection timeout at start-up. Default `5s`.
     #[serde(default = "default_connect_timeout", with = "humantime_serde")]
     pub connect_timeout: Duration,
+    /// The server's `max_control_line` in bytes: the longest `HPUB <subject> <reply> <sizes>`
+    /// line it accepts. The server does not announce it, so set it when the server's differs
+    /// from nats-server's default `4096`. A row whose subject would not fit fails closed (or goes
+    /// to the dead-letter subject) instead of having the connection closed on every re-send.
+    #[serde(default = "default_max_control_line")]
+    pub max_control_line: usize,
+    /// How many times in a row the server may close the connection right after a message was
+    /// sent, each time with a protocol error about it (`-ERR 'maximum control line exceeded'`,
+    /// `'Maximum Payload Violation'`), before the message counts as refused for good (exit 65).
+    /// Outages never count. Default `5`.
+    #[serde(default = "default_max_server_closes")]
+    pub max_server_closes: u32,
     /// NATS `.creds` file (JWT + NKey seed).
     #[serde(default)]
     pub credentials_file: Option<PathBuf>,
@@ -136,6 +148,8 @@ impl std::fmt::Debug for NatsSettings {
             .field("duplicate_window", &self.duplicate_window)
             .field("ack_timeout", &self.ack_timeout)
             .field("connect_timeout", &self.connect_timeout)
+            .field("max_control_line", &self.max_control_line)
+            .field("max_server_closes", &self.max_server_closes)
             .field("credentials_file", &self.credentials_file)
             .field("user", &self.user)
             .field("password", &redacted(&self.password))
@@ -170,6 +184,12 @@ fn default_ack_timeout() -> Duration {
 fn default_connect_timeout() -> Duration {
     Duration::from_secs(5)
 }
+fn default_max_control_line() -> usize {
+    relay_core::route::MessageLimits::DEFAULT_MAX_CONTROL_LINE
+}
+fn default_max_server_closes() -> u32 {
+    crate::closes::DEFAULT_MAX_SERVER_CLOSES
+}
 
 impl Default for NatsSettings {
     fn default() -> Self {
@@ -181,6 +201,8 @@ impl Default for NatsSettings {
             duplicate_window: default_duplicate_window(),
             ack_timeout: default_ack_timeout(),
             connect_timeout: default_connect_timeout(),
+            max_control_line: default_max_control_line(),
+            max_server_closes: default_max_server_closes(),
             credentials_file: None,
             user: None,
             password: None,

@@ -140,6 +140,23 @@ pub enum RouteError {
         /// What is wrong.
         reason: &'static str,
     },
+    /// The message would break a limit of the NATS server (control line, header block,
+    /// `max_payload`): it would be refused, or its connection closed, on every re-send.
+    #[error(
+        "event {event_id} in `{table}`: {origin} makes the {part} too large to publish: {reason}"
+    )]
+    TooLarge {
+        /// The table.
+        table: String,
+        /// The event id (cut when long).
+        event_id: String,
+        /// What produced the oversized part, e.g. "column `kind`".
+        origin: String,
+        /// The oversized part: "subject", "header `Note`", "payload".
+        part: String,
+        /// The size and the limit it breaks.
+        reason: String,
+    },
 }
 
 impl RouteError {
