@@ -19,14 +19,13 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::frontier::{AckFrontier, EventTicket, FrontierError};
 
+mod admit;
 mod deliver;
 mod stats;
 
-use crate::message::{
-    HEADER_COMMIT_LSN, HEADER_TABLE, HEADER_TX_INDEX, HEADER_XID, OutboundMessage, TxContext,
-};
+use crate::message::{OutboundMessage, TxContext};
 use crate::recent::RecentIds;
-use crate::route::{RouteError, Router};
+use crate::route::{RouteError, Router, dead_letter_collision};
 use crate::stage::{
     ChangeSource, CheckpointStore, PublishError, PublishErrorKind, Publisher, SourceError,
     SourceEvent, StoreError,
@@ -360,80 +359,7 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
                 }
             }
             SourceEvent::Message(LogicalMessage::Insert(insert)) => {
-                let Some((tx, index)) = self.tx.as_mut() else {
-                    return Err(FrontierError::NoOpenTransaction.into());
-                };
-                let routed =
-                    self.router
-                        .route_insert(&insert, tx, *index)
-                        .and_then(|msg| match msg {
-                            Some(msg) if !self.recent.check(&msg) => Err(RouteError::IdCollision {
-                                table: msg.table.to_string(),
-                                event_id: msg.event_id,
-                            }),
-                            other => Ok(other),
-                        });
-                // A message the broker cannot take is a bad row, not a publish to retry forever.
-                let limits = self.publisher.limits();
-                let routed = routed.and_then(|m| self.router.check_limits(&insert, m, &limits));
-                let routed = match routed {
-                    Ok(routed) => routed,
-                    Err(error) if Self::stops_on(&self.config, &error) => {
-                        return Err(Self::schema_error(Some(tx), error));
-                    }
-                    Err(error) => {
-                        let dead = Self::dead_letter(
-                            &self.config,
-                            &self.router,
-                            &insert,
-                            tx,
-                            *index,
-                            &error,
-                        )
-                        // Too large itself (the raw row of an oversized payload): fail closed.
-                        .filter(|dead| limits.check(dead).is_ok());
-                        let Some(msg) = dead else {
-                            return Err(PipelineError::Route {
-                                event_id: self.router.event_id_of(&insert).map(Into::into),
-                                xid: tx.xid,
-                                commit_lsn: tx.commit_lsn,
-                                error,
-                            });
-                        };
-                        *index += 1;
-                        if self.already_published.remove(&msg.event_id) {
-                            self.stats.already_published.fetch_add(1, Ordering::Relaxed);
-                            return Ok(None);
-                        }
-                        self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(
-                            table = %msg.table,
-                            commit_lsn = %tx.commit_lsn,
-                            xid = tx.xid,
-                            subject = %msg.subject,
-                            dead_letter_id = %msg.event_id,
-                            reason = %error,
-                            "row cannot be routed; publishing it to the dead-letter subject"
-                        );
-                        let ticket = self.frontier.event()?;
-                        return Ok(Some((msg, ticket)));
-                    }
-                };
-                match routed {
-                    Some(msg) if self.already_published.remove(&msg.event_id) => {
-                        *index += 1;
-                        self.stats.already_published.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Some(msg) => {
-                        *index += 1;
-                        self.stats.events_received.fetch_add(1, Ordering::Relaxed);
-                        let ticket = self.frontier.event()?;
-                        return Ok(Some((msg, ticket)));
-                    }
-                    None => {
-                        self.stats.changes_skipped.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
+                return self.on_insert(&insert);
             }
             SourceEvent::Message(LogicalMessage::Begin(_)) => {
                 return Err(FrontierError::Unframed("Begin").into());
@@ -448,61 +374,6 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
             }
         }
         Ok(None)
-    }
-
-    /// Whether a route error is a table-shape error that stops the relay (exit 78) instead of a
-    /// row-level one. A renamed table always stops: renaming it back lets its rows through
-    /// (`Router::bind_catalog`). A mapped column that no longer fits stops unless a dead-letter
-    /// subject is set: rows committed under the old shape can only be parked, never re-read
-    /// under a new one.
-    fn stops_on(config: &PipelineConfig, error: &RouteError) -> bool {
-        matches!(error, RouteError::OutboxRenamed { .. })
-            || (error.is_schema_mismatch() && config.dead_letter_subject.is_none())
-    }
-
-    /// A table-shape error in the open transaction (if any).
-    fn schema_error(tx: Option<&TxContext>, error: RouteError) -> PipelineError {
-        PipelineError::Schema {
-            xid: tx.map(|tx| tx.xid),
-            commit_lsn: tx.map(|tx| tx.commit_lsn),
-            error,
-        }
-    }
-
-    /// The dead letter for a row that cannot be routed, when a dead-letter subject is set.
-    fn dead_letter(
-        config: &PipelineConfig,
-        router: &Router,
-        insert: &pgoutput::Insert,
-        tx: &TxContext,
-        tx_index: u64,
-        error: &RouteError,
-    ) -> Option<OutboundMessage> {
-        let subject = config.dead_letter_subject.as_ref()?;
-        let (table, payload) = router.raw_row(insert)?;
-        // Header values cannot hold control characters; error texts rarely do, but be sure.
-        let reason: String = error
-            .to_string()
-            .chars()
-            .map(|c| if c.is_control() { ' ' } else { c })
-            .collect();
-        let event_id = format!("dlq:{table}:{}:{tx_index}", tx.commit_lsn);
-        Some(OutboundMessage {
-            subject: subject.clone(),
-            event_id,
-            headers: vec![
-                (HEADER_DLQ_REASON.into(), reason.into()),
-                (HEADER_TABLE.into(), table.clone()),
-                (HEADER_COMMIT_LSN.into(), tx.commit_lsn_text.clone()),
-                (HEADER_XID.into(), tx.xid_text.clone()),
-                (HEADER_TX_INDEX.into(), tx_index.to_string().into()),
-            ],
-            shared_headers: 0,
-            payload,
-            table,
-            commit_lsn: tx.commit_lsn,
-            commit_time_micros: tx.commit_time_micros,
-        })
     }
 
     /// Hands `msg` to the publisher (in call order) and returns the future that sees it
@@ -553,23 +424,7 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
                             "event id collision: publishing it to the dead-letter subject"
                         );
                         self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
-                        let mut headers = msg.headers.clone();
-                        let reason: String = error
-                            .to_string()
-                            .chars()
-                            .map(|c| if c.is_control() { ' ' } else { c })
-                            .collect();
-                        headers.push((HEADER_DLQ_REASON.into(), reason.into()));
-                        let dead = OutboundMessage {
-                            subject: subject.clone(),
-                            event_id: format!("dlq:collision:{}:{}", msg.event_id, msg.commit_lsn),
-                            headers,
-                            shared_headers: msg.shared_headers,
-                            payload: msg.payload.clone(),
-                            table: msg.table.clone(),
-                            commit_lsn: msg.commit_lsn,
-                            commit_time_micros: msg.commit_time_micros,
-                        };
+                        let dead = dead_letter_collision(subject, &msg, &error);
                         Ok(Some((dead, ticket)))
                     }
                     _ => Err(PipelineError::Publish {

@@ -1,0 +1,245 @@
+//! Building one message from one row with a compiled route.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use pgoutput::{Insert, TupleValue};
+
+use super::{CompiledRoute, PayloadPlan, RouteError, SubjectPart};
+use crate::message::{
+    HEADER_COMMIT_LSN, HEADER_COMMIT_TIME, HEADER_TABLE, HEADER_TX_INDEX, HEADER_XID,
+    OutboundMessage, TxContext,
+};
+use crate::subject::push_escaped_token;
+use crate::value::{self, oid};
+
+/// Text bytes of a value, `None` for NULL; other kinds are unusable in an INSERT.
+fn text_of(value: &TupleValue) -> Result<Option<&Bytes>, &'static str> {
+    match value {
+        TupleValue::Null => Ok(None),
+        TupleValue::Text(b) => Ok(Some(b)),
+        TupleValue::UnchangedToast => Err("unchanged TOAST value in an insert"),
+        TupleValue::Binary(_) => Err("binary-format value (binary mode is not requested)"),
+    }
+}
+
+impl CompiledRoute {
+    /// `(column, role, type oid)` of every mapped column.
+    pub(super) fn mapped_types(&self) -> Vec<(String, &'static str, u32)> {
+        let mut out = Vec::new();
+        let mut push = |index: usize, role: &'static str| {
+            if let Some(c) = self.relation.columns.get(index)
+                && !out.iter().any(|(n, _, _): &(String, _, _)| *n == c.name)
+            {
+                out.push((c.name.clone(), role, c.type_oid));
+            }
+        };
+        push(self.event_id, "event_id");
+        for part in &self.subject {
+            if let SubjectPart::Column(i) = part {
+                push(*i, "subject");
+            }
+        }
+        if let PayloadPlan::Column { index, .. } = &self.payload {
+            push(*index, "payload");
+        }
+        for (_, i) in &self.headers {
+            push(*i, "header");
+        }
+        out
+    }
+
+    pub(super) fn invalid_payload(
+        &self,
+        event_id: &str,
+        index: usize,
+        reason: String,
+    ) -> RouteError {
+        RouteError::InvalidPayload {
+            table: self.table.to_string(),
+            event_id: event_id.to_owned(),
+            column: self.column_name(index),
+            reason,
+        }
+    }
+
+    pub(super) fn column_name(&self, index: usize) -> String {
+        self.relation
+            .columns
+            .get(index)
+            .map_or_else(|| format!("#{index}"), |c| c.name.clone())
+    }
+
+    pub(super) fn build(
+        &self,
+        insert: &Insert,
+        tx: &TxContext,
+        tx_index: u64,
+    ) -> Result<OutboundMessage, RouteError> {
+        let values = &insert.new.values;
+        if values.len() != self.relation.columns.len() {
+            return Err(RouteError::ColumnCount {
+                table: self.table.to_string(),
+                got: values.len(),
+                expected: self.relation.columns.len(),
+            });
+        }
+        let unusable = |event_id: &str, index: usize, reason| RouteError::UnusableValue {
+            table: self.table.to_string(),
+            event_id: event_id.to_owned(),
+            column: self.column_name(index),
+            reason,
+        };
+        // Every index below was resolved against this relation, and the length is checked
+        // above, so `get` only fails on a bug; treat that like a NULL.
+        let text = |index: usize, event_id: &str| -> Result<Option<&[u8]>, RouteError> {
+            match values.get(index) {
+                None => Ok(None),
+                Some(v) => text_of(v)
+                    .map(|b| b.map(|b| &b[..]))
+                    .map_err(|reason| unusable(event_id, index, reason)),
+            }
+        };
+
+        let event_id = match text(self.event_id, "?")? {
+            Some(b) if !b.is_empty() => String::from_utf8_lossy(b).into_owned(),
+            _ => {
+                return Err(RouteError::MissingEventId {
+                    table: self.table.to_string(),
+                    column: self.column_name(self.event_id),
+                });
+            }
+        };
+        if event_id.chars().any(char::is_control) {
+            return Err(RouteError::InvalidHeaderValue {
+                table: self.table.to_string(),
+                event_id: event_id.escape_debug().to_string(),
+                column: self.column_name(self.event_id),
+                header: crate::message::HEADER_MSG_ID.to_owned(),
+            });
+        }
+
+        let mut subject = String::with_capacity(64);
+        for part in &self.subject {
+            match part {
+                SubjectPart::Literal(l) => subject.push_str(l),
+                SubjectPart::Column(index) => match text(*index, &event_id)? {
+                    Some(b) if !b.is_empty() => {
+                        push_escaped_token(&mut subject, &String::from_utf8_lossy(b))
+                    }
+                    _ => {
+                        return Err(RouteError::EmptySubjectValue {
+                            table: self.table.to_string(),
+                            event_id,
+                            column: self.column_name(*index),
+                        });
+                    }
+                },
+            }
+        }
+
+        let payload = match &self.payload {
+            PayloadPlan::WholeRow => {
+                let mut cols = Vec::with_capacity(values.len());
+                for (i, c) in self.relation.columns.iter().enumerate() {
+                    cols.push((c.name.as_str(), c.type_oid, text(i, &event_id)?));
+                }
+                value::row_to_json(cols.into_iter())
+            }
+            PayloadPlan::Column {
+                index,
+                type_oid,
+                json,
+            } => {
+                let body = match values.get(*index) {
+                    Some(TupleValue::Text(b)) if *type_oid == oid::BYTEA => {
+                        value::decode_bytea_hex(b)
+                            .map_err(|_| unusable(&event_id, *index, "bytea not in hex format"))?
+                    }
+                    Some(TupleValue::Text(b)) => b.clone(),
+                    Some(TupleValue::Null) | None if *json => {
+                        return Err(self.invalid_payload(&event_id, *index, "NULL".into()));
+                    }
+                    Some(TupleValue::Null) | None => Bytes::new(),
+                    Some(other) => {
+                        return Err(unusable(
+                            &event_id,
+                            *index,
+                            text_of(other).err().unwrap_or("unexpected value"),
+                        ));
+                    }
+                };
+                if *json {
+                    let text = std::str::from_utf8(&body).map_err(|e| {
+                        self.invalid_payload(&event_id, *index, format!("not valid UTF-8 ({e})"))
+                    })?;
+                    serde_json::from_str::<serde::de::IgnoredAny>(text)
+                        .map_err(|e| self.invalid_payload(&event_id, *index, e.to_string()))?;
+                }
+                body
+            }
+        };
+
+        let [commit_lsn, xid, commit_time, table, index_name] = &*RELAY_HEADER_NAMES;
+        let mut headers: Vec<(Arc<str>, Arc<str>)> = Vec::with_capacity(5 + self.headers.len());
+        headers.push((commit_lsn.clone(), tx.commit_lsn_text.clone()));
+        headers.push((xid.clone(), tx.xid_text.clone()));
+        headers.push((commit_time.clone(), tx.commit_time_text.clone()));
+        headers.push((table.clone(), self.table.clone()));
+        headers.push((index_name.clone(), tx_index.to_string().into()));
+        for (header, index) in &self.headers {
+            let Some(raw) = text(*index, &event_id)? else {
+                continue;
+            };
+            let mut value = String::from_utf8_lossy(raw);
+            if header.eq_ignore_ascii_case("traceparent") {
+                value = extract_traceparent(&value).into();
+            }
+            if value.chars().any(char::is_control) {
+                return Err(RouteError::InvalidHeaderValue {
+                    table: self.table.to_string(),
+                    event_id,
+                    column: self.column_name(*index),
+                    header: header.to_string(),
+                });
+            }
+            headers.push((header.clone(), value.as_ref().into()));
+        }
+
+        Ok(OutboundMessage {
+            subject,
+            event_id,
+            headers,
+            shared_headers: SHARED_HEADERS,
+            payload,
+            table: self.table.clone(),
+            commit_lsn: tx.commit_lsn,
+            commit_time_micros: tx.commit_time_micros,
+        })
+    }
+}
+
+/// The leading headers of a routed event that are the same for its whole transaction and table.
+const SHARED_HEADERS: usize = 4;
+
+/// The relay's own header names, allocated once: every event carries all five.
+static RELAY_HEADER_NAMES: std::sync::LazyLock<[Arc<str>; 5]> = std::sync::LazyLock::new(|| {
+    [
+        HEADER_COMMIT_LSN.into(),
+        HEADER_XID.into(),
+        HEADER_COMMIT_TIME.into(),
+        HEADER_TABLE.into(),
+        HEADER_TX_INDEX.into(),
+    ]
+});
+
+/// Debezium stores the span context as Java properties text (`traceparent=00-…` lines); a bare
+/// W3C value is taken as is.
+fn extract_traceparent(value: &str) -> String {
+    value
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("traceparent="))
+        .unwrap_or(value)
+        .trim()
+        .to_owned()
+}
