@@ -188,7 +188,8 @@ table = "public.outbox"
     }
 
     // Nothing landed anywhere else: every `outbox.` message is one the stream holds, every
-    // other subject is the relay's own JetStream API traffic or a reply inbox, and nothing
+    // other subject is the relay's own JetStream API traffic, its durability probe or a reply
+    // inbox, and nothing
     // ever touched a delete API.
     let seen = seen.lock().expect("subjects lock").clone();
     assert!(!seen.is_empty());
@@ -197,7 +198,9 @@ table = "public.outbox"
             || subject.starts_with("_INBOX.")
             || subject.starts_with("$JS.API.")
             || subject.starts_with("$JS.ACK.")
-            || subject.starts_with("$JS.EVENT.");
+            || subject.starts_with("$JS.EVENT.")
+            // The start-up durability probe (asks the servers how they sync to disk).
+            || subject == relay_nats::SYNC_PROBE_SUBJECT;
         assert!(intended, "unintended subject {subject:?}; all: {seen:?}");
         let api_abuse = subject.starts_with("$JS.API.")
             && (subject.contains("DELETE") || subject.contains("PURGE"));
