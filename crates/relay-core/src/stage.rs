@@ -51,21 +51,22 @@ pub enum ErrorClass {
     SlotLost,
 }
 
-/// A failure of the change source.
+/// A failure at one of the pipeline's IO boundaries (the change source, the checkpoint store):
+/// how the supervisor should treat it, what happened, and why.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
-pub struct SourceError {
+pub struct BoundaryError {
     /// Retry or stop.
     pub class: ErrorClass,
-    /// What happened, naming the slot, publication or LSN involved.
+    /// What happened, naming the slot, publication, table or LSN involved.
     pub message: String,
     /// The underlying error.
     #[source]
     pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
 
-impl SourceError {
-    /// A source error of `class`.
+impl BoundaryError {
+    /// An error of `class`.
     pub fn new(class: ErrorClass, message: impl Into<String>) -> Self {
         Self {
             class,
@@ -75,11 +76,18 @@ impl SourceError {
     }
 
     /// Attaches the underlying error.
+    #[must_use]
     pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
         self.source = Some(Box::new(source));
         self
     }
 }
+
+/// A failure of the change source.
+pub type SourceError = BoundaryError;
+
+/// A failure of the checkpoint store.
+pub type StoreError = BoundaryError;
 
 /// Committed changes in commit order.
 pub trait ChangeSource: Send {
@@ -177,34 +185,6 @@ pub trait Publisher: Clone + Send + Sync + 'static {
     /// (a publisher that cannot tell a protocol close from an outage must keep retrying).
     fn max_server_closes(&self) -> u32 {
         u32::MAX
-    }
-}
-
-/// A failure of the checkpoint store.
-#[derive(Debug, thiserror::Error)]
-#[error("{message}")]
-pub struct StoreError {
-    /// Retry or stop.
-    pub class: ErrorClass,
-    /// What happened.
-    pub message: String,
-    /// The underlying error.
-    #[source]
-    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
-}
-
-impl StoreError {
-    /// A store error of `class` wrapping `source`.
-    pub fn new(
-        class: ErrorClass,
-        message: impl Into<String>,
-        source: impl std::error::Error + Send + Sync + 'static,
-    ) -> Self {
-        Self {
-            class,
-            message: message.into(),
-            source: Some(Box::new(source)),
-        }
     }
 }
 

@@ -29,7 +29,7 @@ fn store_err(message: String) -> impl FnOnce(tokio_postgres::Error) -> StoreErro
         } else {
             ErrorClass::Fatal
         };
-        StoreError::new(class, message, source)
+        StoreError::new(class, message).with_source(source)
     }
 }
 
