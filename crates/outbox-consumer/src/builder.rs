@@ -1,72 +1,20 @@
-//! [`ConsumerBuilder`] and its settings: [`Ordering`] and [`PgSource`].
+//! [`ConsumerBuilder`]: the consumer's settings, checked, into a [`Consumer`].
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream;
-use tokio_postgres::Client;
 
-use crate::consumer::{Consumer, Error, Inner, hooks};
+use crate::consumer::Consumer;
 use crate::handler::Handler;
+use crate::shared::{Error, Inner, LedgerConnections, Ordering, hooks};
 use crate::stats::ConsumerStats;
-
-/// How messages are handled relative to each other.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ordering {
-    /// One message outstanding at a time (`max_ack_pending = 1`): messages are applied in
-    /// stream order, so in per-subject (and per-aggregate) order. A failing message blocks
-    /// every later one until it succeeds or is parked.
-    Strict,
-    /// Up to `n` messages handled concurrently, each on its own PostgreSQL connection. A
-    /// retried message is applied after messages that followed it: no order guarantee.
-    Parallel(usize),
-}
-
-impl Ordering {
-    pub(crate) fn workers(self) -> usize {
-        match self {
-            Self::Strict => 1,
-            Self::Parallel(n) => n.max(1),
-        }
-    }
-}
-
-/// Where the consumer's PostgreSQL connections come from.
-#[derive(Debug)]
-pub enum PgSource {
-    /// One connected client; [`Ordering::Strict`] only. If its connection is lost,
-    /// [`Consumer::run`] returns an error.
-    Client(Client),
-    /// One connected client per worker (`Parallel(n)` needs `n`).
-    Clients(Vec<Client>),
-    /// A configuration; the consumer opens one connection per worker (without TLS) and
-    /// reconnects after a lost connection.
-    Config(tokio_postgres::Config),
-}
-
-impl From<Client> for PgSource {
-    fn from(c: Client) -> Self {
-        Self::Client(c)
-    }
-}
-
-impl From<Vec<Client>> for PgSource {
-    fn from(c: Vec<Client>) -> Self {
-        Self::Clients(c)
-    }
-}
-
-impl From<tokio_postgres::Config> for PgSource {
-    fn from(c: tokio_postgres::Config) -> Self {
-        Self::Config(c)
-    }
-}
 
 /// Builder for [`Consumer`]; see [`Consumer::builder`].
 pub struct ConsumerBuilder {
     jetstream: jetstream::Context,
-    pg: PgSource,
+    pg: LedgerConnections,
     service: String,
     durable: Option<String>,
     stream: String,
@@ -196,13 +144,13 @@ impl ConsumerBuilder {
         }
         let workers = self.ordering.workers();
         match &self.pg {
-            PgSource::Client(_) if workers > 1 => {
+            LedgerConnections::Client(_) if workers > 1 => {
                 return Err(Error::Config(format!(
                     "Parallel({workers}) needs {workers} PostgreSQL clients or a \
                      tokio_postgres::Config, got one client"
                 )));
             }
-            PgSource::Clients(c) if c.len() < workers => {
+            LedgerConnections::Clients(c) if c.len() < workers => {
                 return Err(Error::Config(format!(
                     "{workers} workers need {workers} PostgreSQL clients, got {}",
                     c.len()
@@ -253,7 +201,7 @@ impl Consumer {
     /// [`tokio_postgres::Config`].
     pub fn builder(
         jetstream: jetstream::Context,
-        pg: impl Into<PgSource>,
+        pg: impl Into<LedgerConnections>,
         service: impl Into<String>,
     ) -> ConsumerBuilder {
         ConsumerBuilder {

@@ -4,83 +4,24 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream;
 use async_nats::jetstream::consumer::pull::{self, MessagesErrorKind};
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy};
-use futures::future::BoxFuture;
 use futures::{StreamExt as _, TryStreamExt as _};
 use tokio::sync::Mutex;
 use tracing::{info, warn};
 
-use crate::builder::{Ordering, PgSource};
-use crate::event::Event;
 use crate::handler::Handler;
 use crate::ledger::ensure_ledger;
+use crate::shared::{Error, Inner, LedgerConnections, Ordering};
 use crate::stats::ConsumerStats;
 use crate::worker::{Slot, lock_free_slot, open_slots};
-
-/// Errors that stop [`Consumer::run`] (or [`ConsumerBuilder::build`](crate::ConsumerBuilder::build)). Per-message problems
-/// (handler errors, a failed ack) never surface here: they are retried or parked.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Error {
-    /// The builder's settings are inconsistent.
-    #[error("invalid consumer configuration: {0}")]
-    Config(String),
-    /// PostgreSQL failed where no retry is possible (connecting, the ledger migration, a lost
-    /// connection without a [`PgSource::Config`] to reconnect with).
-    #[error("PostgreSQL: {0}")]
-    Postgres(#[from] tokio_postgres::Error),
-    /// A PostgreSQL connection given as a `Client` was lost; with [`PgSource::Config`] the
-    /// consumer would have reconnected.
-    #[error("PostgreSQL connection lost and no tokio_postgres::Config to reconnect with")]
-    ConnectionLost,
-    /// The stream could not be looked up.
-    #[error("JetStream stream {stream:?}: {source}")]
-    Stream {
-        /// Stream name.
-        stream: String,
-        /// Cause.
-        source: jetstream::context::GetStreamError,
-    },
-    /// The durable consumer could not be created or updated.
-    #[error("durable consumer {durable:?}: {source}")]
-    CreateConsumer {
-        /// Durable name.
-        durable: String,
-        /// Cause.
-        source: jetstream::stream::ConsumerError,
-    },
-    /// Pulling messages failed for good (e.g. the consumer was deleted).
-    #[error("pulling messages: {0}")]
-    Pull(String),
-}
-
-/// Test-only failpoints; not part of the supported API.
-#[doc(hidden)]
-pub mod hooks {
-    use super::{BoxFuture, Event};
-
-    /// Where a hook runs.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    pub enum Point {
-        /// The handler returned `Ok`; the transaction is not committed yet.
-        BeforeCommit,
-        /// The transaction is committed; the message is not acked yet.
-        BeforeAck,
-    }
-
-    /// Awaited at each [`Point`]; a hook that never completes simulates a hang, and aborting
-    /// the `run` task then simulates a crash at that point.
-    pub type Hook = std::sync::Arc<dyn Fn(Point, &Event) -> BoxFuture<'static, ()> + Send + Sync>;
-}
 
 /// An idempotent JetStream consumer for one service: each event is applied at most once in
 /// the service's database (the ledger), and at least once overall (explicit acks after
 /// commit), so exactly once in effect.
 pub struct Consumer {
     pub(crate) inner: Arc<Inner>,
-    pub(crate) pg: PgSource,
+    pub(crate) pg: LedgerConnections,
 }
 
 impl std::fmt::Debug for Consumer {
@@ -91,23 +32,6 @@ impl std::fmt::Debug for Consumer {
             .field("stream", &self.inner.stream)
             .finish_non_exhaustive()
     }
-}
-
-pub(crate) struct Inner {
-    pub(crate) jetstream: jetstream::Context,
-    pub(crate) service: String,
-    pub(crate) durable: String,
-    pub(crate) stream: String,
-    pub(crate) subjects: Vec<String>,
-    pub(crate) ordering: Ordering,
-    pub(crate) max_deliver: u32,
-    pub(crate) backoff_initial: Duration,
-    pub(crate) backoff_max: Duration,
-    pub(crate) ack_wait: Duration,
-    pub(crate) dead_letter_subject: String,
-    pub(crate) ensure_ledger: bool,
-    pub(crate) hook: Option<hooks::Hook>,
-    pub(crate) stats: ConsumerStats,
 }
 
 impl Consumer {

@@ -46,11 +46,12 @@ mod event;
 mod handler;
 mod ledger;
 mod park;
+mod shared;
 mod stats;
 mod worker;
 
-pub use builder::{ConsumerBuilder, Ordering, PgSource};
-pub use consumer::{Consumer, Error, hooks};
+pub use builder::ConsumerBuilder;
+pub use consumer::Consumer;
 pub use event::{
     Event, EventError, HEADER_AGGREGATE_ID, HEADER_AGGREGATE_TYPE, HEADER_COMMIT_LSN,
     HEADER_COMMIT_TIME, HEADER_EVENT_TYPE, HEADER_MSG_ID, HEADER_TABLE, HEADER_TRACEPARENT,
@@ -66,4 +67,5 @@ pub use park::{
     HEADER_DLQ_CONSUMER, HEADER_DLQ_DELIVERIES, HEADER_DLQ_EVENT_ID, HEADER_DLQ_REASON,
     HEADER_DLQ_SOURCE, HEADER_DLQ_SUBJECT, HEADER_ORIGINAL_PREFIX,
 };
+pub use shared::{Error, LedgerConnections, Ordering, hooks};
 pub use stats::{ConsumerStats, StatsSnapshot};

@@ -8,8 +8,8 @@ pub use outbox_contract::{
 };
 use tracing::{error, warn};
 
-use crate::consumer::Inner;
 use crate::event::{Event, HEADER_MSG_ID};
+use crate::shared::Inner;
 
 /// Longest `Outbox-Dlq-Reason` value; longer reasons are cut.
 const MAX_REASON_LEN: usize = 1024;

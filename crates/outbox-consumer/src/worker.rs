@@ -8,11 +8,10 @@ use tokio::sync::Mutex;
 use tokio_postgres::{Client, NoTls, Statement};
 use tracing::{debug, warn};
 
-use crate::builder::PgSource;
-use crate::consumer::{Error, Inner, hooks};
 use crate::event::Event;
 use crate::handler::{BoxError, Handler, Permanent};
 use crate::ledger::INSERT_SQL;
+use crate::shared::{Error, Inner, LedgerConnections, hooks};
 
 /// One worker's PostgreSQL connection.
 pub(crate) struct Slot {
@@ -72,16 +71,16 @@ enum Attempt {
     Infra(String),
 }
 
-pub(crate) async fn open_slots(pg: PgSource, workers: usize) -> Result<Vec<Slot>, Error> {
+pub(crate) async fn open_slots(pg: LedgerConnections, workers: usize) -> Result<Vec<Slot>, Error> {
     let slot = |client, config| Slot {
         client,
         insert: None,
         config,
     };
     Ok(match pg {
-        PgSource::Client(c) => vec![slot(Some(c), None)],
-        PgSource::Clients(cs) => cs.into_iter().map(|c| slot(Some(c), None)).collect(),
-        PgSource::Config(config) => {
+        LedgerConnections::Client(c) => vec![slot(Some(c), None)],
+        LedgerConnections::Clients(cs) => cs.into_iter().map(|c| slot(Some(c), None)).collect(),
+        LedgerConnections::Config(config) => {
             let mut v = Vec::with_capacity(workers);
             for _ in 0..workers {
                 v.push(slot(
