@@ -19,4 +19,5 @@ mod security;
 mod security_nats;
 mod security_roles;
 mod slot;
+mod standby;
 mod support;

@@ -266,6 +266,7 @@ async fn session(
         Ok(c) => c,
         Err(e) => return store_end(e),
     };
+    failpoint::pause("after_checkpoint_read").await;
     let tables = config.tables();
     let state = match bootstrap::prepare(store.client(), &config.postgres, &tables, checkpoint)
         .await
@@ -288,7 +289,7 @@ async fn session(
         Err(e) if e.is_transient() => return Ok(SessionEnd::Retry(e.into())),
         Err(e) => return Err(pg_exit(e)),
     };
-    let start = match checkpoint {
+    let start = match state.checkpoint {
         Some(c) => c,
         None => {
             // First run for this slot: record where it starts, so a lost slot is detected later.

@@ -28,6 +28,9 @@ pub struct SlotState {
     pub created: bool,
     /// Whether this start created the publication.
     pub publication_created: bool,
+    /// The stored checkpoint to resume from: the one given, or the one read again after the
+    /// slot when the slot had moved past it (another relay stored and confirmed meanwhile).
+    pub checkpoint: Option<Lsn>,
 }
 
 fn query_err(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> PgError {
@@ -68,6 +71,36 @@ async fn refuse_publication_after_slot(
             "publication `{publication}` does not exist, and creating it now would make it newer than the slot's position {position}: PostgreSQL cannot decode the slot's older WAL through it (17 and older stop with \"publication does not exist\", 18 silently skips those rows). Reconcile outbox rows committed since {position} from the outbox table, then create the publication before the slot: SELECT pg_drop_replication_slot('{slot}'), delete the slot's row from outbox_relay.checkpoint, and start the relay (or run `outbox-relay setup`), which creates the publication first"
         ),
     })
+}
+
+/// The slot (at `slot_lsn`) is past the checkpoint the caller read (`read`) before it: another
+/// relay may have stored and confirmed a later position in between (a standby reads while the
+/// active relay works). Every relay stores a position before it confirms it to the slot, so a
+/// checkpoint read after the slot is at least the slot's position, unless the slot was moved
+/// by hand or the checkpoint reset: only then is it still behind, and that is refused.
+async fn checkpoint_after_slot(
+    client: &Client,
+    slot: &str,
+    read: Lsn,
+    slot_lsn: Lsn,
+) -> Result<Lsn, PgError> {
+    let again = crate::catalog::stored_checkpoint(client, slot)
+        .await
+        .map_err(query_err(format!(
+            "cannot read the checkpoint of slot {slot}"
+        )))?
+        .map(|(lsn, _)| lsn);
+    match again {
+        Some(checkpoint) if checkpoint >= slot_lsn => {
+            tracing::info!(slot, read = %read, checkpoint = %checkpoint, slot_lsn = %slot_lsn, "another relay stored and confirmed a later position while the slot was read");
+            Ok(checkpoint)
+        }
+        again => Err(PgError::SlotAhead {
+            slot: slot.to_owned(),
+            slot_lsn,
+            checkpoint: again.unwrap_or(read),
+        }),
+    }
 }
 
 /// Checks the server, tables, publication and slot; creates the publication and slot where
@@ -204,6 +237,7 @@ pub async fn prepare(
             active_pid: None,
             created: true,
             publication_created,
+            checkpoint,
         });
     };
     let plugin: Option<String> = row.get(0);
@@ -229,15 +263,12 @@ pub async fn prepare(
     else {
         return Err(PgError::SlotInvalidated { slot: slot.clone() });
     };
-    if let Some(checkpoint) = checkpoint
-        && confirmed_flush_lsn > checkpoint
-    {
-        return Err(PgError::SlotAhead {
-            slot: slot.clone(),
-            slot_lsn: confirmed_flush_lsn,
-            checkpoint,
-        });
-    }
+    let checkpoint = match checkpoint {
+        Some(read) if confirmed_flush_lsn > read => {
+            Some(checkpoint_after_slot(client, slot, read, confirmed_flush_lsn).await?)
+        }
+        other => other,
+    };
     Ok(SlotState {
         confirmed_flush_lsn,
         restart_lsn: parse_lsn(row.get(4)),
@@ -245,5 +276,6 @@ pub async fn prepare(
         active_pid: row.get(6),
         created: false,
         publication_created,
+        checkpoint,
     })
 }

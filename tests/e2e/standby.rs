@@ -1,0 +1,217 @@
+//! An active/standby pair on one slot: the standby's session reads the checkpoint, then the
+//! slot; the active relay stores and confirms between the two reads all the time. That must
+//! never look like "slot ahead of the checkpoint" (exit 65, which the systemd unit does not
+//! restart): high availability would be lost.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use nix::sys::signal::Signal;
+use relay_core::Lsn;
+
+use crate::pause::Pause;
+use crate::support::*;
+
+const WAIT: Duration = Duration::from_secs(20);
+/// What a relay logs when the slot moved past the checkpoint it read (relay_postgres::bootstrap).
+const INTERLEAVED: &str = "while the slot was read";
+
+/// The slot's confirmed position, then the stored checkpoint, read in that order: a relay
+/// stores a position before it confirms it, so read this way the slot is never ahead.
+async fn slot_then_checkpoint(env: &Env) -> Result<(u64, u64)> {
+    let slot = env.slot_confirmed().await?.context("slot")?;
+    let checkpoint = env.checkpoint().await?.context("checkpoint")?;
+    Ok((slot, checkpoint))
+}
+
+/// Starts a relay and waits until it waits as a standby. It retries every 100 ms and takes
+/// 200 ms between its checkpoint read and its slot read (`RELAY_DELAY`), so the active relay
+/// often stores and confirms in between.
+async fn standby(config: &std::path::Path) -> Result<Relay> {
+    let relay = Relay::start_with_env(
+        config,
+        &["run"],
+        &[
+            ("RELAY_RELAY__RECONNECT_MAX", "100ms"),
+            ("RELAY_DELAY", "after_checkpoint_read:200"),
+        ],
+    )?;
+    relay
+        .wait_log("in use by another process", Duration::from_secs(30))
+        .await?;
+    Ok(relay)
+}
+
+/// The standby is held between its checkpoint read and its slot read while the active relay
+/// stores and confirms a later position: it must go on waiting, and take over later.
+#[tokio::test(flavor = "multi_thread")]
+async fn standby_sees_the_slot_move_between_its_reads_and_keeps_waiting() -> Result<()> {
+    let env = Env::start().await?;
+    let db = env.db().await?;
+    let js = env.jetstream().await?;
+    let config = env.config("");
+    let mut active = Relay::start_streaming(&config).await?;
+    let first = insert_event(&db, "Order", "Created", r#"{"n":1}"#).await?;
+    wait_for_id(&js, &first, &active).await?;
+
+    let pause = Pause::new(&env, "after_checkpoint_read");
+    let mut standby = Relay::start_with_env(&config, &["run"], &[("RELAY_PAUSE", &pause.spec())])?;
+    pause.reached(&standby).await?;
+    // At least what the standby read (the active relay may have stored more since).
+    let read = env.checkpoint().await?.context("checkpoint")?;
+    let second = insert_event(&db, "Order", "Created", r#"{"n":2}"#).await?;
+    wait_for_id(&js, &second, &active).await?;
+    let deadline = Instant::now() + WAIT;
+    while env.slot_confirmed().await?.context("slot")? <= read {
+        ensure!(
+            Instant::now() < deadline,
+            "the slot never moved past {read}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    pause.release()?;
+
+    standby
+        .wait_log("in use by another process", WAIT)
+        .await
+        .with_context(|| format!("standby: {:?}", standby.try_status()))?;
+    assert!(
+        standby.try_status()?.is_none(),
+        "the standby stopped:\n{}",
+        standby.log()
+    );
+    active.kill9();
+    standby.wait_log("replication started", WAIT).await?;
+    let third = insert_event(&db, "Order", "Created", r#"{"n":3}"#).await?;
+    wait_for_id(&js, &third, &standby).await?;
+    let (slot, checkpoint) = slot_then_checkpoint(&env).await?;
+    assert!(
+        slot <= checkpoint,
+        "slot {slot} ahead of checkpoint {checkpoint}"
+    );
+    Ok(())
+}
+
+/// Inserts one event every 10 ms until stopped; returns the ids that committed.
+fn steady_load(env: &Env, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<Result<Vec<String>>> {
+    let url = env.pg.url(DB);
+    tokio::spawn(async move {
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
+        tokio::spawn(connection);
+        let mut ids = Vec::new();
+        for n in 0u64.. {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            ids.push(insert_event(&client, "Order", "Created", &format!("{{\"n\":{n}}}")).await?);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(ids)
+    })
+}
+
+/// 20 takeovers in a row under steady insert load: kill -9 the active relay, the standby takes
+/// over, a new standby starts. Every event arrives (exactly once), no relay stops, and the
+/// slot is never ahead of the checkpoint.
+#[tokio::test(flavor = "multi_thread")]
+async fn twenty_takeovers_under_load_lose_nothing_and_never_stop() -> Result<()> {
+    let env = Env::start().await?;
+    let js = env.jetstream().await?;
+    let config = env.config("");
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut active = Relay::start_streaming(&config).await?;
+    let load = steady_load(&env, stop.clone());
+    let mut waiting = standby(&config).await?;
+    let started = Instant::now();
+    let mut interleaved = 0;
+    for round in 1..=20 {
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let (slot, checkpoint) = slot_then_checkpoint(&env).await?;
+        ensure!(
+            slot <= checkpoint,
+            "round {round}: slot {slot} ahead of checkpoint {checkpoint}"
+        );
+        for (role, relay) in [("active", &mut active), ("standby", &mut waiting)] {
+            if let Some(status) = relay.try_status()? {
+                bail!(
+                    "round {round}: the {role} relay exited ({status}):\n{}",
+                    relay.log()
+                );
+            }
+        }
+        active.kill9();
+        interleaved += active.log().matches(INTERLEAVED).count();
+        let killed = Instant::now();
+        waiting
+            .wait_log("replication started", WAIT)
+            .await
+            .with_context(|| format!("round {round}"))?;
+        println!("takeover {round}: {:?}", killed.elapsed());
+        active = waiting;
+        waiting = standby(&config).await?;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let ids = load.await??;
+    interleaved += [&active, &waiting]
+        .iter()
+        .map(|r| r.log().matches(INTERLEAVED).count())
+        .sum::<usize>();
+    println!(
+        "20 takeovers in {:?}, {} events; a standby saw the slot move between its reads {interleaved} times",
+        started.elapsed(),
+        ids.len()
+    );
+
+    let got = wait_for_messages(&js, ids.len(), Duration::from_secs(60), Some(&active)).await?;
+    let mut copies: HashMap<&str, usize> = HashMap::new();
+    for m in &got {
+        *copies.entry(m.id()).or_default() += 1;
+    }
+    let written: HashSet<&str> = ids.iter().map(String::as_str).collect();
+    let lost: Vec<_> = ids
+        .iter()
+        .filter(|id| !copies.contains_key(id.as_str()))
+        .collect();
+    let duplicated = copies.values().filter(|&&n| n > 1).count();
+    let phantom = copies.keys().filter(|id| !written.contains(*id)).count();
+    assert!(
+        lost.is_empty(),
+        "{} events lost, e.g. {:?}",
+        lost.len(),
+        lost.first()
+    );
+    assert_eq!(duplicated, 0, "events stored twice");
+    assert_eq!(phantom, 0, "messages that are no committed event");
+
+    // Both stop cleanly; the slot is at the stored checkpoint, past every event.
+    for relay in [&mut active, &mut waiting] {
+        relay.signal(Signal::SIGTERM);
+        assert_eq!(
+            relay.wait_exit(WAIT).await?.code(),
+            Some(0),
+            "{}",
+            relay.log()
+        );
+    }
+    let newest: Lsn = got
+        .iter()
+        .map(|m| m.header("Outbox-Commit-Lsn").parse::<Lsn>())
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .max()
+        .context("events")?;
+    let (slot, checkpoint) = slot_then_checkpoint(&env).await?;
+    assert!(
+        slot <= checkpoint,
+        "slot {slot} ahead of checkpoint {checkpoint}"
+    );
+    assert!(
+        Lsn(checkpoint) > newest,
+        "checkpoint {} not past the newest event {newest}",
+        Lsn(checkpoint)
+    );
+    Ok(())
+}
