@@ -243,7 +243,12 @@ async fn endpoints_metrics_status_and_readiness_follow_nats() -> Result<()> {
         insert_event(&db, "Order", "Created", &format!("{{\"n\": {i}}}")).await?;
     }
     let js = env.jetstream().await?;
-    wait_for_messages(&js, 3, t, Some(&relay)).await?;
+    let received = wait_for_messages(&js, 3, t, Some(&relay)).await?;
+    let last_commit = received
+        .iter()
+        .filter_map(|m| parse_lsn(m.header("Outbox-Commit-Lsn")))
+        .max()
+        .expect("commit LSN headers");
 
     // Metrics: wait until the checkpoint and a slot sample are there, then check each family.
     let deadline = Instant::now() + t;
@@ -294,10 +299,21 @@ async fn endpoints_metrics_status_and_readiness_follow_nats() -> Result<()> {
         ),
         3.0
     );
-    assert!(metric(&metrics, "outbox_relay_commit_to_ack_seconds_sum") >= 0.0);
-    assert!(metric(&metrics, "outbox_relay_checkpoint_lsn") > 0.0);
-    assert!(metric(&metrics, "outbox_relay_slot_lag_bytes") >= 0.0);
-    assert!(metric(&metrics, "outbox_relay_slot_retained_wal_bytes") >= 0.0);
+    // Three real commit-to-ack latencies: more than nothing, less than the wait.
+    let latency_sum = metric(&metrics, "outbox_relay_commit_to_ack_seconds_sum");
+    assert!(latency_sum > 0.0 && latency_sum < 3.0 * t.as_secs_f64(), "{latency_sum}");
+    // The checkpoint moved over the traffic: past the last event's commit.
+    assert!(
+        metric(&metrics, "outbox_relay_checkpoint_lsn") > last_commit as f64,
+        "checkpoint {} not past the last commit {last_commit}",
+        metric(&metrics, "outbox_relay_checkpoint_lsn")
+    );
+    // restart_lsn <= confirmed_flush_lsn: the retained WAL covers at least the lag.
+    let (lag, retained) = (
+        metric(&metrics, "outbox_relay_slot_lag_bytes"),
+        metric(&metrics, "outbox_relay_slot_retained_wal_bytes"),
+    );
+    assert!(lag >= 0.0 && retained >= lag, "lag {lag}, retained {retained}");
     assert_eq!(
         metric(&metrics, "outbox_relay_slot_wal_status{status=\"lost\"}"),
         0.0
