@@ -107,11 +107,6 @@ impl AckFrontier {
         self.in_flight
     }
 
-    /// Whether a transaction is open (Begin seen, Commit not yet).
-    pub fn in_transaction(&self) -> bool {
-        self.open
-    }
-
     /// Whether anything is received but not yet behind the frontier.
     pub fn is_idle(&self) -> bool {
         !self.open && self.pending.is_empty()
