@@ -343,7 +343,8 @@ async fn the_limits_match_the_servers_to_the_byte() -> Result<()> {
         ..Default::default()
     })
     .await?;
-    let publisher = JetStreamPublisher::new(client.clone(), STREAM, Duration::from_secs(5), 16);
+    let publisher =
+        JetStreamPublisher::with_default_limits(client.clone(), STREAM, Duration::from_secs(5), 16);
     let limits = publisher.limits();
     assert_eq!(limits.max_payload, 1 << 20, "from the server's INFO");
     assert_eq!(limits.max_control_line, 4096);

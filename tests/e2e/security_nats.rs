@@ -102,6 +102,20 @@ async fn nats_tls_client_certs_nkeys_passwords_and_a_denied_publish() -> Result<
     let got = wait_for_messages(&js, 1, Duration::from_secs(20), Some(&relay)).await?;
     assert_eq!(got[0].id(), id);
     assert!(!relay.log().contains(&seed), "{}", relay.log());
+    // The durability probe's $SYS request is optional in the permissions: refused, it makes the
+    // server sync "unknown" (a warning with a hint), not an error about publish permission.
+    assert!(
+        !relay.log().contains("lacks publish permission"),
+        "{}",
+        relay.log()
+    );
+    assert!(
+        relay
+            .log()
+            .contains("may not publish to $SYS.REQ.SERVER.PING.JSZ"),
+        "{}",
+        relay.log()
+    );
     drop(relay);
 
     // User and password (from a file); an event on a subject the user may not publish to:

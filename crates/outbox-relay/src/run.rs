@@ -127,17 +127,20 @@ pub async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), 
     };
 
     let nats = relay_nats::connect(&config.nats).await.map_err(nats_exit)?;
-    telemetry.set_nats(nats.clone());
+    telemetry.set_nats(nats.client().clone());
     let publisher = JetStreamPublisher::new(
-        nats.clone(),
+        &nats,
         &config.nats.stream,
         config.nats.ack_timeout,
         config.relay.max_in_flight,
     );
-    let report =
-        relay_nats::prepare_stream(publisher.context(), &config.nats, &config.sample_subjects())
-            .await
-            .map_err(nats_exit)?;
+    let report = relay_nats::prepare_stream(
+        publisher.jetstream(),
+        &config.nats,
+        &config.sample_subjects(),
+    )
+    .await
+    .map_err(nats_exit)?;
     for warning in &report.warnings {
         tracing::warn!(stream = %config.nats.stream, "{warning}");
     }
@@ -319,7 +322,7 @@ async fn session(
     // After a downtime longer than the stream's duplicate window, JetStream would store re-sent
     // events twice: find what it already holds past the checkpoint and skip those.
     let already_published = match relay_nats::published_since(
-        publisher.context(),
+        publisher.jetstream(),
         &config.nats.stream,
         start,
         config.relay.max_in_flight as u64 * 2,

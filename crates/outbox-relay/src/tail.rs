@@ -11,10 +11,10 @@ use crate::exit::{Exit, ExitKind};
 
 /// Prints up to `count` messages, stopping after `idle_timeout` without one.
 pub async fn tail(config: &RelayConfig, count: usize, idle_timeout: Duration) -> Result<(), Exit> {
-    let client = relay_nats::connect(&config.nats)
+    let nats = relay_nats::connect(&config.nats)
         .await
         .map_err(|e| Exit::new(ExitKind::Unavailable, e))?;
-    let context = jetstream::new(client);
+    let context = jetstream::new(nats.client().clone());
     let stream = context.get_stream(&config.nats.stream).await.map_err(|e| {
         Exit::new(
             ExitKind::Config,

@@ -21,14 +21,13 @@
 //! meets the close again, and after `[nats] max_server_closes` closes in a row the delivery
 //! gives up on it (relay-core `pipeline::deliver`).
 //!
-//! The state is process-wide like the relay's one NATS connection: [`crate::connect`] sets the
-//! limits from `[nats]` and feeds the events.
+//! Each connection has its own watch, fed by its own event callback
+//! ([`crate::connection::ConnectionState`]).
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use relay_core::route::MessageLimits;
 use tokio::sync::{OwnedMutexGuard, watch};
 
 /// The `-ERR` texts after which nats-server closes the connection because of what the client
@@ -42,46 +41,21 @@ const CLOSING_PROTOCOL_ERRORS: [&str; 3] = [
 /// Default of `[nats] max_server_closes`.
 pub(crate) const DEFAULT_MAX_SERVER_CLOSES: u32 = 5;
 
-/// What the relay knows about its connection beyond what async-nats exposes.
+/// Server closes on one connection.
 #[derive(Debug)]
 pub(crate) struct ConnectionWatch {
-    max_control_line: AtomicUsize,
-    max_server_closes: AtomicU32,
     /// A closing protocol `-ERR` the server sent, until the disconnect that follows it.
     pending: Mutex<Option<Arc<str>>>,
     /// The `-ERR` of the latest server close; every close bumps the version.
     closes: watch::Sender<Arc<str>>,
 }
 
-/// The relay's connection.
-pub(crate) static WATCH: LazyLock<ConnectionWatch> = LazyLock::new(ConnectionWatch::new);
-
 impl ConnectionWatch {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
-            max_control_line: AtomicUsize::new(MessageLimits::DEFAULT_MAX_CONTROL_LINE),
-            max_server_closes: AtomicU32::new(DEFAULT_MAX_SERVER_CLOSES),
             pending: Mutex::new(None),
             closes: watch::Sender::new(Arc::from("")),
         }
-    }
-
-    /// Takes the limits from `[nats]`.
-    pub(crate) fn configure(&self, max_control_line: usize, max_server_closes: u32) {
-        self.max_control_line
-            .store(max_control_line, Ordering::Relaxed);
-        self.max_server_closes
-            .store(max_server_closes, Ordering::Relaxed);
-    }
-
-    /// `[nats] max_control_line`.
-    pub(crate) fn max_control_line(&self) -> usize {
-        self.max_control_line.load(Ordering::Relaxed)
-    }
-
-    /// `[nats] max_server_closes`.
-    pub(crate) fn max_server_closes(&self) -> u32 {
-        self.max_server_closes.load(Ordering::Relaxed)
     }
 
     /// Follows the connection's events (called in order by the event callback).
@@ -115,7 +89,7 @@ impl ConnectionWatch {
 pub(crate) async fn next_close(closes: &mut watch::Receiver<Arc<str>>) -> Arc<str> {
     match closes.changed().await {
         Ok(()) => closes.borrow_and_update().clone(),
-        // The sender is static: never dropped.
+        // The connection's state is gone: no close can come any more.
         Err(_) => std::future::pending().await,
     }
 }

@@ -18,6 +18,8 @@ use async_nats::jetstream::stream;
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use crate::JetStream;
+
 /// The system-account service every server answers with its JetStream configuration
 /// (`config.sync_always`, `config.sync_interval`).
 pub const SYNC_PROBE_SUBJECT: &str = "$SYS.REQ.SERVER.PING.JSZ";
@@ -276,9 +278,9 @@ impl Durability {
     }
 }
 
-/// Assesses the stream `info` describes; asks the servers for their sync setting over `client`
-/// (up to 2 s) unless the stream is in memory.
-pub async fn assess_durability(client: &async_nats::Client, info: &stream::Info) -> Durability {
+/// Assesses the stream `info` describes; asks the servers for their sync setting over
+/// `jetstream`'s connection (up to 2 s) unless the stream is in memory.
+pub async fn assess_durability(jetstream: &JetStream, info: &stream::Info) -> Durability {
     let config = &info.config;
     let storage = match config.storage {
         stream::StorageType::File => Storage::File,
@@ -291,7 +293,7 @@ pub async fn assess_durability(client: &async_nats::Client, info: &stream::Info)
     }
     let sync = match storage {
         Storage::Memory => None,
-        Storage::File => Some(probe::probe_sync(client, &servers).await),
+        Storage::File => Some(probe::probe_sync(jetstream, &servers).await),
     };
     Durability {
         stream: config.name.clone(),

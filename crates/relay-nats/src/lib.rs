@@ -1,5 +1,7 @@
 //! The NATS JetStream side of outbox-relay.
 //!
+//! - [`connect`]: a [`NatsConnection`], which carries the `[nats]` limits and follows its own
+//!   events (server closes, permission errors); nothing here is process-wide.
 //! - [`JetStreamPublisher`]: the pipeline's [`relay_core::stage::Publisher`]. Every message
 //!   carries `Nats-Msg-Id` = event id, so a re-send inside the stream's `duplicate_window` is
 //!   dropped by the server, and `Nats-Expected-Stream`, so a subject captured by some other
@@ -9,12 +11,18 @@
 //!   loses acknowledged events.
 
 mod closes;
+mod connection;
 mod durability;
 mod published;
 mod publisher;
 mod settings;
 mod stream;
 
+use std::sync::Arc;
+
+use connection::ConnectionState;
+
+pub use connection::{JetStream, NatsConnection};
 pub use durability::{
     Aspect, Durability, DurabilityCheck, LazyServer, SYNC_PROBE_SUBJECT, ServerSync, Storage,
     assess_durability,
@@ -23,57 +31,6 @@ pub use published::published_since;
 pub use publisher::JetStreamPublisher;
 pub use settings::NatsSettings;
 pub use stream::{StreamReport, prepare_stream, subject_matches};
-
-/// Server errors "Permissions Violation for Publish to ..." seen on any connection of this
-/// process (most recent last, bounded). The server answers a denied publish with such an
-/// asynchronous `-ERR` and no reply, so the publisher would only see PubAck timeouts; it looks
-/// here to turn them into a clear, fatal rejection.
-static PUBLISH_DENIED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-const PUBLISH_DENIED_KEEP: usize = 64;
-
-fn record_server_error(message: &str) {
-    if message.contains("Permissions Violation for Publish") {
-        tracing::error!(error = %message, "NATS refused a publish: the relay's user lacks publish permission");
-        let mut denied = PUBLISH_DENIED
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if denied.len() >= PUBLISH_DENIED_KEEP {
-            denied.remove(0);
-        }
-        denied.push(message.to_owned());
-    } else {
-        tracing::warn!(error = %message, "NATS server error");
-    }
-}
-
-/// The server's permission-violation message for a publish to `subject`, if one was seen.
-pub(crate) fn publish_denied(subject: &str) -> Option<String> {
-    let needle = format!("Publish to \"{subject}\"");
-    PUBLISH_DENIED
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .iter()
-        .rev()
-        .find(|m| m.contains(&needle))
-        .cloned()
-}
-
-/// A hint naming a JetStream API subject the server refused to let this process publish to,
-/// or nothing: such a refusal otherwise only shows up as a timed-out API request.
-fn js_api_denied_hint() -> String {
-    PUBLISH_DENIED
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .iter()
-        .rev()
-        .find(|m| m.contains("\"$JS.API."))
-        .map(|m| {
-            format!(
-                " (NATS said: {m}; allow that subject in the relay user's publish permissions, see docs/security.md)"
-            )
-        })
-        .unwrap_or_default()
-}
 
 /// Failures talking to NATS outside the publish path.
 #[derive(Debug, thiserror::Error)]
@@ -111,15 +68,15 @@ pub enum NatsError {
         subjects: String,
     },
     /// Looking up or creating the stream failed.
-    #[error(
-        "cannot look up or create JetStream stream `{stream}`: {reason}{}",
-        js_api_denied_hint()
-    )]
+    #[error("cannot look up or create JetStream stream `{stream}`: {reason}{hint}")]
     Stream {
         /// The stream.
         stream: String,
         /// Why.
         reason: String,
+        /// The JetStream API permission the server refused this connection, when that is why
+        /// (a refused request otherwise only times out), with the fix; else empty.
+        hint: String,
     },
     /// A subject the mappings produce is not captured by the stream.
     #[error(
@@ -149,26 +106,28 @@ pub fn install_crypto_provider() {
 }
 
 /// Connects to NATS with the settings' credentials. Fails fast (no endless retry) so a wrong URL
-/// is reported at start-up; once connected, async-nats reconnects by itself.
-pub async fn connect(settings: &NatsSettings) -> Result<async_nats::Client, NatsError> {
+/// is reported at start-up; once connected, async-nats reconnects by itself. The connection
+/// carries the `[nats]` limits and follows its own events (server closes, permission errors).
+pub async fn connect(settings: &NatsSettings) -> Result<NatsConnection, NatsError> {
     install_crypto_provider();
     if settings.max_control_line == 0 || settings.max_server_closes == 0 {
         return Err(NatsError::Settings(
             "nats.max_control_line and nats.max_server_closes must be at least 1".into(),
         ));
     }
-    closes::WATCH.configure(settings.max_control_line, settings.max_server_closes);
+    let state = Arc::new(ConnectionState::new(
+        settings.max_control_line,
+        settings.max_server_closes,
+    ));
+    let events = state.clone();
     let mut options = async_nats::ConnectOptions::new()
         .name("outbox-relay")
         .connection_timeout(settings.connect_timeout)
         // Unbounded reconnects: a broker outage is waited out, never turned into data loss.
         .max_reconnects(None)
-        .event_callback(|event| async move {
-            closes::WATCH.on_event(&event);
-            if let async_nats::Event::ServerError(async_nats::ServerError::Other(message)) = &event
-            {
-                record_server_error(message);
-            }
+        .event_callback(move |event| {
+            let events = events.clone();
+            async move { events.on_event(&event) }
         });
     if let Some(path) = &settings.credentials_file {
         // A file that cannot be read or parsed is a configuration error (78), not an outage;
@@ -224,11 +183,12 @@ pub async fn connect(settings: &NatsSettings) -> Result<async_nats::Client, Nats
                 source,
             ),
         })?;
-    options
+    let client = options
         .connect(addrs)
         .await
         .map_err(|source| NatsError::Connect {
             url: settings.url.clone(),
             source,
-        })
+        })?;
+    Ok(NatsConnection::new(client, state))
 }

@@ -12,12 +12,12 @@ use std::collections::HashSet;
 use std::str::FromStr;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer};
+use async_nats::jetstream::consumer;
 use futures::StreamExt as _;
 use relay_core::Lsn;
 use relay_core::message::{HEADER_COMMIT_LSN, HEADER_MSG_ID};
 
-use crate::NatsError;
+use crate::{JetStream, NatsError};
 
 /// Most messages one scan reads (about 1 MB of ids at most).
 pub const MAX_SCANNED: u64 = 20_000;
@@ -27,16 +27,14 @@ const IDLE: Duration = Duration::from_secs(3);
 /// Event ids in the last `max(at_least, MAX_SCANNED)` messages of `stream` whose transaction
 /// committed at or after `since`.
 pub async fn published_since(
-    context: &jetstream::Context,
+    jetstream: &JetStream,
     stream: &str,
     since: Lsn,
     at_least: u64,
 ) -> Result<HashSet<String>, NatsError> {
-    let stream_err = |e: &dyn std::fmt::Display| NatsError::Stream {
-        stream: stream.to_owned(),
-        reason: e.to_string(),
-    };
-    let mut handle = context
+    let stream_err = |e: &dyn std::fmt::Display| jetstream.stream_error(stream, e);
+    let mut handle = jetstream
+        .context()
         .get_stream(stream)
         .await
         .map_err(|e| stream_err(&e))?;

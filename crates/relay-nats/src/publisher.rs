@@ -14,11 +14,13 @@ use relay_core::route::MessageLimits;
 use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind, Publisher};
 
 use crate::closes::{self, Quarantine};
+use crate::connection::{JetStream, NatsConnection};
 
 /// Publishes outbound messages into one JetStream stream.
 #[derive(Clone)]
 pub struct JetStreamPublisher {
-    context: jetstream::Context,
+    /// The context, on the connection whose limits and events the publisher follows.
+    jetstream: JetStream,
     stream: Arc<str>,
     /// The same context, shared with ack futures by reference count (no per-event clone).
     shared: Arc<jetstream::Context>,
@@ -95,34 +97,56 @@ impl std::fmt::Debug for JetStreamPublisher {
 }
 
 impl JetStreamPublisher {
-    /// A publisher into `stream`. `ack_timeout` bounds the wait for each PubAck; `max_in_flight`
-    /// sizes the client's own window so it never blocks before the pipeline's does. Its
-    /// [`Publisher::limits`] are the server's `max_payload` and `[nats] max_control_line` /
-    /// `max_server_closes` as [`crate::connect`] set them (their defaults for other clients).
+    /// A publisher into `stream` on `connection`. `ack_timeout` bounds the wait for each PubAck;
+    /// `max_in_flight` sizes the client's own window so it never blocks before the pipeline's
+    /// does. Its [`Publisher::limits`] are the server's `max_payload` and the connection's
+    /// `[nats] max_control_line` / `max_server_closes`; server closes and refused publishes are
+    /// the ones the connection saw.
     pub fn new(
-        client: async_nats::Client,
+        connection: &NatsConnection,
         stream: &str,
         ack_timeout: std::time::Duration,
         max_in_flight: usize,
     ) -> Self {
+        let client = connection.client().clone();
         // A JetStream publish replies to `<inbox prefix>.<id>.<token>`, where
         // `<inbox prefix>.<token>` is a new inbox (async-nats' request multiplexer).
         let inbox = client.new_inbox();
         let token = inbox.rsplit('.').next().map_or(0, str::len);
         let reply_len = inbox.len() + 1 + token;
-        let context = jetstream::ContextBuilder::new()
-            .timeout(ack_timeout)
-            .max_ack_inflight(max_in_flight.saturating_add(64))
-            .build(client.clone());
+        let jetstream = connection.jetstream_with(
+            jetstream::ContextBuilder::new()
+                .timeout(ack_timeout)
+                .max_ack_inflight(max_in_flight.saturating_add(64)),
+        );
         Self {
-            shared: Arc::new(context.clone()),
-            context,
+            shared: Arc::new(jetstream.context().clone()),
+            jetstream,
             stream: stream.into(),
             template: Arc::default(),
             client,
             reply_len,
             quarantine: Arc::default(),
         }
+    }
+
+    /// A publisher on a client made elsewhere (tests, benchmarks), with explicit defaults:
+    /// `max_control_line` 4096 and `max_server_closes` 5 ([`crate::NatsSettings`]' defaults),
+    /// and no events followed, so a server close is seen only as an ack timeout and a refused
+    /// publish only as an unknown outcome. The relay uses [`JetStreamPublisher::new`] on a
+    /// [`crate::connect`]ed connection.
+    pub fn with_default_limits(
+        client: async_nats::Client,
+        stream: &str,
+        ack_timeout: std::time::Duration,
+        max_in_flight: usize,
+    ) -> Self {
+        Self::new(
+            &NatsConnection::unwatched(client),
+            stream,
+            ack_timeout,
+            max_in_flight,
+        )
     }
 
     /// The headers of `msg`: its shared headers from the transaction's template, then its own.
@@ -161,7 +185,13 @@ impl JetStreamPublisher {
 
     /// The JetStream context, for stream checks.
     pub fn context(&self) -> &jetstream::Context {
-        &self.context
+        self.jetstream.context()
+    }
+
+    /// The JetStream context with its connection's state, for [`crate::prepare_stream`] and
+    /// [`crate::published_since`].
+    pub fn jetstream(&self) -> &JetStream {
+        &self.jetstream
     }
 
     /// Sends `msg` now; the returned future sees it acknowledged. `probe` (a suspect's turn,
@@ -172,12 +202,13 @@ impl JetStreamPublisher {
         probe: Option<tokio::sync::OwnedMutexGuard<()>>,
     ) -> Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError> {
         // Before sending: a server close from now on may be this message's doing.
-        let mut closes = closes::WATCH.subscribe();
+        let state = self.jetstream.state();
+        let mut closes = state.closes.subscribe();
         let publish = PublishMessage::build()
             .headers(self.headers(msg))
             .payload(msg.payload.clone());
         let ack = self
-            .context
+            .context()
             .send_publish(msg.subject.clone(), publish)
             .await
             .map_err(classify)?;
@@ -185,6 +216,7 @@ impl JetStreamPublisher {
         let context = self.shared.clone();
         let stream = self.stream.clone();
         let quarantine = self.quarantine.clone();
+        let state = state.clone();
         let msg = msg.clone();
         Ok(Box::pin(async move {
             let subject = &msg.subject;
@@ -205,7 +237,7 @@ impl JetStreamPublisher {
             let ack = ack.map_err(|e| {
                 let timed_out = e.kind() == NatsKind::TimedOut;
                 let error = classify(e);
-                match crate::publish_denied(subject) {
+                match state.publish_denied(subject) {
                     // The server refused the publish itself: no PubAck will ever come.
                     Some(denied) if timed_out => PublishError::new(
                         PublishErrorKind::Rejected,
@@ -296,7 +328,7 @@ impl Publisher for JetStreamPublisher {
                 0 => usize::MAX,
                 n => n,
             },
-            max_control_line: closes::WATCH.max_control_line(),
+            max_control_line: self.jetstream.state().max_control_line,
             max_header_block: MessageLimits::JETSTREAM_MAX_HEADER_BYTES,
             reply_len: self.reply_len,
             extra_header_bytes: MessageLimits::header_line_len(
@@ -307,7 +339,7 @@ impl Publisher for JetStreamPublisher {
     }
 
     fn max_server_closes(&self) -> u32 {
-        closes::WATCH.max_server_closes()
+        self.jetstream.state().max_server_closes
     }
 }
 
@@ -349,7 +381,8 @@ mod tests {
             .connect("127.0.0.1:1")
             .await
             .expect("a client that connects lazily");
-        let publisher = JetStreamPublisher::new(client, "OUTBOX", Duration::from_secs(1), 8);
+        let publisher =
+            JetStreamPublisher::with_default_limits(client, "OUTBOX", Duration::from_secs(1), 8);
         let first_tx = tx("0/10");
         let second_tx = tx("0/20");
         let cases = [

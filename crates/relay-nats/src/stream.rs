@@ -5,7 +5,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, stream};
 
 use crate::durability::{Durability, assess_durability};
-use crate::{NatsError, NatsSettings};
+use crate::{JetStream, NatsError, NatsSettings};
 
 /// Below this, a slow restart's re-sends land as second copies: worth a warning.
 const MIN_SAFE_DUPLICATE_WINDOW: Duration = Duration::from_secs(60);
@@ -45,20 +45,18 @@ pub fn subject_matches(filter: &str, subject: &str) -> bool {
 /// subject `(table, subject)`; reports durability warnings (asking the servers for their sync
 /// setting, up to 2 s).
 pub async fn prepare_stream(
-    context: &jetstream::Context,
+    jetstream: &JetStream,
     settings: &NatsSettings,
     samples: &[(String, String)],
 ) -> Result<StreamReport, NatsError> {
+    let context = jetstream.context();
     let name = settings.stream.as_str();
     let lookup = context.get_stream(name).await;
     let (info, created) = match lookup {
         Ok(mut s) => (
             s.info()
                 .await
-                .map_err(|e| NatsError::Stream {
-                    stream: name.into(),
-                    reason: e.to_string(),
-                })?
+                .map_err(|e| jetstream.stream_error(name, e))?
                 .clone(),
             false,
         ),
@@ -85,10 +83,7 @@ pub async fn prepare_stream(
             let info = context
                 .create_stream(config)
                 .await
-                .map_err(|e| NatsError::Stream {
-                    stream: name.into(),
-                    reason: e.to_string(),
-                })?;
+                .map_err(|e| jetstream.stream_error(name, e))?;
             tracing::info!(stream = name, "created JetStream stream (file storage)");
             (info.cached_info().clone(), true)
         }
@@ -107,10 +102,7 @@ pub async fn prepare_stream(
                     reason: e.to_string(),
                 });
             }
-            return Err(NatsError::Stream {
-                stream: name.into(),
-                reason: e.to_string(),
-            });
+            return Err(jetstream.stream_error(name, e));
         }
     };
     let config = &info.config;
@@ -124,7 +116,7 @@ pub async fn prepare_stream(
             });
         }
     }
-    let durability = assess_durability(&context.client(), &info).await;
+    let durability = assess_durability(jetstream, &info).await;
     let mut warnings: Vec<String> = durability
         .warnings()
         .into_iter()

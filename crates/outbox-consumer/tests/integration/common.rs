@@ -64,7 +64,12 @@ impl Env {
         )
         .await?;
         let client = async_nats::connect(nats.url()).await?;
-        let relay = JetStreamPublisher::new(client.clone(), STREAM, Duration::from_secs(5), 64);
+        let relay = JetStreamPublisher::with_default_limits(
+            client.clone(),
+            STREAM,
+            Duration::from_secs(5),
+            64,
+        );
         let js = jetstream::new(client);
         js.create_stream(stream::Config {
             name: STREAM.into(),

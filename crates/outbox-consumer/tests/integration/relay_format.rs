@@ -25,7 +25,7 @@ async fn test_events_carry_exactly_the_relays_wire_headers() -> anyhow::Result<(
         .retry_on_initial_connect()
         .connect("127.0.0.1:1")
         .await?;
-    let relay = JetStreamPublisher::new(client, STREAM, Duration::from_secs(1), 8);
+    let relay = JetStreamPublisher::with_default_limits(client, STREAM, Duration::from_secs(1), 8);
     let msg = relay_message("e1", "outbox.Order.order-created", "{}")?;
     let wire = sorted(&relay.headers(&msg));
     // The contract's list, in its order, then the default mapping's headers.

@@ -58,11 +58,11 @@ pub async fn setup(config: &RelayConfig, create_stream: bool) -> Result<(), Exit
         println!("ok       checkpoint {c} for slot {}", pg.slot);
     }
 
-    let client = relay_nats::connect(&config.nats).await.map_err(nats_exit)?;
-    let context = async_nats::jetstream::new(client);
+    let connection = relay_nats::connect(&config.nats).await.map_err(nats_exit)?;
     let mut nats = config.nats.clone();
     nats.create_stream = create_stream || nats.create_stream;
-    match relay_nats::prepare_stream(&context, &nats, &config.sample_subjects()).await {
+    let jetstream = connection.jetstream();
+    match relay_nats::prepare_stream(&jetstream, &nats, &config.sample_subjects()).await {
         Ok(report) => {
             println!(
                 "{}  stream {} subjects [{}]",

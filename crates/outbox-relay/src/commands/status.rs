@@ -31,15 +31,15 @@ pub async fn status(
         .map_err(unavailable)?;
 
     let stream = match relay_nats::connect(&config.nats).await {
-        Ok(client) => {
-            let context = async_nats::jetstream::new(client.clone());
-            match inspect::stream(&context, &config.nats.stream).await {
+        Ok(connection) => {
+            let jetstream = connection.jetstream();
+            match inspect::stream(jetstream.context(), &config.nats.stream).await {
                 StreamLookup::Found(info) => json!({
                     "present": true,
                     "last_sequence": info.state.last_sequence,
                     "messages": info.state.messages,
                     "subjects": info.config.subjects,
-                    "durability": relay_nats::assess_durability(&client, &info).await.to_json(),
+                    "durability": relay_nats::assess_durability(&jetstream, &info).await.to_json(),
                 }),
                 StreamLookup::NotFound => json!({ "present": false }),
                 StreamLookup::NotEnabled(e) | StreamLookup::Failed(e) => {

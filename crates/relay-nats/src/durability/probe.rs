@@ -8,6 +8,7 @@ use futures::StreamExt as _;
 use serde::Deserialize;
 
 use super::{LazyServer, PROBE_TIMEOUT, SYNC_PROBE_SUBJECT, ServerSync, duration};
+use crate::JetStream;
 
 /// Without the stream's server names, how long to wait for more answers after the first one.
 const PROBE_GRACE: Duration = Duration::from_millis(300);
@@ -91,8 +92,9 @@ pub(super) fn server_setting(answer: &JszAnswer) -> ServerSetting {
 
 /// Asks every server for its JetStream configuration and judges the ones holding the stream
 /// (`expected`; all that answer when the stream info named none).
-pub(super) async fn probe_sync(client: &async_nats::Client, expected: &[String]) -> ServerSync {
+pub(super) async fn probe_sync(jetstream: &JetStream, expected: &[String]) -> ServerSync {
     let unknown = |reason: String| ServerSync::Unknown { reason };
+    let client = jetstream.context().client();
     let inbox = client.new_inbox();
     let mut answers = match client.subscribe(inbox.clone()).await {
         Ok(s) => s,
@@ -113,7 +115,11 @@ pub(super) async fn probe_sync(client: &async_nats::Client, expected: &[String])
         if !expected.is_empty() && expected.iter().all(|n| settings.contains_key(n)) {
             break;
         }
-        if crate::publish_denied(SYNC_PROBE_SUBJECT).is_some() {
+        if jetstream
+            .state()
+            .publish_denied(SYNC_PROBE_SUBJECT)
+            .is_some()
+        {
             return unknown(format!(
                 "the relay's NATS user may not publish to {SYNC_PROBE_SUBJECT}"
             ));

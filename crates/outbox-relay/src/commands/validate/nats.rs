@@ -1,6 +1,6 @@
 //! The NATS half of the preflight: connection, JetStream and the stream's settings.
 
-use async_nats::jetstream::{self, stream};
+use async_nats::jetstream::stream;
 use relay_nats::{NatsError, subject_matches};
 
 use super::{Report, UNAVAILABLE, Verdict, error_chain};
@@ -9,7 +9,7 @@ use crate::inspect::{self, StreamLookup};
 
 pub(super) async fn nats_checks(config: &RelayConfig, r: &mut Report) {
     let nats = &config.nats;
-    let client = match relay_nats::connect(nats).await {
+    let connection = match relay_nats::connect(nats).await {
         Ok(c) => c,
         Err(e) => {
             r.hinted(
@@ -26,7 +26,9 @@ pub(super) async fn nats_checks(config: &RelayConfig, r: &mut Report) {
     // across server versions): any JSON without `error` means JetStream answers.
     let answer = tokio::time::timeout(
         std::time::Duration::from_secs(5),
-        client.request("$JS.API.INFO", Default::default()),
+        connection
+            .client()
+            .request("$JS.API.INFO", Default::default()),
     )
     .await;
     let problem = match answer {
@@ -56,9 +58,9 @@ pub(super) async fn nats_checks(config: &RelayConfig, r: &mut Report) {
         );
         return;
     }
-    let context = jetstream::new(client.clone());
+    let jetstream = connection.jetstream();
     let name = format!("stream {}", nats.stream);
-    let info = match inspect::stream(&context, &nats.stream).await {
+    let info = match inspect::stream(jetstream.context(), &nats.stream).await {
         StreamLookup::Found(info) => info,
         StreamLookup::NotFound if nats.create_stream => {
             r.pass(
@@ -114,7 +116,7 @@ pub(super) async fn nats_checks(config: &RelayConfig, r: &mut Report) {
     }
     // Storage, replicas, persist mode and the servers' disk sync: one assessment (shared with
     // `status` and the start-up log).
-    let durability = relay_nats::assess_durability(&client, &info).await;
+    let durability = relay_nats::assess_durability(&jetstream, &info).await;
     for check in durability.checks() {
         let line = format!("{name} {}", check.aspect.name());
         match check.hint {
