@@ -6,6 +6,8 @@
 //! catalog through these functions, so they cannot disagree about what they see. They only
 //! read; what to do about a finding is the caller's business.
 
+pub mod retention;
+
 use std::str::FromStr;
 
 use relay_core::Lsn;
