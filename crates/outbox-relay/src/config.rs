@@ -297,7 +297,69 @@ impl RelayConfig {
 
 #[cfg(test)]
 mod tests {
+    use relay_core::secret::Secret;
+
     use super::*;
+
+    /// Every secret the configuration can hold, from the file and the environment: none is in
+    /// `Debug` (plain or pretty) or in the serialized configuration (`validate`, `config
+    /// print`).
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API
+    fn no_secret_is_printed_or_serialized() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "relay.toml",
+                r#"
+                [postgres]
+                url = "postgres://relay:pg-url-secret@db:5432/app"
+                password = "pg-secret"
+
+                [nats]
+                url = "nats://relay:nats-url-secret@broker:4222"
+                user = "relay"
+                password = "nats-secret"
+                token = "token-secret"
+                nkey_seed = "SUAseed-secret"
+                "#,
+            )?;
+            jail.set_env("RELAY_NATS__TOKEN", "env-token-secret");
+            let c = RelayConfig::load(Some(Path::new("relay.toml"))).expect("loads");
+            assert_eq!(
+                c.nats.token.as_ref().map(Secret::expose),
+                Some("env-token-secret")
+            );
+            let shown = format!(
+                "{c:?}\n{c:#?}\n{}\n{}",
+                serde_json::to_string(&c).expect("serializes"),
+                serde_json::to_string_pretty(&c).expect("serializes"),
+            );
+            for secret in [
+                "pg-url-secret",
+                "pg-secret",
+                "nats-url-secret",
+                "nats-secret",
+                "token-secret",
+                "SUAseed-secret",
+            ] {
+                assert!(!shown.contains(secret), "{secret} in:\n{shown}");
+            }
+            let json = serde_json::to_value(&c).expect("serializes");
+            assert_eq!(
+                json["postgres"]["url"],
+                "postgres://relay:<redacted>@db:5432/app"
+            );
+            for (section, key) in [
+                ("postgres", "password"),
+                ("nats", "password"),
+                ("nats", "token"),
+                ("nats", "nkey_seed"),
+            ] {
+                assert_eq!(json[section][key], "<redacted>", "{section}.{key}");
+            }
+            Ok(())
+        });
+    }
 
     #[test]
     fn defaults_need_no_file() {
@@ -375,7 +437,10 @@ mod tests {
             jail.set_env("RELAY_TEST_NATS_SERVER", "/usr/bin/nats-server");
             let c = RelayConfig::load(Some(Path::new("relay.toml"))).expect("loads");
             assert_eq!(c.postgres.slot, "orders_relay");
-            assert_eq!(c.postgres.password.as_deref(), Some("from-env"));
+            assert_eq!(
+                c.postgres.password.as_ref().map(Secret::expose),
+                Some("from-env")
+            );
             assert_eq!(c.nats.url, "nats://broker:4222");
             assert_eq!(c.outbox[0].payload, "*");
             assert_eq!(c.outbox[0].event_id, "id");

@@ -17,6 +17,7 @@ pub mod message;
 pub mod pipeline;
 pub mod recent;
 pub mod route;
+pub mod secret;
 pub mod stage;
 pub mod subject;
 pub mod value;

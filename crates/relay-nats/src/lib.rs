@@ -41,7 +41,7 @@ pub enum NatsError {
     /// The server could not be reached or refused the connection.
     #[error("cannot connect to NATS at {url} (is nats-server running and reachable?)")]
     Connect {
-        /// The configured URL.
+        /// The configured URL, its password replaced.
         url: String,
         /// Why.
         #[source]
@@ -52,7 +52,7 @@ pub enum NatsError {
         "JetStream is not available on {url} ({reason}): start nats-server with -js (or `jetstream {{}}` in its config) and allow the $JS.API.> subjects"
     )]
     JetStreamUnavailable {
-        /// The configured URL.
+        /// The configured URL, its password replaced.
         url: String,
         /// Why.
         reason: String,
@@ -145,13 +145,13 @@ pub async fn connect(settings: &NatsSettings) -> Result<NatsConnection, NatsErro
                 "nats.user is set without nats.password or nats.password_file".into(),
             )
         })?;
-        options = options.user_and_password(user.clone(), password);
+        options = options.user_and_password(user.clone(), password.expose().to_owned());
     }
     if let Some(token) = settings.resolved_token()? {
-        options = options.token(token);
+        options = options.token(token.expose().to_owned());
     }
     if let Some(seed) = settings.resolved_nkey_seed()? {
-        options = options.nkey(seed);
+        options = options.nkey(seed.expose().to_owned());
     }
     if let Some(ca) = &settings.tls_ca_file {
         options = options.add_root_certificates(ca.clone());
@@ -177,7 +177,7 @@ pub async fn connect(settings: &NatsSettings) -> Result<NatsConnection, NatsErro
         .map(|u| u.trim().parse::<async_nats::ServerAddr>())
         .collect::<Result<Vec<_>, _>>()
         .map_err(|source| NatsError::Connect {
-            url: settings.url.clone(),
+            url: settings.display_url(),
             source: async_nats::ConnectError::with_source(
                 async_nats::ConnectErrorKind::ServerParse,
                 source,
@@ -187,7 +187,7 @@ pub async fn connect(settings: &NatsSettings) -> Result<NatsConnection, NatsErro
         .connect(addrs)
         .await
         .map_err(|source| NatsError::Connect {
-            url: settings.url.clone(),
+            url: settings.display_url(),
             source,
         })?;
     Ok(NatsConnection::new(client, state))

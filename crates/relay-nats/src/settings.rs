@@ -3,19 +3,21 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize, Serializer};
+use relay_core::secret::{Secret, serialize_url};
+use serde::{Deserialize, Serialize};
 
 /// Default JetStream stream name.
 pub const DEFAULT_STREAM: &str = "OUTBOX";
 /// Default duplicate window for streams the relay creates.
 pub const DEFAULT_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 
-/// How the relay reaches JetStream and which stream it publishes into.
+/// How the relay reaches JetStream and which stream it publishes into. Printed and serialized
+/// without secrets: passwords, tokens and seeds as `<redacted>`, a URL's password replaced.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NatsSettings {
     /// Server URL(s), comma-separated. Default `nats://127.0.0.1:4222`.
-    #[serde(default = "default_url")]
+    #[serde(default = "default_url", serialize_with = "serialize_url")]
     pub url: String,
     /// The stream every message must land in (`Nats-Expected-Stream`). Default `OUTBOX`.
     #[serde(default = "default_stream")]
@@ -57,22 +59,20 @@ pub struct NatsSettings {
     #[serde(default)]
     pub user: Option<String>,
     /// Password (prefer `password_file` or the `RELAY_NATS__PASSWORD` environment variable).
-    /// Never printed.
-    #[serde(default, serialize_with = "serialize_secret")]
-    pub password: Option<String>,
+    #[serde(default)]
+    pub password: Option<Secret>,
     /// File holding the password (trimmed); overrides `password`.
     #[serde(default)]
     pub password_file: Option<PathBuf>,
-    /// Token (prefer `token_file` or `RELAY_NATS__TOKEN`). Never printed.
-    #[serde(default, serialize_with = "serialize_secret")]
-    pub token: Option<String>,
+    /// Token (prefer `token_file` or `RELAY_NATS__TOKEN`).
+    #[serde(default)]
+    pub token: Option<Secret>,
     /// File holding the token (trimmed); overrides `token`.
     #[serde(default)]
     pub token_file: Option<PathBuf>,
-    /// NKey seed (`SU...`) to sign the server's nonce with (prefer `nkey_seed_file`). Never
-    /// printed.
-    #[serde(default, serialize_with = "serialize_secret")]
-    pub nkey_seed: Option<String>,
+    /// NKey seed (`SU...`) to sign the server's nonce with (prefer `nkey_seed_file`).
+    #[serde(default)]
+    pub nkey_seed: Option<Secret>,
     /// File holding the NKey seed (trimmed); overrides `nkey_seed`.
     #[serde(default)]
     pub nkey_seed_file: Option<PathBuf>,
@@ -91,27 +91,25 @@ pub struct NatsSettings {
     pub tls_required: bool,
 }
 
-fn serialize_secret<S: Serializer>(secret: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
-    match secret {
-        Some(_) => s.serialize_some("<redacted>"),
-        None => s.serialize_none(),
-    }
-}
-
 impl NatsSettings {
     /// `password_file`'s contents, else `password`.
-    pub fn resolved_password(&self) -> Result<Option<String>, crate::NatsError> {
+    pub fn resolved_password(&self) -> Result<Option<Secret>, crate::NatsError> {
         resolve("nats.password_file", &self.password_file, &self.password)
     }
 
     /// `token_file`'s contents, else `token`.
-    pub fn resolved_token(&self) -> Result<Option<String>, crate::NatsError> {
+    pub fn resolved_token(&self) -> Result<Option<Secret>, crate::NatsError> {
         resolve("nats.token_file", &self.token_file, &self.token)
     }
 
     /// `nkey_seed_file`'s contents, else `nkey_seed`.
-    pub fn resolved_nkey_seed(&self) -> Result<Option<String>, crate::NatsError> {
+    pub fn resolved_nkey_seed(&self) -> Result<Option<Secret>, crate::NatsError> {
         resolve("nats.nkey_seed_file", &self.nkey_seed_file, &self.nkey_seed)
+    }
+
+    /// `url` with any password replaced, for messages.
+    pub fn display_url(&self) -> String {
+        relay_core::secret::redact_url(&self.url)
     }
 }
 
@@ -119,8 +117,8 @@ impl NatsSettings {
 fn resolve(
     what: &str,
     file: &Option<PathBuf>,
-    value: &Option<String>,
-) -> Result<Option<String>, crate::NatsError> {
+    value: &Option<Secret>,
+) -> Result<Option<Secret>, crate::NatsError> {
     let Some(path) = file else {
         return Ok(value.clone());
     };
@@ -134,35 +132,12 @@ fn resolve(
             path.display()
         )));
     }
-    Ok(Some(trimmed.to_owned()))
+    Ok(Some(Secret::from(trimmed)))
 }
 
 impl std::fmt::Debug for NatsSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let redacted = |v: &Option<String>| v.as_ref().map(|_| "<redacted>");
-        f.debug_struct("NatsSettings")
-            .field("url", &self.url)
-            .field("stream", &self.stream)
-            .field("create_stream", &self.create_stream)
-            .field("stream_subjects", &self.stream_subjects)
-            .field("duplicate_window", &self.duplicate_window)
-            .field("ack_timeout", &self.ack_timeout)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("max_control_line", &self.max_control_line)
-            .field("max_server_closes", &self.max_server_closes)
-            .field("credentials_file", &self.credentials_file)
-            .field("user", &self.user)
-            .field("password", &redacted(&self.password))
-            .field("password_file", &self.password_file)
-            .field("token", &redacted(&self.token))
-            .field("token_file", &self.token_file)
-            .field("nkey_seed", &redacted(&self.nkey_seed))
-            .field("nkey_seed_file", &self.nkey_seed_file)
-            .field("tls_ca_file", &self.tls_ca_file)
-            .field("tls_cert_file", &self.tls_cert_file)
-            .field("tls_key_file", &self.tls_key_file)
-            .field("tls_required", &self.tls_required)
-            .finish()
+        relay_core::secret::debug_serialized("NatsSettings", self, f)
     }
 }
 
@@ -230,21 +205,41 @@ mod tests {
         let file = dir.join("token");
         std::fs::write(&file, "\n tok-from-file \n").unwrap();
         let s = NatsSettings {
+            url: "nats://relay:url-pw@a:4222,nats://relay:url-pw2@b:4222".into(),
             token: Some("tok-inline".into()),
             token_file: Some(file),
             password: Some("pw-inline".into()),
             nkey_seed: Some("SUAseed".into()),
             ..Default::default()
         };
+        let exposed = |s: Option<Secret>| s.map(|s| s.expose().to_owned());
         assert_eq!(
-            s.resolved_token().unwrap().as_deref(),
+            exposed(s.resolved_token().unwrap()).as_deref(),
             Some("tok-from-file")
         );
-        assert_eq!(s.resolved_password().unwrap().as_deref(), Some("pw-inline"));
-        let printed = format!("{s:?} {}", serde_json::to_string(&s).unwrap());
-        for secret in ["tok-from-file", "tok-inline", "pw-inline", "SUAseed"] {
+        assert_eq!(
+            exposed(s.resolved_password().unwrap()).as_deref(),
+            Some("pw-inline")
+        );
+        let printed = format!(
+            "{s:?} {s:#?} {} {:?} {}",
+            serde_json::to_string(&s).unwrap(),
+            s.resolved_token().unwrap(),
+            s.display_url()
+        );
+        for secret in [
+            "tok-from-file",
+            "tok-inline",
+            "pw-inline",
+            "SUAseed",
+            "url-pw",
+        ] {
             assert!(!printed.contains(secret), "{printed}");
         }
+        assert!(
+            printed.contains("\"nkey_seed\":\"<redacted>\""),
+            "{printed}"
+        );
         let missing = NatsSettings {
             nkey_seed_file: Some(dir.join("nope")),
             ..Default::default()

@@ -98,7 +98,7 @@ pub async fn prepare_stream(
             };
             if unavailable {
                 return Err(NatsError::JetStreamUnavailable {
-                    url: settings.url.clone(),
+                    url: settings.display_url(),
                     reason: e.to_string(),
                 });
             }

@@ -4,11 +4,15 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize, Serializer};
+pub use relay_core::secret::redact_url;
+use relay_core::secret::{Secret, serialize_url};
+use serde::{Deserialize, Serialize};
 
 use crate::PgError;
 
-/// How the relay reaches PostgreSQL and which slot and publication it uses.
+/// How the relay reaches PostgreSQL and which slot and publication it uses. Printed and
+/// serialized without secrets: the password as `<redacted>`, the URL with its password
+/// replaced.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PostgresSettings {
@@ -17,9 +21,8 @@ pub struct PostgresSettings {
     #[serde(default = "default_url", serialize_with = "serialize_url")]
     pub url: String,
     /// Password, overriding any in `url` (prefer `RELAY_POSTGRES__PASSWORD` or `password_file`).
-    /// Never printed: serialized as `<redacted>`.
-    #[serde(default, serialize_with = "serialize_secret")]
-    pub password: Option<String>,
+    #[serde(default)]
+    pub password: Option<Secret>,
     /// File holding the password (trimmed); overrides `password` and the URL's.
     #[serde(default)]
     pub password_file: Option<PathBuf>,
@@ -65,38 +68,7 @@ pub struct PostgresSettings {
 
 impl std::fmt::Debug for PostgresSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PostgresSettings")
-            .field("url", &redact_url(&self.url))
-            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
-            .field("password_file", &self.password_file)
-            .field("sslmode", &self.sslmode)
-            .field("sslrootcert", &self.sslrootcert)
-            .field("sslcert", &self.sslcert)
-            .field("sslkey", &self.sslkey)
-            .field("allow_insecure_password", &self.allow_insecure_password)
-            .field("slot", &self.slot)
-            .field("publication", &self.publication)
-            .field("create_slot", &self.create_slot)
-            .field("create_publication", &self.create_publication)
-            .field("status_interval", &self.status_interval)
-            .field("connect_timeout", &self.connect_timeout)
-            .finish()
-    }
-}
-
-/// `url` with any password replaced, for logs and errors.
-pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            let userinfo = &url[scheme_end + 3..at];
-            match userinfo.split_once(':') {
-                Some((user, _)) => {
-                    format!("{}{user}:<redacted>{}", &url[..scheme_end + 3], &url[at..])
-                }
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
+        relay_core::secret::debug_serialized("PostgresSettings", self, f)
     }
 }
 
@@ -134,19 +106,8 @@ impl SslMode {
     }
 }
 
-fn serialize_url<S: Serializer>(url: &str, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&redact_url(url))
-}
-
-fn serialize_secret<S: Serializer>(secret: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
-    match secret {
-        Some(_) => s.serialize_some("<redacted>"),
-        None => s.serialize_none(),
-    }
-}
-
 /// Reads a secret file: its contents, trimmed. Errors name the file, never the contents.
-pub(crate) fn read_secret_file(what: &str, path: &std::path::Path) -> Result<String, PgError> {
+pub(crate) fn read_secret_file(what: &str, path: &std::path::Path) -> Result<Secret, PgError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| PgError::Settings(format!("cannot read {what} {}: {e}", path.display())))?;
     let trimmed = text.trim();
@@ -156,7 +117,7 @@ pub(crate) fn read_secret_file(what: &str, path: &std::path::Path) -> Result<Str
             path.display()
         )));
     }
-    Ok(trimmed.to_owned())
+    Ok(Secret::from(trimmed))
 }
 
 fn default_url() -> String {
@@ -280,9 +241,9 @@ impl PostgresSettings {
         let mut config = tokio_postgres::Config::from_str(&self.url)
             .map_err(|e| PgError::BadUrl(format!("{}: {e}", redact_url(&self.url))))?;
         if let Some(path) = &self.password_file {
-            config.password(read_secret_file("postgres.password_file", path)?);
+            config.password(read_secret_file("postgres.password_file", path)?.expose());
         } else if let Some(password) = &self.password {
-            config.password(password);
+            config.password(password.expose());
         }
         config.ssl_mode(match self.ssl_mode()? {
             SslMode::Disable => tokio_postgres::config::SslMode::Disable,
@@ -394,10 +355,18 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(s.parts().unwrap().password, "filesecret");
-        let printed = format!("{s:?} {}", serde_json::to_string(&s).unwrap());
+        let printed = format!(
+            "{s:?} {s:#?} {} {}",
+            serde_json::to_string(&s).unwrap(),
+            s.display_target()
+        );
         for secret in ["filesecret", "urlsecret", "envsecret"] {
             assert!(!printed.contains(secret), "{printed}");
         }
+        assert!(
+            printed.contains("\"postgres://relay:<redacted>@db.example/app\""),
+            "{printed}"
+        );
         let missing = PostgresSettings {
             password_file: Some(dir.path().join("nope")),
             ..Default::default()

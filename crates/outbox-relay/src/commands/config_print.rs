@@ -10,7 +10,8 @@ use crate::config::{ENV_PREFIX, RelayConfig};
 
 /// Prints `key = value  # source` lines.
 pub fn print(config: &RelayConfig, figment: &Figment) -> anyhow::Result<()> {
-    let value = serde_json::to_value(crate::redacted(config))?;
+    // Secrets serialize as `<redacted>` and URLs without their password (relay_core::secret).
+    let value = serde_json::to_value(config)?;
     let mut lines = Vec::new();
     flatten("", &value, &mut lines);
     for (key, value) in lines {

@@ -21,7 +21,10 @@ pub(super) async fn nats_checks(config: &RelayConfig, r: &mut Report) {
             return;
         }
     };
-    r.pass("nats connection", format!("connected to {}", nats.url));
+    r.pass(
+        "nats connection",
+        format!("connected to {}", nats.display_url()),
+    );
     // The account info request itself (not `query_account`, whose reply parsing differs
     // across server versions): any JSON without `error` means JetStream answers.
     let answer = tokio::time::timeout(
@@ -51,7 +54,7 @@ pub(super) async fn nats_checks(config: &RelayConfig, r: &mut Report) {
             "jetstream",
             format!("not available: {reason}"),
             NatsError::JetStreamUnavailable {
-                url: nats.url.clone(),
+                url: nats.display_url(),
                 reason,
             }
             .to_string(),
