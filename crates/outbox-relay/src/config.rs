@@ -66,44 +66,42 @@ fn default_outbox() -> Vec<OutboxTableConfig> {
     vec![OutboxTableConfig::with_defaults("public.outbox")]
 }
 
-/// The `[relay]` section.
+/// The `[relay]` section. A key left out takes its value from [`PipelineSettings::default`]:
+/// for the pipeline's own settings that is relay-core's [`PipelineConfig::default`], the one
+/// place their defaults are set.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct PipelineSettings {
     /// Events published and awaiting their PubAck, at most. Default 1024.
-    #[serde(default = "default_max_in_flight")]
     pub max_in_flight: usize,
     /// How often the ack frontier is stored and confirmed to the slot. Default `1s`.
-    #[serde(default = "default_checkpoint_interval", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub checkpoint_interval: Duration,
     /// How often a position reached only through WAL without outbox events (keepalives) is
     /// stored and confirmed; bounds slot lag on a quiet outbox. Default `10s`.
-    #[serde(default = "default_idle_checkpoint_interval", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub idle_checkpoint_interval: Duration,
     /// On shutdown, how long to wait for outstanding acks. Default `20s`.
-    #[serde(default = "default_drain_timeout", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
     /// Longest delay between re-publishes of a message whose outcome is unknown. Default `5s`.
-    #[serde(default = "default_retry_max", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub retry_max: Duration,
     /// How long "no stream answered" (no responders) is retried before the relay stops.
     /// Default `30s`.
-    #[serde(default = "default_no_stream_grace", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub no_stream_grace: Duration,
     /// Longest delay between reconnect attempts after PostgreSQL or the store failed.
     /// Default `10s`.
-    #[serde(default = "default_reconnect_max", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub reconnect_max: Duration,
     /// Opt-in: rows that cannot be routed are published here (raw row as JSON, the reason in
     /// headers) and the relay continues, instead of stopping. Must be captured by the stream.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub dead_letter_subject: Option<String>,
     /// How often the publication is checked (still there, publishing inserts, holding every
     /// outbox table) while running. Default `30s`.
-    #[serde(
-        default = "default_publication_check_interval",
-        with = "humantime_serde"
-    )]
+    #[serde(with = "humantime_serde")]
     pub publication_check_interval: Duration,
 }
 
@@ -111,39 +109,22 @@ fn default_publication_check_interval() -> Duration {
     Duration::from_secs(30)
 }
 
-fn default_max_in_flight() -> usize {
-    1024
-}
-fn default_checkpoint_interval() -> Duration {
-    Duration::from_secs(1)
-}
-fn default_idle_checkpoint_interval() -> Duration {
-    Duration::from_secs(10)
-}
-fn default_drain_timeout() -> Duration {
-    Duration::from_secs(20)
-}
-fn default_retry_max() -> Duration {
-    Duration::from_secs(5)
-}
-fn default_no_stream_grace() -> Duration {
-    Duration::from_secs(30)
-}
 fn default_reconnect_max() -> Duration {
     Duration::from_secs(10)
 }
 
 impl Default for PipelineSettings {
     fn default() -> Self {
+        let pipeline = PipelineConfig::default();
         Self {
-            max_in_flight: default_max_in_flight(),
-            checkpoint_interval: default_checkpoint_interval(),
-            idle_checkpoint_interval: default_idle_checkpoint_interval(),
-            drain_timeout: default_drain_timeout(),
-            retry_max: default_retry_max(),
-            no_stream_grace: default_no_stream_grace(),
+            max_in_flight: pipeline.max_in_flight,
+            checkpoint_interval: pipeline.checkpoint_interval,
+            idle_checkpoint_interval: pipeline.idle_checkpoint_interval,
+            drain_timeout: pipeline.drain_timeout,
+            retry_max: pipeline.retry_max,
+            no_stream_grace: pipeline.no_stream_grace,
             reconnect_max: default_reconnect_max(),
-            dead_letter_subject: None,
+            dead_letter_subject: pipeline.dead_letter_subject,
             publication_check_interval: default_publication_check_interval(),
         }
     }
@@ -301,6 +282,37 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn pipeline_defaults_are_the_pipelines_own() {
+        let core = PipelineConfig::default();
+        let relay: PipelineSettings = figment::Figment::new()
+            .merge(figment::providers::Toml::string("reconnect_max = \"3s\""))
+            .extract()
+            .expect("a partial [relay]");
+        let loaded = relay.pipeline_config();
+        assert_eq!(
+            (
+                loaded.max_in_flight,
+                loaded.checkpoint_interval,
+                loaded.idle_checkpoint_interval,
+                loaded.retry_max,
+                loaded.no_stream_grace,
+                loaded.drain_timeout,
+                loaded.dead_letter_subject,
+            ),
+            (
+                core.max_in_flight,
+                core.checkpoint_interval,
+                core.idle_checkpoint_interval,
+                core.retry_max,
+                core.no_stream_grace,
+                core.drain_timeout,
+                core.dead_letter_subject,
+            )
+        );
+        assert_eq!(relay.reconnect_max, Duration::from_secs(3));
+    }
+
     /// Every secret the configuration can hold, from the file and the environment: none is in
     /// `Debug` (plain or pretty) or in the serialized configuration (`validate`, `config
     /// print`).
@@ -448,6 +460,7 @@ mod tests {
                 !format!("{c:?}").contains("from-env"),
                 "password redacted in Debug"
             );
+            assert_eq!(c.relay, PipelineSettings::default(), "[relay] left out");
 
             jail.create_file("typo.toml", "[postgres]\nslott = \"x\"\n")?;
             let err = RelayConfig::load(Some(Path::new("typo.toml"))).unwrap_err();
