@@ -301,7 +301,10 @@ async fn endpoints_metrics_status_and_readiness_follow_nats() -> Result<()> {
     );
     // Three real commit-to-ack latencies: more than nothing, less than the wait.
     let latency_sum = metric(&metrics, "outbox_relay_commit_to_ack_seconds_sum");
-    assert!(latency_sum > 0.0 && latency_sum < 3.0 * t.as_secs_f64(), "{latency_sum}");
+    assert!(
+        latency_sum > 0.0 && latency_sum < 3.0 * t.as_secs_f64(),
+        "{latency_sum}"
+    );
     // The checkpoint moved over the traffic: past the last event's commit.
     assert!(
         metric(&metrics, "outbox_relay_checkpoint_lsn") > last_commit as f64,
@@ -313,7 +316,10 @@ async fn endpoints_metrics_status_and_readiness_follow_nats() -> Result<()> {
         metric(&metrics, "outbox_relay_slot_lag_bytes"),
         metric(&metrics, "outbox_relay_slot_retained_wal_bytes"),
     );
-    assert!(lag >= 0.0 && retained >= lag, "lag {lag}, retained {retained}");
+    assert!(
+        lag >= 0.0 && retained >= lag,
+        "lag {lag}, retained {retained}"
+    );
     assert_eq!(
         metric(&metrics, "outbox_relay_slot_wal_status{status=\"lost\"}"),
         0.0
