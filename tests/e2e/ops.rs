@@ -246,7 +246,12 @@ async fn endpoints_metrics_status_and_readiness_follow_nats() -> Result<()> {
     let received = wait_for_messages(&js, 3, t, Some(&relay)).await?;
     let last_commit = received
         .iter()
-        .filter_map(|m| parse_lsn(m.header("Outbox-Commit-Lsn")))
+        .filter_map(|m| {
+            m.header("Outbox-Commit-Lsn")
+                .parse::<relay_core::Lsn>()
+                .ok()
+        })
+        .map(|lsn| lsn.0)
         .max()
         .expect("commit LSN headers");
 
