@@ -246,11 +246,12 @@ async fn publication_drift_is_detected_while_running() -> Result<()> {
 }
 
 /// A publication created after the slot: the slot decodes its WAL with the catalog of the time,
-/// so rows committed before the publication existed cannot be read through it. Made by hand
-/// (slot, an outbox row, then the publication): PostgreSQL 17 and older stop decoding (exit 78
-/// naming the publication), 18 skips those rows (a server-log warning, nothing the relay sees)
-/// and delivers the rows after. Made by the relay (publication dropped, slot kept, restarted with
-/// create_publication = true): it refuses, naming the fix.
+/// so rows committed before the publication existed cannot be read through it (PostgreSQL 17
+/// and older stop decoding, 18 skips them with a server-log warning only). Made by hand (slot,
+/// an outbox row, then the publication): the relay refuses at start-up on every version, before
+/// reading anything (exit 78 naming both and the fix), and the fix works. Made by the relay
+/// (publication dropped, slot kept, restarted with create_publication = true): it refuses,
+/// naming the fix.
 #[tokio::test(flavor = "multi_thread")]
 async fn publication_created_after_the_slot() -> Result<()> {
     let env = Env::start().await?;
@@ -259,31 +260,32 @@ async fn publication_created_after_the_slot() -> Result<()> {
     let config = env.config("");
     db.batch_execute("SELECT pg_create_logical_replication_slot('relay_slot', 'pgoutput')")
         .await?;
+    let slot_before = env.slot_confirmed().await?;
     let before = insert_event(&db, "Order", "Created", r#"{"before":"publication"}"#).await?;
     db.batch_execute("CREATE PUBLICATION relay_pub FOR TABLE outbox WITH (publish = 'insert')")
         .await?;
 
     let mut relay = Relay::start(&config)?;
-    if env.pg.version_num() < 180_000 {
-        expect_exit(
-            &mut relay,
-            EX_CONFIG,
-            WAIT,
-            &["publication of slot relay_slot does not exist", "relay_pub"],
-        )
-        .await?;
-        assert_eq!(stream_count(&js).await?, 0, "nothing published");
-    } else {
-        relay.wait_log("replication started", WAIT).await?;
-        let after = insert_event(&db, "Order", "Created", r#"{"after":"publication"}"#).await?;
-        let got = wait_for_id(&js, &after, &relay).await?;
-        assert!(
-            got.iter().all(|m| m.id() != before),
-            "PostgreSQL 18 skips the row committed before the publication"
-        );
-        relay.signal(Signal::SIGTERM);
-        assert_eq!(relay.wait_exit(WAIT).await?.code(), Some(0));
-    }
+    let log = expect_exit(
+        &mut relay,
+        EX_CONFIG,
+        WAIT,
+        &[
+            "publication `relay_pub` is newer than replication slot `relay_slot`",
+            "skipped loading publication",
+            "SELECT pg_drop_replication_slot('relay_slot')",
+            "outbox-relay setup",
+        ],
+    )
+    .await?;
+    assert!(!log.contains("replication started"), "{log}");
+    assert_eq!(stream_count(&js).await?, 0, "nothing published");
+    assert_eq!(
+        env.slot_confirmed().await?,
+        slot_before,
+        "nothing confirmed"
+    );
+    assert_eq!(env.checkpoint().await?, None, "nothing stored");
 
     db.batch_execute("DROP PUBLICATION relay_pub").await?;
     let mut relay = Relay::start(&config)?;
@@ -307,6 +309,21 @@ async fn publication_created_after_the_slot() -> Result<()> {
     assert!(
         created.is_none(),
         "the relay must not create the publication"
+    );
+
+    // The fix the message names (after publishing `before` by hand): a new slot after the
+    // publication. The relay creates both, in that order, and streams.
+    db.batch_execute(
+        "SELECT pg_drop_replication_slot('relay_slot'); \
+         DELETE FROM outbox_relay.checkpoint WHERE slot_name = 'relay_slot'",
+    )
+    .await?;
+    let relay = Relay::start_streaming(&config).await?;
+    let after = insert_event(&db, "Order", "Created", r#"{"after":"fix"}"#).await?;
+    let got = wait_for_id(&js, &after, &relay).await?;
+    assert!(
+        got.iter().all(|m| m.id() != before),
+        "{before} stays to publish by hand"
     );
     Ok(())
 }

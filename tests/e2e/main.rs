@@ -14,6 +14,7 @@ mod limits;
 mod localized;
 mod ops;
 mod pause;
+mod publication_order;
 mod restart;
 mod security;
 mod security_nats;

@@ -7,7 +7,7 @@
 //! | 65 | data-safety stop: slot lost or invalidated, slot ahead of the checkpoint, a row that cannot be published |
 //! | 69 | a dependency is unavailable: PostgreSQL or NATS unreachable at start-up |
 //! | 70 | internal error |
-//! | 78 | configuration error: bad file, missing table/publication/slot/stream, wal_level |
+//! | 78 | configuration error: bad file, missing table/publication/slot/stream, wal_level, a publication newer than the slot |
 
 use std::process::ExitCode;
 

@@ -114,13 +114,15 @@ pub async fn prepare(
     settings.validate()?;
     let row = client
         .query_one(
-            "SELECT current_setting('wal_level'), current_database()",
+            "SELECT current_setting('wal_level'), current_database()::text, \
+                    current_setting('server_version_num')::int",
             &[],
         )
         .await
         .map_err(query_err("cannot read wal_level"))?;
     let wal_level: String = row.get(0);
     let database: String = row.get(1);
+    let version_num: i32 = row.get(2);
     if wal_level != "logical" {
         return Err(PgError::WalLevel { actual: wal_level });
     }
@@ -263,6 +265,15 @@ pub async fn prepare(
     else {
         return Err(PgError::SlotInvalidated { slot: slot.clone() });
     };
+    let active_pid: Option<i32> = row.get(6);
+    crate::publication_order::check(
+        client,
+        settings,
+        confirmed_flush_lsn,
+        active_pid.is_some(),
+        version_num,
+    )
+    .await?;
     let checkpoint = match checkpoint {
         Some(read) if confirmed_flush_lsn > read => {
             Some(checkpoint_after_slot(client, slot, read, confirmed_flush_lsn).await?)
@@ -273,7 +284,7 @@ pub async fn prepare(
         confirmed_flush_lsn,
         restart_lsn: parse_lsn(row.get(4)),
         wal_status,
-        active_pid: row.get(6),
+        active_pid,
         created: false,
         publication_created,
         checkpoint,

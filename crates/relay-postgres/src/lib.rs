@@ -10,6 +10,7 @@ pub mod bootstrap;
 pub mod catalog;
 pub mod checkpoint;
 pub mod probe;
+pub mod publication_order;
 mod settings;
 pub mod source;
 pub mod sqlstate;
@@ -154,6 +155,19 @@ pub enum PgError {
         /// The slot.
         slot: String,
     },
+    /// The publication is newer than the slot's position: rows committed in between cannot be
+    /// read through the slot.
+    #[error(
+        "publication `{publication}` is newer than replication slot `{slot}` (at {slot_lsn}): the slot decodes its WAL with the catalog of that time, so outbox rows committed after {slot_lsn} and before the publication was created cannot be read through it (PostgreSQL 18 skips them with only a \"skipped loading publication\" warning in the server log, 15-17 stop decoding). Publish those rows from the outbox table (docs/operations.md, \"Publication newer than the slot\"), then create the slot after the publication: SELECT pg_drop_replication_slot('{slot}'); DELETE FROM outbox_relay.checkpoint WHERE slot_name = '{slot}'; then `outbox-relay setup` (or start the relay with postgres.create_slot = true)"
+    )]
+    PublicationNewerThanSlot {
+        /// The slot.
+        slot: String,
+        /// The publication.
+        publication: String,
+        /// The slot's confirmed_flush_lsn.
+        slot_lsn: Lsn,
+    },
     /// The slot exists but cannot serve this relay.
     #[error("replication slot `{slot}` cannot be used: {reason}")]
     SlotUnusable {
@@ -233,6 +247,27 @@ fn is_login_refusal(error: &tokio_postgres::Error) -> bool {
 /// Connects a plain (non-replication) session and drives it on a background task. Runs the
 /// [`probe`] first, so no cleartext or MD5 password is sent unless allowed.
 pub async fn connect(settings: &PostgresSettings) -> Result<tokio_postgres::Client, PgError> {
+    connect_observed(settings, None).await
+}
+
+/// The server's notices and warnings to one session, in the order it sent them.
+pub type Notices = tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::error::DbError>;
+
+/// [`connect`], and the session's notices (e.g. a warning of logical decoding) through
+/// [`Notices`].
+pub async fn connect_with_notices(
+    settings: &PostgresSettings,
+) -> Result<(tokio_postgres::Client, Notices), PgError> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    Ok((connect_observed(settings, Some(tx)).await?, rx))
+}
+
+type NoticeSender = tokio::sync::mpsc::UnboundedSender<tokio_postgres::error::DbError>;
+
+async fn connect_observed(
+    settings: &PostgresSettings,
+    notices: Option<NoticeSender>,
+) -> Result<tokio_postgres::Client, PgError> {
     settings.validate()?;
     probe::probe(settings).await?;
     let config = settings.client_config()?;
@@ -247,7 +282,10 @@ pub async fn connect(settings: &PostgresSettings) -> Result<tokio_postgres::Clie
                 .connect(tokio_postgres_rustls::MakeRustlsConnect::new(tls))
                 .await
                 .map_err(connect_err)?;
-            tokio::spawn(drive(connection));
+            match notices {
+                Some(tx) => tokio::spawn(drive_observed(connection, tx)),
+                None => tokio::spawn(drive(connection)),
+            };
             client
         }
         None => {
@@ -255,7 +293,10 @@ pub async fn connect(settings: &PostgresSettings) -> Result<tokio_postgres::Clie
                 .connect(tokio_postgres::NoTls)
                 .await
                 .map_err(connect_err)?;
-            tokio::spawn(drive(connection));
+            match notices {
+                Some(tx) => tokio::spawn(drive_observed(connection, tx)),
+                None => tokio::spawn(drive(connection)),
+            };
             client
         }
     };
@@ -265,5 +306,28 @@ pub async fn connect(settings: &PostgresSettings) -> Result<tokio_postgres::Clie
 async fn drive<F: std::future::Future<Output = Result<(), tokio_postgres::Error>>>(connection: F) {
     if let Err(error) = connection.await {
         tracing::debug!(error = %error, "postgres connection ended");
+    }
+}
+
+/// Drives the connection and hands every notice over to `notices`.
+async fn drive_observed<S, T>(
+    mut connection: tokio_postgres::Connection<S, T>,
+    notices: NoticeSender,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    loop {
+        match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            Some(Ok(tokio_postgres::AsyncMessage::Notice(notice))) => {
+                let _ = notices.send(notice);
+            }
+            Some(Ok(_)) => {}
+            Some(Err(error)) => {
+                tracing::debug!(error = %error, "postgres connection ended");
+                return;
+            }
+            None => return,
+        }
     }
 }
