@@ -16,6 +16,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use relay_core::Lsn;
 use relay_core::pipeline::PipelineStats;
+use relay_postgres::catalog::retention::RetentionWindow;
 use serde_json::json;
 
 use crate::inspect::SlotInfo;
@@ -55,6 +56,18 @@ pub const SLOT_SAFE_WAL_SIZE_BYTES: &str = "outbox_relay_slot_safe_wal_size_byte
 /// Gauge, label `status` = `reserved` | `extended` | `unreserved` | `lost` | `missing`: 1 for the
 /// slot's current `wal_status`, 0 for the others.
 pub const SLOT_WAL_STATUS: &str = "outbox_relay_slot_wal_status";
+/// Gauge: `max_slot_wal_keep_size` in bytes (absent when it is -1, unlimited).
+pub const MAX_SLOT_WAL_KEEP_SIZE_BYTES: &str = "outbox_relay_max_slot_wal_keep_size_bytes";
+/// Gauge: bytes of WAL the server writes per second, a moving rate over the sampler's last
+/// [`WAL_RATE_WINDOW`] of samples.
+pub const WAL_RATE: &str = "outbox_relay_wal_rate_bytes_per_second";
+/// Gauge: estimated seconds until the slot is invalidated if the relay stops now: the slot's
+/// `safe_wal_size` at the WAL rate, or `idle_replication_slot_timeout` (PostgreSQL 18+) if
+/// sooner; 0 when the slot is lost. Absent when nothing bounds it (unlimited
+/// `max_slot_wal_keep_size`, no idle timeout) or no WAL was written (no estimate).
+pub const SLOT_RETENTION: &str = "outbox_relay_slot_retention_seconds";
+/// Gauge: `[relay] takeover_budget` in seconds, for alerts on [`SLOT_RETENTION`].
+pub const TAKEOVER_BUDGET: &str = "outbox_relay_takeover_budget_seconds";
 /// Gauge: seconds since the commit of the newest acknowledged event.
 pub const LAST_ACKED_COMMIT_AGE: &str = "outbox_relay_last_acked_commit_age_seconds";
 /// Gauge: the stream's last sequence.
@@ -68,6 +81,10 @@ pub const RECONNECTS: &str = "outbox_relay_reconnects";
 pub const READY: &str = "outbox_relay_ready";
 /// Info, label `version`: the relay's version.
 pub const BUILD: &str = "outbox_relay_build";
+
+/// Over how long the sampler averages the WAL rate behind [`WAL_RATE`] and [`SLOT_RETENTION`]
+/// (less right after the start).
+pub const WAL_RATE_WINDOW: Duration = Duration::from_secs(300);
 
 /// The relay's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -99,6 +116,7 @@ pub struct Telemetry {
     nats: OnceLock<async_nats::Client>,
     stream_sample: Mutex<StreamSample>,
     slot_sample: Mutex<Option<SlotInfo>>,
+    retention: Mutex<Option<RetentionWindow>>,
     last_error: Mutex<Option<String>>,
     started: Instant,
 }
@@ -119,6 +137,7 @@ impl Telemetry {
             nats: OnceLock::new(),
             stream_sample: Mutex::new(StreamSample::default()),
             slot_sample: Mutex::new(None),
+            retention: Mutex::new(None),
             last_error: Mutex::new(None),
             started: Instant::now(),
         }
@@ -142,6 +161,11 @@ impl Telemetry {
     /// Records the slot as sampled (`None`: the slot does not exist).
     pub fn set_slot(&self, sample: Option<SlotInfo>) {
         *lock(&self.slot_sample) = sample;
+    }
+
+    /// Records the slot's retention window as last assessed.
+    pub fn set_retention(&self, window: RetentionWindow) {
+        *lock(&self.retention) = Some(window);
     }
 
     /// Records why the last session ended (shown by `/readyz` and `/status`).
@@ -212,6 +236,7 @@ impl Telemetry {
                 "last_error": lock(&self.last_error).clone(),
                 "checkpoint_lsn": Lsn(load(&stats.confirmed_lsn)).to_string(),
                 "slot_state": slot.map(|s| s.to_json()),
+                "retention": lock(&self.retention).as_ref().map(RetentionWindow::to_json),
             },
             "nats": {
                 "connected": self.nats_connected(),
@@ -256,6 +281,11 @@ fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::
 }
 
 fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, v: i64) -> std::fmt::Result {
+    let g = ConstGauge::new(v);
+    g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)
+}
+
+fn float_gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, v: f64) -> std::fmt::Result {
     let g = ConstGauge::new(v);
     g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)
 }
@@ -414,6 +444,38 @@ impl Collector for MetricsCollector {
                     safe,
                 )?;
             }
+        }
+        if let Some(window) = lock(&t.retention).clone() {
+            if let Some(limit) = window.limit() {
+                gauge(
+                    &mut enc,
+                    MAX_SLOT_WAL_KEEP_SIZE_BYTES,
+                    "max_slot_wal_keep_size: WAL a slot may hold back before it is invalidated",
+                    i64::try_from(limit).unwrap_or(i64::MAX),
+                )?;
+            }
+            if let Some(rate) = window.wal_rate {
+                float_gauge(
+                    &mut enc,
+                    WAL_RATE,
+                    "WAL the server writes per second (moving rate)",
+                    rate.bytes_per_second,
+                )?;
+            }
+            if let Some(seconds) = window.seconds() {
+                float_gauge(
+                    &mut enc,
+                    SLOT_RETENTION,
+                    "Estimated seconds until the slot is invalidated if the relay stops now",
+                    seconds,
+                )?;
+            }
+            float_gauge(
+                &mut enc,
+                TAKEOVER_BUDGET,
+                "[relay] takeover_budget: the longest relay outage planned for, seconds",
+                window.policy.budget.as_secs_f64(),
+            )?;
         }
         let current = slot
             .as_ref()

@@ -1,12 +1,14 @@
-//! `outbox-relay status`: where the slot, the stored checkpoint and the stream are, and what a
-//! running relay says about itself (from its `/status`, when `[http] listen` is set or
-//! `--relay` names it).
+//! `outbox-relay status`: where the slot, the stored checkpoint and the stream are, how long a
+//! stopped relay has before the slot is invalidated (the retention window, at the WAL rate of a
+//! short sample), and what a running relay says about itself (from its `/status`, when
+//! `[http] listen` is set or `--relay` names it).
 //!
 //! Exit code: 0; 65 when the slot is lost or ahead of the checkpoint; 69 when PostgreSQL cannot
 //! be reached.
 
 use std::time::Duration;
 
+use relay_postgres::catalog::retention::{self, SHORT_SAMPLE, TakeoverPolicy};
 use serde_json::{Value, json};
 
 use crate::config::RelayConfig;
@@ -30,34 +32,19 @@ pub async fn status(
         .await
         .map_err(unavailable)?;
 
-    let stream = match relay_nats::connect(&config.nats).await {
-        Ok(connection) => {
-            let jetstream = connection.jetstream();
-            match inspect::stream(jetstream.context(), &config.nats.stream).await {
-                StreamLookup::Found(info) => json!({
-                    "present": true,
-                    "last_sequence": info.state.last_sequence,
-                    "messages": info.state.messages,
-                    "subjects": info.config.subjects,
-                    "durability": relay_nats::assess_durability(&jetstream, &info).await.to_json(),
-                }),
-                StreamLookup::NotFound => json!({ "present": false }),
-                StreamLookup::NotEnabled(e) | StreamLookup::Failed(e) => {
-                    json!({ "error": e })
-                }
-            }
-        }
-        Err(e) => json!({ "error": format!("{e}") }),
+    let policy = TakeoverPolicy {
+        budget: config.relay.takeover_budget,
+        reconnect_max: config.relay.reconnect_max,
     };
-
-    let relay_addr = relay_address(config, relay);
-    let relay_status = match &relay_addr {
-        None => Value::Null,
-        Some(addr) => match crate::http::get_text(addr, "/status", Duration::from_secs(3)).await {
-            Ok((200, body)) => serde_json::from_str(&body).unwrap_or(Value::Null),
-            Ok((code, _)) => json!({ "error": format!("HTTP {code}") }),
-            Err(e) => json!({ "error": format!("not running or unreachable: {e:#}") }),
-        },
+    // The WAL rate sample takes a moment: look at the stream and the relay meanwhile.
+    let (retention, stream, (relay_addr, relay_status)) = tokio::join!(
+        retention::measure(&client, &pg.slot, SHORT_SAMPLE, policy),
+        stream_state(config),
+        relay_state(config, relay),
+    );
+    let retention = match retention {
+        Ok(window) => window.to_json(),
+        Err(e) => json!({ "error": format!("cannot read the retention window: {e}") }),
     };
 
     let behind = match (&slot, checkpoint) {
@@ -79,6 +66,7 @@ pub async fn status(
             "stored_seconds_ago": age,
         })),
         "slot_minus_checkpoint_bytes": behind.map(|d| d as i64),
+        "retention": retention,
         "stream": config.nats.stream,
         "stream_state": stream,
         "relay": relay_addr,
@@ -104,6 +92,43 @@ pub async fn status(
         ));
     }
     Ok(())
+}
+
+/// The stream's state, or why it is unknown.
+async fn stream_state(config: &RelayConfig) -> Value {
+    match relay_nats::connect(&config.nats).await {
+        Ok(connection) => {
+            let jetstream = connection.jetstream();
+            match inspect::stream(jetstream.context(), &config.nats.stream).await {
+                StreamLookup::Found(info) => json!({
+                    "present": true,
+                    "last_sequence": info.state.last_sequence,
+                    "messages": info.state.messages,
+                    "subjects": info.config.subjects,
+                    "durability": relay_nats::assess_durability(&jetstream, &info).await.to_json(),
+                }),
+                StreamLookup::NotFound => json!({ "present": false }),
+                StreamLookup::NotEnabled(e) | StreamLookup::Failed(e) => {
+                    json!({ "error": e })
+                }
+            }
+        }
+        Err(e) => json!({ "error": format!("{e}") }),
+    }
+}
+
+/// Where a running relay answers, and its `/status`.
+async fn relay_state(config: &RelayConfig, relay: Option<String>) -> (Option<String>, Value) {
+    let addr = relay_address(config, relay);
+    let status = match &addr {
+        None => Value::Null,
+        Some(addr) => match crate::http::get_text(addr, "/status", Duration::from_secs(3)).await {
+            Ok((200, body)) => serde_json::from_str(&body).unwrap_or(Value::Null),
+            Ok((code, _)) => json!({ "error": format!("HTTP {code}") }),
+            Err(e) => json!({ "error": format!("not running or unreachable: {e:#}") }),
+        },
+    };
+    (addr, status)
 }
 
 fn text(v: &Value) -> String {
@@ -133,6 +158,7 @@ fn print_text(config: &RelayConfig, doc: &Value) {
             text(&slot["safe_wal_size"])
         );
     }
+    print_retention(&doc["retention"]);
     match doc["checkpoint"].as_object() {
         None => println!("checkpoint: none stored"),
         Some(c) => {
@@ -215,6 +241,32 @@ fn print_durability(d: &Value) {
                 text(&check["detail"])
             );
             println!("        hint: {}", text(&check["hint"]));
+        }
+    }
+}
+
+/// The retention window (see `relay_postgres::catalog::retention`): the headline, the numbers,
+/// then each check, nested under it (warnings with their hint).
+fn print_retention(r: &Value) {
+    if let Some(e) = r.get("error") {
+        println!("retention window: {}", text(e));
+        return;
+    }
+    println!("retention window: {}", text(&r["headline"]));
+    println!("  {}", text(&r["numbers"]));
+    for check in r["checks"].as_array().into_iter().flatten() {
+        let verdict = if check["verdict"] == "warn" {
+            "WARN"
+        } else {
+            "PASS"
+        };
+        println!(
+            "    {verdict}  {}: {}",
+            text(&check["check"]),
+            text(&check["detail"])
+        );
+        if !check["hint"].is_null() {
+            println!("          hint: {}", text(&check["hint"]));
         }
     }
 }

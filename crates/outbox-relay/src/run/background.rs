@@ -3,15 +3,16 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use relay_core::Lsn;
 use relay_core::pipeline::PipelineStats;
+use relay_postgres::catalog::retention::{self, RetentionWindow, TakeoverPolicy, WalRateTracker};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RelayConfig;
 use crate::inspect::{self, StreamLookup};
-use crate::telemetry::{StreamSample, Telemetry};
+use crate::telemetry::{StreamSample, Telemetry, WAL_RATE_WINDOW};
 
 /// Why the publication no longer delivers inserts of every outbox table, if it does not.
 async fn publication_problem(
@@ -99,8 +100,10 @@ pub(super) fn spawn_progress_log(stats: Arc<PipelineStats>, shutdown: Cancellati
     });
 }
 
-/// Samples the slot (lag, `wal_status`) and the stream every `[http] sample_interval`, for
-/// `/metrics`, `/readyz` and `/status`. Uses its own plain PostgreSQL session.
+/// Samples the slot (lag, `wal_status`, retention window) and the stream every
+/// `[http] sample_interval`, for `/metrics`, `/readyz` and `/status`. Uses its own plain
+/// PostgreSQL session. The WAL rate behind the retention window is a moving rate over the
+/// WAL positions of the last [`WAL_RATE_WINDOW`] of samples.
 pub(super) fn spawn_sampler(
     config: RelayConfig,
     telemetry: Arc<Telemetry>,
@@ -112,6 +115,11 @@ pub(super) fn spawn_sampler(
         let mut tick = tokio::time::interval(config.http.sample_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let slot = config.postgres.slot.as_str();
+        let policy = TakeoverPolicy {
+            budget: config.relay.takeover_budget,
+            reconnect_max: config.relay.reconnect_max,
+        };
+        let mut wal_rate = WalRateTracker::new(WAL_RATE_WINDOW);
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -128,6 +136,24 @@ pub(super) fn spawn_sampler(
                     Ok(sample) => telemetry.set_slot(sample),
                     Err(error) => {
                         tracing::debug!(error = %error, "cannot sample the slot");
+                        client = None;
+                    }
+                }
+            }
+            if let Some(c) = &client {
+                match retention::facts(c, slot).await {
+                    Ok(facts) => {
+                        if let Some(position) = facts.wal_position {
+                            wal_rate.push(Instant::now(), position);
+                        }
+                        telemetry.set_retention(RetentionWindow::assess(
+                            facts,
+                            wal_rate.rate(),
+                            policy,
+                        ));
+                    }
+                    Err(error) => {
+                        tracing::debug!(error = %error, "cannot sample the retention window");
                         client = None;
                     }
                 }

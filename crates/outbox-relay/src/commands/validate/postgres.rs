@@ -8,6 +8,7 @@ use tokio_postgres::Client;
 use super::{DATA_SAFETY, FAIL, Report, UNAVAILABLE, Verdict, error_chain};
 use crate::config::RelayConfig;
 use relay_postgres::catalog;
+use relay_postgres::catalog::retention::{self, SHORT_SAMPLE, TakeoverPolicy};
 
 pub(super) async fn postgres_checks(config: &RelayConfig, r: &mut Report) {
     let pg = &config.postgres;
@@ -33,7 +34,39 @@ pub(super) async fn postgres_checks(config: &RelayConfig, r: &mut Report) {
             format!("query failed: {e}"),
             "the connection broke during the preflight; run it again",
         );
+        return;
     }
+    if let Err(e) = retention_checks(config, &client, r).await {
+        r.hinted(
+            Verdict::Warn,
+            "retention",
+            format!("cannot read the retention window: {e}"),
+            "run the preflight again; the numbers are in pg_settings and pg_replication_slots",
+        );
+    }
+}
+
+/// How long a stopped relay has before the slot is invalidated, at the WAL rate of a short
+/// sample (docs/operations.md, "Retention window"): the numbers, then one line per aspect,
+/// warnings with a hint. Never a failure: the relay can run, but an outage may cost the slot.
+async fn retention_checks(
+    config: &RelayConfig,
+    client: &Client,
+    r: &mut Report,
+) -> Result<(), tokio_postgres::Error> {
+    let policy = TakeoverPolicy {
+        budget: config.relay.takeover_budget,
+        reconnect_max: config.relay.reconnect_max,
+    };
+    let window = retention::measure(client, &config.postgres.slot, SHORT_SAMPLE, policy).await?;
+    r.pass("retention", window.numbers());
+    for check in window.checks() {
+        match check.hint {
+            None => r.pass(check.aspect.name(), check.detail),
+            Some(hint) => r.hinted(Verdict::Warn, check.aspect.name(), check.detail, hint),
+        }
+    }
+    Ok(())
 }
 
 async fn catalog_checks(
