@@ -66,50 +66,48 @@ fn default_outbox() -> Vec<OutboxTableConfig> {
     vec![OutboxTableConfig::with_defaults("public.outbox")]
 }
 
-/// The `[relay]` section.
+/// The `[relay]` section. A key left out takes its value from [`PipelineSettings::default`]:
+/// for the pipeline's own settings that is relay-core's [`PipelineConfig::default`], the one
+/// place their defaults are set.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct PipelineSettings {
     /// Events published and awaiting their PubAck, at most. Default 1024.
-    #[serde(default = "default_max_in_flight")]
     pub max_in_flight: usize,
     /// How often the ack frontier is stored and confirmed to the slot. Default `1s`.
-    #[serde(default = "default_checkpoint_interval", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub checkpoint_interval: Duration,
     /// How often a position reached only through WAL without outbox events (keepalives) is
     /// stored and confirmed; bounds slot lag on a quiet outbox. Default `10s`.
-    #[serde(default = "default_idle_checkpoint_interval", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub idle_checkpoint_interval: Duration,
     /// On shutdown, how long to wait for outstanding acks. Default `20s`.
-    #[serde(default = "default_drain_timeout", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
     /// Longest delay between re-publishes of a message whose outcome is unknown. Default `5s`.
-    #[serde(default = "default_retry_max", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub retry_max: Duration,
     /// How long "no stream answered" (no responders) is retried before the relay stops.
     /// Default `30s`.
-    #[serde(default = "default_no_stream_grace", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub no_stream_grace: Duration,
     /// Longest delay between reconnect attempts after PostgreSQL or the store failed.
     /// Default `10s`.
-    #[serde(default = "default_reconnect_max", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub reconnect_max: Duration,
     /// Opt-in: rows that cannot be routed are published here (raw row as JSON, the reason in
     /// headers) and the relay continues, instead of stopping. Must be captured by the stream.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub dead_letter_subject: Option<String>,
     /// How often the publication is checked (still there, publishing inserts, holding every
     /// outbox table) while running. Default `30s`.
-    #[serde(
-        default = "default_publication_check_interval",
-        with = "humantime_serde"
-    )]
+    #[serde(with = "humantime_serde")]
     pub publication_check_interval: Duration,
     /// The longest outage of the relay planned for: a standby relay taking over, or someone
     /// restoring it. `validate --connect`, `status` and the metrics warn when the slot's
     /// retention window (how long it survives a stopped relay at the current WAL rate) is
     /// shorter. Default `1h`.
-    #[serde(default = "default_takeover_budget", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub takeover_budget: Duration,
 }
 
@@ -121,39 +119,22 @@ fn default_publication_check_interval() -> Duration {
     Duration::from_secs(30)
 }
 
-fn default_max_in_flight() -> usize {
-    1024
-}
-fn default_checkpoint_interval() -> Duration {
-    Duration::from_secs(1)
-}
-fn default_idle_checkpoint_interval() -> Duration {
-    Duration::from_secs(10)
-}
-fn default_drain_timeout() -> Duration {
-    Duration::from_secs(20)
-}
-fn default_retry_max() -> Duration {
-    Duration::from_secs(5)
-}
-fn default_no_stream_grace() -> Duration {
-    Duration::from_secs(30)
-}
 fn default_reconnect_max() -> Duration {
     Duration::from_secs(10)
 }
 
 impl Default for PipelineSettings {
     fn default() -> Self {
+        let pipeline = PipelineConfig::default();
         Self {
-            max_in_flight: default_max_in_flight(),
-            checkpoint_interval: default_checkpoint_interval(),
-            idle_checkpoint_interval: default_idle_checkpoint_interval(),
-            drain_timeout: default_drain_timeout(),
-            retry_max: default_retry_max(),
-            no_stream_grace: default_no_stream_grace(),
+            max_in_flight: pipeline.max_in_flight,
+            checkpoint_interval: pipeline.checkpoint_interval,
+            idle_checkpoint_interval: pipeline.idle_checkpoint_interval,
+            drain_timeout: pipeline.drain_timeout,
+            retry_max: pipeline.retry_max,
+            no_stream_grace: pipeline.no_stream_grace,
             reconnect_max: default_reconnect_max(),
-            dead_letter_subject: None,
+            dead_letter_subject: pipeline.dead_letter_subject,
             publication_check_interval: default_publication_check_interval(),
             takeover_budget: default_takeover_budget(),
         }
@@ -313,7 +294,100 @@ impl RelayConfig {
 
 #[cfg(test)]
 mod tests {
+    use relay_core::secret::Secret;
+
     use super::*;
+
+    #[test]
+    fn pipeline_defaults_are_the_pipelines_own() {
+        let core = PipelineConfig::default();
+        let relay: PipelineSettings = figment::Figment::new()
+            .merge(figment::providers::Toml::string("reconnect_max = \"3s\""))
+            .extract()
+            .expect("a partial [relay]");
+        let loaded = relay.pipeline_config();
+        assert_eq!(
+            (
+                loaded.max_in_flight,
+                loaded.checkpoint_interval,
+                loaded.idle_checkpoint_interval,
+                loaded.retry_max,
+                loaded.no_stream_grace,
+                loaded.drain_timeout,
+                loaded.dead_letter_subject,
+            ),
+            (
+                core.max_in_flight,
+                core.checkpoint_interval,
+                core.idle_checkpoint_interval,
+                core.retry_max,
+                core.no_stream_grace,
+                core.drain_timeout,
+                core.dead_letter_subject,
+            )
+        );
+        assert_eq!(relay.reconnect_max, Duration::from_secs(3));
+    }
+
+    /// Every secret the configuration can hold, from the file and the environment: none is in
+    /// `Debug` (plain or pretty) or in the serialized configuration (`validate`, `config
+    /// print`).
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API
+    fn no_secret_is_printed_or_serialized() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "relay.toml",
+                r#"
+                [postgres]
+                url = "postgres://relay:pg-url-secret@db:5432/app"
+                password = "pg-secret"
+
+                [nats]
+                url = "nats://relay:nats-url-secret@broker:4222"
+                user = "relay"
+                password = "nats-secret"
+                token = "token-secret"
+                nkey_seed = "SUAseed-secret"
+                "#,
+            )?;
+            jail.set_env("RELAY_NATS__TOKEN", "env-token-secret");
+            let c = RelayConfig::load(Some(Path::new("relay.toml"))).expect("loads");
+            assert_eq!(
+                c.nats.token.as_ref().map(Secret::expose),
+                Some("env-token-secret")
+            );
+            let shown = format!(
+                "{c:?}\n{c:#?}\n{}\n{}",
+                serde_json::to_string(&c).expect("serializes"),
+                serde_json::to_string_pretty(&c).expect("serializes"),
+            );
+            for secret in [
+                "pg-url-secret",
+                "pg-secret",
+                "nats-url-secret",
+                "nats-secret",
+                "token-secret",
+                "SUAseed-secret",
+            ] {
+                assert!(!shown.contains(secret), "{secret} in:\n{shown}");
+            }
+            let json = serde_json::to_value(&c).expect("serializes");
+            assert_eq!(
+                json["postgres"]["url"],
+                "postgres://relay:<redacted>@db:5432/app"
+            );
+            for (section, key) in [
+                ("postgres", "password"),
+                ("nats", "password"),
+                ("nats", "token"),
+                ("nats", "nkey_seed"),
+            ] {
+                assert_eq!(json[section][key], "<redacted>", "{section}.{key}");
+            }
+            Ok(())
+        });
+    }
 
     #[test]
     fn defaults_need_no_file() {
@@ -391,7 +465,10 @@ mod tests {
             jail.set_env("RELAY_TEST_NATS_SERVER", "/usr/bin/nats-server");
             let c = RelayConfig::load(Some(Path::new("relay.toml"))).expect("loads");
             assert_eq!(c.postgres.slot, "orders_relay");
-            assert_eq!(c.postgres.password.as_deref(), Some("from-env"));
+            assert_eq!(
+                c.postgres.password.as_ref().map(Secret::expose),
+                Some("from-env")
+            );
             assert_eq!(c.nats.url, "nats://broker:4222");
             assert_eq!(c.outbox[0].payload, "*");
             assert_eq!(c.outbox[0].event_id, "id");
@@ -399,6 +476,7 @@ mod tests {
                 !format!("{c:?}").contains("from-env"),
                 "password redacted in Debug"
             );
+            assert_eq!(c.relay, PipelineSettings::default(), "[relay] left out");
 
             jail.create_file("typo.toml", "[postgres]\nslott = \"x\"\n")?;
             let err = RelayConfig::load(Some(Path::new("typo.toml"))).unwrap_err();
