@@ -215,3 +215,67 @@ async fn twenty_takeovers_under_load_lose_nothing_and_never_stop() -> Result<()>
     );
     Ok(())
 }
+
+/// Two relays of a pair started together on a fresh database: the second finds the slot while
+/// the first is still creating it (no confirmed position yet), or loses the race to create it
+/// (42710). Either way it waits as the standby; before, it exited 65 ("invalidated") or 78.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_relays_started_together_on_a_fresh_database_become_active_and_standby() -> Result<()> {
+    let env = Env::start().await?;
+    let db = env.db().await?;
+    let js = env.jetstream().await?;
+    let config = env.config("");
+    // An open transaction with an xid holds slot creation until it ends (the snapshot builder
+    // waits for running transactions), so the second relay meets a slot being created.
+    let holder = env.db().await?;
+    holder
+        .batch_execute("BEGIN; SELECT txid_current();")
+        .await?;
+    let mut first = Relay::start_with_env(
+        &config,
+        &["run"],
+        &[("RELAY_RELAY__RECONNECT_MAX", "100ms")],
+    )?;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let row = db
+            .query_opt(
+                "SELECT confirmed_flush_lsn IS NULL FROM pg_replication_slots",
+                &[],
+            )
+            .await?;
+        if row.is_some_and(|r| r.get::<_, bool>(0)) {
+            break; // precondition: the slot exists and is still being created
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "slot never appeared:\n{}",
+            first.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut second = Relay::start_with_env(
+        &config,
+        &["run"],
+        &[("RELAY_RELAY__RECONNECT_MAX", "100ms")],
+    )?;
+    second
+        .wait_log("was created by another relay", WAIT)
+        .await?;
+    holder.batch_execute("COMMIT").await?;
+
+    let id = insert_event(&db, "Order", "Created", r#"{"n":1}"#).await?;
+    wait_for_id(&js, &id, &first).await?;
+    ensure!(
+        second.try_status()?.is_none(),
+        "the second relay stopped:\n{}",
+        second.log()
+    );
+    // The first one goes away; the second takes over and delivers.
+    first.kill9();
+    let id = insert_event(&db, "Order", "Created", r#"{"n":2}"#).await?;
+    wait_for_id(&js, &id, &second).await?;
+    second.signal(Signal::SIGTERM);
+    ensure!(second.wait_exit(WAIT).await?.code() == Some(0));
+    Ok(())
+}

@@ -307,12 +307,12 @@ async fn session(
         publication = %config.postgres.publication,
         checkpoint = %start,
         slot_confirmed_flush_lsn = %state.confirmed_flush_lsn,
-        slot_restart_lsn = ?state.restart_lsn.map(|l| l.to_string()),
-        wal_status = ?state.wal_status,
+        slot_restart_lsn = ?state.slot.restart_lsn.map(|l| l.to_string()),
+        wal_status = ?state.slot.wal_status,
         slot_created = state.created,
         "resuming from the stored checkpoint"
     );
-    if let Some(pid) = state.active_pid {
+    if let Some(pid) = state.slot.active_pid {
         tracing::info!(
             slot,
             active_pid = pid,

@@ -11,19 +11,17 @@ use std::str::FromStr;
 use relay_core::Lsn;
 use tokio_postgres::Client;
 
+use crate::catalog::{self, SlotInfo};
+use crate::sqlstate::SqlStateKind;
 use crate::{PgError, PostgresSettings};
 
-/// The slot as found (or created) at start-up.
+/// What the start-up checks found (or created).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlotState {
     /// The slot's confirmed_flush_lsn.
     pub confirmed_flush_lsn: Lsn,
-    /// The slot's restart_lsn (oldest WAL it holds).
-    pub restart_lsn: Option<Lsn>,
-    /// `reserved`, `extended`, `unreserved` or `lost`.
-    pub wal_status: Option<String>,
-    /// Backend pid streaming from it now, if any (another relay instance).
-    pub active_pid: Option<i32>,
+    /// The slot as the catalog describes it (restart_lsn, wal_status, the pid streaming it).
+    pub slot: SlotInfo,
     /// Whether this start created the slot.
     pub created: bool,
     /// Whether this start created the publication.
@@ -56,15 +54,13 @@ async fn refuse_publication_after_slot(
     settings: &PostgresSettings,
 ) -> Result<(), PgError> {
     let (slot, publication) = (&settings.slot, &settings.publication);
-    let found = client
-        .query_opt(
-            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
-            &[slot],
-        )
+    let found = catalog::slot(client, slot)
         .await
         .map_err(query_err(format!("cannot look up replication slot {slot}")))?;
-    let Some(row) = found else { return Ok(()) };
-    let position = parse_lsn(row.get(0)).map_or_else(|| "?".to_owned(), |l| l.to_string());
+    let Some(info) = found else { return Ok(()) };
+    let position = info
+        .confirmed_flush_lsn
+        .map_or_else(|| "?".to_owned(), |l| l.to_string());
     Err(PgError::SlotUnusable {
         slot: slot.clone(),
         reason: format!(
@@ -112,60 +108,42 @@ pub async fn prepare(
     checkpoint: Option<Lsn>,
 ) -> Result<SlotState, PgError> {
     settings.validate()?;
-    let row = client
-        .query_one(
-            "SELECT current_setting('wal_level'), current_database()::text, \
-                    current_setting('server_version_num')::int",
-            &[],
-        )
+    let server = catalog::server(client)
         .await
         .map_err(query_err("cannot read wal_level"))?;
-    let wal_level: String = row.get(0);
-    let database: String = row.get(1);
-    let version_num: i32 = row.get(2);
-    if wal_level != "logical" {
-        return Err(PgError::WalLevel { actual: wal_level });
+    if server.wal_level != "logical" {
+        return Err(PgError::WalLevel {
+            actual: server.wal_level,
+        });
     }
 
     let mut quoted_tables = Vec::with_capacity(tables.len());
     for (schema, table) in tables {
-        let exists = client
-            .query_opt(
-                "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-                 WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')",
-                &[schema, table],
-            )
+        let found = catalog::table(client, schema, table)
             .await
             .map_err(query_err(format!("cannot look up table {schema}.{table}")))?;
-        if exists.is_none() {
+        if found.is_none() {
             return Err(PgError::TableMissing {
                 table: format!("{schema}.{table}"),
-                database,
+                database: server.database,
             });
         }
         quoted_tables.push(format!("{}.{}", quote_ident(schema), quote_ident(table)));
     }
 
     let publication = &settings.publication;
-    let found = client
-        .query_opt(
-            "SELECT pubinsert FROM pg_publication WHERE pubname = $1",
-            &[publication],
-        )
+    let found = catalog::publication(client, publication)
         .await
         .map_err(query_err(format!(
             "cannot look up publication {publication}"
         )))?;
     let publication_created = match found {
-        Some(row) => {
-            let publishes_inserts: bool = row.get(0);
-            if !publishes_inserts {
-                return Err(PgError::PublicationNoInsert {
-                    publication: publication.clone(),
-                });
-            }
-            false
+        Some(info) if !info.publishes_inserts => {
+            return Err(PgError::PublicationNoInsert {
+                publication: publication.clone(),
+            });
         }
+        Some(_) => false,
         None if settings.create_publication => {
             refuse_publication_after_slot(client, settings).await?;
             // Names are validated identifiers; tables are quoted.
@@ -187,15 +165,10 @@ pub async fn prepare(
         }
     };
     for (schema, table) in tables {
-        let member = client
-            .query_opt(
-                "SELECT 1 FROM pg_publication_tables \
-                 WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
-                &[publication, schema, table],
-            )
+        let member = catalog::publication_has_table(client, publication, schema, table)
             .await
             .map_err(query_err(format!("cannot read publication {publication}")))?;
-        if member.is_none() {
+        if !member {
             return Err(PgError::PublicationMissingTable {
                 publication: publication.clone(),
                 table: format!("{schema}.{table}"),
@@ -204,16 +177,15 @@ pub async fn prepare(
     }
 
     let slot = &settings.slot;
-    let found = client
-        .query_opt(
-            "SELECT plugin, database, slot_type, confirmed_flush_lsn::text, restart_lsn::text, \
-                    wal_status, active_pid \
-             FROM pg_replication_slots WHERE slot_name = $1",
-            &[slot],
-        )
-        .await
-        .map_err(query_err(format!("cannot look up replication slot {slot}")))?;
-    let Some(row) = found else {
+    let lookup = |slot: &str| {
+        let slot = slot.to_owned();
+        async move {
+            catalog::slot(client, &slot)
+                .await
+                .map_err(query_err(format!("cannot look up replication slot {slot}")))
+        }
+    };
+    let Some(info) = lookup(slot).await? else {
         if let Some(checkpoint) = checkpoint {
             return Err(PgError::SlotLost {
                 slot: slot.clone(),
@@ -223,55 +195,64 @@ pub async fn prepare(
         if !settings.create_slot {
             return Err(PgError::SlotMissing { slot: slot.clone() });
         }
-        let row = client
+        let created = client
             .query_one(
                 "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
                 &[slot],
             )
-            .await
-            .map_err(query_err(format!("cannot create replication slot {slot}")))?;
+            .await;
+        if let Err(e) = &created
+            && e.code()
+                .is_some_and(|c| SqlStateKind::of(c.code()) == SqlStateKind::DuplicateObject)
+        {
+            // Another relay of the pair created it a moment ago: start over and wait as its
+            // standby (a transient error), instead of stopping for good.
+            return Err(PgError::SlotCreatedConcurrently { slot: slot.clone() });
+        }
+        let row = created.map_err(query_err(format!("cannot create replication slot {slot}")))?;
         let lsn = parse_lsn(row.get(0)).unwrap_or_default();
         tracing::info!(slot = %slot, lsn = %lsn, "created replication slot");
+        let info = lookup(slot)
+            .await?
+            .ok_or_else(|| PgError::SlotMissing { slot: slot.clone() })?;
         return Ok(SlotState {
             confirmed_flush_lsn: lsn,
-            restart_lsn: Some(lsn),
-            wal_status: Some("reserved".into()),
-            active_pid: None,
+            slot: info,
             created: true,
             publication_created,
             checkpoint,
         });
     };
-    let plugin: Option<String> = row.get(0);
-    let slot_db: Option<String> = row.get(1);
-    let slot_type: String = row.get(2);
     let unusable = |reason: String| PgError::SlotUnusable {
         slot: slot.clone(),
         reason,
     };
-    if slot_type != "logical" || plugin.as_deref() != Some("pgoutput") {
+    if info.slot_type != "logical" || info.plugin.as_deref() != Some("pgoutput") {
         return Err(unusable(format!(
-            "it is a {slot_type} slot with plugin {plugin:?}; the relay needs a logical slot with plugin pgoutput (use another postgres.slot name)"
+            "it is a {} slot with plugin {:?}; the relay needs a logical slot with plugin pgoutput (use another postgres.slot name)",
+            info.slot_type, info.plugin
         )));
     }
-    if slot_db.as_deref() != Some(database.as_str()) {
+    if info.database.as_deref() != Some(server.database.as_str()) {
         return Err(unusable(format!(
-            "it belongs to database {slot_db:?}, not {database:?} (point postgres.url at that database or use another slot)"
+            "it belongs to database {:?}, not {:?} (point postgres.url at that database or use another slot)",
+            info.database, server.database
         )));
     }
-    let wal_status: Option<String> = row.get(5);
-    let confirmed = parse_lsn(row.get(3));
-    let Some(confirmed_flush_lsn) = confirmed.filter(|_| wal_status.as_deref() != Some("lost"))
-    else {
+    if info.is_lost() {
         return Err(PgError::SlotInvalidated { slot: slot.clone() });
+    }
+    // A logical slot shows no confirmed position while its creator waits for a consistent
+    // snapshot: another relay of the pair is creating it right now.
+    let Some(confirmed_flush_lsn) = info.confirmed_flush_lsn else {
+        return Err(PgError::SlotCreatedConcurrently { slot: slot.clone() });
     };
-    let active_pid: Option<i32> = row.get(6);
     crate::publication_order::check(
         client,
         settings,
         confirmed_flush_lsn,
-        active_pid.is_some(),
-        version_num,
+        info.active_pid.is_some(),
+        server.version_num,
     )
     .await?;
     let checkpoint = match checkpoint {
@@ -282,9 +263,7 @@ pub async fn prepare(
     };
     Ok(SlotState {
         confirmed_flush_lsn,
-        restart_lsn: parse_lsn(row.get(4)),
-        wal_status,
-        active_pid,
+        slot: info,
         created: false,
         publication_created,
         checkpoint,

@@ -155,6 +155,15 @@ pub enum PgError {
         /// The slot.
         slot: String,
     },
+    /// Another relay created the slot while this one was about to: this one starts over and
+    /// waits as the other's standby.
+    #[error(
+        "replication slot `{slot}` was created by another relay a moment ago; starting over as its standby"
+    )]
+    SlotCreatedConcurrently {
+        /// The slot.
+        slot: String,
+    },
     /// The publication is newer than the slot's position: rows committed in between cannot be
     /// read through the slot.
     #[error(
@@ -204,7 +213,7 @@ impl PgError {
     /// Whether waiting and retrying can help (connection problems) or an operator must act.
     pub fn is_transient(&self) -> bool {
         match self {
-            PgError::Unreachable { .. } => true,
+            PgError::Unreachable { .. } | PgError::SlotCreatedConcurrently { .. } => true,
             // A wrong password, a refused role or database, or a TLS failure needs an operator.
             PgError::Connect { source, .. } => !is_login_refusal(source),
             PgError::Query { source, .. } => is_transient_query_error(source),

@@ -24,6 +24,9 @@ pub enum SqlStateKind {
     NotInPrerequisiteState,
     /// 55006 object_in_use: another process uses it (a replication slot being streamed).
     ObjectInUse,
+    /// 42710 duplicate_object: it exists already (a replication slot another relay created a
+    /// moment before).
+    DuplicateObject,
     /// Anything else (privileges, bad data, internal errors): an operator must act.
     Other,
 }
@@ -38,6 +41,7 @@ impl SqlStateKind {
             "42704" => Self::UndefinedObject,
             "55000" => Self::NotInPrerequisiteState,
             "55006" => Self::ObjectInUse,
+            "42710" => Self::DuplicateObject,
             "3D000" => Self::LoginRefused,
             _ if ["08", "53", "58"]
                 .iter()
@@ -129,7 +133,7 @@ pub fn replication_error_kind(
         (SqlStateKind::ObjectInUse, _) => K::SlotInUse,
         (SqlStateKind::LoginRefused, _) => K::LoginRefused,
         (SqlStateKind::Transient, _) => K::Transient,
-        (SqlStateKind::Other, _) => K::Fatal,
+        (SqlStateKind::Other | SqlStateKind::DuplicateObject, _) => K::Fatal,
     }
 }
 
