@@ -237,6 +237,28 @@ mod tests {
     }
 
     #[test]
+    fn accepts_backfilled_messages() {
+        // `outbox-relay backfill`: the row's commit is unknown (see docs/message-format.md).
+        let h = headers(&[
+            ("Nats-Msg-Id", "42"),
+            ("Outbox-Commit-Lsn", "0/0"),
+            ("Outbox-Xid", "0"),
+            ("Outbox-Commit-Time", "2026-11-29T11:38:44.123456Z"),
+            ("Outbox-Table", "public.outbox"),
+            ("Outbox-Tx-Index", "17"),
+            (outbox_contract::HEADER_BACKFILL, "true"),
+        ]);
+        let ev = Event::from_parts("outbox.Order.created", Some(&h), Bytes::new(), 5, 1)
+            .expect("a backfilled message is an event");
+        assert_eq!(ev.id, "42");
+        assert_eq!(ev.commit_lsn, Some(Lsn(0)));
+        assert_eq!(ev.xid, Some(0));
+        assert!(ev.commit_time.is_some());
+        assert_eq!(ev.tx_index, Some(17));
+        assert_eq!(ev.header(outbox_contract::HEADER_BACKFILL), Some("true"));
+    }
+
+    #[test]
     fn missing_event_id_is_an_error() {
         assert_eq!(
             Event::from_parts("s", None, Bytes::new(), 1, 1).err(),

@@ -48,6 +48,14 @@ pub const RELAY_HEADERS: [&str; 7] = [
     HEADER_TX_INDEX,
 ];
 
+// --- Header of messages published by `outbox-relay backfill` ---------------------------------
+
+/// Set to `true` on a message that `outbox-relay backfill` published from a row read from the
+/// table (not from the WAL): its transaction is unknown, so `Outbox-Commit-Lsn` is `0/0`,
+/// `Outbox-Xid` is `0` and `Outbox-Commit-Time` is when the backfill read the row. Absent on
+/// the relay's own messages. See `docs/message-format.md` and `docs/replay.md`.
+pub const HEADER_BACKFILL: &str = "Outbox-Backfill";
+
 // --- Headers of the default mapping (present when the row has the column) -----------------
 
 /// Aggregate type (default mapping, column `aggregatetype`).
@@ -96,6 +104,7 @@ mod tests {
             HEADER_AGGREGATE_ID,
             HEADER_EVENT_TYPE,
             HEADER_TRACEPARENT,
+            HEADER_BACKFILL,
             HEADER_DLQ_REASON,
             HEADER_DLQ_SUBJECT,
             HEADER_DLQ_EVENT_ID,

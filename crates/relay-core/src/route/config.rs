@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::message::{
-    HEADER_COMMIT_LSN, HEADER_COMMIT_TIME, HEADER_TABLE, HEADER_TX_INDEX, HEADER_XID,
+    HEADER_BACKFILL, HEADER_COMMIT_LSN, HEADER_COMMIT_TIME, HEADER_TABLE, HEADER_TX_INDEX,
+    HEADER_XID,
 };
 use crate::subject::{SubjectTemplate, TemplateError};
 
@@ -117,6 +118,7 @@ impl OutboxTableConfig {
                 HEADER_COMMIT_TIME,
                 HEADER_TABLE,
                 HEADER_TX_INDEX,
+                HEADER_BACKFILL,
             ];
             let bad_char = |c: char| !c.is_ascii_graphic() || c == ':';
             if name.is_empty() || name.contains(bad_char) {

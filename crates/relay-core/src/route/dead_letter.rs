@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use pgoutput::{Insert, TupleValue};
+use pgoutput::{Insert, Lsn, TupleValue};
+use xxhash_rust::xxh3::xxh3_128;
 
 use super::{RelationRoute, Router};
 use crate::message::{
@@ -57,7 +58,10 @@ impl Router {
 
     /// The dead letter for an outbox row that cannot be routed: the raw row as JSON, with why,
     /// under an id made of its table, commit LSN and index in the transaction (a re-read of the
-    /// same WAL makes the same id, so the broker drops the copy). `None` when the row is not
+    /// same WAL makes the same id, so the broker drops the copy). A row whose commit is not
+    /// known (commit LSN `0/0`: read from the table by `outbox-relay backfill`) has no such
+    /// position: its id is made of its table and a hash of the raw row instead, the same for
+    /// every re-read of the row and different for every other row. `None` when the row is not
     /// an outbox row.
     pub fn dead_letter_row(
         &self,
@@ -68,7 +72,11 @@ impl Router {
         reason: &dyn std::fmt::Display,
     ) -> Option<OutboundMessage> {
         let (table, payload) = self.raw_row(insert)?;
-        let event_id = format!("dlq:{table}:{}:{tx_index}", tx.commit_lsn);
+        let event_id = if tx.commit_lsn == Lsn(0) {
+            format!("dlq:{table}:row:{:032x}", xxh3_128(&payload))
+        } else {
+            format!("dlq:{table}:{}:{tx_index}", tx.commit_lsn)
+        };
         Some(OutboundMessage {
             subject: subject.to_owned(),
             event_id,

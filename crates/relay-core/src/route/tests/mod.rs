@@ -344,6 +344,12 @@ fn config_validation_names_the_problem() {
         Router::new(&[c]),
         Err(ConfigError::ReservedHeader(_))
     ));
+    let mut c = OutboxTableConfig::with_defaults("public.outbox");
+    c.headers.insert("outbox-backfill".into(), "type".into());
+    assert!(matches!(
+        Router::new(&[c]),
+        Err(ConfigError::ReservedHeader(_))
+    ));
     let c = OutboxTableConfig::with_defaults("outbox");
     let d = OutboxTableConfig::with_defaults("public.outbox");
     assert!(matches!(
@@ -460,3 +466,39 @@ fn a_mapped_column_type_change_is_refused_by_name() {
 }
 
 mod relations;
+
+#[test]
+fn dead_letters_of_rows_without_a_known_commit_are_named_by_the_row() {
+    let mut router = Router::new(&[OutboxTableConfig::with_defaults("public.outbox")]).unwrap();
+    router.on_relation_live(debezium_relation(1)).unwrap();
+    let row = |id: &str| insert(1, &[Some(id), None, Some("1"), Some("t"), Some("{}"), None]);
+    let reason = "NULL aggregatetype";
+    // From the WAL: named by commit LSN and position, as before.
+    let live = router
+        .dead_letter_row("dlq", &row("a"), &tx(), 3, &reason)
+        .unwrap();
+    assert_eq!(live.event_id, "dlq:public.outbox:0/16B3748:3");
+    // Read by a backfill (commit LSN 0/0): the position repeats in every page, the row does not.
+    let backfill = TxContext::new(0, Lsn(0), 0);
+    let dead = |id: &str, index: u64| {
+        router
+            .dead_letter_row("dlq", &row(id), &backfill, index, &reason)
+            .unwrap()
+            .event_id
+    };
+    assert!(
+        dead("a", 0).starts_with("dlq:public.outbox:row:"),
+        "{}",
+        dead("a", 0)
+    );
+    assert_eq!(
+        dead("a", 0),
+        dead("a", 7),
+        "the same row, read again in another page"
+    );
+    assert_ne!(
+        dead("a", 0),
+        dead("b", 0),
+        "another row at the same position"
+    );
+}
