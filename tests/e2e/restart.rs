@@ -40,19 +40,83 @@ fn counts(got: &[Received]) -> HashMap<String, usize> {
     counts
 }
 
-/// SIGTERM mid-stream: exit 0 after draining; after a restart every event is there, and
-/// nothing was published twice (the stream's duplicate window is only 100 ms, so a re-send
-/// after the restart would be stored as a second copy).
+/// SIGTERM with every transaction read and 200 publishes outstanding (NATS paused): exit 0
+/// after draining. The drain itself must store and confirm the position: the stored checkpoint
+/// and the slot's `confirmed_flush_lsn` are past the last commit, and the restart re-reads
+/// nothing (no event skipped by the start-up stream scan, which would otherwise hide a
+/// checkpoint that was never stored) and re-sends nothing (the stream's duplicate window is only
+/// 100 ms, so a re-send would be stored as a second copy).
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_mid_stream_then_restart_delivers_all_and_resends_nothing() -> Result<()> {
     let env = Env::start().await?;
-    let config = env.config_full("create_stream = true\nduplicate_window = \"100ms\"", "");
+    let (http, addr) = http_listen();
+    let config = env.config_full("create_stream = true\nduplicate_window = \"100ms\"", &http);
+    // NATS is paused for a few seconds below: longer than the usual 3 s ack timeout, whose
+    // re-publishes would be stored twice with a 100 ms window once NATS answers again.
+    let text = std::fs::read_to_string(&config)?;
+    assert!(text.contains("ack_timeout = \"3s\""));
+    std::fs::write(
+        &config,
+        text.replace("ack_timeout = \"3s\"", "ack_timeout = \"60s\""),
+    )?;
     let mut relay = Relay::start_streaming(&config).await?;
-
-    let writer = tokio::spawn(write_events(env.pg.url(DB), 60, 10));
     let js = env.jetstream().await?;
-    wait_for_messages(&js, 100, Duration::from_secs(30), Some(&relay)).await?;
+    let db = env.db().await?;
+    let mut ids = vec![insert_event(&db, "Warm", "Up", "{}").await?];
+    wait_for_messages(&js, 1, Duration::from_secs(30), Some(&relay)).await?;
+
+    env.nats.pause()?;
+    let (mut client, connection) =
+        tokio_postgres::connect(&env.pg.url(DB), tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    let mut last_commit = (0, 0);
+    for t in 0..20 {
+        let tx = client.transaction().await?;
+        for r in 0..10 {
+            ids.push(
+                insert_event(
+                    &tx,
+                    "Load",
+                    "Written",
+                    &format!(r#"{{"t": {t}, "r": {r}}}"#),
+                )
+                .await?,
+            );
+        }
+        let before: i64 = tx
+            .query_one("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint", &[])
+            .await?
+            .get(0);
+        tx.commit().await?;
+        let after: i64 = client
+            .query_one("SELECT (pg_current_wal_lsn() - '0/0')::bigint", &[])
+            .await?
+            .get(0);
+        last_commit = (before as u64, after as u64);
+    }
+    // Every event read and published, none acknowledged.
+    let received = wait_metric(
+        &addr,
+        "outbox_relay_events_received_total",
+        Duration::from_secs(20),
+        |v| v >= 201.0,
+    )
+    .await;
+    assert_eq!(
+        received,
+        Some(201.0),
+        "the relay read every event; log:\n{}",
+        relay.log()
+    );
+    // The last Commit follows its last row on the same replication stream.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let outstanding = metric(&addr, "outbox_relay_outstanding_acks").await?;
+    assert_eq!(outstanding, 200.0, "publishes outstanding at the SIGTERM");
     relay.signal(Signal::SIGTERM);
+    relay
+        .wait_log("shutdown requested", Duration::from_secs(10))
+        .await?;
+    env.nats.resume()?;
     let status = relay.wait_exit(Duration::from_secs(30)).await?;
     assert!(
         status.success(),
@@ -60,14 +124,63 @@ async fn sigterm_mid_stream_then_restart_delivers_all_and_resends_nothing() -> R
         relay.log()
     );
     assert!(relay.log().contains("drained"), "{}", relay.log());
-    let ids = writer.await??;
 
+    // The last transaction's commit record, as PostgreSQL streamed it: the header of its events,
+    // which lies between the WAL positions seen just before and just after its COMMIT.
+    let got = read_stream(&js).await?;
+    assert_eq!(got.len(), ids.len(), "everything published before the stop");
+    let last = got
+        .iter()
+        .find(|m| m.id() == ids[ids.len() - 1])
+        .expect("last event");
+    let commit_lsn = parse_lsn(last.header("Outbox-Commit-Lsn")).expect("commit LSN header");
+    assert!(
+        last_commit.0 <= commit_lsn && commit_lsn < last_commit.1,
+        "commit LSN {commit_lsn} of the last transaction within {last_commit:?}"
+    );
+    // Checkpoints are Commit end LSNs (or keepalive positions), never inside a record: past the
+    // commit record's start means at or past its end.
+    let checkpoint = env.checkpoint().await?.expect("checkpoint");
+    assert!(
+        checkpoint > commit_lsn,
+        "stored checkpoint {checkpoint} is past the last commit ({commit_lsn}); log:\n{}",
+        relay.log()
+    );
+    let slot = env.slot_confirmed().await?.expect("slot");
+    assert!(
+        slot > commit_lsn && slot <= checkpoint,
+        "slot confirmed {slot}: past the last commit ({commit_lsn}), not past the checkpoint {checkpoint}"
+    );
+
+    // Written while the relay is down; then a restart that reads only these.
+    let mut more = write_events(env.pg.url(DB), 10, 10).await?;
     let relay = Relay::start(&config)?;
-    let got = wait_for_messages(&js, ids.len(), Duration::from_secs(60), Some(&relay)).await?;
+    wait_for_messages(
+        &js,
+        ids.len() + more.len(),
+        Duration::from_secs(60),
+        Some(&relay),
+    )
+    .await?;
     // Give a late re-send the chance to show up.
     tokio::time::sleep(Duration::from_secs(1)).await;
+    let m = scrape(&addr).await?;
+    assert_eq!(
+        (
+            m.get("outbox_relay_events_already_published_total"),
+            m.get("outbox_relay_events_received_total")
+        ),
+        (Some(&0.0), Some(&(more.len() as f64))),
+        "the restart skipped nothing and read only the new events; log:\n{}",
+        relay.log()
+    );
+    assert!(
+        !relay.log().contains("already in the stream"),
+        "{}",
+        relay.log()
+    );
     let got_after = read_stream(&js).await?;
-    assert_eq!(got_after.len(), got.len(), "no further messages");
+    ids.append(&mut more);
     let counts = counts(&got_after);
     for id in &ids {
         assert_eq!(counts.get(id), Some(&1), "event {id} exactly once");

@@ -409,3 +409,88 @@ pub async fn insert_event(
         .await?;
     Ok(id)
 }
+
+/// An LSN as PostgreSQL prints it (`16/B374D848`, e.g. the `Outbox-Commit-Lsn` header) as a
+/// number.
+pub fn parse_lsn(text: &str) -> Option<u64> {
+    let (hi, lo) = text.split_once('/')?;
+    Some((u64::from_str_radix(hi, 16).ok()? << 32) | u64::from_str_radix(lo, 16).ok()?)
+}
+
+/// Config lines serving the relay's `/metrics` on a free port (append them at the end of a
+/// config), and that address for [`scrape`].
+pub fn http_listen() -> (String, String) {
+    let addr = format!("127.0.0.1:{}", relay_testkit::free_port());
+    (format!("\n[http]\nlisten = \"{addr}\"\n"), addr)
+}
+
+/// The relay's `/metrics` at `addr` (see [`http_listen`]): `name{labels}` → value, e.g.
+/// `outbox_relay_outstanding_acks` or `outbox_relay_events_already_published_total`.
+pub async fn scrape(addr: &str) -> Result<std::collections::HashMap<String, f64>> {
+    use http_body_util::{BodyExt, Empty};
+    let get = async {
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+        tokio::spawn(conn);
+        let request = hyper::Request::get("/metrics")
+            .header("host", addr)
+            .body(Empty::<hyper::body::Bytes>::new())?;
+        let response = sender.send_request(request).await?;
+        anyhow::ensure!(
+            response.status().is_success(),
+            "/metrics: {}",
+            response.status()
+        );
+        let body = response.into_body().collect().await?.to_bytes();
+        anyhow::Ok(String::from_utf8_lossy(&body).into_owned())
+    };
+    let text = tokio::time::timeout(Duration::from_secs(5), get)
+        .await
+        .with_context(|| format!("GET http://{addr}/metrics timed out"))??;
+    let mut out = std::collections::HashMap::new();
+    for line in text
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    {
+        if let Some((key, value)) = line.rsplit_once(' ')
+            && let Ok(value) = value.parse::<f64>()
+        {
+            out.insert(key.to_owned(), value);
+        }
+    }
+    Ok(out)
+}
+
+/// One metric of the relay at `addr` (see [`scrape`]); an error when it is missing.
+pub async fn metric(addr: &str, name: &str) -> Result<f64> {
+    scrape(addr)
+        .await?
+        .get(name)
+        .copied()
+        .with_context(|| format!("metric {name} missing at {addr}"))
+}
+
+/// Polls the relay's metric `name` at `addr` until `cond` holds (an unreachable endpoint counts
+/// as not yet); returns the value that held, or the last one seen after `timeout`.
+pub async fn wait_metric(
+    addr: &str,
+    name: &str,
+    timeout: Duration,
+    cond: impl Fn(f64) -> bool,
+) -> Option<f64> {
+    let deadline = Instant::now() + timeout;
+    let mut last = None;
+    loop {
+        if let Ok(v) = metric(addr, name).await {
+            if cond(v) {
+                return Some(v);
+            }
+            last = Some(v);
+        }
+        if Instant::now() > deadline {
+            return last;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
