@@ -56,6 +56,15 @@ impl Verdict {
         }
     }
 
+    /// Folds a precondition (or another claim of the scenario) into the verdict: when it does not
+    /// hold the scenario fails, and the note says which claim that was.
+    pub fn require(&mut self, holds: bool, claim: impl std::fmt::Display) {
+        if !holds {
+            self.pass = false;
+            self.note = format!("NOT MET: {claim}; {}", self.note);
+        }
+    }
+
     /// Fails the test unless the verdict passed.
     pub fn assert(&self) {
         self.report();
