@@ -128,6 +128,19 @@ reconnect_max = "1s"
         Ok(row.get::<_, i64>(0) as u64)
     }
 
+    /// The pid of the walsender streaming the slot (`active_pid`), `None` while nobody streams it.
+    pub async fn slot_active_pid(&self) -> Result<Option<i32>> {
+        let row = self
+            .db()
+            .await?
+            .query_opt(
+                "SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'relay_slot'",
+                &[],
+            )
+            .await?;
+        Ok(row.and_then(|r| r.get(0)))
+    }
+
     /// The stored checkpoint as a number.
     pub async fn checkpoint(&self) -> Result<Option<u64>> {
         let row = self

@@ -41,12 +41,13 @@ async fn s15_three_node_cluster_with_leader_stepdowns_and_a_node_kill() -> Resul
     )?;
     let relay = started(&config, &[]).await?;
     let load = Load::start(&env, 2, 20, Duration::from_millis(20)).await?;
+    // Each step-down must move the leadership: the leader before and the one elected after.
+    let mut moves = Vec::new();
     for _ in 0..4 {
         tokio::time::sleep(Duration::from_secs(2)).await;
-        relay_testkit::stream_leader_stepdown(&client, STREAM)
-            .await
-            .ok();
+        moves.push(step_down(&client).await);
     }
+    let stepped = moves.iter().filter(|m| m.is_ok()).count();
     let victim = 2;
     cluster.node(victim).kill9()?;
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -77,16 +78,58 @@ async fn s15_three_node_cluster_with_leader_stepdowns_and_a_node_kill() -> Resul
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
-    let v = Verdict::from_counts(
+    let mut v = Verdict::from_counts(
         "15 NATS cluster R3: stepdowns + node kill",
         &committed,
         &counts,
         false,
         &format!(
-            "4 leader step-downs, kill -9 of node {victim}; retries {}",
+            "{stepped} leader step-downs that moved the leader, kill -9 of node {victim}; retries {}",
             relay.log().matches("re-publishing").count()
         ),
     );
+    v.require(
+        stepped == 4,
+        format!("4 step-downs, each electing another leader: {moves:?}"),
+    );
     v.assert_with_log(&relay.log());
     Ok(())
+}
+
+/// Asks the stream's leader to step down and waits (10 s) until another node leads it: the
+/// old and the new leader's server names, or what went wrong.
+async fn step_down(client: &async_nats::Client) -> Result<(String, String), String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut last: String;
+    // The leader now (none during an election; requests fail while there is none).
+    let before = loop {
+        match relay_testkit::stream_leader(client, STREAM).await {
+            Ok(Some(leader)) => break leader,
+            Ok(None) => last = "no leader".into(),
+            Err(e) => last = format!("{e:#}"),
+        }
+        if Instant::now() > deadline {
+            return Err(format!("no leader before the step-down: {last}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    while let Err(e) = relay_testkit::stream_leader_stepdown(client, STREAM).await {
+        if Instant::now() > deadline {
+            return Err(format!("step-down of {before} refused: {e:#}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    loop {
+        match relay_testkit::stream_leader(client, STREAM).await {
+            Ok(Some(leader)) if leader != before => return Ok((before, leader)),
+            Ok(leader) => last = format!("leader {leader:?}"),
+            Err(e) => last = format!("{e:#}"),
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{before} stepped down, still no other leader: {last}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -10,6 +10,16 @@ use crate::support::*;
 
 const OUTSTANDING: &str = "outbox_relay_outstanding_acks";
 
+/// Events in the stream whose transaction committed after `checkpoint`: the ones a restart from
+/// that checkpoint reads again.
+async fn events_past(env: &Env, checkpoint: u64) -> Result<usize> {
+    Ok(read_stream(&env.jetstream().await?)
+        .await?
+        .iter()
+        .filter(|m| parse_lsn(m.header("Outbox-Commit-Lsn")).is_some_and(|lsn| lsn > checkpoint))
+        .count())
+}
+
 /// 1. kill -9 (abort) at each checkpoint failpoint under load: lost 0 and no duplicate in the
 /// stream (re-sends fall inside the duplicate window).
 #[cfg(feature = "failpoints")]
@@ -28,18 +38,42 @@ async fn s01_crash_at_each_checkpoint_failpoint() -> Result<()> {
             relay.log()
         );
         assert!(!status.success());
+        // What the crash left behind. After the ack, before the store: events in the stream
+        // past the stored checkpoint (the restart reads and sends them again). After the store,
+        // before the confirm: a slot behind the stored checkpoint.
+        let checkpoint = env.checkpoint().await?.unwrap_or(0);
+        let slot = env.slot_confirmed().await?.unwrap_or(0);
+        let past = events_past(&env, checkpoint).await?;
         let _relay = started(&config, &[]).await?;
         tokio::time::sleep(Duration::from_secs(1)).await;
         load.stop().await;
-        classify(
+        let mut v = classify(
             &env,
             &format!("1 crash at {point}"),
             false,
             settle(),
-            "abort at the failpoint, restart",
+            &if point == "after_ack_before_store" {
+                format!("abort at the failpoint with {past} events in the stream past the checkpoint; restart")
+            } else {
+                format!(
+                    "abort at the failpoint with the slot {} bytes behind the checkpoint; restart",
+                    checkpoint.saturating_sub(slot)
+                )
+            },
         )
-        .await?
-        .assert();
+        .await?;
+        if point == "after_ack_before_store" {
+            v.require(
+                past > 0,
+                "acknowledged events in the stream past the stored checkpoint at the abort",
+            );
+        } else {
+            v.require(
+                slot < checkpoint,
+                format!("slot {slot} behind the stored checkpoint {checkpoint} at the abort"),
+            );
+        }
+        v.assert();
     }
     Ok(())
 }
@@ -48,7 +82,8 @@ async fn s01_crash_at_each_checkpoint_failpoint() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn s01_kill9_with_1000_publishes_outstanding() -> Result<()> {
     let env = Env::start().await?;
-    let config = env.config("max_in_flight = 2048\n");
+    let (http, addr) = http_listen();
+    let config = env.config(&format!("max_in_flight = 2048\n{http}"));
     let mut relay = started(&config, &[]).await?;
     // Make sure the stream exists before the pause.
     let db = env.db().await?;
@@ -63,19 +98,25 @@ async fn s01_kill9_with_1000_publishes_outstanding() -> Result<()> {
     )
     .await?;
     // The relay reads until its window (2048) is full of unacknowledged publishes.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let outstanding = wait_metric(&addr, OUTSTANDING, Duration::from_secs(30), |n| n >= 2048.0)
+        .await
+        .unwrap_or(0.0);
     relay.kill9();
     env.nats.resume()?;
     let _relay = started(&config, &[]).await?;
-    classify(
+    let mut v = classify(
         &env,
         "1 kill -9, 1000+ outstanding",
         false,
         settle(),
-        "NATS paused, 3000-row tx, 2048 in flight",
+        &format!("NATS paused, 3000-row tx, {outstanding} publishes outstanding at the kill"),
     )
-    .await?
-    .assert();
+    .await?;
+    v.require(
+        outstanding == 2048.0,
+        "2048 publishes outstanding at the kill",
+    );
+    v.assert();
     Ok(())
 }
 
@@ -163,18 +204,41 @@ async fn s03_kill9_mid_10000_row_transaction() -> Result<()> {
             &[],
         )
         .await?;
-    wait_stream_count(&env, 3000, Duration::from_secs(60)).await?;
+    let js = env.jetstream().await?;
+    while stream_count(&js).await? < 3000 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     relay.kill9();
+    // Fewer than 10,000 stored once the relay is dead (and publishes on their way have landed):
+    // JetStream cannot have acknowledged the whole transaction before the kill.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stored_at_kill = stream_count(&js).await?;
+    let checkpoint = env.checkpoint().await?.unwrap_or(0);
     let _relay = started(&config, &[]).await?;
-    classify(
+    let mut v = classify(
         &env,
         "3 kill -9 mid 10k-row tx",
         false,
         settle(),
-        "whole transaction delivered",
+        &format!(
+            "killed with {stored_at_kill} of 10000 in the stream; whole transaction delivered"
+        ),
     )
-    .await?
-    .assert();
+    .await?;
+    let commit_lsn = read_stream(&js)
+        .await?
+        .first()
+        .and_then(|m| parse_lsn(m.header("Outbox-Commit-Lsn")))
+        .unwrap_or(0);
+    v.require(
+        stored_at_kill < 10_000,
+        "killed before the transaction was fully acknowledged",
+    );
+    v.require(
+        checkpoint < commit_lsn,
+        format!("checkpoint {checkpoint} before the transaction ({commit_lsn}) at the kill"),
+    );
+    v.assert();
     Ok(())
 }
 

@@ -15,7 +15,8 @@ use crate::support::*;
 #[tokio::test(flavor = "multi_thread")]
 async fn s08_idle_outbox_lag_bounded_and_no_keepalive_past_an_unacked_event() -> Result<()> {
     let env = Env::start().await?;
-    let config = env.config("");
+    let (http, addr) = http_listen();
+    let config = env.config(&http);
     let mut relay = started(&config, &[]).await?;
     let db = env.db().await?;
     db.batch_execute("CREATE TABLE filler (pad text)").await?;
@@ -61,6 +62,15 @@ async fn s08_idle_outbox_lag_bounded_and_no_keepalive_past_an_unacked_event() ->
     env.nats.pause()?;
     insert_event(&db, "Held", "Back", "{}").await?;
     let after_event = env.current_wal().await?;
+    // The event was read and published, and waits for its ack.
+    let held = wait_metric(
+        &addr,
+        "outbox_relay_outstanding_acks",
+        Duration::from_secs(10),
+        |n| n >= 1.0,
+    )
+    .await
+    .unwrap_or(0.0);
     for _ in 0..6 {
         db.batch_execute(
             "INSERT INTO filler SELECT repeat('y', 1000) FROM generate_series(1, 5000)",
@@ -79,10 +89,14 @@ async fn s08_idle_outbox_lag_bounded_and_no_keepalive_past_an_unacked_event() ->
     let _relay = started(&config, &[]).await?;
     let mut v = classify(&env, "8 idle outbox / keepalive", false, settle(), "").await?;
     v.note = format!(
-        "slot moved during {} MB of other-table WAL (max lag {} MB), caught up {:.1} s after; nothing confirmed past the stalled event",
+        "slot moved during {} MB of other-table WAL (max lag {} MB), caught up {:.1} s after; nothing confirmed past the stalled event ({held} outstanding)",
         written >> 20,
         max_lag >> 20,
         catch_up.as_secs_f64()
+    );
+    v.require(
+        held == 1.0,
+        "the held event published and outstanding behind the stalled NATS",
     );
     v.assert();
     Ok(())
