@@ -1,8 +1,10 @@
-//! Fault scenarios 1-3 and 14: the relay killed (kill -9, abort at a failpoint, restart storm).
+//! Fault scenarios 1-3, 14 and 16: the relay killed (kill -9, abort at a failpoint, restart
+//! storm) or restarted while a transaction older than its checkpoint is still open.
 
 use std::time::Duration;
 
 use anyhow::Result;
+use nix::sys::signal::Signal;
 
 use super::{settle, soak, started};
 use crate::faults::oracle::*;
@@ -289,5 +291,75 @@ async fn s14_one_million_row_transaction() -> Result<()> {
     );
     v.pass &= peak_rss < 128 << 20;
     v.assert();
+    Ok(())
+}
+
+/// 16. A transaction that began before the relay's checkpoint is still open across relay
+/// restarts (a clean one and a kill -9): it begins and inserts an outbox row, later transactions
+/// commit and the checkpoint moves past its first WAL record, the relay restarts, and only then
+/// does it commit. Decoding resumes at the slot's restart_lsn, which the open transaction holds
+/// back, so it must arrive whole, once.
+#[tokio::test(flavor = "multi_thread")]
+async fn s16_restart_while_a_transaction_older_than_the_checkpoint_is_open() -> Result<()> {
+    let env = Env::start().await?;
+    let config = env.config("");
+    let mut relay = started(&config, &[]).await?;
+    let db = env.db().await?;
+    let mut open = env.db().await?;
+    let open_tx = open.transaction().await?;
+    insert_event(&open_tx, "Open", "AcrossRestarts", "{}").await?;
+    // Past the open transaction's first WAL record (its insert; BEGIN writes none).
+    let began: i64 = open_tx
+        .query_one("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint", &[])
+        .await?
+        .get(0);
+    let began = began as u64;
+
+    // Later transactions commit; the checkpoint (and the slot) move past the open one's start.
+    let mut past = Vec::new();
+    for round in 0..2 {
+        for _ in 0..5 {
+            insert_event(&db, "Later", "Committed", "{}").await?;
+        }
+        // Five per round, and the one committed while the relay was down.
+        wait_stream_count(&env, 6 * round + 5, Duration::from_secs(30)).await?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let positions = loop {
+            let positions = (
+                env.checkpoint().await?.unwrap_or(0),
+                env.slot_confirmed().await?.unwrap_or(0),
+            );
+            if (positions.0 > began && positions.1 > began) || std::time::Instant::now() > deadline
+            {
+                break positions;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        past.push(positions.0 > began && positions.1 > began);
+        // A clean restart, then a kill -9; a transaction commits while the relay is down.
+        if round == 0 {
+            relay.signal(Signal::SIGTERM);
+            relay.wait_exit(Duration::from_secs(30)).await?;
+        } else {
+            relay.kill9();
+        }
+        insert_event(&db, "While", "Down", "{}").await?;
+        relay = started(&config, &[]).await?;
+    }
+    open_tx.commit().await?;
+    insert_event(&db, "After", "Commit", "{}").await?;
+    let mut v = classify(
+        &env,
+        "16 restart while a tx older than the checkpoint is open",
+        false,
+        settle(),
+        "checkpoint and slot past the open tx's first record before each restart (clean, kill -9); it commits after both",
+    )
+    .await?;
+    v.require(
+        past == [true, true],
+        format!("checkpoint and slot past the open transaction's start ({began}) before each restart: {past:?}"),
+    );
+    v.assert_with_log(&relay.log());
     Ok(())
 }
