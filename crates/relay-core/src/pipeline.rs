@@ -6,13 +6,14 @@
 //! broker has not acknowledged: the frontier (see [`crate::frontier`]) only moves over fully
 //! acknowledged transactions, or over keepalive positions while nothing is in flight.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use futures::FutureExt as _;
 use futures::stream::{FuturesUnordered, StreamExt};
 use pgoutput::{LogicalMessage, Lsn};
 use tokio::time::{Instant, MissedTickBehavior};
@@ -21,6 +22,7 @@ use crate::frontier::{AckFrontier, EventTicket, FrontierError};
 
 mod admit;
 mod deliver;
+mod positions;
 mod stats;
 
 use crate::message::{OutboundMessage, TxContext};
@@ -31,6 +33,7 @@ use crate::stage::{
     SourceEvent, StoreError,
 };
 use deliver::{Delivery, RetryPolicy, deliver};
+use positions::Positions;
 pub use stats::PipelineStats;
 
 /// Tuning of the loop. Defaults suit a 2-core machine next to the database.
@@ -165,10 +168,12 @@ pub struct Pipeline<S, P, C> {
     /// The open transaction and the count of its outbox events so far.
     tx: Option<(TxContext, u64)>,
     /// Event ids the stream already holds past the start position (a restart after a downtime
-    /// longer than the duplicate window): not published again.
-    already_published: HashSet<String>,
+    /// longer than the duplicate window), with their stream sequence: not published again.
+    already_published: HashMap<String, u64>,
     /// Recent event ids, to report id collisions.
     recent: RecentIds,
+    /// Where the events not yet behind the stored checkpoint are in the stream.
+    positions: Positions,
 }
 
 /// Why the loop leaves its reading phase.
@@ -205,6 +210,7 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
     ) -> Self {
         stats.confirmed_lsn.store(start.0, Ordering::Relaxed);
         let recent = RecentIds::new(config.collision_window);
+        let positions = Positions::new(publisher.stream_name());
         Self {
             source,
             publisher: Arc::new(publisher),
@@ -216,14 +222,16 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
             config,
             stats,
             tx: None,
-            already_published: HashSet::new(),
+            already_published: HashMap::new(),
             recent,
+            positions,
         }
     }
 
-    /// Event ids found in the stream past the start position; each is skipped once when the
-    /// stream re-delivers its row, instead of being stored a second time.
-    pub fn skip_published(&mut self, ids: HashSet<String>) {
+    /// Event ids found in the stream past the start position, with the stream sequence of
+    /// their copy; each is skipped once when the stream re-delivers its row, instead of being
+    /// stored a second time.
+    pub fn skip_published(&mut self, ids: HashMap<String, u64>) {
         self.already_published = ids;
     }
 
@@ -267,7 +275,8 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
                 biased;
                 () = &mut shutdown, if reading => Err(Stop::Drain),
                 () = sleep_until_some(drain_deadline), if !reading => Err(Stop::DrainTimedOut),
-                Some(done) = in_flight.next(), if !in_flight.is_empty() => {
+                Some((mark, done)) = in_flight.next(), if !in_flight.is_empty() => {
+                    self.positions.finished(mark);
                     self.on_delivery(done).map_err(Stop::Failed)
                 }
                 _ = tick.tick() => match self.checkpoint(false).await {
@@ -286,7 +295,10 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
                 },
             };
             match step {
-                Ok(Some((msg, ticket))) => in_flight.push(self.launch(msg, ticket, policy).await),
+                Ok(Some((msg, ticket))) => {
+                    let mark = self.positions.launched();
+                    in_flight.push(self.launch(msg, ticket, policy, mark).await);
+                }
                 Ok(None) => {}
                 Err(Stop::DrainTimedOut) => break,
                 Err(stop) => {
@@ -377,13 +389,15 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
     }
 
     /// Hands `msg` to the publisher (in call order) and returns the future that sees it
-    /// acknowledged, re-publishing while the outcome is unknown.
+    /// acknowledged, re-publishing while the outcome is unknown. The future hands `mark` (see
+    /// [`Positions::launched`]) back with the outcome.
     async fn launch(
         &self,
         msg: OutboundMessage,
         ticket: EventTicket,
         policy: RetryPolicy,
-    ) -> impl Future<Output = Delivery> + use<S, P, C> {
+        mark: u64,
+    ) -> impl Future<Output = (u64, Delivery)> + use<S, P, C> {
         let msg = Arc::new(msg);
         let first = self.publisher.send(&msg).await;
         deliver(
@@ -394,6 +408,7 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
             policy,
             self.stats.clone(),
         )
+        .map(move |done| (mark, done))
     }
 
     /// Acks one delivery. A collision the broker revealed goes to the dead-letter subject when
@@ -405,8 +420,10 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
         done: Delivery,
     ) -> Result<Option<(OutboundMessage, EventTicket)>, PipelineError> {
         match done {
-            Ok((ticket, receipt)) => {
+            Ok((ticket, receipt, msg)) => {
                 self.frontier.ack(ticket)?;
+                self.positions
+                    .stored(msg.commit_lsn, msg.commit_time_micros, receipt.stream_seq);
                 self.stats.events_published.fetch_add(1, Ordering::Relaxed);
                 if receipt.duplicate {
                     self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
@@ -451,10 +468,12 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
             return Ok(());
         }
         crate::failpoint::hit("after_ack_before_store");
+        let anchor = self.positions.anchor(lsn);
         self.store
-            .save(lsn)
+            .save_with_anchor(lsn, anchor)
             .await
             .map_err(|error| PipelineError::Store { lsn, error })?;
+        self.positions.checkpointed(lsn);
         self.stored = lsn;
         self.stored_at = Instant::now();
         crate::failpoint::hit("after_store_before_confirm");

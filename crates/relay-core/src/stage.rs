@@ -186,6 +186,40 @@ pub trait Publisher: Clone + Send + Sync + 'static {
     fn max_server_closes(&self) -> u32 {
         u32::MAX
     }
+
+    /// The stream whose sequences [`PubReceipt::stream_seq`] counts, when every message lands in
+    /// one stream (a JetStream publisher with `Nats-Expected-Stream`). The pipeline records
+    /// [`PositionAnchor`]s only for a publisher that names it. Default: none.
+    fn stream_name(&self) -> Option<Arc<str>> {
+        None
+    }
+}
+
+/// Where the events a checkpoint moved past are in the stream, stored with the checkpoint so a
+/// commit LSN or a commit time can later be mapped to a stream sequence (`outbox-relay
+/// position`, `docs/replay.md`).
+///
+/// The pipeline builds one per checkpoint that moved past at least one acknowledged event. The
+/// checkpoints of all sessions, taken in order, cover every event exactly once: each covers
+/// the transactions committed after the previous checkpoint up to its own. What an anchor
+/// promises: every event of its transactions, and every event committed later that was
+/// acknowledged or sent by the time of the checkpoint, has a copy in the stream at a sequence
+/// at or after `stream_seq` (the lowest sequence acknowledged for any of them, and for events
+/// still in flight the highest sequence known stored before each was sent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PositionAnchor {
+    /// The stream the sequence counts in ([`Publisher::stream_name`]).
+    pub stream: Arc<str>,
+    /// Commit LSN of the earliest transaction with an acknowledged event behind this checkpoint.
+    pub commit_lsn: Lsn,
+    /// Its commit time, µs since 2000-01-01 UTC.
+    pub commit_time_micros: i64,
+    /// See the type's documentation.
+    pub stream_seq: u64,
+    /// An event in flight at the checkpoint was sent before this session learned any stream
+    /// sequence: its copies can only be bounded by the previous anchor of the stream. The store
+    /// then records the lower of `stream_seq` and the previous anchor's (0 without one).
+    pub floor_unknown: bool,
 }
 
 /// Durable relay progress, kept apart from the slot so a restart resumes exactly where the
@@ -195,4 +229,16 @@ pub trait CheckpointStore: Send {
     fn load(&mut self) -> impl Future<Output = Result<Option<Lsn>, StoreError>> + Send;
     /// Durably stores `lsn` (a position the ack frontier reached).
     fn save(&mut self, lsn: Lsn) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Durably stores `lsn` and, in the same transaction, `anchor` (where the events it moved
+    /// past are in the stream). Storing the anchor must never fail a save that would have
+    /// succeeded without it. Default: stores `lsn` only.
+    fn save_with_anchor(
+        &mut self,
+        lsn: Lsn,
+        anchor: Option<PositionAnchor>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        drop(anchor);
+        self.save(lsn)
+    }
 }

@@ -3,12 +3,12 @@
 //!
 //! Holds when the relay is the only writer of messages with its event ids into the stream. It
 //! reads the stream's tail — at most `MAX_SCANNED` messages, with an ordered consumer — and
-//! collects the `Nats-Msg-Id` of every message whose `Outbox-Commit-Lsn` is at or after the
-//! checkpoint. The bound keeps start-up fast and memory small; a longer unconfirmed tail (a
+//! collects the `Nats-Msg-Id` (and stream sequence, for the position map) of every message whose
+//! `Outbox-Commit-Lsn` is at or after the checkpoint. The bound keeps start-up fast and memory small; a longer unconfirmed tail (a
 //! crash in the middle of a transaction of more events than that) is still re-sent, and only
 //! JetStream's duplicate window drops those copies.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -25,13 +25,13 @@ pub const MAX_SCANNED: u64 = 20_000;
 const IDLE: Duration = Duration::from_secs(3);
 
 /// Event ids in the last `max(at_least, MAX_SCANNED)` messages of `stream` whose transaction
-/// committed at or after `since`.
+/// committed at or after `since`, each with the sequence of its first copy there.
 pub async fn published_since(
     jetstream: &JetStream,
     stream: &str,
     since: Lsn,
     at_least: u64,
-) -> Result<HashSet<String>, NatsError> {
+) -> Result<HashMap<String, u64>, NatsError> {
     let stream_err = |e: &dyn std::fmt::Display| jetstream.stream_error(stream, e);
     let mut handle = jetstream
         .context()
@@ -44,7 +44,7 @@ pub async fn published_since(
         .map_err(|e| stream_err(&e))?
         .state
         .clone();
-    let mut ids = HashSet::new();
+    let mut ids = HashMap::new();
     if state.messages == 0 {
         return Ok(ids);
     }
@@ -69,17 +69,19 @@ pub async fn published_since(
             Ok(Some(Err(e))) => return Err(stream_err(&e)),
             Ok(None) | Err(_) => break,
         };
-        let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(u64::MAX);
+        let seq = msg.info().map(|i| i.stream_sequence).ok();
         if let Some(headers) = &msg.headers {
             let at_or_after = headers
                 .get(HEADER_COMMIT_LSN)
                 .and_then(|l| Lsn::from_str(l.as_str()).ok())
                 .is_some_and(|lsn| lsn >= since);
             if at_or_after && let Some(id) = headers.get(HEADER_MSG_ID) {
-                ids.insert(id.as_str().to_owned());
+                // 0: not known (the pipeline then uses no position for it).
+                ids.entry(id.as_str().to_owned())
+                    .or_insert(seq.unwrap_or(0));
             }
         }
-        if seq >= state.last_sequence {
+        if seq.is_none_or(|seq| seq >= state.last_sequence) {
             break;
         }
     }

@@ -338,6 +338,11 @@ impl Publisher for JetStreamPublisher {
         }
     }
 
+    /// Every message carries `Nats-Expected-Stream`: every receipt counts in this stream.
+    fn stream_name(&self) -> Option<Arc<str>> {
+        Some(self.stream.clone())
+    }
+
     fn max_server_closes(&self) -> u32 {
         self.jetstream.state().max_server_closes
     }

@@ -61,7 +61,9 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
                     });
                 };
                 *index += 1;
-                if self.already_published.remove(&msg.event_id) {
+                if let Some(seq) = self.already_published.remove(&msg.event_id) {
+                    self.positions
+                        .stored(tx.commit_lsn, tx.commit_time_micros, seq);
                     self.stats.already_published.fetch_add(1, Ordering::Relaxed);
                     return Ok(None);
                 }
@@ -80,8 +82,12 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
             }
         };
         match routed {
-            Some(msg) if self.already_published.remove(&msg.event_id) => {
+            Some(msg) if self.already_published.contains_key(&msg.event_id) => {
                 *index += 1;
+                if let Some(seq) = self.already_published.remove(&msg.event_id) {
+                    self.positions
+                        .stored(tx.commit_lsn, tx.commit_time_micros, seq);
+                }
                 self.stats.already_published.fetch_add(1, Ordering::Relaxed);
             }
             Some(msg) => {

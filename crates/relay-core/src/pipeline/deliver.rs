@@ -21,9 +21,12 @@ use crate::frontier::EventTicket;
 use crate::message::OutboundMessage;
 use crate::stage::{PubReceipt, PublishError, PublishErrorKind, Publisher};
 
-/// The outcome of one delivery: its ticket and receipt, or the message and the fatal error.
-pub(super) type Delivery =
-    Result<(EventTicket, PubReceipt), (EventTicket, Arc<OutboundMessage>, PublishError)>;
+/// The outcome of one delivery: its ticket, receipt and message, or the message and the fatal
+/// error.
+pub(super) type Delivery = Result<
+    (EventTicket, PubReceipt, Arc<OutboundMessage>),
+    (EventTicket, Arc<OutboundMessage>, PublishError),
+>;
 
 /// Retry settings a delivery carries.
 #[derive(Debug, Clone, Copy)]
@@ -55,7 +58,7 @@ pub(super) async fn deliver<P: Publisher>(
         let error = match result {
             Ok(receipt) => {
                 stats.observe_ack(&msg, &receipt);
-                return Ok((ticket, receipt));
+                return Ok((ticket, receipt, msg));
             }
             Err(e) => e,
         };

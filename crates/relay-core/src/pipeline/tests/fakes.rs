@@ -8,7 +8,7 @@ use pgoutput::{Column, Insert, Relation, TupleData, TupleValue};
 
 use super::super::*;
 use crate::route::OutboxTableConfig;
-use crate::stage::{ErrorClass, PubReceipt, PublishErrorKind};
+use crate::stage::{ErrorClass, PositionAnchor, PubReceipt, PublishErrorKind};
 
 pub(super) const OUTBOX: u32 = 100;
 pub(super) const OTHER: u32 = 200;
@@ -115,6 +115,8 @@ impl ChangeSource for ScriptedSource {
 pub(super) enum Fault {
     /// Stored, but the ack is lost: the publisher reports an unknown outcome.
     FailAfterWrite,
+    /// Lost before the broker stored it: the publisher reports an unknown outcome.
+    FailBeforeWrite,
     /// Refused for good.
     Reject,
 }
@@ -157,11 +159,19 @@ impl Publisher for FakeBroker {
             if fault == Some(Fault::Reject) {
                 return Err(PublishError::new(PublishErrorKind::Rejected, "too big"));
             }
+            if fault == Some(Fault::FailBeforeWrite) {
+                return Err(PublishError::new(PublishErrorKind::Unknown, "timed out"));
+            }
             let duplicate = !s.ids.insert(msg.event_id.clone());
             if !duplicate {
-                s.stream.push(msg);
+                s.stream.push(msg.clone());
             }
-            let seq = s.stream.len() as u64;
+            // Like JetStream: a duplicate's receipt names the first copy.
+            let seq = s
+                .stream
+                .iter()
+                .position(|m| m.event_id == msg.event_id)
+                .map_or(0, |i| i as u64 + 1);
             if fault == Some(Fault::FailAfterWrite) {
                 return Err(PublishError::new(
                     PublishErrorKind::Unknown,
@@ -174,7 +184,14 @@ impl Publisher for FakeBroker {
             })
         }))
     }
+
+    fn stream_name(&self) -> Option<Arc<str>> {
+        Some("OUTBOX".into())
+    }
 }
+
+/// A list the test and the store share.
+pub(super) type Shared<T> = Arc<Mutex<Vec<T>>>;
 
 /// Checks the delivery rule on every save: every event of every transaction ending at or
 /// before the saved LSN is in the broker.
@@ -183,11 +200,29 @@ pub(super) struct CheckingStore {
     /// (end LSN of transaction, its event ids)
     pub(super) txs: Vec<(Lsn, Vec<String>)>,
     pub(super) saved: Arc<Mutex<Vec<Lsn>>>,
+    /// The anchor passed with each save, by checkpoint, and the stream then (commit LSN and
+    /// event id of each message, in stream order).
+    pub(super) anchors: Shared<(Lsn, Option<PositionAnchor>)>,
+    pub(super) streams: Shared<Vec<(Lsn, String)>>,
 }
 
 impl CheckpointStore for CheckingStore {
     async fn load(&mut self) -> Result<Option<Lsn>, StoreError> {
         Ok(self.saved.lock().unwrap().last().copied())
+    }
+    async fn save_with_anchor(
+        &mut self,
+        lsn: Lsn,
+        anchor: Option<PositionAnchor>,
+    ) -> Result<(), StoreError> {
+        self.anchors.lock().unwrap().push((lsn, anchor));
+        let stream = {
+            let broker = self.broker.0.lock().unwrap();
+            let stream = broker.stream.iter();
+            stream.map(|m| (m.commit_lsn, m.event_id.clone())).collect()
+        };
+        self.streams.lock().unwrap().push(stream);
+        self.save(lsn).await
     }
     async fn save(&mut self, lsn: Lsn) -> Result<(), StoreError> {
         let broker = self.broker.0.lock().unwrap();
@@ -217,6 +252,8 @@ impl CheckpointStore for CheckingStore {
 pub(super) struct Harness {
     pub(super) broker: FakeBroker,
     pub(super) saved: Arc<Mutex<Vec<Lsn>>>,
+    pub(super) anchors: Shared<(Lsn, Option<PositionAnchor>)>,
+    pub(super) streams: Shared<Vec<(Lsn, String)>>,
     pub(super) confirmed: Arc<Mutex<Vec<Lsn>>>,
     pub(super) stats: Arc<PipelineStats>,
 }
@@ -238,6 +275,18 @@ pub(super) async fn run_script_skipping(
     then_fail: bool,
     already_published: HashSet<String>,
 ) -> (Result<RunOutcome, PipelineError>, Harness) {
+    let at = already_published.into_iter().map(|id| (id, 0)).collect();
+    run_script_skipping_at(events, broker, config, then_fail, at).await
+}
+
+/// As [`run_script_skipping`], with the sequence each is found at (0: not known).
+pub(super) async fn run_script_skipping_at(
+    events: Vec<SourceEvent>,
+    broker: FakeBroker,
+    config: PipelineConfig,
+    then_fail: bool,
+    already_published: HashMap<String, u64>,
+) -> (Result<RunOutcome, PipelineError>, Harness) {
     // Work out each transaction's events for the checking store.
     let mut txs = Vec::new();
     let mut current = Vec::new();
@@ -256,6 +305,8 @@ pub(super) async fn run_script_skipping(
         }
     }
     let saved = Arc::new(Mutex::new(Vec::new()));
+    let anchors = Arc::new(Mutex::new(Vec::new()));
+    let streams = Arc::new(Mutex::new(Vec::new()));
     let confirmed = Arc::new(Mutex::new(Vec::new()));
     let stats = Arc::new(PipelineStats::default());
     let source = ScriptedSource {
@@ -268,6 +319,8 @@ pub(super) async fn run_script_skipping(
         broker: broker.clone(),
         txs,
         saved: saved.clone(),
+        anchors: anchors.clone(),
+        streams: streams.clone(),
     };
     let router = Router::new(&[OutboxTableConfig::with_defaults("public.outbox")]).unwrap();
     let mut pipeline = Pipeline::new(
@@ -285,7 +338,7 @@ pub(super) async fn run_script_skipping(
         .lock()
         .unwrap()
         .ids
-        .extend(already_published.iter().cloned());
+        .extend(already_published.keys().cloned());
     pipeline.skip_published(already_published);
     let result = pipeline.run(std::future::pending()).await;
     (
@@ -293,6 +346,8 @@ pub(super) async fn run_script_skipping(
         Harness {
             broker,
             saved,
+            anchors,
+            streams,
             confirmed,
             stats,
         },

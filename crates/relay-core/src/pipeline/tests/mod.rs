@@ -2,6 +2,7 @@
 //! with injectable faults and ack delays, and a store that checks the delivery rule on every
 //! save.
 
+mod anchors;
 mod fakes;
 
 use pgoutput::{Insert, Update};
