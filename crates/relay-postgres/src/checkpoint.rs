@@ -4,12 +4,24 @@
 //! The write must be durable before the relay confirms the position to the slot, so the
 //! session commits with `synchronous_commit = on` when the server, database or role set it
 //! `off`: an asynchronous commit lost in a crash would leave the slot ahead of the checkpoint.
+//!
+//! With each checkpoint that moved past acknowledged events, the same transaction records where
+//! those events are in the stream in `outbox_relay.position_map` ([`position_map`]).
 
 use std::str::FromStr;
+use std::time::Duration;
 
 use relay_core::Lsn;
-use relay_core::stage::{CheckpointStore, ErrorClass, StoreError};
+use relay_core::stage::{CheckpointStore, ErrorClass, PositionAnchor, StoreError};
 use tokio_postgres::Client;
+
+pub mod position_map;
+
+use position_map::MapWriter;
+pub use position_map::{
+    DEFAULT_RETENTION, MapStart, MapSummary, MapTarget, POSITION_MAP_MIGRATION, StoredAnchor,
+    map_start, map_summary, position_map_access, position_map_grants,
+};
 
 /// The migration that creates the checkpoint table (also shipped in `migrations/`).
 pub const CHECKPOINT_MIGRATION: &str =
@@ -20,6 +32,7 @@ pub const CHECKPOINT_MIGRATION: &str =
 pub struct PgCheckpointStore {
     client: Client,
     slot: String,
+    map: MapWriter,
 }
 
 fn store_err(message: String) -> impl FnOnce(tokio_postgres::Error) -> StoreError {
@@ -77,7 +90,9 @@ pub async fn checkpoint_table_access(
 
 impl PgCheckpointStore {
     /// A store for `slot`. Runs [`CHECKPOINT_MIGRATION`] only when the table is missing, so a
-    /// role without CREATE on the database works once an administrator has applied it.
+    /// role without CREATE on the database works once an administrator has applied it; the
+    /// same for [`POSITION_MAP_MIGRATION`], except that a position map that cannot be created or
+    /// written is only reported (checkpoints are stored without it).
     pub async fn new(client: Client, slot: &str) -> Result<Self, StoreError> {
         let access = checkpoint_table_access(&client)
             .await
@@ -108,10 +123,20 @@ impl PgCheckpointStore {
             .map_err(store_err(
                 "cannot set synchronous_commit = on for the checkpoint session".into(),
             ))?;
+        let map = MapWriter::open(&client, slot).await;
         Ok(Self {
             client,
             slot: slot.to_owned(),
+            map,
         })
+    }
+
+    /// How long rows of the position map are kept (`[relay] position_retention`; default
+    /// [`DEFAULT_RETENTION`]). The newest row of a stream is always kept.
+    #[must_use]
+    pub fn with_position_retention(mut self, retention: Duration) -> Self {
+        self.map.retention = retention;
+        self
     }
 
     /// The plain session, for catalog queries.
@@ -140,15 +165,7 @@ impl PgCheckpointStore {
     }
 
     async fn upsert(&mut self, lsn: Lsn, allow_backwards: bool) -> Result<(), StoreError> {
-        let sql = if allow_backwards {
-            "INSERT INTO outbox_relay.checkpoint (slot_name, confirmed_lsn) VALUES ($1, $2::text::pg_lsn) \
-             ON CONFLICT (slot_name) DO UPDATE SET confirmed_lsn = EXCLUDED.confirmed_lsn, updated_at = now()"
-        } else {
-            // Never move backwards, even if two relays raced.
-            "INSERT INTO outbox_relay.checkpoint (slot_name, confirmed_lsn) VALUES ($1, $2::text::pg_lsn) \
-             ON CONFLICT (slot_name) DO UPDATE SET confirmed_lsn = EXCLUDED.confirmed_lsn, updated_at = now() \
-             WHERE outbox_relay.checkpoint.confirmed_lsn < EXCLUDED.confirmed_lsn"
-        };
+        let sql = Self::upsert_sql(allow_backwards);
         self.client
             .execute(sql, &[&self.slot, &lsn.to_string()])
             .await
@@ -157,6 +174,49 @@ impl PgCheckpointStore {
                 self.slot
             )))?;
         Ok(())
+    }
+
+    /// Stores `lsn` and records `anchor` in one transaction. A map row that cannot be written
+    /// is rolled back alone (to a savepoint) and merged into the next one: the checkpoint commits
+    /// as it would without it.
+    async fn upsert_anchored(
+        &mut self,
+        lsn: Lsn,
+        anchor: PositionAnchor,
+    ) -> Result<(), StoreError> {
+        let failed = || {
+            store_err(format!(
+                "cannot store checkpoint {lsn} for slot {}",
+                self.slot
+            ))
+        };
+        let anchor = self.map.merge_pending(anchor);
+        let mut tx = self.client.transaction().await.map_err(failed())?;
+        tx.execute(Self::upsert_sql(false), &[&self.slot, &lsn.to_string()])
+            .await
+            .map_err(failed())?;
+        let map = tx.savepoint("position_map").await.map_err(failed())?;
+        match self.map.record(&map, &self.slot, &anchor).await {
+            Ok(()) => map.commit().await.map_err(failed())?,
+            Err(e) => {
+                // A lost connection shows here, as it would on the checkpoint's own commit.
+                map.rollback().await.map_err(failed())?;
+                self.map.failed(&self.slot, anchor, &e);
+            }
+        }
+        tx.commit().await.map_err(failed())
+    }
+
+    fn upsert_sql(allow_backwards: bool) -> &'static str {
+        if allow_backwards {
+            "INSERT INTO outbox_relay.checkpoint (slot_name, confirmed_lsn) VALUES ($1, $2::text::pg_lsn) \
+             ON CONFLICT (slot_name) DO UPDATE SET confirmed_lsn = EXCLUDED.confirmed_lsn, updated_at = now()"
+        } else {
+            // Never move backwards, even if two relays raced.
+            "INSERT INTO outbox_relay.checkpoint (slot_name, confirmed_lsn) VALUES ($1, $2::text::pg_lsn) \
+             ON CONFLICT (slot_name) DO UPDATE SET confirmed_lsn = EXCLUDED.confirmed_lsn, updated_at = now() \
+             WHERE outbox_relay.checkpoint.confirmed_lsn < EXCLUDED.confirmed_lsn"
+        }
     }
 }
 
@@ -180,5 +240,16 @@ impl CheckpointStore for PgCheckpointStore {
 
     async fn save(&mut self, lsn: Lsn) -> Result<(), StoreError> {
         self.upsert(lsn, false).await
+    }
+
+    async fn save_with_anchor(
+        &mut self,
+        lsn: Lsn,
+        anchor: Option<PositionAnchor>,
+    ) -> Result<(), StoreError> {
+        match anchor {
+            Some(anchor) if self.map.usable => self.upsert_anchored(lsn, anchor).await,
+            _ => self.upsert(lsn, false).await,
+        }
     }
 }
