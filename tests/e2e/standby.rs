@@ -271,6 +271,19 @@ async fn two_relays_started_together_on_a_fresh_database_become_active_and_stand
         "the second relay stopped:\n{}",
         second.log()
     );
+    // The preflight a service manager runs before starting a relay (the systemd unit's
+    // ExecStartPre) passes while the other relay streams: a warning, not a refusal.
+    let preflight = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .arg("--config")
+        .arg(&config)
+        .args(["validate", "--connect"])
+        .output()?;
+    let report = String::from_utf8_lossy(&preflight.stdout);
+    ensure!(
+        preflight.status.success() && report.contains("a relay started now waits as its standby"),
+        "validate --connect while the other relay streams: {:?}\n{report}",
+        preflight.status
+    );
     // The first one goes away; the second takes over and delivers.
     first.kill9();
     let id = insert_event(&db, "Order", "Created", r#"{"n":2}"#).await?;

@@ -307,11 +307,14 @@ async fn catalog_checks(
         ),
     }
     match info.active_pid {
-        Some(pid) => r.fail(
+        // The other relay of an active/standby pair: this one will wait as its standby, so
+        // a preflight before start (the systemd unit's ExecStartPre) must not refuse it.
+        Some(pid) => r.hinted(
+            Verdict::Warn,
             format!("{name} active"),
-            format!("streaming to another process (pid {pid})"),
+            format!("streaming to another process (pid {pid}); a relay started now waits as its standby"),
             format!(
-                "another relay (or client) is reading this slot: stop it, or SELECT pg_terminate_backend({pid})"
+                "expected with an active/standby pair; if that process is not a relay of this pair, stop it or SELECT pg_terminate_backend({pid})"
             ),
         ),
         None => r.pass(format!("{name} active"), "not in use by another process"),

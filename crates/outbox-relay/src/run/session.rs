@@ -1,0 +1,297 @@
+//! One replication session, step by step: connect, open the checkpoint store, check the
+//! server and the slot, find what the stream already holds, learn the outbox tables, stream.
+//! Each step either hands the next one what it needs or ends the session ([`Stop`]): with a
+//! retry after a backoff, or with an exit.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use relay_core::Lsn;
+use relay_core::pipeline::{Pipeline, PipelineError};
+use relay_core::route::Router;
+use relay_core::stage::{BoundaryError, CheckpointStore, ErrorClass};
+use relay_nats::JetStreamPublisher;
+use relay_postgres::PgError;
+use relay_postgres::bootstrap::{self, SlotState};
+use relay_postgres::checkpoint::PgCheckpointStore;
+use relay_postgres::source::PgSource;
+use tokio_util::sync::CancellationToken;
+
+use super::{SessionEnd, failpoint, pg_exit};
+use crate::config::RelayConfig;
+use crate::exit::{Exit, ExitKind};
+use crate::telemetry::Telemetry;
+
+/// Consecutive refused logins after the first session before the relay exits with 78.
+const MAX_REFUSED_LOGINS: u32 = 3;
+
+/// Why a step ended the session.
+enum Stop {
+    /// Retry after a backoff (or, for a clean shutdown, stop).
+    End(SessionEnd),
+    /// Exit the process.
+    Exit(Exit),
+}
+
+impl From<Exit> for Stop {
+    fn from(exit: Exit) -> Self {
+        Self::Exit(exit)
+    }
+}
+
+type Step<T> = Result<T, Stop>;
+
+fn retry(error: impl Into<anyhow::Error>) -> Stop {
+    Stop::End(SessionEnd::Retry(error.into()))
+}
+
+/// A source or store failure: retried, or an exit by its class.
+fn boundary(error: BoundaryError, context: Option<String>) -> Stop {
+    let class = error.class;
+    let error = match context {
+        Some(context) => anyhow::Error::new(error).context(context),
+        None => anyhow::Error::new(error),
+    };
+    match class {
+        ErrorClass::Transient => retry(error),
+        ErrorClass::Fatal => Stop::Exit(Exit::new(ExitKind::Config, error)),
+        ErrorClass::SlotLost => Stop::Exit(Exit::new(ExitKind::DataSafety, error)),
+    }
+}
+
+/// A PostgreSQL failure outside the stream: retried when transient, else an exit.
+fn postgres(error: PgError) -> Stop {
+    if error.is_transient() {
+        retry(error)
+    } else {
+        Stop::Exit(pg_exit(error))
+    }
+}
+
+/// Runs sessions for [`super::run`]: what one session learns that the next must know.
+pub(super) struct Supervisor<'a> {
+    pub(super) config: &'a RelayConfig,
+    pub(super) publisher: &'a JetStreamPublisher,
+    /// Ends the session: a shutdown, or the publication check finding drift.
+    pub(super) stop: &'a CancellationToken,
+    pub(super) telemetry: &'a Arc<Telemetry>,
+    /// `--accept-slot-position`: used by the first session that finds the slot ahead.
+    pub(super) accept_slot_position: bool,
+    /// A session once reached PostgreSQL: from then on, unreachable means "wait".
+    pub(super) ever_connected: bool,
+    /// Logins refused in a row after the relay had run.
+    pub(super) refused_logins: u32,
+}
+
+impl Supervisor<'_> {
+    /// One replication session: connect, check, resume from the checkpoint, stream.
+    pub(super) async fn session(&mut self) -> Result<SessionEnd, Exit> {
+        match self.steps().await {
+            Ok(end) | Err(Stop::End(end)) => Ok(end),
+            Err(Stop::Exit(exit)) => Err(exit),
+        }
+    }
+
+    async fn steps(&mut self) -> Step<SessionEnd> {
+        let client = self.connect().await?;
+        let mut store = PgCheckpointStore::new(client, &self.config.postgres.slot)
+            .await
+            .map_err(|e| boundary(e, None))?;
+        let state = self.prepare(&mut store).await?;
+        let start = self.resume_position(&mut store, &state).await?;
+        let already_published = relay_nats::published_since(
+            self.publisher.jetstream(),
+            &self.config.nats.stream,
+            start,
+            self.config.relay.max_in_flight as u64 * 2,
+        )
+        .await
+        .map_err(retry)?;
+        if !already_published.is_empty() {
+            tracing::info!(
+                count = already_published.len(),
+                checkpoint = %start,
+                "events past the checkpoint are already in the stream; they will not be published again"
+            );
+        }
+        let router = self.router(&store).await?;
+        failpoint::pause("before_start_replication").await;
+        let source = PgSource::start(&self.config.postgres, start)
+            .await
+            .map_err(|e| boundary(e, None))?;
+        self.telemetry.streaming.store(true, Ordering::Relaxed);
+        self.telemetry.set_last_error(None);
+        // systemd (Type=notify): ready once replication streams; repeated READY=1 is harmless.
+        let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
+        tracing::info!(slot = %self.config.postgres.slot, lsn = %start, "streaming");
+        let mut pipeline = Pipeline::new(
+            source,
+            self.publisher.clone(),
+            store,
+            router,
+            start,
+            self.config.relay.pipeline_config(),
+            self.telemetry.stats.clone(),
+        );
+        pipeline.skip_published(already_published);
+        let result = pipeline.run(self.stop.cancelled()).await;
+        let (source, _, _) = pipeline.into_parts();
+        self.ended(source, result).await
+    }
+
+    /// Connects a plain session. Unreachable at start-up: exit; later, wait for it to come
+    /// back. A refused login after the relay had run gets a few quick retries (a secret file
+    /// updated a moment after the role), then exits instead of looping.
+    async fn connect(&mut self) -> Step<tokio_postgres::Client> {
+        let pg = &self.config.postgres;
+        let client = match relay_postgres::connect(pg).await {
+            Ok(client) => client,
+            Err(e) if self.ever_connected && e.is_transient() => return Err(retry(e)),
+            Err(e) if self.ever_connected => {
+                self.refused_logins += 1;
+                let who = pg.parts().map(|p| p.user).unwrap_or_default();
+                let message = format!(
+                    "PostgreSQL at {} refused the login of role `{who}` ({} of {MAX_REFUSED_LOGINS} attempts) after the relay had run: check the role (LOGIN, password, pg_hba.conf, certificate) and postgres.password / password_file / sslcert",
+                    pg.display_target(),
+                    self.refused_logins
+                );
+                let error = anyhow::Error::new(e).context(message);
+                if self.refused_logins >= MAX_REFUSED_LOGINS {
+                    return Err(Exit::config(error).into());
+                }
+                return Err(retry(error));
+            }
+            Err(e) => return Err(pg_exit(e).into()),
+        };
+        self.ever_connected = true;
+        self.refused_logins = 0;
+        Ok(client)
+    }
+
+    /// The start-up checks against the stored checkpoint; with `--accept-slot-position`, a
+    /// slot ahead of the checkpoint moves the checkpoint there once (then the session retries).
+    async fn prepare(&mut self, store: &mut PgCheckpointStore) -> Step<SlotState> {
+        let slot = self.config.postgres.slot.as_str();
+        let checkpoint = store.load().await.map_err(|e| boundary(e, None))?;
+        failpoint::pause("after_checkpoint_read").await;
+        let tables = self.config.tables();
+        match bootstrap::prepare(store.client(), &self.config.postgres, &tables, checkpoint).await {
+            Ok(state) => Ok(state),
+            Err(PgError::SlotAhead {
+                slot_lsn,
+                checkpoint,
+                ..
+            }) if self.accept_slot_position => {
+                tracing::warn!(slot, slot_lsn = %slot_lsn, checkpoint = %checkpoint, "accepting the slot's position: events committed in between were not published by this relay");
+                store
+                    .overwrite(slot_lsn)
+                    .await
+                    .map_err(|e| boundary(e, None))?;
+                self.accept_slot_position = false;
+                Err(retry(anyhow::anyhow!(
+                    "checkpoint moved to the slot's position {slot_lsn}"
+                )))
+            }
+            Err(e) => Err(postgres(e)),
+        }
+    }
+
+    /// Where this session resumes: the stored checkpoint, or on a slot's first run its
+    /// position, stored now so that a lost slot is detected later.
+    async fn resume_position(&self, store: &mut PgCheckpointStore, state: &SlotState) -> Step<Lsn> {
+        let slot = self.config.postgres.slot.as_str();
+        let start = match state.checkpoint {
+            Some(c) => c,
+            None => {
+                store
+                    .save(state.confirmed_flush_lsn)
+                    .await
+                    .map_err(|e| boundary(e, None))?;
+                state.confirmed_flush_lsn
+            }
+        };
+        tracing::info!(
+            slot,
+            publication = %self.config.postgres.publication,
+            checkpoint = %start,
+            slot_confirmed_flush_lsn = %state.confirmed_flush_lsn,
+            slot_restart_lsn = ?state.slot.restart_lsn.map(|l| l.to_string()),
+            wal_status = ?state.slot.wal_status,
+            slot_created = state.created,
+            "resuming from the stored checkpoint"
+        );
+        if let Some(pid) = state.slot.active_pid {
+            tracing::info!(
+                slot,
+                active_pid = pid,
+                "slot is streaming to another process; waiting as a standby"
+            );
+        }
+        Ok(start)
+    }
+
+    /// The router, with the outbox tables bound to the OIDs the catalog gives them now.
+    async fn router(&self, store: &PgCheckpointStore) -> Step<Router> {
+        let mut router = Router::new(&self.config.outbox)
+            .context("outbox mapping")
+            .map_err(Exit::config)?;
+        let oids =
+            relay_postgres::catalog::outbox_table_oids(store.client(), &self.config.tables())
+                .await
+                .map_err(postgres)?;
+        router.bind_catalog(&oids.tables, oids.read_at);
+        Ok(router)
+    }
+
+    /// How the session ended: a clean stop or an ended stream, a retry, or an exit that says
+    /// where the confirmed position stays.
+    async fn ended(
+        &self,
+        source: PgSource,
+        result: Result<relay_core::pipeline::RunOutcome, PipelineError>,
+    ) -> Step<SessionEnd> {
+        let stop_wait = self
+            .config
+            .postgres
+            .status_interval
+            .min(Duration::from_secs(5));
+        let confirmed = || Lsn(self.telemetry.stats.confirmed_lsn.load(Ordering::Relaxed));
+        match result {
+            Ok(outcome) => {
+                source.stop(stop_wait).await;
+                if self.stop.is_cancelled() {
+                    tracing::info!(confirmed_lsn = %outcome.confirmed, abandoned = outcome.abandoned, "drained");
+                    Ok(SessionEnd::Shutdown)
+                } else {
+                    Err(retry(anyhow::anyhow!("replication stream ended")))
+                }
+            }
+            Err(PipelineError::Source(e)) => Err(boundary(e, None)),
+            Err(PipelineError::Store { error, lsn }) => {
+                Err(boundary(error, Some(format!("storing checkpoint {lsn}"))))
+            }
+            Err(e @ (PipelineError::Route { .. } | PipelineError::Publish { .. })) => {
+                source.stop(stop_wait).await;
+                Err(Exit::new(
+                    ExitKind::DataSafety,
+                    anyhow::Error::new(e).context(format!(
+                        "stopped before this transaction; confirmed position stays at {}. A committed row cannot change: fix the mapping (or set [relay] dead_letter_subject) and restart; the relay resumes there",
+                        confirmed()
+                    )),
+                )
+                .into())
+            }
+            Err(e @ PipelineError::Schema { .. }) => {
+                source.stop(stop_wait).await;
+                Err(Exit::config(anyhow::Error::new(e).context(format!(
+                    "stopped before this transaction; confirmed position stays at {}, and the relay resumes there once the configuration matches the table",
+                    confirmed()
+                )))
+                .into())
+            }
+            Err(e @ PipelineError::Protocol(_)) => Err(Exit::internal(e).into()),
+        }
+    }
+}
