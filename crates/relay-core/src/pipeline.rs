@@ -178,7 +178,9 @@ pub struct Pipeline<S, P, C> {
 
 /// Why the loop leaves its reading phase.
 enum Stop {
-    /// Shutdown requested or the source ended: drain.
+    /// Shutdown requested: finish the open transaction, if any, then drain.
+    Shutdown,
+    /// The source ended: drain.
     Drain,
     /// A failure: drain, then report it.
     Failed(PipelineError),
@@ -263,17 +265,21 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
         let mut failure: Option<PipelineError> = None;
         // Set when draining starts.
         let mut drain_deadline: Option<Instant> = None;
+        // A shutdown that came inside a transaction reads on to its Commit (within the drain
+        // deadline): only a whole transaction can be confirmed, so stopping mid-way would make
+        // the next start read, and publish, its first part again.
+        let mut finishing_tx = false;
 
         loop {
             let reading = drain_deadline.is_none();
-            if !reading && in_flight.is_empty() {
+            if !reading && !finishing_tx && in_flight.is_empty() {
                 break;
             }
-            let can_read = reading && in_flight.len() < max_in_flight;
+            let can_read = (reading || finishing_tx) && in_flight.len() < max_in_flight;
             // What the select produced: a message to publish, an error, or a phase change.
             let step: Result<Option<(OutboundMessage, EventTicket)>, Stop> = tokio::select! {
                 biased;
-                () = &mut shutdown, if reading => Err(Stop::Drain),
+                () = &mut shutdown, if reading => Err(Stop::Shutdown),
                 () = sleep_until_some(drain_deadline), if !reading => Err(Stop::DrainTimedOut),
                 Some((mark, done)) = in_flight.next(), if !in_flight.is_empty() => {
                     self.positions.finished(mark);
@@ -302,12 +308,25 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
                 Ok(None) => {}
                 Err(Stop::DrainTimedOut) => break,
                 Err(stop) => {
-                    if let Stop::Failed(e) = stop {
-                        failure.get_or_insert(e);
+                    match stop {
+                        Stop::Shutdown if self.tx.is_some() => {
+                            tracing::info!(
+                                "shutdown inside a transaction: reading on to its commit"
+                            );
+                            finishing_tx = true;
+                        }
+                        Stop::Failed(e) => {
+                            finishing_tx = false;
+                            failure.get_or_insert(e);
+                        }
+                        _ => finishing_tx = false,
                     }
                     drain_deadline
                         .get_or_insert_with(|| Instant::now() + self.config.drain_timeout);
                 }
+            }
+            if finishing_tx && self.tx.is_none() {
+                finishing_tx = false;
             }
             self.stats
                 .in_flight

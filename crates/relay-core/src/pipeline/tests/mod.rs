@@ -4,6 +4,7 @@
 
 mod anchors;
 mod fakes;
+mod shutdown;
 
 use pgoutput::{Insert, Update};
 
