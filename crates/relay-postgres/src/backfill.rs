@@ -1,0 +1,754 @@
+//! The SQL of `outbox-relay backfill`: an outbox table read in keyset pages, each row turned
+//! into the pgoutput `Relation` + `Insert` the relay would have decoded for it, and the
+//! backfill's cursor in `outbox_relay.backfill`.
+//!
+//! **Same text as the WAL.** pgoutput sends each value as its type's output function renders
+//! it, in the walsender's session settings. Pages are read with the simple query protocol,
+//! whose values are exactly that text (a `::text` cast is not: `true::text` is `true` where
+//! the output function says `t`, `char(n)` loses its padding, `inet` gains a netmask), in a
+//! session with the replication session's settings (hex bytea, ISO dates, UTC,
+//! `extra_float_digits = 3`). The `Relation` has the columns pgoutput would send: attnum
+//! order, no dropped or generated columns, the publication's column list (PostgreSQL 15+),
+//! with their type OIDs; the publication's row filter (15+) is applied to the pages too.
+//!
+//! **Keyset pages.** `WHERE key > last AND key <= end ORDER BY key LIMIT n` on the table's
+//! single-column primary key, or else on the event id column when a unique index covers it.
+//! `end` is the last key when the backfill started.
+
+use pgoutput::{Column, Insert, LogicalMessage, Relation, TupleData, TupleValue};
+use relay_core::Lsn;
+use relay_core::stage::SourceEvent;
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+use crate::catalog;
+
+/// The migration that creates the cursor table (also shipped in `migrations/`).
+pub const BACKFILL_MIGRATION: &str = include_str!("../../../migrations/0003_relay_backfill.sql");
+
+/// Session settings of the read session: the replication session's text forms, and nothing
+/// written (a `--where` filter cannot change data).
+const READ_SESSION: &str = "SET application_name = 'outbox-relay backfill'; \
+     SET bytea_output = hex; SET DateStyle = ISO; SET TimeZone = UTC; \
+     SET extra_float_digits = 3; SET default_transaction_read_only = on";
+
+/// Failures of the backfill's SQL.
+#[derive(Debug, thiserror::Error)]
+pub enum BackfillError {
+    /// The table does not exist.
+    #[error("outbox table `{table}` does not exist in this database")]
+    TableMissing {
+        /// `schema.table`.
+        table: String,
+    },
+    /// The role may not read the table.
+    #[error(
+        "the relay's role may not read outbox table `{table}`: GRANT SELECT ON {table} TO <role>"
+    )]
+    NotReadable {
+        /// `schema.table`.
+        table: String,
+    },
+    /// No unique, non-null single column to page by.
+    #[error(
+        "outbox table `{table}` has no single-column primary key, and no unique index covers its event id column `{event_id}` alone: backfill pages by a unique key (e.g. CREATE UNIQUE INDEX CONCURRENTLY ON {table} ({event_id}))"
+    )]
+    NoKey {
+        /// `schema.table`.
+        table: String,
+        /// The mapping's event id column.
+        event_id: String,
+    },
+    /// The `--where` filter is not a valid condition on the table.
+    #[error("--where `{filter}` is not a valid condition on `{table}`")]
+    Filter {
+        /// The filter.
+        filter: String,
+        /// `schema.table`.
+        table: String,
+        /// Why.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// A query failed.
+    #[error("{context}")]
+    Query {
+        /// What was being done.
+        context: String,
+        /// Why.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+}
+
+impl BackfillError {
+    /// Whether the database was unreachable or went away (retrying later can help).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            BackfillError::Query { source, .. } => crate::is_transient_query_error(source),
+            _ => false,
+        }
+    }
+}
+
+fn query_err(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> BackfillError {
+    let context = context.into();
+    move |source| BackfillError::Query { context, source }
+}
+
+/// `"name"`, quotes doubled.
+pub fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// A string literal that reads back as `value` whatever `standard_conforming_strings` says.
+pub fn quote_literal(value: &str) -> String {
+    format!("E'{}'", value.replace('\\', "\\\\").replace('\'', "''"))
+}
+
+/// Why the backfill pages by this column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeySource {
+    /// The table's primary key (one column).
+    PrimaryKey,
+    /// The event id column, covered by a unique index.
+    UniqueEventId,
+}
+
+/// The column pages are ordered and bounded by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageKey {
+    /// Column name.
+    pub name: String,
+    /// Its type as SQL (`format_type`), to cast a stored key back.
+    pub type_sql: String,
+    /// Whether NULL is allowed (a unique index does not forbid it; rows with a NULL key are
+    /// not in any page).
+    pub nullable: bool,
+    /// Why this column.
+    pub source: KeySource,
+}
+
+/// An outbox table as the backfill reads it.
+#[derive(Debug, Clone)]
+pub struct TableShape {
+    /// `schema.table`.
+    pub table: String,
+    /// The Relation pgoutput would send for it.
+    pub relation: Relation,
+    /// The page key.
+    pub key: PageKey,
+    /// The publication's row filter (PostgreSQL 15+), if the table is in it with one.
+    pub row_filter: Option<String>,
+    /// Whether the publication holds the table (if not, the live relay does not see its rows).
+    pub in_publication: bool,
+    /// Index of the mapping's event id column in `relation`, if the table has it.
+    event_id: Option<usize>,
+    /// `ONLY schema.table` (`schema.table` for a partitioned table).
+    from: String,
+}
+
+/// Connects the read session: the replication session's text forms, read-only.
+pub async fn connect_reader(settings: &crate::PostgresSettings) -> Result<Client, crate::PgError> {
+    let client = crate::connect(settings).await?;
+    client
+        .batch_execute(READ_SESSION)
+        .await
+        .map_err(|source| crate::PgError::Query {
+            context: "cannot set up the backfill's read session".into(),
+            source,
+        })?;
+    Ok(client)
+}
+
+/// The table's shape: columns as pgoutput sends them, its page key, the publication's column
+/// list and row filter.
+pub async fn table_shape(
+    client: &Client,
+    schema: &str,
+    table: &str,
+    event_id: &str,
+    publication: &str,
+) -> Result<TableShape, BackfillError> {
+    let name = format!("{schema}.{table}");
+    let info = catalog::table(client, schema, table)
+        .await
+        .map_err(query_err(format!("cannot look up table {name}")))?
+        .ok_or_else(|| BackfillError::TableMissing {
+            table: name.clone(),
+        })?;
+    if !info.readable {
+        return Err(BackfillError::NotReadable { table: name });
+    }
+    let version: i32 = client
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await
+        .map_err(query_err("cannot read server_version_num"))?
+        .get(0);
+    // The publication's column list and row filter exist from PostgreSQL 15 on.
+    let published = if version >= 150_000 {
+        client
+            .query_opt(
+                "SELECT attnames::text[], rowfilter FROM pg_catalog.pg_publication_tables \
+                 WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
+                &[&publication, &schema, &table],
+            )
+            .await
+            .map_err(query_err(format!("cannot read publication {publication}")))?
+            .map(|r| {
+                (
+                    r.get::<_, Option<Vec<String>>>(0),
+                    r.get::<_, Option<String>>(1),
+                )
+            })
+    } else {
+        catalog::publication_has_table(client, publication, schema, table)
+            .await
+            .map_err(query_err(format!("cannot read publication {publication}")))?
+            .then_some((None, None))
+    };
+    let in_publication = published.is_some();
+    let (column_list, row_filter) = published.unwrap_or_default();
+    let rows = client
+        .query(
+            "SELECT a.attname::text, a.atttypid, a.atttypmod, \
+                    CASE c.relreplident \
+                      WHEN 'f' THEN true \
+                      WHEN 'd' THEN EXISTS (SELECT 1 FROM pg_catalog.pg_index i \
+                        WHERE i.indrelid = c.oid AND i.indisprimary AND a.attnum = ANY (i.indkey)) \
+                      WHEN 'i' THEN EXISTS (SELECT 1 FROM pg_catalog.pg_index i \
+                        WHERE i.indrelid = c.oid AND i.indisreplident AND a.attnum = ANY (i.indkey)) \
+                      ELSE false END \
+             FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid \
+             WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' \
+             ORDER BY a.attnum",
+            &[&info.oid],
+        )
+        .await
+        .map_err(query_err(format!("cannot read the columns of {name}")))?;
+    let columns: Vec<Column> = rows
+        .iter()
+        .map(|r| Column {
+            flags: if r.get::<_, bool>(3) {
+                Column::FLAG_KEY
+            } else {
+                0
+            },
+            name: r.get(0),
+            type_oid: r.get(1),
+            type_modifier: r.get(2),
+        })
+        .filter(|c| {
+            column_list
+                .as_ref()
+                .is_none_or(|list| list.contains(&c.name))
+        })
+        .collect();
+    let replica_identity: i8 = client
+        .query_one(
+            "SELECT relreplident FROM pg_catalog.pg_class WHERE oid = $1",
+            &[&info.oid],
+        )
+        .await
+        .map_err(query_err(format!("cannot read {name}")))?
+        .get(0);
+    let key = page_key(client, info.oid, event_id)
+        .await
+        .map_err(query_err(format!("cannot read the indexes of {name}")))?
+        .ok_or_else(|| BackfillError::NoKey {
+            table: name.clone(),
+            event_id: event_id.to_owned(),
+        })?;
+    let from = format!(
+        "{}{}.{}",
+        if info.partitioned { "" } else { "ONLY " },
+        quote_ident(schema),
+        quote_ident(table)
+    );
+    let event_id = columns.iter().position(|c| c.name == event_id);
+    Ok(TableShape {
+        table: name,
+        event_id,
+        relation: Relation {
+            id: info.oid,
+            namespace: schema.to_owned(),
+            name: table.to_owned(),
+            replica_identity: replica_identity as u8,
+            columns,
+        },
+        key,
+        row_filter,
+        in_publication,
+        from,
+    })
+}
+
+/// The single-column primary key, else the event id column if a unique index (not partial, no
+/// expressions) covers it alone.
+async fn page_key(
+    client: &Client,
+    oid: u32,
+    event_id: &str,
+) -> Result<Option<PageKey>, tokio_postgres::Error> {
+    let row = client
+        .query_opt(
+            "SELECT a.attname::text, pg_catalog.format_type(a.atttypid, a.atttypmod), \
+                    NOT a.attnotnull, i.indisprimary \
+             FROM pg_catalog.pg_index i \
+             JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
+             WHERE i.indrelid = $1 AND i.indnkeyatts = 1 AND i.indisvalid \
+               AND i.indpred IS NULL AND i.indexprs IS NULL \
+               AND (i.indisprimary OR (i.indisunique AND a.attname = $2)) \
+             ORDER BY i.indisprimary DESC LIMIT 1",
+            &[&oid, &event_id],
+        )
+        .await?;
+    Ok(row.map(|r| PageKey {
+        name: r.get(0),
+        type_sql: r.get(1),
+        nullable: r.get(2),
+        source: if r.get::<_, bool>(3) {
+            KeySource::PrimaryKey
+        } else {
+            KeySource::UniqueEventId
+        },
+    }))
+}
+
+impl TableShape {
+    /// `key > after AND key <= upto AND row filter AND filter`, the parts that apply.
+    fn conditions(&self, filter: Option<&str>, after: Option<&str>, upto: Option<&str>) -> String {
+        let key = quote_ident(&self.key.name);
+        let mut parts = Vec::new();
+        if let Some(after) = after {
+            parts.push(format!(
+                "{key} > {}::{}",
+                quote_literal(after),
+                self.key.type_sql
+            ));
+        }
+        if let Some(upto) = upto {
+            parts.push(format!(
+                "{key} <= {}::{}",
+                quote_literal(upto),
+                self.key.type_sql
+            ));
+        }
+        if let Some(row_filter) = &self.row_filter {
+            parts.push(format!("({row_filter})"));
+        }
+        if let Some(filter) = filter {
+            parts.push(format!("({filter})"));
+        }
+        if parts.is_empty() {
+            return String::new();
+        }
+        format!(" WHERE {}", parts.join(" AND "))
+    }
+
+    /// Checks that `filter` is one valid condition on the table (one statement: the extended
+    /// protocol refuses several).
+    pub async fn check_filter(&self, client: &Client, filter: &str) -> Result<(), BackfillError> {
+        let sql = format!(
+            "SELECT 1 FROM {}{}",
+            self.from,
+            self.conditions(Some(filter), None, None)
+        );
+        client
+            .prepare(&sql)
+            .await
+            .map(drop)
+            .map_err(|source| BackfillError::Filter {
+                filter: filter.to_owned(),
+                table: self.table.clone(),
+                source,
+            })
+    }
+
+    /// The last key of the rows to backfill now, `None` when there is none.
+    pub async fn last_key(
+        &self,
+        client: &Client,
+        filter: Option<&str>,
+    ) -> Result<Option<String>, BackfillError> {
+        let key = quote_ident(&self.key.name);
+        let sql = format!(
+            "SELECT {key} FROM {}{} ORDER BY {key} DESC NULLS LAST LIMIT 1",
+            self.from,
+            self.conditions(filter, None, None)
+        );
+        let rows = simple_rows(client, &sql).await.map_err(query_err(format!(
+            "cannot read the last key of {}",
+            self.table
+        )))?;
+        Ok(rows
+            .first()
+            .and_then(|r| r.try_get(0).ok().flatten().map(str::to_owned)))
+    }
+
+    /// Rows whose key is NULL (never in a page; only a unique index allows them).
+    pub async fn null_keys(
+        &self,
+        client: &Client,
+        filter: Option<&str>,
+    ) -> Result<u64, BackfillError> {
+        if !self.key.nullable {
+            return Ok(0);
+        }
+        let mut sql = format!(
+            "SELECT count(*) FROM {}{}",
+            self.from,
+            self.conditions(filter, None, None)
+        );
+        sql.push_str(if sql.contains(" WHERE ") {
+            " AND "
+        } else {
+            " WHERE "
+        });
+        sql.push_str(&format!("{} IS NULL", quote_ident(&self.key.name)));
+        let rows = simple_rows(client, &sql).await.map_err(query_err(format!(
+            "cannot count NULL keys of {}",
+            self.table
+        )))?;
+        Ok(rows
+            .first()
+            .and_then(|r| r.try_get(0).ok().flatten())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0))
+    }
+
+    /// The rows in `(after, upto]`: counted when that takes at most `count_for`, else the
+    /// planner's estimate (no rows read); `(rows, exact)`.
+    pub async fn count_rows(
+        &self,
+        client: &Client,
+        filter: Option<&str>,
+        after: Option<&str>,
+        upto: &str,
+        count_for: std::time::Duration,
+    ) -> Result<Option<(u64, bool)>, BackfillError> {
+        let from = format!(
+            "FROM {}{}",
+            self.from,
+            self.conditions(filter, after, Some(upto))
+        );
+        let err = || format!("cannot count the rows of {}", self.table);
+        let counted = simple_rows(
+            client,
+            &format!(
+                "SET statement_timeout = {}; SELECT count(*) {from}",
+                count_for.as_millis().max(1)
+            ),
+        )
+        .await;
+        client
+            .batch_execute("RESET statement_timeout")
+            .await
+            .map_err(query_err(err()))?;
+        match counted {
+            Ok(rows) => {
+                let n = rows.first().and_then(|r| r.try_get(0).ok().flatten());
+                return Ok(n.and_then(|n| n.parse().ok()).map(|n| (n, true)));
+            }
+            // 57014 query_canceled: the timeout; estimate instead.
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) => {}
+            Err(e) => return Err(query_err(err())(e)),
+        }
+        let rows = simple_rows(client, &format!("EXPLAIN SELECT 1 {from}"))
+            .await
+            .map_err(query_err(err()))?;
+        let plan = rows.first().and_then(|r| r.try_get(0).ok().flatten());
+        Ok(plan.and_then(plan_rows).map(|n| (n, false)))
+    }
+
+    /// Up to `limit` rows after `after` (from the first when `None`) up to `upto`, in key order:
+    /// each its key and the Insert pgoutput would send for it.
+    pub async fn page(
+        &self,
+        client: &Client,
+        filter: Option<&str>,
+        after: Option<&str>,
+        upto: &str,
+        limit: usize,
+    ) -> Result<Vec<(String, Insert)>, BackfillError> {
+        let key = quote_ident(&self.key.name);
+        let columns: Vec<String> = self
+            .relation
+            .columns
+            .iter()
+            .map(|c| quote_ident(&c.name))
+            .collect();
+        let sql = format!(
+            "SELECT {key}, {} FROM {}{} ORDER BY {key} LIMIT {limit}",
+            columns.join(", "),
+            self.from,
+            self.conditions(filter, after, Some(upto))
+        );
+        let rows = simple_rows(client, &sql)
+            .await
+            .map_err(query_err(format!("cannot read a page of {}", self.table)))?;
+        let width = self.relation.columns.len();
+        let mut page = Vec::with_capacity(rows.len());
+        for row in rows {
+            let text = |i: usize| row.try_get(i).ok().flatten();
+            let Some(key) = text(0) else {
+                continue;
+            };
+            let values = (1..=width)
+                .map(|i| match text(i) {
+                    Some(v) => TupleValue::Text(bytes::Bytes::copy_from_slice(v.as_bytes())),
+                    None => TupleValue::Null,
+                })
+                .collect();
+            page.push((
+                key.to_owned(),
+                Insert {
+                    relation_id: self.relation.id,
+                    new: TupleData { values },
+                },
+            ));
+        }
+        Ok(page)
+    }
+}
+
+impl TableShape {
+    /// The event id of a row of [`TableShape::page`], when the table has the column and the
+    /// value is not NULL.
+    pub fn event_id_of<'a>(&self, insert: &'a Insert) -> Option<&'a str> {
+        match insert.new.values.get(self.event_id?) {
+            Some(TupleValue::Text(id)) => std::str::from_utf8(id).ok(),
+            _ => None,
+        }
+    }
+
+    /// The transaction pgoutput would send for one page of rows, had they been inserted by one
+    /// transaction whose commit is unknown: Begin (xid 0, commit LSN `0/0`, `commit_time`), the
+    /// table's Relation when `with_relation`, one Insert per row, and a Commit whose end
+    /// position is `page` (the page's number: the ack frontier moves over pages in order).
+    pub fn page_transaction(
+        &self,
+        page: u64,
+        rows: Vec<Insert>,
+        with_relation: bool,
+        commit_time_micros: i64,
+    ) -> Vec<SourceEvent> {
+        let mut events = Vec::with_capacity(rows.len() + 3);
+        events.push(SourceEvent::Begin {
+            xid: 0,
+            final_lsn: Lsn(0),
+            commit_time_micros,
+        });
+        if with_relation {
+            events.push(SourceEvent::Message(LogicalMessage::Relation(
+                self.relation.clone(),
+            )));
+        }
+        events.extend(
+            rows.into_iter()
+                .map(|insert| SourceEvent::Message(LogicalMessage::Insert(insert))),
+        );
+        events.push(SourceEvent::Commit {
+            commit_lsn: Lsn(0),
+            end_lsn: Lsn(page),
+        });
+        events
+    }
+}
+
+/// The rows of a simple query (values in their output text form).
+async fn simple_rows(
+    client: &Client,
+    sql: &str,
+) -> Result<Vec<tokio_postgres::SimpleQueryRow>, tokio_postgres::Error> {
+    Ok(client
+        .simple_query(sql)
+        .await?
+        .into_iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(row) => Some(row),
+            _ => None,
+        })
+        .collect())
+}
+
+/// `rows=N` of an EXPLAIN line.
+fn plan_rows(line: &str) -> Option<u64> {
+    let rest = &line[line.find("rows=")? + 5..];
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+// --- The cursor ----------------------------------------------------------------------------
+
+/// Which backfill a cursor belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CursorId {
+    /// The relay's slot (the stream and configuration it belongs to).
+    pub slot: String,
+    /// `schema.table`.
+    pub table: String,
+    /// The `--where` filter, `""` for none.
+    pub filter: String,
+}
+
+/// A stored cursor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cursor {
+    /// The column pages are keyed by.
+    pub key_column: String,
+    /// The last key when the backfill started (`None`: nothing to backfill).
+    pub end_key: Option<String>,
+    /// Every row up to this key was acknowledged (`None`: none yet).
+    pub last_key: Option<String>,
+    /// Rows acknowledged (or found already in the stream) so far, over every run.
+    pub rows_done: i64,
+    /// The planner's estimate of all rows when the backfill started.
+    pub rows_estimate: Option<i64>,
+    /// When the first run started, RFC 3339.
+    pub started_at: String,
+    /// When it finished, RFC 3339.
+    pub finished_at: Option<String>,
+}
+
+/// The cursor table's key columns for `id`, as statement parameters.
+fn key_params(id: &CursorId) -> [&(dyn tokio_postgres::types::ToSql + Sync); 3] {
+    [&id.slot, &id.table, &id.filter]
+}
+
+const CURSOR_KEY: &str = "slot_name = $1 AND table_name = $2 AND filter_hash = md5($3)";
+
+/// Creates `outbox_relay.backfill` when it is missing (a role without CREATE works once an
+/// administrator applied the migration). A cursor write that a server crash loses only makes
+/// the next run repeat rows (deduplicated by event id): the cursor is never ahead of the acks.
+pub async fn prepare_cursor_session(client: &Client) -> Result<(), BackfillError> {
+    let exists: bool = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c \
+               JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+               WHERE n.nspname = 'outbox_relay' AND c.relname = 'backfill')",
+            &[],
+        )
+        .await
+        .map_err(query_err("cannot look up outbox_relay.backfill"))?
+        .get(0);
+    if !exists {
+        client.batch_execute(BACKFILL_MIGRATION).await.map_err(query_err(
+            "outbox_relay.backfill does not exist and cannot be created: apply migrations/0003_relay_backfill.sql as an administrator, and GRANT SELECT, INSERT, UPDATE ON outbox_relay.backfill to the relay's role",
+        ))?;
+    }
+    client
+        .batch_execute("SET application_name = 'outbox-relay backfill'")
+        .await
+        .map_err(query_err("cannot set up the backfill's cursor session"))
+}
+
+/// The stored cursor of `id`, if any.
+pub async fn load_cursor(client: &Client, id: &CursorId) -> Result<Option<Cursor>, BackfillError> {
+    let row = client
+        .query_opt(
+            &format!(
+                "SELECT key_column, end_key, last_key, rows_done, rows_estimate, \
+                        to_char(started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
+                        to_char(finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') \
+                 FROM outbox_relay.backfill WHERE {CURSOR_KEY}"
+            ),
+            &key_params(id),
+        )
+        .await
+        .map_err(query_err("cannot read outbox_relay.backfill"))?;
+    Ok(row.map(|r| Cursor {
+        key_column: r.get(0),
+        end_key: r.get(1),
+        last_key: r.get(2),
+        rows_done: r.get(3),
+        rows_estimate: r.get(4),
+        started_at: r.get(5),
+        finished_at: r.get(6),
+    }))
+}
+
+/// Starts the backfill `id` from the beginning (replacing any earlier cursor).
+pub async fn start_cursor(
+    client: &Client,
+    id: &CursorId,
+    key_column: &str,
+    end_key: Option<&str>,
+    rows_estimate: Option<i64>,
+) -> Result<(), BackfillError> {
+    client
+        .execute(
+            "INSERT INTO outbox_relay.backfill AS b \
+               (slot_name, table_name, filter_hash, filter, key_column, end_key, rows_estimate) \
+             VALUES ($1, $2, md5($3), $3, $4, $5, $6) \
+             ON CONFLICT (slot_name, table_name, filter_hash) DO UPDATE SET \
+               filter = EXCLUDED.filter, key_column = EXCLUDED.key_column, \
+               end_key = EXCLUDED.end_key, last_key = NULL, rows_done = 0, \
+               rows_estimate = EXCLUDED.rows_estimate, started_at = now(), updated_at = now(), \
+               finished_at = NULL",
+            &[
+                &id.slot,
+                &id.table,
+                &id.filter,
+                &key_column,
+                &end_key,
+                &rows_estimate,
+            ],
+        )
+        .await
+        .map_err(query_err("cannot store the backfill's cursor"))?;
+    Ok(())
+}
+
+/// Stores that every row up to `last_key` is done (`rows_done` in all). Never moves back.
+pub async fn save_cursor(
+    client: &Client,
+    id: &CursorId,
+    last_key: &str,
+    rows_done: i64,
+) -> Result<(), tokio_postgres::Error> {
+    client
+        .execute(
+            &format!(
+                "UPDATE outbox_relay.backfill SET last_key = $4, rows_done = $5, updated_at = now() \
+                 WHERE {CURSOR_KEY} AND rows_done <= $5"
+            ),
+            &[&id.slot, &id.table, &id.filter, &last_key, &rows_done],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Marks the backfill `id` finished.
+pub async fn finish_cursor(client: &Client, id: &CursorId) -> Result<(), BackfillError> {
+    client
+        .execute(
+            &format!(
+                "UPDATE outbox_relay.backfill SET finished_at = now(), updated_at = now() \
+                 WHERE {CURSOR_KEY}"
+            ),
+            &key_params(id),
+        )
+        .await
+        .map_err(query_err("cannot mark the backfill finished"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literals_and_identifiers_cannot_escape() {
+        assert_eq!(quote_literal("a'b\\c"), "E'a''b\\\\c'");
+        assert_eq!(quote_ident("we\"ird"), "\"we\"\"ird\"");
+    }
+
+    #[test]
+    fn explain_rows() {
+        assert_eq!(
+            plan_rows("Seq Scan on outbox  (cost=0.00..412.00 rows=20000 width=4)"),
+            Some(20_000)
+        );
+        assert_eq!(plan_rows("Result"), None);
+    }
+}
