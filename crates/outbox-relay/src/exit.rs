@@ -8,6 +8,7 @@
 //! | 69 | a dependency is unavailable: PostgreSQL or NATS unreachable at start-up |
 //! | 70 | internal error |
 //! | 78 | configuration error: bad file, missing table/publication/slot/stream, wal_level, a publication newer than the slot |
+//! | 130 | `backfill` stopped by a signal before it finished (its cursor is stored: run it again) |
 
 use std::process::ExitCode;
 
@@ -24,6 +25,8 @@ pub enum ExitKind {
     Internal = 70,
     /// The configuration or the servers' setup is wrong.
     Config = 78,
+    /// Stopped by a signal before the work was done (`backfill`: run it again to resume).
+    Interrupted = 130,
 }
 
 /// A fatal error with its exit code.

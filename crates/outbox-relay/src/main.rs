@@ -104,6 +104,11 @@ enum Command {
         #[command(subcommand)]
         action: ConfigCommand,
     },
+    /// Publish the rows an outbox table already held before the relay's slot existed, in
+    /// keyset pages beside the running relay, exactly as the relay would (plus
+    /// Outbox-Backfill: true). Resumable: a cursor in outbox_relay.backfill moves only over
+    /// rows JetStream acknowledged. See docs/replay.md.
+    Backfill(commands::backfill::BackfillArgs),
     /// Print messages from the JetStream stream: subject, headers and payload.
     Tail {
         /// Stop after this many messages.
@@ -208,6 +213,7 @@ fn try_main(cli: Cli) -> Result<(), Exit> {
             Command::Health { ready, relay } => {
                 commands::status::health(&config, ready, relay).await
             }
+            Command::Backfill(args) => commands::backfill::backfill(&config, args).await,
             Command::Config { .. } => Ok(()),
         }
     })

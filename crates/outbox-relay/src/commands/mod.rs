@@ -1,6 +1,7 @@
 //! The operator commands besides `run` and `tail`: `validate --connect` (preflight), `setup`,
 //! `status` and `config print`.
 
+pub mod backfill;
 pub mod config_print;
 pub mod setup;
 pub mod status;

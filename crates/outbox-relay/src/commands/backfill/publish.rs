@@ -1,0 +1,119 @@
+//! The backfill's side of JetStream: the relay's publisher with the `Outbox-Backfill` header
+//! added, and the event ids the stream already holds for a table.
+
+use std::collections::HashSet;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use async_nats::jetstream::consumer;
+use futures::StreamExt as _;
+use relay_core::message::{HEADER_BACKFILL, HEADER_MSG_ID, HEADER_TABLE, OutboundMessage};
+use relay_core::route::MessageLimits;
+use relay_core::stage::{PublishError, Publisher};
+use relay_nats::{JetStream, JetStreamPublisher, NatsError};
+
+use super::pages::fingerprint;
+
+/// `Outbox-Backfill: true`, allocated once.
+static BACKFILL_HEADER: LazyLock<(Arc<str>, Arc<str>)> =
+    LazyLock::new(|| (HEADER_BACKFILL.into(), "true".into()));
+
+/// The relay's publisher; every message gets `Outbox-Backfill: true` as its last header.
+#[derive(Debug, Clone)]
+pub(super) struct BackfillPublisher(pub(super) JetStreamPublisher);
+
+impl Publisher for BackfillPublisher {
+    type Ack = <JetStreamPublisher as Publisher>::Ack;
+
+    async fn send(&self, msg: &Arc<OutboundMessage>) -> Result<Self::Ack, PublishError> {
+        let mut marked = OutboundMessage::clone(msg);
+        marked.headers.push(BACKFILL_HEADER.clone());
+        self.0.send(&Arc::new(marked)).await
+    }
+
+    fn limits(&self) -> MessageLimits {
+        // The route stage checks rows against these: count the header added here.
+        let mut limits = self.0.limits();
+        limits.extra_header_bytes += MessageLimits::header_line_len(HEADER_BACKFILL, "true");
+        limits
+    }
+
+    fn max_server_closes(&self) -> u32 {
+        self.0.max_server_closes()
+    }
+}
+
+/// Gap after which a scan gives up waiting for the next message.
+const IDLE: Duration = Duration::from_secs(5);
+
+/// What the stream holds for a table.
+#[derive(Debug)]
+pub(super) enum StreamIds {
+    /// Fingerprints of the event ids of every message of `table` in the stream.
+    Read(HashSet<u128>),
+    /// The stream holds more messages than the limit: not read.
+    TooLarge(u64),
+}
+
+/// Fingerprints of the `Nats-Msg-Id` of every message in `stream` whose `Outbox-Table` is
+/// `table`, read with an ordered, headers-only consumer, when the stream holds at most `limit`
+/// messages.
+pub(super) async fn stream_ids(
+    jetstream: &JetStream,
+    stream: &str,
+    table: &str,
+    limit: u64,
+) -> Result<StreamIds, NatsError> {
+    let stream_err = |e: &dyn std::fmt::Display| NatsError::Stream {
+        stream: stream.to_owned(),
+        reason: e.to_string(),
+        hint: String::new(),
+    };
+    let mut handle = jetstream
+        .context()
+        .get_stream(stream)
+        .await
+        .map_err(|e| stream_err(&e))?;
+    let state = handle
+        .info()
+        .await
+        .map_err(|e| stream_err(&e))?
+        .state
+        .clone();
+    let mut ids = HashSet::new();
+    if state.messages == 0 {
+        return Ok(StreamIds::Read(ids));
+    }
+    if state.messages > limit {
+        return Ok(StreamIds::TooLarge(state.messages));
+    }
+    let reader = handle
+        .create_consumer(consumer::pull::OrderedConfig {
+            deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: state.first_sequence.max(1),
+            },
+            headers_only: true,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| stream_err(&e))?;
+    let mut messages = reader.messages().await.map_err(|e| stream_err(&e))?;
+    loop {
+        let msg = match tokio::time::timeout(IDLE, messages.next()).await {
+            Ok(Some(Ok(m))) => m,
+            Ok(Some(Err(e))) => return Err(stream_err(&e)),
+            Ok(None) | Err(_) => break,
+        };
+        let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(u64::MAX);
+        if let Some(headers) = &msg.headers
+            && headers.get(HEADER_TABLE).map(|t| t.as_str()) == Some(table)
+            && let Some(id) = headers.get(HEADER_MSG_ID)
+        {
+            ids.insert(fingerprint(id.as_str()));
+        }
+        if seq >= state.last_sequence {
+            break;
+        }
+    }
+    Ok(StreamIds::Read(ids))
+}

@@ -1,0 +1,502 @@
+//! `outbox-relay backfill`: rows the outbox table held before the relay's slot existed are
+//! published beside the running relay, once each, exactly as the relay publishes, resumably.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+
+use crate::support::*;
+
+/// Inserts `n` Debezium-shaped rows in one statement (before the slot exists: only a backfill
+/// can publish them); returns their ids.
+async fn seed(db: &tokio_postgres::Client, n: i64, kind: &str) -> Result<HashSet<String>> {
+    let rows = db
+        .query(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
+             SELECT gen_random_uuid(), 'Order', g::text, $2, jsonb_build_object('n', g) \
+             FROM generate_series(1, $1::bigint) g RETURNING id::text",
+            &[&n, &kind],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Inserts a few rows every few milliseconds until `stop`; returns their ids.
+async fn spawn_inserter(
+    env: &Env,
+    stop: Arc<AtomicBool>,
+) -> Result<tokio::task::JoinHandle<Result<Vec<String>>>> {
+    let db = env.db().await?;
+    Ok(tokio::spawn(async move {
+        let mut ids = Vec::new();
+        while !stop.load(Ordering::Relaxed) {
+            for _ in 0..5 {
+                ids.push(insert_event(&db, "Live", "created", r#"{"live": true}"#).await?);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(ids)
+    }))
+}
+
+/// Runs `backfill` with `args` and waits for its exit (`code`, within `within`); returns its
+/// log.
+async fn backfill(
+    config: &std::path::Path,
+    args: &[&str],
+    code: i32,
+    within: Duration,
+    needles: &[&str],
+) -> Result<String> {
+    let mut all = vec!["backfill"];
+    all.extend_from_slice(args);
+    let mut run = Relay::start_with_args(config, &all)?;
+    expect_exit(&mut run, code, within, needles).await
+}
+
+/// How many copies of each event id the stream holds.
+fn copies(messages: &[Received]) -> HashMap<&str, usize> {
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for m in messages {
+        *counts.entry(m.id()).or_default() += 1;
+    }
+    counts
+}
+
+/// Waits until the stream holds every id of `ids`, then asserts each exactly once and nothing
+/// else; returns the stream.
+async fn expect_each_once(
+    env: &Env,
+    ids: &HashSet<String>,
+    relay: &Relay,
+) -> Result<Vec<Received>> {
+    let js = env.jetstream().await?;
+    let messages = wait_for_messages(&js, ids.len(), Duration::from_secs(60), Some(relay)).await?;
+    // A second copy would come with the last ones: give it a moment to show.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let messages = read_stream(&js).await.map(|m| {
+        if m.len() > messages.len() {
+            m
+        } else {
+            messages
+        }
+    })?;
+    let counts = copies(&messages);
+    let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).take(5).collect();
+    ensure!(twice.is_empty(), "ids stored more than once: {twice:?}");
+    let missing: Vec<_> = ids
+        .iter()
+        .filter(|id| !counts.contains_key(id.as_str()))
+        .take(5)
+        .collect();
+    ensure!(missing.is_empty(), "ids never published: {missing:?}");
+    ensure!(
+        messages.len() == ids.len(),
+        "stream holds {} messages for {} rows",
+        messages.len(),
+        ids.len()
+    );
+    Ok(messages)
+}
+
+/// The stored cursor: (last key, end key, rows done, finished).
+async fn cursor(
+    db: &tokio_postgres::Client,
+) -> Result<Option<(Option<String>, Option<String>, i64, bool)>> {
+    Ok(db
+        .query_opt(
+            "SELECT last_key, end_key, rows_done, finished_at IS NOT NULL FROM outbox_relay.backfill",
+            &[],
+        )
+        .await?
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))))
+}
+
+/// `this run read N rows` from a backfill's summary.
+fn rows_read(log: &str) -> Option<u64> {
+    let at = log.rfind("this run read ")? + "this run read ".len();
+    log[at..].split_whitespace().next()?.parse().ok()
+}
+
+/// The acceptance case, with `rows` pre-existing rows: the relay runs and rows keep being
+/// inserted while the backfill runs; every row ends up in the stream exactly once by event id
+/// (the pre-existing ones from the backfill, marked; live ones from the relay, or from both
+/// when inserted during the backfill, the second copy dropped by the duplicate window).
+async fn backfill_beside_the_live_relay(rows: i64, within: Duration) -> Result<()> {
+    let env = Env::start().await?;
+    let db = env.db().await?;
+    let old = seed(&db, rows, "created").await?;
+    let config = env.config("");
+    let relay = Relay::start_streaming(&config).await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let inserter = spawn_inserter(&env, stop.clone()).await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let started = Instant::now();
+    let log = backfill(
+        &config,
+        &["--table", "outbox", "--progress-interval", "1s"],
+        0,
+        within,
+        &["finished:"],
+    )
+    .await?;
+    let took = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let live: HashSet<String> = inserter.await??.into_iter().collect();
+    ensure!(
+        live.len() >= 10,
+        "live inserts ran during the backfill: {}",
+        live.len()
+    );
+    assert!(log.contains("starting from the first row"), "{log}");
+    assert!(log.contains("rows/s"), "progress and summary: {log}");
+
+    let all: HashSet<String> = old.union(&live).cloned().collect();
+    let messages = expect_each_once(&env, &all, &relay).await?;
+    for m in &messages {
+        if old.contains(m.id()) {
+            assert_eq!(m.header("Outbox-Backfill"), "true", "{m:?}");
+            assert_eq!(m.header("Outbox-Commit-Lsn"), "0/0", "{m:?}");
+            assert_eq!(m.header("Outbox-Xid"), "0", "{m:?}");
+            assert_eq!(m.header("Outbox-Table"), "public.outbox");
+            assert_eq!(m.subject, "outbox.Order.created");
+        }
+    }
+    let (_, _, done, finished) = cursor(&db).await?.context("cursor row")?;
+    assert!(finished, "cursor marked finished");
+    assert!(done >= rows, "rows done {done} of at least {rows}");
+    eprintln!("backfill of {rows} rows beside the relay took {took:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn backfill_beside_the_live_relay_publishes_every_row_once() -> Result<()> {
+    backfill_beside_the_live_relay(20_000, Duration::from_secs(45)).await
+}
+
+/// `scripts/soak.sh` with BACKFILL_SOAK=1: the same with BACKFILL_ROWS (1,000,000) rows.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "minutes: scripts/soak.sh runs it with BACKFILL_SOAK=1"]
+async fn soak_backfill_of_a_large_table() -> Result<()> {
+    let rows = std::env::var("BACKFILL_ROWS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1_000_000);
+    backfill_beside_the_live_relay(rows, Duration::from_secs(1800)).await
+}
+
+/// kill -9 in the middle: the cursor is stored (between the first and last key), and the next
+/// run resumes there instead of starting over, then completes with every row once.
+#[tokio::test(flavor = "multi_thread")]
+async fn killed_backfill_resumes_at_its_cursor() -> Result<()> {
+    let env = Env::start().await?;
+    let db = env.db().await?;
+    let rows = 20_000;
+    let old = seed(&db, rows, "created").await?;
+    let config = env.config("");
+    let relay = Relay::start_streaming(&config).await?;
+
+    // Slowed down (2,000 rows/s) so the kill lands in the middle.
+    let mut first = Relay::start_with_args(
+        &config,
+        &[
+            "backfill",
+            "--table",
+            "outbox",
+            "--rate",
+            "2000",
+            "--page-size",
+            "200",
+        ],
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let at_kill = loop {
+        if let Some((Some(last), Some(end), done, _)) = cursor(&db).await?
+            && done >= 2_000
+        {
+            break (last, end, done);
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "cursor never moved; log:\n{}",
+            first.log()
+        );
+        ensure!(
+            first.try_status()?.is_none(),
+            "backfill ended early:\n{}",
+            first.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    first.kill9();
+    let (last, end, done) = at_kill;
+    // Precondition: the kill landed strictly between the first and the last key.
+    let between: bool = db
+        .query_one(
+            "SELECT $1::text::uuid > (SELECT id FROM outbox ORDER BY id LIMIT 1) AND $1::text::uuid < $2::text::uuid",
+            &[&last, &end],
+        )
+        .await?
+        .get(0);
+    assert!(between, "cursor {last} between the first key and {end}");
+    assert!(done < rows, "killed before the end: {done} rows done");
+    let (last_after, _, done_after, finished) = cursor(&db).await?.context("cursor row")?;
+    assert!(!finished);
+    assert!(done_after >= done && last_after.is_some());
+
+    // The second run resumes (without reading the stream's ids, which would hide a restart
+    // from scratch) and reads only what was left.
+    let log = backfill(
+        &config,
+        &["--table", "outbox", "--skip-check-limit", "0"],
+        0,
+        Duration::from_secs(40),
+        &["resuming at", "finished:"],
+    )
+    .await?;
+    let read = rows_read(&log).context("summary line")?;
+    assert!(
+        read <= (rows - done_after) as u64,
+        "second run read {read} rows; {done_after} of {rows} were done: it started over\n{log}"
+    );
+    expect_each_once(&env, &old, &relay).await?;
+    let (_, _, _, finished) = cursor(&db).await?.context("cursor row")?;
+    assert!(finished);
+    // Finished: a third run does nothing.
+    backfill(
+        &config,
+        &["--table", "outbox"],
+        0,
+        Duration::from_secs(20),
+        &["--restart runs it again"],
+    )
+    .await?;
+    Ok(())
+}
+
+/// `--where` backfills only the rows it matches, under a cursor of its own; an unconfigured
+/// table is refused with 78, naming it.
+#[tokio::test(flavor = "multi_thread")]
+async fn where_filter_backfills_only_matching_rows() -> Result<()> {
+    let env = Env::start().await?;
+    let db = env.db().await?;
+    seed(&db, 2_000, "created").await?;
+    let config = env.config("");
+    let relay = Relay::start_streaming(&config).await?;
+
+    backfill(
+        &config,
+        &["--table", "public.nope"],
+        78,
+        Duration::from_secs(20),
+        &["`public.nope` is not configured as an outbox table"],
+    )
+    .await?;
+    backfill(
+        &config,
+        &["--table", "outbox", "--where", "nonsense_column > 1"],
+        78,
+        Duration::from_secs(20),
+        &["--where `nonsense_column > 1` is not a valid condition"],
+    )
+    .await?;
+    backfill(
+        &config,
+        &["--table", "outbox", "--where", "true; DELETE FROM outbox"],
+        78,
+        Duration::from_secs(20),
+        &["is not a valid condition"],
+    )
+    .await?;
+
+    let wanted: HashSet<String> = db
+        .query(
+            "SELECT id::text FROM outbox WHERE aggregateid::int % 10 = 0",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(wanted.len(), 200);
+    backfill(
+        &config,
+        &["--table", "outbox", "--where", "aggregateid::int % 10 = 0"],
+        0,
+        Duration::from_secs(30),
+        &["finished:"],
+    )
+    .await?;
+    let messages = expect_each_once(&env, &wanted, &relay).await?;
+    assert!(
+        messages
+            .iter()
+            .all(|m| m.header("Outbox-Backfill") == "true")
+    );
+    let count: i64 = db
+        .query_one("SELECT count(*) FROM outbox", &[])
+        .await?
+        .get(0);
+    assert_eq!(count, 2_000, "the filter changed nothing");
+    Ok(())
+}
+
+/// A row that cannot be routed stops the backfill with 65 naming its event id, the cursor
+/// before it; with `[relay] dead_letter_subject` the row goes there and the backfill goes on.
+#[tokio::test(flavor = "multi_thread")]
+async fn unroutable_row_stops_the_backfill_before_it_or_is_dead_lettered() -> Result<()> {
+    let env = Env::start().await?;
+    let db = env.db().await?;
+    let mut good = seed(&db, 3_000, "created").await?;
+    // An empty `type` cannot form a subject token.
+    let bad: String = db
+        .query_one(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
+             VALUES (gen_random_uuid(), 'Order', 'x', '', '{}') RETURNING id::text",
+            &[],
+        )
+        .await?
+        .get(0);
+    let config = env.config("");
+    let relay = Relay::start_streaming(&config).await?;
+    backfill(
+        &config,
+        &["--table", "outbox", "--page-size", "100"],
+        65,
+        Duration::from_secs(30),
+        &[bad.as_str(), "the cursor stays at"],
+    )
+    .await?;
+    let (last, _, _, finished) = cursor(&db).await?.context("cursor row")?;
+    assert!(!finished);
+    if let Some(last) = &last {
+        let before: bool = db
+            .query_one("SELECT $1::text::uuid < $2::text::uuid", &[last, &bad])
+            .await?
+            .get(0);
+        assert!(before, "cursor {last} stays before the bad row {bad}");
+    }
+
+    let dlq = env.config("dead_letter_subject = \"outbox.dead.letters\"");
+    backfill(
+        &dlq,
+        &["--table", "outbox", "--page-size", "100"],
+        0,
+        Duration::from_secs(30),
+        &["resuming at", "finished:", "1 dead-lettered"],
+    )
+    .await?;
+    let js = env.jetstream().await?;
+    let messages =
+        wait_for_messages(&js, good.len() + 1, Duration::from_secs(30), Some(&relay)).await?;
+    let dead: Vec<&Received> = messages
+        .iter()
+        .filter(|m| m.subject == "outbox.dead.letters")
+        .collect();
+    assert_eq!(dead.len(), 1, "one dead letter");
+    assert!(String::from_utf8_lossy(&dead[0].payload).contains(&bad));
+    assert!(
+        dead[0].header("Outbox-Dlq-Reason").contains("type"),
+        "{:?}",
+        dead[0]
+    );
+    good.insert(dead[0].id().to_owned());
+    expect_each_once(&env, &good, &relay).await?;
+    Ok(())
+}
+
+/// A backfilled message is the relay's message for the same row: same subject, payload (a
+/// whole-row payload of many types, rendered by the types' output functions as pgoutput does)
+/// and headers, but for the commit headers and `Outbox-Backfill`.
+#[tokio::test(flavor = "multi_thread")]
+async fn backfilled_message_is_the_relays_message() -> Result<()> {
+    let env = Env::start().await?;
+    let db = env.db().await?;
+    db.batch_execute(
+        "CREATE TABLE typed_outbox (id bigint PRIMARY KEY, kind text NOT NULL, gone int, \
+           flag boolean, code char(5), amount numeric(12,3), at timestamptz, raw bytea, \
+           ip inet, f float8, tags text[], doc jsonb, span interval, \
+           twice bigint GENERATED ALWAYS AS (id * 2) STORED); \
+         ALTER TABLE typed_outbox DROP COLUMN gone;",
+    )
+    .await?;
+    let config = env.config_full(
+        "create_stream = true\nduplicate_window = \"1s\"",
+        r#"
+[[outbox]]
+table = "public.typed_outbox"
+event_id = "id"
+subject = "outbox.typed.{kind}"
+payload = "*"
+headers = { "Outbox-Event-Type" = "kind", "Outbox-Flag" = "flag" }
+"#,
+    );
+    let relay = Relay::start_streaming(&config).await?;
+    db.batch_execute(
+        "INSERT INTO typed_outbox (id, kind, flag, code, amount, at, raw, ip, f, tags, doc, span) VALUES \
+         (1, 'a.b', true, 'ab', 1.5, '2026-01-02 03:04:05.678901+02', '\\x00ff', '10.0.0.1', 0.1, \
+          '{x,\"y z\"}', '{\"b\": 1, \"a\": [1, 2]}', '1 day 02:03:04'), \
+         (2, 'n', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)",
+    )
+    .await?;
+    let js = env.jetstream().await?;
+    wait_for_messages(&js, 2, Duration::from_secs(30), Some(&relay)).await?;
+    // Past the duplicate window, so the backfill's copies are stored beside the relay's.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    backfill(
+        &config,
+        &["--table", "typed_outbox", "--skip-check-limit", "0"],
+        0,
+        Duration::from_secs(30),
+        &["finished:"],
+    )
+    .await?;
+    let messages = wait_for_messages(&js, 4, Duration::from_secs(30), Some(&relay)).await?;
+    let commit = [
+        "Outbox-Commit-Lsn",
+        "Outbox-Xid",
+        "Outbox-Commit-Time",
+        "Outbox-Tx-Index",
+        "Outbox-Backfill",
+    ];
+    for id in ["1", "2"] {
+        let (live, filled): (Vec<&Received>, Vec<&Received>) = messages
+            .iter()
+            .filter(|m| m.id() == id)
+            .partition(|m| m.header("Outbox-Backfill").is_empty());
+        assert_eq!((live.len(), filled.len()), (1, 1), "{messages:#?}");
+        let (live, filled) = (live[0], filled[0]);
+        assert_eq!(filled.subject, live.subject);
+        assert_eq!(
+            String::from_utf8_lossy(&filled.payload),
+            String::from_utf8_lossy(&live.payload),
+            "whole-row payload"
+        );
+        let strip = |m: &Received| {
+            m.headers
+                .iter()
+                .filter(|(k, _)| !commit.contains(&k.as_str()))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(strip(filled), strip(live));
+        assert_eq!(filled.header("Outbox-Backfill"), "true");
+        assert_eq!(filled.header("Outbox-Commit-Lsn"), "0/0");
+        assert_eq!(filled.header("Outbox-Xid"), "0");
+        assert!(filled.header("Outbox-Commit-Time").ends_with('Z'));
+    }
+    let one = messages.iter().find(|m| m.id() == "1").context("row 1")?;
+    let row: serde_json::Value = serde_json::from_slice(&one.payload)?;
+    assert_eq!(row["flag"], serde_json::json!(true), "{row}");
+    assert_eq!(row["code"], "ab   ", "char(5) keeps its padding: {row}");
+    assert_eq!(row["raw"], "\\x00ff", "{row}");
+    assert!(
+        row.get("twice").is_none() && row.get("gone").is_none(),
+        "{row}"
+    );
+    Ok(())
+}
