@@ -107,7 +107,7 @@ pub async fn prepare(
     tables: &[(String, String)],
     checkpoint: Option<Lsn>,
 ) -> Result<SlotState, PgError> {
-    settings.validate()?;
+    // `client` came from `crate::connect`, which validated `settings` for this session.
     let server = catalog::server(client)
         .await
         .map_err(query_err("cannot read wal_level"))?;

@@ -87,7 +87,9 @@ pub fn classify(slot: &str, error: PgWireError, phase: ReplicationPhase) -> Sour
 
 impl PgSource {
     /// Starts streaming `slot` from `start`, which must be a position the relay stored (the
-    /// server starts at the later of it and the slot's confirmed_flush_lsn).
+    /// server starts at the later of it and the slot's confirmed_flush_lsn). The settings are
+    /// those a session already connected with ([`crate::connect`] validates them and probes
+    /// the login, once per session).
     pub async fn start(settings: &PostgresSettings, start: Lsn) -> Result<Self, SourceError> {
         let setup = |e: PgError| {
             let class = if e.is_transient() {
@@ -97,8 +99,9 @@ impl PgSource {
             };
             SourceError::new(class, e.to_string())
         };
-        settings.validate().map_err(setup)?;
-        crate::probe::probe(settings).await.map_err(setup)?;
+        // No validation or login probe here: the session validated the settings and probed
+        // the login once, in `crate::connect`, moments before (a logical replication
+        // connection matches the same pg_hba.conf lines as a plain one).
         let parts = settings.parts().map_err(setup)?;
         let tls = crate::tls::replication_tls(settings, &parts.host).map_err(setup)?;
         let config = ReplicationConfig::new(
