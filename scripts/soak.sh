@@ -8,4 +8,8 @@ export FAULT_REPORT="$PWD/target/fault-soak.tsv"
 rm -f "$FAULT_REPORT"
 FAULT_SOAK=1 cargo test --locked -p outbox-relay --all-features --test e2e faults -- --test-threads 1 --include-ignored || status=$?
 scripts/fault-table.sh "$FAULT_REPORT"
+# Opt-in (BACKFILL_SOAK=1): backfill a 1,000,000-row outbox table (BACKFILL_ROWS) beside the live relay.
+if [ "${BACKFILL_SOAK:-0}" = 1 ]; then
+  cargo test --locked -p outbox-relay --all-features --test e2e backfill::soak -- --ignored --nocapture || status=$?
+fi
 exit "${status:-0}"
