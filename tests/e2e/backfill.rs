@@ -190,7 +190,8 @@ async fn soak_backfill_of_a_large_table() -> Result<()> {
 }
 
 /// kill -9 in the middle: the cursor is stored (between the first and last key), and the next
-/// run resumes there instead of starting over, then completes with every row once.
+/// run resumes there instead of starting over; so does a run after one stopped by SIGTERM (exit
+/// 130); the last completes with every row once.
 #[tokio::test(flavor = "multi_thread")]
 async fn killed_backfill_resumes_at_its_cursor() -> Result<()> {
     let env = Env::start().await?;
@@ -248,7 +249,48 @@ async fn killed_backfill_resumes_at_its_cursor() -> Result<()> {
     assert!(!finished);
     assert!(done_after >= done && last_after.is_some());
 
-    // The second run resumes (without reading the stream's ids, which would hide a restart
+    // A second run, stopped by SIGTERM: it resumes, stores its cursor further on, exits 130.
+    let mut second = Relay::start_with_args(
+        &config,
+        &[
+            "backfill",
+            "--table",
+            "outbox",
+            "--rate",
+            "2000",
+            "--page-size",
+            "200",
+        ],
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cursor(&db).await?.map_or(0, |c| c.2) < done_after + 2_000 {
+        ensure!(
+            Instant::now() < deadline,
+            "cursor never moved; log:\n{}",
+            second.log()
+        );
+        ensure!(
+            second.try_status()?.is_none(),
+            "backfill ended early:\n{}",
+            second.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    second.signal(nix::sys::signal::Signal::SIGTERM);
+    expect_exit(
+        &mut second,
+        130,
+        Duration::from_secs(20),
+        &["resuming at", "stopped on request"],
+    )
+    .await?;
+    let (_, _, done_after, finished) = cursor(&db).await?.context("cursor row")?;
+    assert!(
+        !finished && done_after < rows,
+        "stopped before the end: {done_after}"
+    );
+
+    // The third run resumes (without reading the stream's ids, which would hide a restart
     // from scratch) and reads only what was left.
     let log = backfill(
         &config,
@@ -261,12 +303,12 @@ async fn killed_backfill_resumes_at_its_cursor() -> Result<()> {
     let read = rows_read(&log).context("summary line")?;
     assert!(
         read <= (rows - done_after) as u64,
-        "second run read {read} rows; {done_after} of {rows} were done: it started over\n{log}"
+        "third run read {read} rows; {done_after} of {rows} were done: it started over\n{log}"
     );
     expect_each_once(&env, &old, &relay).await?;
     let (_, _, _, finished) = cursor(&db).await?.context("cursor row")?;
     assert!(finished);
-    // Finished: a third run does nothing.
+    // Finished: another run does nothing.
     backfill(
         &config,
         &["--table", "outbox"],
