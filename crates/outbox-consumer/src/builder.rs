@@ -8,7 +8,7 @@ use async_nats::jetstream;
 
 use crate::consumer::Consumer;
 use crate::handler::Handler;
-use crate::shared::{Error, Inner, LedgerConnections, Ordering, hooks};
+use crate::shared::{Error, Inner, LedgerConnections, Ordering, Reapply, StartAt, hooks};
 use crate::stats::ConsumerStats;
 
 /// Builder for [`Consumer`]; see [`Consumer::builder`].
@@ -26,6 +26,8 @@ pub struct ConsumerBuilder {
     ack_wait: Duration,
     dead_letter_subject: Option<String>,
     ensure_ledger: bool,
+    start_at: Option<StartAt>,
+    reapply: Option<Reapply>,
     hook: Option<hooks::Hook>,
 }
 
@@ -114,6 +116,25 @@ impl ConsumerBuilder {
         self
     }
 
+    /// Where the durable consumer starts when [`Consumer::run`] creates it (default: the
+    /// stream's first message). For a new service that should not see the whole history. A
+    /// commit LSN or time is looked up in the stream (`outbox-position`, no position map: see
+    /// `docs/replay.md` for its clock assumption); `outbox-relay position` answers from the
+    /// relay's position map and prints a [`StartAt::Sequence`]. An existing durable keeps its
+    /// position (reposition it with `outbox-relay replay`).
+    pub fn start_at(mut self, start: StartAt) -> Self {
+        self.start_at = Some(start);
+        self
+    }
+
+    /// Re-apply events the ledger already records, in a range (see [`Reapply`]): for a handler
+    /// bug fixed after the events were applied. Combine with repositioning the durable
+    /// (`outbox-relay replay --from-lsn`), so the events are delivered again.
+    pub fn reapply(mut self, reapply: Reapply) -> Self {
+        self.reapply = Some(reapply);
+        self
+    }
+
     #[doc(hidden)]
     pub fn test_hook(mut self, hook: hooks::Hook) -> Self {
         self.hook = Some(hook);
@@ -178,6 +199,8 @@ impl ConsumerBuilder {
                 ack_wait: self.ack_wait,
                 dead_letter_subject,
                 ensure_ledger: self.ensure_ledger,
+                start_at: self.start_at,
+                reapply: self.reapply,
                 hook: self.hook,
                 stats: ConsumerStats::default(),
             }),
@@ -218,6 +241,8 @@ impl Consumer {
             ack_wait: Duration::from_secs(30),
             dead_letter_subject: None,
             ensure_ledger: true,
+            start_at: None,
+            reapply: None,
             hook: None,
         }
     }

@@ -7,12 +7,13 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::pull::{self, MessagesErrorKind};
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy};
 use futures::{StreamExt as _, TryStreamExt as _};
+use outbox_position::{Limits, Target};
 use tokio::sync::Mutex;
 use tracing::{info, warn};
 
 use crate::handler::Handler;
 use crate::ledger::ensure_ledger;
-use crate::shared::{Error, Inner, LedgerConnections, Ordering};
+use crate::shared::{Error, Inner, LedgerConnections, Ordering, StartAt};
 use crate::stats::ConsumerStats;
 use crate::worker::{Slot, lock_free_slot, open_slots};
 
@@ -32,6 +33,78 @@ impl std::fmt::Debug for Consumer {
             .field("stream", &self.inner.stream)
             .finish_non_exhaustive()
     }
+}
+
+/// What an existing durable keeps when [`Consumer::run`] updates it.
+struct Kept {
+    deliver_policy: DeliverPolicy,
+    /// It has no subject filter and the service's filters are the stream's subjects: leave it
+    /// without (the same messages), instead of an update nats-server before 2.10 gets wrong.
+    unfiltered: bool,
+}
+
+/// The deliver policy (and filter) to create or update the durable with. JetStream refuses to change the
+/// deliver policy (or start) of an existing consumer, so an existing durable keeps its own:
+/// one `outbox-relay replay` re-created with a start sequence stays as it is. A new one starts
+/// at [`StartAt`] (default: the stream's first message).
+async fn deliver_policy(
+    inner: &Inner,
+    stream: &async_nats::jetstream::stream::Stream,
+) -> Result<Kept, Error> {
+    use async_nats::jetstream::context::ConsumerInfoErrorKind;
+    let new = |deliver_policy| Kept {
+        deliver_policy,
+        unfiltered: false,
+    };
+    match stream.consumer_info(&inner.durable).await {
+        Ok(info) => {
+            if inner.start_at.is_some() {
+                info!(durable = %inner.durable, "outbox-consumer: the durable exists; it keeps its position (start_at applies to a new one)");
+            }
+            let mut ours = inner.subjects.clone();
+            let mut all = stream.cached_info().config.subjects.clone();
+            ours.sort();
+            all.sort();
+            return Ok(Kept {
+                deliver_policy: info.config.deliver_policy,
+                unfiltered: info.config.filter_subject.is_empty()
+                    && info.config.filter_subjects.is_empty()
+                    && ours == all,
+            });
+        }
+        Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => {}
+        // Creating will tell.
+        Err(_) => return Ok(new(DeliverPolicy::All)),
+    }
+    let start_sequence = match inner.start_at {
+        None => return Ok(new(DeliverPolicy::All)),
+        Some(StartAt::Sequence(seq)) => seq.max(1),
+        Some(StartAt::Lsn(lsn)) => locate(inner, Target::Lsn(lsn)).await?,
+        Some(StartAt::Time(time)) => locate(inner, Target::Time(time)).await?,
+    };
+    info!(durable = %inner.durable, start_sequence, start_at = ?inner.start_at, "outbox-consumer: creating the durable at its start position");
+    Ok(new(DeliverPolicy::ByStartSequence { start_sequence }))
+}
+
+/// The first sequence of the events committed at or after `target` (stream search).
+async fn locate(inner: &Inner, target: Target) -> Result<u64, Error> {
+    let found = outbox_position::locate(
+        &inner.jetstream,
+        &inner.stream,
+        target,
+        None,
+        Limits::default(),
+    )
+    .await
+    .map_err(|e| Error::StartPosition(e.to_string()))?;
+    info!(
+        %target,
+        sequence = found.sequence,
+        scanned = found.scanned,
+        direct_gets = found.gets,
+        "outbox-consumer: start position found in the stream"
+    );
+    Ok(found.sequence)
 }
 
 impl Consumer {
@@ -67,10 +140,11 @@ impl Consumer {
                 stream: inner.stream.clone(),
                 source,
             })?;
+        let kept = deliver_policy(&inner, &stream).await?;
         let mut config = pull::Config {
             durable_name: Some(inner.durable.clone()),
             description: Some(format!("outbox-consumer for service {}", inner.service)),
-            deliver_policy: DeliverPolicy::All,
+            deliver_policy: kept.deliver_policy,
             ack_policy: AckPolicy::Explicit,
             ack_wait: inner.ack_wait,
             // Unlimited on the server: the consumer itself parks after `max_deliver`, so that
@@ -82,10 +156,10 @@ impl Consumer {
             },
             ..Default::default()
         };
-        if let [single] = inner.subjects.as_slice() {
-            config.filter_subject = single.clone();
-        } else {
-            config.filter_subjects = inner.subjects.clone();
+        match inner.subjects.as_slice() {
+            _ if kept.unfiltered => {}
+            [single] => config.filter_subject = single.clone(),
+            many => config.filter_subjects = many.to_vec(),
         }
         let consumer =
             stream

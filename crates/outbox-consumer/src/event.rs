@@ -59,6 +59,10 @@ pub struct Event {
     pub headers: HeaderMap,
     /// The outbox row's payload column, byte for byte.
     pub payload: Bytes,
+    /// The ledger already had this event and the consumer was told to re-apply it
+    /// ([`ConsumerBuilder::reapply`](crate::ConsumerBuilder::reapply)): the handler runs again
+    /// and its writes, with the replaced ledger row, commit together.
+    pub reapplied: bool,
 }
 
 impl Event {
@@ -84,6 +88,7 @@ impl Event {
             traceparent: None,
             headers: HeaderMap::new(),
             payload: payload.into(),
+            reapplied: false,
         }
     }
 
@@ -139,6 +144,7 @@ impl Event {
             traceparent: owned(HEADER_TRACEPARENT),
             headers: headers.clone(),
             payload,
+            reapplied: false,
         })
     }
 

@@ -19,6 +19,17 @@ pub(crate) const INSERT_SQL: &str = "INSERT INTO outbox_consumer_ledger \
      (consumer, event_id, subject, stream_seq, commit_lsn) VALUES ($1, $2, $3, $4, $5) \
      ON CONFLICT (consumer, event_id) DO NOTHING";
 
+/// The ledger write of a re-applied event ([`crate::Reapply`]): inserts, or replaces a row
+/// written before `$6`; returns a row (`replaced`: the ledger had one) when the handler is to
+/// run, none when the event was applied at or after `$6` (a duplicate).
+pub(crate) const REAPPLY_SQL: &str = "INSERT INTO outbox_consumer_ledger \
+     (consumer, event_id, subject, stream_seq, commit_lsn) VALUES ($1, $2, $3, $4, $5) \
+     ON CONFLICT (consumer, event_id) DO UPDATE \
+     SET subject = EXCLUDED.subject, stream_seq = EXCLUDED.stream_seq, \
+         commit_lsn = EXCLUDED.commit_lsn, applied_at = now() \
+     WHERE outbox_consumer_ledger.applied_at < $6 \
+     RETURNING (xmax <> 0) AS replaced";
+
 /// Creates the ledger table and its index if they do not exist. Safe to call from every
 /// worker at every start, concurrently.
 pub async fn ensure_ledger(client: &Client) -> Result<(), tokio_postgres::Error> {

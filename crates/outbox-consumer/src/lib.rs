@@ -67,5 +67,5 @@ pub use park::{
     HEADER_DLQ_CONSUMER, HEADER_DLQ_DELIVERIES, HEADER_DLQ_EVENT_ID, HEADER_DLQ_REASON,
     HEADER_DLQ_SOURCE, HEADER_DLQ_SUBJECT, HEADER_ORIGINAL_PREFIX,
 };
-pub use shared::{Error, LedgerConnections, Ordering, hooks};
+pub use shared::{Error, LedgerConnections, Ordering, Reapply, StartAt, hooks};
 pub use stats::{ConsumerStats, StatsSnapshot};

@@ -2,9 +2,10 @@
 //! the consumer's state and the test hooks. Kept below all of them so no two modules import
 //! each other.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_nats::jetstream;
+use outbox_contract::Lsn;
 use tokio_postgres::Client;
 
 use crate::stats::ConsumerStats;
@@ -27,6 +28,60 @@ impl Ordering {
             Self::Strict => 1,
             Self::Parallel(n) => n.max(1),
         }
+    }
+}
+
+/// Where a **new** durable consumer starts in the stream ([`ConsumerBuilder::start_at`]
+/// (crate::ConsumerBuilder::start_at)). An existing durable keeps its position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StartAt {
+    /// This stream sequence, e.g. as printed by `outbox-relay position`.
+    Sequence(u64),
+    /// The first event committed at or after this commit LSN.
+    Lsn(Lsn),
+    /// The first event committed at or after this time.
+    Time(SystemTime),
+}
+
+/// Applies events again that the ledger already records (the "bug fix" case), see
+/// [`ConsumerBuilder::reapply`](crate::ConsumerBuilder::reapply) and `docs/replay.md`.
+///
+/// An event committed in `[from, until)` whose ledger row was written before `recorded_before`
+/// is handed to the handler again ([`Event::reapplied`](crate::Event::reapplied) set); its
+/// ledger row is replaced in the same transaction as the handler's writes, so the re-apply
+/// commits whole or not at all, and never twice: the replaced row is newer than
+/// `recorded_before`, so a redelivery or a second copy finds it and is skipped. Rows are never
+/// deleted in advance. Keep `recorded_before` fixed (e.g. when the fix was deployed) for the
+/// whole re-apply, across restarts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reapply {
+    pub(crate) from: Lsn,
+    pub(crate) until: Option<Lsn>,
+    pub(crate) recorded_before: SystemTime,
+}
+
+impl Reapply {
+    /// Re-apply the events committed at or after `from` whose ledger rows are older than
+    /// `recorded_before`.
+    pub fn new(from: Lsn, recorded_before: SystemTime) -> Self {
+        Self {
+            from,
+            until: None,
+            recorded_before,
+        }
+    }
+
+    /// Only events committed before `until`.
+    #[must_use]
+    pub fn until(mut self, until: Lsn) -> Self {
+        self.until = Some(until);
+        self
+    }
+
+    /// Whether an event committed at `lsn` is in the range (`None`: no commit LSN, not in it).
+    pub fn covers(&self, lsn: Option<Lsn>) -> bool {
+        lsn.is_some_and(|lsn| lsn >= self.from && self.until.is_none_or(|u| lsn < u))
     }
 }
 
@@ -96,6 +151,9 @@ pub enum Error {
     /// Pulling messages failed for good (e.g. the consumer was deleted).
     #[error("pulling messages: {0}")]
     Pull(String),
+    /// The start position of a new durable ([`StartAt`]) could not be found in the stream.
+    #[error("start position: {0}")]
+    StartPosition(String),
 }
 
 /// Test-only failpoints; not part of the supported API.
@@ -134,6 +192,8 @@ pub(crate) struct Inner {
     pub(crate) ack_wait: Duration,
     pub(crate) dead_letter_subject: String,
     pub(crate) ensure_ledger: bool,
+    pub(crate) start_at: Option<StartAt>,
+    pub(crate) reapply: Option<Reapply>,
     pub(crate) hook: Option<hooks::Hook>,
     pub(crate) stats: ConsumerStats,
 }

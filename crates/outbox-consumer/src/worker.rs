@@ -10,13 +10,15 @@ use tracing::{debug, warn};
 
 use crate::event::Event;
 use crate::handler::{BoxError, Handler, Permanent};
-use crate::ledger::INSERT_SQL;
+use crate::ledger::{INSERT_SQL, REAPPLY_SQL};
 use crate::shared::{Error, Inner, LedgerConnections, hooks};
 
 /// One worker's PostgreSQL connection.
 pub(crate) struct Slot {
     pub(crate) client: Option<Client>,
     insert: Option<Statement>,
+    /// The re-apply ledger write ([`REAPPLY_SQL`]), prepared on first use.
+    reapply: Option<Statement>,
     config: Option<tokio_postgres::Config>,
 }
 
@@ -31,10 +33,15 @@ impl Slot {
         Ok(client)
     }
 
-    /// The client and the prepared ledger insert; reconnects if possible.
-    async fn ready(&mut self) -> Result<(&mut Client, Statement), SlotError> {
+    /// The client, the prepared ledger insert and, when `reapply`, the re-apply write;
+    /// reconnects if possible.
+    async fn ready(
+        &mut self,
+        reapply: bool,
+    ) -> Result<(&mut Client, Statement, Option<Statement>), SlotError> {
         if self.client.as_ref().is_none_or(Client::is_closed) {
             self.insert = None;
+            self.reapply = None;
             self.client = None;
             let Some(config) = &self.config else {
                 return Err(SlotError::Fatal);
@@ -52,7 +59,19 @@ impl Slot {
                 s
             }
         };
-        Ok((client, stmt))
+        let reapply = match (&self.reapply, reapply) {
+            (_, false) => None,
+            (Some(s), true) => Some(s.clone()),
+            (None, true) => {
+                let s = client
+                    .prepare(REAPPLY_SQL)
+                    .await
+                    .map_err(SlotError::Retry)?;
+                self.reapply = Some(s.clone());
+                Some(s)
+            }
+        };
+        Ok((client, stmt, reapply))
     }
 }
 
@@ -75,6 +94,7 @@ pub(crate) async fn open_slots(pg: LedgerConnections, workers: usize) -> Result<
     let slot = |client, config| Slot {
         client,
         insert: None,
+        reapply: None,
         config,
     };
     Ok(match pg {
@@ -217,7 +237,8 @@ impl Inner {
         handler: &H,
         event: &Event,
     ) -> Result<Attempt, ()> {
-        let (client, insert) = match slot.ready().await {
+        let reapply = self.reapply.filter(|r| r.covers(event.commit_lsn));
+        let (client, insert, reapply_stmt) = match slot.ready(reapply.is_some()).await {
             Ok(c) => c,
             Err(SlotError::Fatal) => return Err(()),
             Err(SlotError::Retry(e)) => return Ok(Attempt::Infra(error_chain(&e))),
@@ -228,21 +249,40 @@ impl Inner {
         };
         let seq = i64::try_from(event.stream_sequence).unwrap_or(i64::MAX);
         let lsn = event.commit_lsn.map(|l| l.to_string());
-        let inserted = match tx
-            .execute(
-                &insert,
-                &[&self.service, &event.id, &event.subject, &seq, &lsn],
-            )
-            .await
-        {
-            Ok(n) => n,
+        let row = (&self.service, &event.id, &event.subject, &seq, &lsn);
+        let written = match (reapply, &reapply_stmt) {
+            (Some(r), Some(stmt)) => tx
+                .query_opt(
+                    stmt,
+                    &[row.0, row.1, row.2, row.3, row.4, &r.recorded_before],
+                )
+                .await
+                .map(|found| found.map(|r| r.get::<_, bool>(0))),
+            _ => tx
+                .execute(&insert, &[row.0, row.1, row.2, row.3, row.4])
+                .await
+                .map(|n| (n > 0).then_some(false)),
+        };
+        let replaced = match written {
+            Ok(Some(replaced)) => replaced,
+            Ok(None) => {
+                // Already applied: nothing to do; the transaction rolls back on drop.
+                let _ = tx.rollback().await;
+                return Ok(Attempt::Duplicate);
+            }
             Err(e) => return Ok(Attempt::Infra(error_chain(&e))),
         };
-        if inserted == 0 {
-            // Already applied: nothing to do; the transaction rolls back on drop.
-            let _ = tx.rollback().await;
-            return Ok(Attempt::Duplicate);
-        }
+        let reapplied;
+        let event = if replaced {
+            reapplied = Event {
+                reapplied: true,
+                ..event.clone()
+            };
+            debug!(event_id = %event.id, "re-applying an event the ledger recorded");
+            &reapplied
+        } else {
+            event
+        };
         if let Err(err) = handler.handle(&tx, event).await {
             let _ = tx.rollback().await;
             if client.is_closed() {

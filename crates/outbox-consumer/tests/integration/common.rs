@@ -197,6 +197,20 @@ impl Env {
 /// built by relay-core's router with the default mapping. `subject` must have the default
 /// template's shape, `outbox.<aggregatetype>.<type>`.
 pub fn relay_message(id: &str, subject: &str, payload: &str) -> anyhow::Result<OutboundMessage> {
+    // 2026-11-29T11:38:44.123456Z, in µs since 2000-01-01.
+    let commit_time = (1_795_952_324 - 946_684_800) * 1_000_000 + 123_456;
+    relay_message_at(id, subject, payload, Lsn(0x16B3748), commit_time)
+}
+
+/// [`relay_message`] of a transaction committed at `commit_lsn`, `commit_time` (µs since
+/// 2000-01-01 UTC).
+pub fn relay_message_at(
+    id: &str,
+    subject: &str,
+    payload: &str,
+    commit_lsn: Lsn,
+    commit_time: i64,
+) -> anyhow::Result<OutboundMessage> {
     const RELATION: u32 = 16384;
     let Some(("outbox", aggregate_type, event_type)) = subject
         .split_once('.')
@@ -242,9 +256,7 @@ pub fn relay_message(id: &str, subject: &str, payload: &str) -> anyhow::Result<O
             ],
         },
     };
-    // 2026-11-29T11:38:44.123456Z, in µs since 2000-01-01.
-    let commit_time = (1_795_952_324 - 946_684_800) * 1_000_000 + 123_456;
-    let tx = TxContext::new(771, Lsn(0x16B3748), commit_time);
+    let tx = TxContext::new(771, commit_lsn, commit_time);
     router
         .route_insert(&insert, &tx, 0)?
         .context("the router skipped an outbox row")

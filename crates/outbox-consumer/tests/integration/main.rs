@@ -8,6 +8,7 @@ mod dead_letters;
 mod exactly_once;
 mod ledger;
 mod relay_format;
+mod replay;
 mod retries;
 
 #[path = "../../examples/order_notifications/service.rs"]
