@@ -16,6 +16,7 @@ mod localized;
 mod ops;
 mod pause;
 mod publication_order;
+mod replay;
 mod restart;
 mod security;
 mod security_nats;

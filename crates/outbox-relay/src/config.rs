@@ -109,6 +109,11 @@ pub struct PipelineSettings {
     /// shorter. Default `1h`.
     #[serde(with = "humantime_serde")]
     pub takeover_budget: Duration,
+    /// How long rows of the position map (`outbox_relay.position_map`, where each checkpoint's
+    /// events are in the stream) are kept; `outbox-relay position` and `replay` find older
+    /// positions by searching the stream instead. Default `7d`.
+    #[serde(with = "humantime_serde")]
+    pub position_retention: Duration,
 }
 
 fn default_takeover_budget() -> Duration {
@@ -137,6 +142,7 @@ impl Default for PipelineSettings {
             dead_letter_subject: pipeline.dead_letter_subject,
             publication_check_interval: default_publication_check_interval(),
             takeover_budget: default_takeover_budget(),
+            position_retention: relay_postgres::checkpoint::DEFAULT_RETENTION,
         }
     }
 }
@@ -234,6 +240,11 @@ impl RelayConfig {
         if self.relay.takeover_budget.is_zero() {
             return Err(ConfigError::Invalid(
                 "[relay] takeover_budget must be positive".into(),
+            ));
+        }
+        if self.relay.position_retention.is_zero() {
+            return Err(ConfigError::Invalid(
+                "[relay] position_retention must be positive".into(),
             ));
         }
         if let Some(dlq) = &self.relay.dead_letter_subject {

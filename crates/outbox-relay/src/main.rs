@@ -109,6 +109,22 @@ enum Command {
     /// Outbox-Backfill: true). Resumable: a cursor in outbox_relay.backfill moves only over
     /// rows JetStream acknowledged. See docs/replay.md.
     Backfill(commands::backfill::BackfillArgs),
+    /// The first stream sequence to replay from so that every event committed at or after a
+    /// commit LSN or time is delivered, and how it was found (the position map, or a search of
+    /// the stream). See docs/replay.md.
+    Position {
+        #[command(flatten)]
+        at: commands::position::At,
+        #[command(flatten)]
+        search: commands::position::Search,
+        /// One JSON document instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Point a durable consumer (new, or deleted and re-created with --yes) at the events
+    /// committed from a commit LSN or time, so they are delivered again; --dry-run prints the
+    /// range and its size. See docs/replay.md.
+    Replay(commands::replay::ReplayArgs),
     /// Print messages from the JetStream stream: subject, headers and payload.
     Tail {
         /// Stop after this many messages.
@@ -214,6 +230,10 @@ fn try_main(cli: Cli) -> Result<(), Exit> {
                 commands::status::health(&config, ready, relay).await
             }
             Command::Backfill(args) => commands::backfill::backfill(&config, args).await,
+            Command::Position { at, search, json } => {
+                commands::position::position(&config, &at, &search, json).await
+            }
+            Command::Replay(args) => commands::replay::replay(&config, &args).await,
             Command::Config { .. } => Ok(()),
         }
     })

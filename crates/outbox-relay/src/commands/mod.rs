@@ -3,6 +3,8 @@
 
 pub mod backfill;
 pub mod config_print;
+pub mod position;
+pub mod replay;
 pub mod setup;
 pub mod status;
 pub mod validate;

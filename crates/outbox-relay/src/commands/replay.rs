@@ -1,0 +1,258 @@
+//! `outbox-relay replay --from-lsn X | --since T --consumer NAME`: points a durable JetStream
+//! consumer at the first stream sequence of the events committed from X (or T) on, found as
+//! `position` finds it, so the events are delivered again through the normal path (no WAL is
+//! read). `--dry-run` prints the range and how many messages it holds.
+//!
+//! JetStream cannot change an existing consumer's deliver policy or start sequence, so an
+//! existing consumer is deleted and created again under the same name, with the same
+//! configuration and the new start: only with `--yes`, only while nothing reads from it, and
+//! never past a message it has not acknowledged.
+
+use std::time::SystemTime;
+
+use async_nats::jetstream::context::ConsumerInfoErrorKind;
+use async_nats::jetstream::{self, consumer};
+use outbox_position::Target;
+use relay_core::Lsn;
+
+use super::position::{Lookup, Search, lookup, parse_lsn, parse_time, rfc3339};
+use crate::config::RelayConfig;
+use crate::exit::{Exit, ExitKind};
+
+/// Where the replay starts.
+#[derive(Debug, Clone, clap::Args)]
+#[group(required = true, multiple = false)]
+pub struct From {
+    /// Replay the events committed at or after this commit LSN (`0/16B3748`).
+    #[arg(long, value_parser = parse_lsn)]
+    pub from_lsn: Option<Lsn>,
+    /// Replay the events committed at or after this time: RFC 3339 or `<duration> ago`.
+    #[arg(long, value_parser = parse_time)]
+    pub since: Option<SystemTime>,
+}
+
+/// An LSN or a time.
+fn parse_bound(s: &str) -> Result<Target, String> {
+    match parse_lsn(s) {
+        Ok(lsn) => Ok(Target::Lsn(lsn)),
+        Err(_) => parse_time(s).map(Target::Time),
+    }
+}
+
+/// `outbox-relay replay`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReplayArgs {
+    #[command(flatten)]
+    pub from: From,
+    /// End of the range `--dry-run` counts (exclusive): a commit LSN or a time. The consumer
+    /// itself reads on past it: JetStream consumers have no end position.
+    #[arg(long, value_parser = parse_bound)]
+    pub until: Option<Target>,
+    /// The durable consumer to reposition, or to create.
+    #[arg(long)]
+    pub consumer: String,
+    /// Subject filters, comma-separated: of a consumer created here, of a re-created one
+    /// (instead of its own), and of the count.
+    #[arg(long, value_delimiter = ',')]
+    pub subjects: Vec<String>,
+    /// Print the range and the number of messages; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Delete and re-create an existing consumer (its position cannot be changed in place).
+    #[arg(long)]
+    pub yes: bool,
+    #[command(flatten)]
+    pub search: Search,
+}
+
+/// Whether moving `info`'s consumer to start at `start` skips a message it has not
+/// acknowledged yet: `Some(why)` if so.
+fn skips_unacked(info: &consumer::Info, start: u64) -> Option<String> {
+    let floor = info.ack_floor.stream_sequence;
+    let caught_up = info.num_ack_pending == 0
+        && (info.num_pending == 0 || info.delivered.stream_sequence + 1 >= start);
+    if floor + 1 >= start || caught_up {
+        return None;
+    }
+    Some(format!(
+        "it has not acknowledged every message before sequence {start} (ack floor {floor}, {} delivered and awaiting an ack, {} not delivered yet): starting it at {start} would skip them. Let it catch up first, or replay from a position at or before sequence {}",
+        info.num_ack_pending,
+        info.num_pending,
+        floor + 1
+    ))
+}
+
+fn set_filters(config: &mut consumer::Config, subjects: &[String]) {
+    match subjects {
+        [] => {}
+        [one] => {
+            config.filter_subject = one.clone();
+            config.filter_subjects = Vec::new();
+        }
+        many => {
+            config.filter_subject = String::new();
+            config.filter_subjects = many.to_vec();
+        }
+    }
+}
+
+fn unavailable(e: impl Into<anyhow::Error>) -> Exit {
+    Exit::new(ExitKind::Unavailable, e)
+}
+
+/// Prints the range: where it starts, where it ends, how many messages.
+async fn describe_range(
+    config: &RelayConfig,
+    js: &jetstream::Context,
+    args: &ReplayArgs,
+    from: &Lookup,
+) -> Result<(), Exit> {
+    let p = &from.position;
+    let until = match args.until {
+        Some(target) => Some(lookup(config, js, target, &args.search).await?),
+        None => None,
+    };
+    let until_seq = until.as_ref().map(|u| u.position.sequence);
+    let count = outbox_position::count(
+        js,
+        &config.nats.stream,
+        p.sequence,
+        until_seq,
+        &args.subjects,
+    )
+    .await
+    .map_err(unavailable)?;
+    let first = match &p.found {
+        Some(f) => format!(
+            "sequence {} (event {}, commit LSN {}, committed {})",
+            f.seq,
+            f.event_id.as_deref().unwrap_or("-"),
+            f.commit_lsn,
+            f.commit_time.map(rfc3339).unwrap_or_default()
+        ),
+        None => format!("sequence {} (the next message stored)", p.sequence),
+    };
+    let last = match (&until, until_seq) {
+        (Some(u), Some(seq)) => format!(
+            "sequence {} (before the first message committed at or after {})",
+            seq.saturating_sub(1).max(p.sequence.saturating_sub(1)),
+            u.position.target
+        ),
+        _ => format!("the end of the stream (now sequence {})", p.stream_last),
+    };
+    let on = if args.subjects.is_empty() {
+        String::new()
+    } else {
+        format!(" on {}", args.subjects.join(", "))
+    };
+    println!("replay of the events committed at or after {}", p.target);
+    println!("  from {first}");
+    println!("  to {last}: {count} messages{on}");
+    println!("  {}", from.how());
+    for warning in from.warnings() {
+        eprintln!("warning: {warning}");
+    }
+    Ok(())
+}
+
+/// `outbox-relay replay`.
+pub async fn replay(config: &RelayConfig, args: &ReplayArgs) -> Result<(), Exit> {
+    let nats = relay_nats::connect(&config.nats)
+        .await
+        .map_err(|e| Exit::new(ExitKind::Unavailable, e))?;
+    let js = jetstream::new(nats.client().clone());
+    let target = match (args.from.from_lsn, args.from.since) {
+        (Some(lsn), _) => Target::Lsn(lsn),
+        (None, Some(t)) => Target::Time(t),
+        (None, None) => return Err(Exit::config(anyhow::anyhow!("--from-lsn or --since"))),
+    };
+    let from = lookup(config, &js, target, &args.search).await?;
+    describe_range(config, &js, args, &from).await?;
+    let start = from.position.sequence;
+    let stream = js
+        .get_stream(&config.nats.stream)
+        .await
+        .map_err(unavailable)?;
+    let existing = match stream.consumer_info(&args.consumer).await {
+        Ok(info) => Some(info),
+        Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => None,
+        Err(e) => return Err(unavailable(e)),
+    };
+    let name = &args.consumer;
+    let Some(info) = existing else {
+        if args.dry_run {
+            println!(
+                "dry run: consumer {name} does not exist; it would be created at sequence {start}"
+            );
+            return Ok(());
+        }
+        let mut created = consumer::Config {
+            durable_name: Some(name.clone()),
+            description: Some(format!("created by outbox-relay replay from {target}")),
+            deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: start,
+            },
+            ack_policy: consumer::AckPolicy::Explicit,
+            // Like the consumer library: it counts deliveries and parks messages itself.
+            max_deliver: -1,
+            ..Default::default()
+        };
+        set_filters(&mut created, &args.subjects);
+        stream.create_consumer(created).await.map_err(unavailable)?;
+        println!("created durable consumer {name}: it delivers from sequence {start}");
+        return Ok(());
+    };
+    let was = format!(
+        "it had delivered up to sequence {}, ack floor {}",
+        info.delivered.stream_sequence, info.ack_floor.stream_sequence
+    );
+    if let Some(why) = skips_unacked(&info, start) {
+        return Err(Exit::new(
+            ExitKind::DataSafety,
+            anyhow::anyhow!("not repositioning consumer {name}: {why}"),
+        ));
+    }
+    if info.num_waiting > 0 || info.push_bound {
+        return Err(Exit::config(anyhow::anyhow!(
+            "consumer {name} is being read ({} pull requests waiting{}): stop the service that reads it first (pull requests expire within their timeout, 30 s for the consumer library), then run replay again",
+            info.num_waiting,
+            if info.push_bound {
+                ", push subscription bound"
+            } else {
+                ""
+            }
+        )));
+    }
+    if args.dry_run || !args.yes {
+        println!(
+            "consumer {name} exists ({was}); JetStream cannot move it, so replay deletes it and creates it again with the same configuration, delivering from sequence {start}"
+        );
+        if args.dry_run {
+            println!("dry run: nothing changed");
+            return Ok(());
+        }
+        return Err(Exit::config(anyhow::anyhow!(
+            "consumer {name} exists: run again with --yes to delete and re-create it"
+        )));
+    }
+    let mut config = info.config.clone();
+    config.deliver_policy = consumer::DeliverPolicy::ByStartSequence {
+        start_sequence: start,
+    };
+    set_filters(&mut config, &args.subjects);
+    stream.delete_consumer(name).await.map_err(unavailable)?;
+    if let Err(e) = stream.create_consumer(config.clone()).await {
+        return Err(unavailable(anyhow::Error::new(e).context(format!(
+            "consumer {name} was deleted but could not be created again; create it with: nats consumer add {} {name} --pull --deliver {start} --ack explicit",
+            config_stream(&info)
+        ))));
+    }
+    println!(
+        "deleted and re-created durable consumer {name} with its configuration ({was}): it delivers from sequence {start}"
+    );
+    Ok(())
+}
+
+fn config_stream(info: &consumer::Info) -> &str {
+    &info.stream_name
+}
