@@ -352,7 +352,24 @@ async fn a_replay_while_the_relay_keeps_publishing() -> Result<()> {
         &config,
         &["replay", "--from-lsn", &x.lsn_text, "--consumer", "audit"],
     )?;
-    // An existing one: refused without --yes, then deleted and re-created at x.
+    // An existing one: a dry run says what would happen; refused without --yes; then deleted
+    // and re-created at x.
+    let dry = ok(
+        &config,
+        &[
+            "replay",
+            "--from-lsn",
+            &x.lsn_text,
+            "--consumer",
+            "billing",
+            "--dry-run",
+        ],
+    )?;
+    assert!(
+        dry.contains("replay would delete it and create it again"),
+        "{dry}"
+    );
+    assert!(dry.contains("dry run: nothing changed"), "{dry}");
     let refused = relay_cmd(
         &config,
         &["replay", "--from-lsn", &x.lsn_text, "--consumer", "billing"],

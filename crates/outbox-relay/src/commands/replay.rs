@@ -206,31 +206,35 @@ pub async fn replay(config: &RelayConfig, args: &ReplayArgs) -> Result<(), Exit>
         "it had delivered up to sequence {}, ack floor {}",
         info.delivered.stream_sequence, info.ack_floor.stream_sequence
     );
-    if let Some(why) = skips_unacked(&info, start) {
-        return Err(Exit::new(
-            ExitKind::DataSafety,
-            anyhow::anyhow!("not repositioning consumer {name}: {why}"),
-        ));
-    }
-    if info.num_waiting > 0 || info.push_bound {
-        return Err(Exit::config(anyhow::anyhow!(
+    let active = (info.num_waiting > 0 || info.push_bound).then(|| {
+        format!(
             "consumer {name} is being read ({} pull requests waiting{}): stop the service that reads it first (pull requests expire within their timeout, 30 s for the consumer library), then run replay again",
             info.num_waiting,
-            if info.push_bound {
-                ", push subscription bound"
-            } else {
-                ""
-            }
-        )));
+            if info.push_bound { ", push subscription bound" } else { "" }
+        )
+    });
+    let skips =
+        skips_unacked(&info, start).map(|why| format!("not repositioning consumer {name}: {why}"));
+    if args.dry_run {
+        println!(
+            "consumer {name} exists ({was}); JetStream cannot move it, so replay would delete it and create it again with the same configuration, delivering from sequence {start}"
+        );
+        for refusal in skips.iter().chain(&active) {
+            println!("it would refuse now: {refusal}");
+        }
+        println!("dry run: nothing changed");
+        return Ok(());
     }
-    if args.dry_run || !args.yes {
+    if let Some(why) = skips {
+        return Err(Exit::new(ExitKind::DataSafety, anyhow::anyhow!(why)));
+    }
+    if let Some(why) = active {
+        return Err(Exit::config(anyhow::anyhow!(why)));
+    }
+    if !args.yes {
         println!(
             "consumer {name} exists ({was}); JetStream cannot move it, so replay deletes it and creates it again with the same configuration, delivering from sequence {start}"
         );
-        if args.dry_run {
-            println!("dry run: nothing changed");
-            return Ok(());
-        }
         return Err(Exit::config(anyhow::anyhow!(
             "consumer {name} exists: run again with --yes to delete and re-create it"
         )));
