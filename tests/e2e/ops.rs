@@ -174,6 +174,7 @@ async fn validate_connect_then_setup_then_validate_passes() -> Result<()> {
         "slot relay_slot wal_status",
         "slot relay_slot position",
         "checkpoint table",
+        "position map",
     ] {
         assert!(has_line(&text, "PASS", check), "PASS {check}:\n{text}");
     }

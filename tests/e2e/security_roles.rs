@@ -77,6 +77,11 @@ async fn least_privilege_postgres_role_is_enough() -> Result<()> {
     wait_for_id(&env.jetstream().await?, &id, &relay).await?;
     let log = relay.log();
     assert!(!log.contains("relay-pw-never-logged"), "{log}");
+    // Not granted the position map: said once, and checkpoints are stored without it.
+    assert!(
+        log.contains("the position map (outbox_relay.position_map) is not written"),
+        "{log}"
+    );
     let superuser: bool = admin
         .query_one(
             "SELECT rolsuper FROM pg_roles WHERE rolname = 'outbox_relay'",
