@@ -29,7 +29,7 @@ mod pages;
 mod publish;
 
 use pages::{CursorStore, PageReader, PageSource, Progress};
-use publish::{BackfillPublisher, StreamIds, stream_ids};
+use publish::{BackfillPublisher, StreamIds, stream_ids, watch_live};
 
 /// How long counting the rows to backfill may take before the planner's estimate is used.
 const COUNT_FOR: Duration = Duration::from_secs(5);
@@ -58,7 +58,8 @@ pub struct BackfillArgs {
     #[arg(long)]
     pub restart: bool,
     /// Before publishing, read the event ids the stream holds for the table (headers only) and
-    /// skip those rows, when the stream holds at most this many messages; 0: never.
+    /// skip those rows, when the stream holds at most this many messages; also skip rows the
+    /// relay publishes while the backfill runs. 0: neither.
     #[arg(long, default_value_t = 500_000)]
     pub skip_check_limit: u64,
     /// How often to print progress on stderr.
@@ -167,7 +168,7 @@ impl Report {
             _ => String::new(),
         };
         format!(
-            "backfill {} {what}: {done}{of} rows done ({} before this run); this run read {read} rows in {secs:.1}s ({rate:.0} rows/s), published {published} ({duplicates} of them already stored: JetStream dropped them as duplicates; {dead} dead-lettered), skipped {skipped} already in the stream; cursor at {}",
+            "backfill {} {what}: {done}{of} rows done ({} before this run); this run read {read} rows in {secs:.1}s ({rate:.0} rows/s), published {published} ({duplicates} of them already stored: JetStream dropped them as duplicates; {dead} dead-lettered), skipped {skipped} already in the stream or published by the relay; cursor at {}",
             self.table,
             self.done_before,
             key.as_deref().unwrap_or("the start"),
@@ -348,6 +349,12 @@ pub async fn backfill(config: &RelayConfig, args: BackfillArgs) -> Result<(), Ex
     )
     .await
     .map_err(nats_exit)?;
+    // First the watch of the relay's live messages, then the stream's ids: no gap between.
+    let (live, watchers) = if args.skip_check_limit == 0 {
+        Default::default()
+    } else {
+        watch_live(nats.client(), &report.subjects, &shape.table).await
+    };
     let skip = if args.skip_check_limit == 0 {
         Default::default()
     } else {
@@ -394,6 +401,7 @@ pub async fn backfill(config: &RelayConfig, args: BackfillArgs) -> Result<(), Ex
             rate: args.rate,
             rows_done: done_before,
             skip,
+            live,
         },
         progress.clone(),
     );
@@ -438,6 +446,9 @@ pub async fn backfill(config: &RelayConfig, args: BackfillArgs) -> Result<(), Ex
     };
     let result = pipeline.run(shutdown.cancelled()).await;
     ticker.abort();
+    for watcher in watchers {
+        watcher.abort();
+    }
     let (_, _, store) = pipeline.into_parts();
     let (cursor, _) = progress.stored();
     let cursor = cursor.unwrap_or_else(|| "the first row".into());

@@ -82,6 +82,8 @@ pub(super) struct PageReader {
     pub(super) rows_done: i64,
     /// Fingerprints of the event ids the stream already holds for this table.
     pub(super) skip: HashSet<u128>,
+    /// Fingerprints of the event ids the relay published for it since.
+    pub(super) live: super::publish::LiveIds,
 }
 
 /// The table's rows as pgoutput transactions, one per page.
@@ -162,11 +164,15 @@ async fn read_pages(
         let count = rows.len() as u64;
         let mut inserts = Vec::with_capacity(rows.len());
         for (_, insert) in rows {
-            let known = !reader.skip.is_empty()
-                && reader
-                    .shape
-                    .event_id_of(&insert)
-                    .is_some_and(|id| reader.skip.contains(&fingerprint(id)));
+            let known = reader.shape.event_id_of(&insert).is_some_and(|id| {
+                let id = fingerprint(id);
+                reader.skip.contains(&id)
+                    || reader
+                        .live
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .contains(&id)
+            });
             if known {
                 progress.skipped.fetch_add(1, Ordering::Relaxed);
             } else {

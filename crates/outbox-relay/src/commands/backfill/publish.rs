@@ -2,7 +2,7 @@
 //! added, and the event ids the stream already holds for a table.
 
 use std::collections::HashSet;
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_nats::jetstream::consumer;
@@ -41,6 +41,53 @@ impl Publisher for BackfillPublisher {
     fn max_server_closes(&self) -> u32 {
         self.0.max_server_closes()
     }
+}
+
+/// Fingerprints of the event ids the relay publishes for one table while the backfill runs.
+pub(super) type LiveIds = Arc<Mutex<HashSet<u128>>>;
+
+/// Watches the stream's subjects with a plain NATS subscription and notes the event id of every
+/// message of `table` that is not the backfill's own: the relay's live publishes. Subscribed
+/// (and confirmed by the server) before the stream's ids are read, so together they cover
+/// every row the stream holds or the relay is publishing. A message the subscription misses
+/// (no subscribe permission, a slow consumer) only means the backfill sends that row too.
+pub(super) async fn watch_live(
+    client: &async_nats::Client,
+    subjects: &[String],
+    table: &str,
+) -> (LiveIds, Vec<tokio::task::JoinHandle<()>>) {
+    let live = LiveIds::default();
+    let mut tasks = Vec::new();
+    for subject in subjects {
+        let mut subscription = match client.subscribe(subject.clone()).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(subject = %subject, error = %e, "cannot watch the relay's live messages: rows it publishes during the backfill may be sent by both");
+                continue;
+            }
+        };
+        let (live, table) = (live.clone(), table.to_owned());
+        tasks.push(tokio::spawn(async move {
+            while let Some(msg) = subscription.next().await {
+                let Some(headers) = &msg.headers else {
+                    continue;
+                };
+                if headers.get(HEADER_BACKFILL).is_none()
+                    && headers.get(HEADER_TABLE).map(|t| t.as_str()) == Some(table.as_str())
+                    && let Some(id) = headers.get(HEADER_MSG_ID)
+                {
+                    live.lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .insert(fingerprint(id.as_str()));
+                }
+            }
+        }));
+    }
+    // The server has the subscriptions once it answered a ping sent after them.
+    if let Err(e) = client.flush().await {
+        tracing::warn!(error = %e, "cannot confirm the watch of the relay's live messages");
+    }
+    (live, tasks)
 }
 
 /// Gap after which a scan gives up waiting for the next message.
