@@ -180,18 +180,24 @@ async fn backfill_beside_the_live_relay(rows: i64, within: Duration) -> Result<(
             counts.len() == all.len(),
             "messages of no row in the stream"
         );
+        let marked = copies(
+            &messages
+                .iter()
+                .filter(|m| m.header("Outbox-Backfill") == "true")
+                .cloned()
+                .collect::<Vec<_>>(),
+        )
+        .into_iter()
+        .map(|(id, n)| (id.to_owned(), n))
+        .collect::<HashMap<String, usize>>();
         let mut twice = 0;
         for (id, n) in &counts {
             if *n == 1 {
                 continue;
             }
             ensure!(*n == 2 && live.contains(*id), "{id} stored {n} times");
-            let marked = messages
-                .iter()
-                .filter(|m| m.id() == *id && m.header("Outbox-Backfill") == "true")
-                .count();
             ensure!(
-                marked == 1,
+                marked.get(*id) == Some(&1),
                 "{id}: one copy from the relay, one from the backfill"
             );
             twice += 1;
