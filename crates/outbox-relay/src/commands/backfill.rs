@@ -365,9 +365,8 @@ pub async fn backfill(config: &RelayConfig, args: BackfillArgs) -> Result<(), Ex
             args.skip_check_limit,
         )
         .await
-        .map_err(nats_exit)?
         {
-            StreamIds::Read(ids) => {
+            Ok(StreamIds::Read(ids)) => {
                 tracing::info!(
                     stream = %config.nats.stream,
                     events = ids.len(),
@@ -375,13 +374,23 @@ pub async fn backfill(config: &RelayConfig, args: BackfillArgs) -> Result<(), Ex
                 );
                 ids
             }
-            StreamIds::TooLarge(messages) => {
+            Ok(StreamIds::TooLarge(messages)) => {
                 tracing::warn!(
                     stream = %config.nats.stream,
                     messages,
                     limit = args.skip_check_limit,
                     duplicate_window = ?report.duplicate_window,
                     "the stream is too large to read its event ids: a row it already holds is dropped by JetStream only if stored within the duplicate window, else stored again (consumers dedupe by event id); raise --skip-check-limit to read them"
+                );
+                Default::default()
+            }
+            // E.g. no permission to create a consumer: the check is lost, not the backfill.
+            Err(e) => {
+                tracing::warn!(
+                    stream = %config.nats.stream,
+                    error = %e,
+                    duplicate_window = ?report.duplicate_window,
+                    "cannot read the stream's event ids: a row it already holds is dropped by JetStream only if stored within the duplicate window, else stored again (consumers dedupe by event id)"
                 );
                 Default::default()
             }
