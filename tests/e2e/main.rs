@@ -13,6 +13,7 @@ mod faults;
 mod hostile;
 mod limits;
 mod localized;
+mod messages;
 mod ops;
 mod pause;
 mod publication_order;

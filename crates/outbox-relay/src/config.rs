@@ -7,7 +7,7 @@ use std::time::Duration;
 use figment::Figment;
 use figment::providers::{Env, Format, Toml};
 use relay_core::pipeline::PipelineConfig;
-use relay_core::route::{OutboxTableConfig, Router};
+use relay_core::route::{MessageRouteConfig, OutboxTableConfig, Router};
 use relay_nats::NatsSettings;
 use relay_postgres::PostgresSettings;
 use serde::{Deserialize, Serialize};
@@ -31,6 +31,10 @@ pub struct RelayConfig {
     /// Outbox tables and their mappings. Default: `public.outbox` in Debezium's shape.
     #[serde(default = "default_outbox")]
     pub outbox: Vec<OutboxTableConfig>,
+    /// The table-free outbox: `pg_logical_emit_message` prefixes whose messages are published
+    /// (a JSON envelope each). Default: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub messages: Vec<MessageRouteConfig>,
     /// Health, metrics and status endpoints.
     #[serde(default)]
     pub http: HttpSettings,
@@ -215,13 +219,7 @@ impl RelayConfig {
                 "no [[outbox]] table configured".into(),
             ));
         }
-        Router::new(&self.outbox).map_err(|e| {
-            let mut text = format!("[[outbox]] {e}");
-            if let Some(source) = std::error::Error::source(&e) {
-                text.push_str(&format!(": {source}"));
-            }
-            ConfigError::Invalid(text)
-        })?;
+        self.router()?;
         if self.relay.max_in_flight == 0 {
             return Err(ConfigError::Invalid(
                 "[relay] max_in_flight must be at least 1".into(),
@@ -278,13 +276,34 @@ impl RelayConfig {
         Ok(())
     }
 
-    /// `(table, sample subject)` for every mapping, for the stream check.
+    /// The router for the `[[outbox]]` tables and the `[[messages]]` prefixes.
+    pub fn router(&self) -> Result<Router, ConfigError> {
+        fn invalid(section: &str, e: &dyn std::error::Error) -> ConfigError {
+            let mut text = format!("{section} {e}");
+            if let Some(source) = e.source() {
+                text.push_str(&format!(": {source}"));
+            }
+            ConfigError::Invalid(text)
+        }
+        Router::new(&self.outbox)
+            .map_err(|e| invalid("[[outbox]]", &e))?
+            .with_messages(&self.messages)
+            .map_err(|e| invalid("[[messages]]", &e))
+    }
+
+    /// `(table, sample subject)` for every mapping (`[[messages]] prefix "…"` for a message
+    /// prefix), for the stream check.
     pub fn sample_subjects(&self) -> Vec<(String, String)> {
         let mut samples: Vec<(String, String)> = self
             .outbox
             .iter()
             .filter_map(|o| o.validate().ok().map(|t| (o.table.clone(), t.sample("x"))))
             .collect();
+        for m in &self.messages {
+            for sample in m.sample_subjects() {
+                samples.push((format!("[[messages]] prefix \"{}\"", m.prefix), sample));
+            }
+        }
         if let Some(dlq) = &self.relay.dead_letter_subject {
             samples.push(("[relay] dead_letter_subject".into(), dlq.clone()));
         }
@@ -412,6 +431,62 @@ mod tests {
             c.sample_subjects(),
             [("public.outbox".to_owned(), "outbox.x.x".to_owned())]
         );
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API
+    fn messages_are_parsed_checked_and_sampled() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "relay.toml",
+                r#"
+                [[messages]]
+                prefix = "outbox"
+
+                [[messages]]
+                prefix = "audit"
+                subject = "audit.{kind}"
+                subjects = ["audit.>"]
+                allow_non_transactional = true
+                "#,
+            )?;
+            let c = RelayConfig::load(Some(Path::new("relay.toml"))).expect("loads");
+            assert_eq!(c.messages.len(), 2);
+            assert_eq!(c.messages[0].subjects, ["outbox.>"]);
+            assert!(!c.messages[0].allow_non_transactional);
+            assert!(c.messages[1].allow_non_transactional);
+            let samples = c.sample_subjects();
+            assert!(samples.contains(&(
+                "[[messages]] prefix \"outbox\"".to_owned(),
+                "outbox.x".to_owned()
+            )));
+            assert!(samples.contains(&(
+                "[[messages]] prefix \"audit\"".to_owned(),
+                "audit.x".to_owned()
+            )));
+            c.router().expect("router");
+
+            jail.create_file(
+                "twice.toml",
+                "[[messages]]\nprefix = \"a\"\n[[messages]]\nprefix = \"a\"\n",
+            )?;
+            let err = RelayConfig::load(Some(Path::new("twice.toml"))).unwrap_err();
+            assert!(
+                err.to_string()
+                    .contains("[[messages]] prefix `a` is configured twice"),
+                "{err}"
+            );
+            jail.create_file(
+                "typo.toml",
+                "[[messages]]\nprefix = \"a\"\nallow_nontransactional = true\n",
+            )?;
+            let err = RelayConfig::load(Some(Path::new("typo.toml"))).unwrap_err();
+            assert!(
+                format!("{err:?}").contains("allow_nontransactional"),
+                "{err:?}"
+            );
+            Ok(())
+        });
     }
 
     #[test]

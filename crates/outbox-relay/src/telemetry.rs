@@ -29,6 +29,8 @@ pub const EVENTS_RECEIVED: &str = "outbox_relay_events_received";
 pub const EVENTS_PUBLISHED: &str = "outbox_relay_events_published";
 /// Counter: changes that were not outbox inserts (other tables, updates, deletes).
 pub const CHANGES_SKIPPED: &str = "outbox_relay_changes_skipped";
+/// Counter: logical decoding messages whose prefix no `[[messages]]` entry configures.
+pub const MESSAGES_SKIPPED: &str = "outbox_relay_messages_skipped";
 /// Counter: acks JetStream flagged as duplicates (already stored under that `Nats-Msg-Id`).
 pub const DUPLICATES: &str = "outbox_relay_duplicates_acknowledged";
 /// Counter: events not re-published because the stream already held them (restart after a
@@ -332,6 +334,12 @@ impl Collector for MetricsCollector {
             CHANGES_SKIPPED,
             "Changes that were not outbox inserts",
             load(&s.changes_skipped),
+        )?;
+        counter(
+            &mut enc,
+            MESSAGES_SKIPPED,
+            "Logical decoding messages with a prefix no [[messages]] entry configures",
+            load(&s.messages_skipped),
         )?;
         counter(
             &mut enc,

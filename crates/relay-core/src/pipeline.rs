@@ -392,6 +392,9 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
             SourceEvent::Message(LogicalMessage::Insert(insert)) => {
                 return self.on_insert(&insert);
             }
+            SourceEvent::Message(LogicalMessage::Message(message)) => {
+                return self.on_logical_message(&message);
+            }
             SourceEvent::Message(LogicalMessage::Begin(_)) => {
                 return Err(FrontierError::Unframed("Begin").into());
             }
@@ -400,7 +403,7 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
             }
             SourceEvent::Message(_) => {
                 // Updates, deletes and truncates of the outbox (e.g. insert-then-delete in one
-                // transaction), Type, Origin and logical messages carry no outbox event.
+                // transaction), Type and Origin carry no outbox event.
                 self.stats.changes_skipped.fetch_add(1, Ordering::Relaxed);
             }
         }

@@ -18,6 +18,7 @@ mod config;
 mod dead_letter;
 mod error;
 mod limits;
+mod messages;
 mod relations;
 
 use config::OPTIONAL_SUFFIX;
@@ -25,6 +26,10 @@ pub use config::{ConfigError, OutboxTableConfig, PAYLOAD_WHOLE_ROW, PayloadForma
 pub use dead_letter::dead_letter_collision;
 pub use error::RouteError;
 pub use limits::{Limit, MessageLimits, Oversize, Part};
+pub use messages::{
+    HEADER_MESSAGE_PREFIX, MessageConfigError, MessagePolicy, MessageRouteConfig,
+    non_transactional_context, non_transactional_end,
+};
 
 /// Where a message's payload comes from.
 #[derive(Debug, Clone)]
@@ -90,6 +95,8 @@ pub struct Router {
     /// The OIDs the catalog gave the configured tables at start-up, and the WAL position then.
     catalog_oids: HashMap<Oid, usize>,
     catalog_lsn: Lsn,
+    /// The `[[messages]]` prefixes (see [`Router::with_messages`]).
+    messages: messages::MessageRoutes,
 }
 
 impl Router {
@@ -116,6 +123,7 @@ impl Router {
             outbox_oids: HashMap::new(),
             catalog_oids: HashMap::new(),
             catalog_lsn: Lsn(0),
+            messages: messages::MessageRoutes::default(),
         })
     }
 

@@ -1,12 +1,20 @@
 //! The replication stream as a [`ChangeSource`].
 //!
 //! pgwire-replication answers keepalives itself (also while we apply back-pressure), parses
-//! Begin and Commit, and hands every other pgoutput message over raw; the `pgoutput` crate
-//! decodes those. The position reported to the server is only ever what
+//! Begin, Commit and logical decoding messages (`M`), and hands every other pgoutput message
+//! over raw; the `pgoutput` crate decodes those.
+//!
+//! **Logical decoding messages.** pgwire-replication (0.5) always starts replication with
+//! `messages 'true'` (PostgreSQL 14+), with no way to leave it out, so the server sends every
+//! `pg_logical_emit_message` of the database, whatever `[[messages]]` configures. They are
+//! handed on as [`pgoutput::Message`]s; the router publishes those of a configured prefix and
+//! the pipeline counts the rest as skipped (`outbox_relay_messages_skipped_total`). Without
+//! `[[messages]]` that is the whole cost: the message's bytes on the wire and one counter. The position reported to the server is only ever what
 //! [`ChangeSource::confirm`] was given: the worker starts from `ack_lsn` = the stored checkpoint.
 
 use std::time::Duration;
 
+use pgoutput::LogicalMessage;
 use pgwire_replication::{PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent};
 use relay_core::Lsn;
 use relay_core::stage::{ChangeSource, ErrorClass, SourceError, SourceEvent};
@@ -161,52 +169,61 @@ impl PgSource {
 
 impl ChangeSource for PgSource {
     async fn next(&mut self) -> Result<Option<SourceEvent>, SourceError> {
-        loop {
-            // `recv` is an mpsc receive: cancel-safe, so this can sit inside `select!`.
-            let event = match self.client.recv().await {
-                Ok(Some(event)) => event,
-                Ok(None) => return Ok(None),
-                Err(e) => return Err(classify(&self.slot, e, ReplicationPhase::Streaming)),
-            };
-            let mapped = match event {
-                ReplicationEvent::KeepAlive { wal_end, .. } => SourceEvent::KeepAlive {
-                    wal_end: from_wire(wal_end),
-                },
-                ReplicationEvent::Begin {
-                    final_lsn,
-                    xid,
-                    commit_time_micros,
-                } => SourceEvent::Begin {
-                    xid,
-                    final_lsn: from_wire(final_lsn),
-                    commit_time_micros,
-                },
-                ReplicationEvent::Commit { lsn, end_lsn, .. } => SourceEvent::Commit {
-                    commit_lsn: from_wire(lsn),
-                    end_lsn: from_wire(end_lsn),
-                },
-                ReplicationEvent::XLogData {
-                    data, wal_start, ..
-                } => match pgoutput::decode(&data) {
-                    Ok(message) => SourceEvent::Message(message),
-                    Err(e) => {
-                        return Err(SourceError::new(
-                            ErrorClass::Fatal,
-                            format!(
-                                "cannot decode pgoutput message at {} on slot {}",
-                                from_wire(wal_start),
-                                self.slot
-                            ),
-                        )
-                        .with_source(e));
-                    }
-                },
-                // pg_logical_emit_message payloads carry no outbox row.
-                ReplicationEvent::Message { .. } => continue,
-                ReplicationEvent::StoppedAt { .. } => return Ok(None),
-            };
-            return Ok(Some(mapped));
-        }
+        // `recv` is an mpsc receive: cancel-safe, so this can sit inside `select!`.
+        let event = match self.client.recv().await {
+            Ok(Some(event)) => event,
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(classify(&self.slot, e, ReplicationPhase::Streaming)),
+        };
+        let mapped = match event {
+            ReplicationEvent::KeepAlive { wal_end, .. } => SourceEvent::KeepAlive {
+                wal_end: from_wire(wal_end),
+            },
+            ReplicationEvent::Begin {
+                final_lsn,
+                xid,
+                commit_time_micros,
+            } => SourceEvent::Begin {
+                xid,
+                final_lsn: from_wire(final_lsn),
+                commit_time_micros,
+            },
+            ReplicationEvent::Commit { lsn, end_lsn, .. } => SourceEvent::Commit {
+                commit_lsn: from_wire(lsn),
+                end_lsn: from_wire(end_lsn),
+            },
+            ReplicationEvent::XLogData {
+                data, wal_start, ..
+            } => match pgoutput::decode(&data) {
+                Ok(message) => SourceEvent::Message(message),
+                Err(e) => {
+                    return Err(SourceError::new(
+                        ErrorClass::Fatal,
+                        format!(
+                            "cannot decode pgoutput message at {} on slot {}",
+                            from_wire(wal_start),
+                            self.slot
+                        ),
+                    )
+                    .with_source(e));
+                }
+            },
+            // pg_logical_emit_message: the router publishes those of a `[[messages]]`
+            // prefix and counts the others as skipped.
+            ReplicationEvent::Message {
+                transactional,
+                lsn,
+                prefix,
+                content,
+            } => SourceEvent::Message(LogicalMessage::Message(pgoutput::Message {
+                transactional,
+                lsn: from_wire(lsn),
+                prefix,
+                content,
+            })),
+            ReplicationEvent::StoppedAt { .. } => return Ok(None),
+        };
+        Ok(Some(mapped))
     }
 
     fn confirm(&mut self, lsn: Lsn) {

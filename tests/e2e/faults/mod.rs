@@ -4,5 +4,5 @@
 //! Each scenario appends one row to the report (`target/fault-suite.tsv`, or `$FAULT_REPORT`);
 //! `scripts/test.sh` prints it as one table at the end.
 
-mod oracle;
+pub(crate) mod oracle;
 mod scenarios;

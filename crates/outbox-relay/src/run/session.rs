@@ -234,7 +234,9 @@ impl Supervisor<'_> {
 
     /// The router, with the outbox tables bound to the OIDs the catalog gives them now.
     async fn router(&self, store: &PgCheckpointStore) -> Step<Router> {
-        let mut router = Router::new(&self.config.outbox)
+        let mut router = self
+            .config
+            .router()
             .context("outbox mapping")
             .map_err(Exit::config)?;
         let oids =

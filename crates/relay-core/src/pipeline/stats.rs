@@ -21,6 +21,9 @@ pub struct PipelineStats {
     pub already_published: AtomicU64,
     /// Changes that are not outbox inserts (updates, deletes, truncates, other tables).
     pub changes_skipped: AtomicU64,
+    /// Logical decoding messages (`pg_logical_emit_message`) whose prefix no `[[messages]]`
+    /// entry configures: someone else's, skipped.
+    pub messages_skipped: AtomicU64,
     /// Last stored and confirmed LSN.
     pub confirmed_lsn: AtomicU64,
     /// Events awaiting an ack now.

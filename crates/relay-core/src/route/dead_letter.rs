@@ -119,7 +119,7 @@ pub fn dead_letter_collision(
 
 /// `reason` as a header value: control characters cannot be in one (error texts rarely hold
 /// them, but a column value quoted in one might).
-fn header_value(reason: &dyn std::fmt::Display) -> Arc<str> {
+pub(super) fn header_value(reason: &dyn std::fmt::Display) -> Arc<str> {
     reason
         .to_string()
         .chars()

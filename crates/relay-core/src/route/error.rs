@@ -1,6 +1,6 @@
 //! Why a row could not become a message.
 
-use pgoutput::Oid;
+use pgoutput::{Lsn, Oid};
 
 /// Why one row could not become a message. The relay fails closed on these: it stops before
 /// the row's transaction and confirms nothing past it.
@@ -156,6 +156,18 @@ pub enum RouteError {
         part: String,
         /// The size and the limit it breaks.
         reason: String,
+    },
+    /// A logical decoding message of a configured prefix that cannot be published: a bad
+    /// envelope, a subject outside its filters, too large, or non-transactional without
+    /// `allow_non_transactional`.
+    #[error("logical message with prefix `{}` at LSN {lsn}: {problem}", .prefix.escape_debug())]
+    Message {
+        /// The `pg_logical_emit_message` prefix.
+        prefix: String,
+        /// The message's own LSN.
+        lsn: Lsn,
+        /// What is wrong.
+        problem: String,
     },
 }
 

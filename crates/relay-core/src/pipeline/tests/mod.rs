@@ -4,6 +4,7 @@
 
 mod anchors;
 mod fakes;
+mod messages;
 mod shutdown;
 
 use pgoutput::{Insert, Update};

@@ -1,0 +1,634 @@
+//! The table-free outbox: logical decoding messages (`pg_logical_emit_message`) → JetStream
+//! messages.
+//!
+//! An application calls `pg_logical_emit_message(true, '<prefix>', <content>)` in its
+//! transaction (or `outbox_relay.emit_event(...)`, `migrations/0005_emit_outbox_message.sql`).
+//! A `[[messages]]` entry ([`MessageRouteConfig`]) names the prefix; the content is a JSON
+//! envelope:
+//!
+//! ```json
+//! {"id": "9f0c…", "subject": "outbox.order.created",
+//!  "headers": {"Outbox-Event-Type": "created"}, "payload": {"order": 7}}
+//! ```
+//!
+//! - `id` (required): a non-empty string or an integer; it becomes `Nats-Msg-Id`.
+//! - `subject`: the whole subject, unless the entry has a `subject` template, whose `{field}`
+//!   placeholders take top-level fields of the envelope (strings or numbers) under the token
+//!   rule. Either way the subject must match one of the entry's `subjects` filters.
+//! - `headers` (optional): an object of string values; `Nats-*` and the relay's own headers
+//!   cannot be set.
+//! - `payload` (optional): a JSON string is sent as its text, any other JSON value as the
+//!   value's JSON text exactly as written in the content; absent or `null`: an empty body.
+//!
+//! Messages whose prefix no entry names are someone else's: skipped (and counted). A message
+//! whose envelope is unusable is a bad row like any other: the relay stops before its
+//! transaction, or publishes the raw content to the dead-letter subject. The wire form is
+//! documented in `docs/message-format.md`.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use pgoutput::{Lsn, Message};
+use serde::de::{Deserializer, Error as _, MapAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use super::{MessageLimits, RouteError, Router};
+use crate::message::{
+    HEADER_BACKFILL, HEADER_COMMIT_LSN, HEADER_COMMIT_TIME, HEADER_MSG_ID, HEADER_TABLE,
+    HEADER_TX_INDEX, HEADER_XID, OutboundMessage, TxContext,
+};
+use crate::subject::{Segment, SubjectTemplate, TemplateError, push_escaped_token};
+use outbox_contract::HEADER_DLQ_REASON;
+
+/// Header naming the `pg_logical_emit_message` prefix a message came from; messages carry it
+/// instead of `Outbox-Table`.
+pub const HEADER_MESSAGE_PREFIX: &str = "Outbox-Message-Prefix";
+
+/// Default `subjects` filter: the default stream's subjects.
+const DEFAULT_SUBJECTS: &str = "outbox.>";
+
+/// How messages with one prefix become JetStream messages (one `[[messages]]` entry).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MessageRouteConfig {
+    /// The prefix given to `pg_logical_emit_message`, matched exactly.
+    pub prefix: String,
+    /// Subject template over the envelope's top-level fields (`outbox.{aggregate}.{type}`);
+    /// unset: the envelope's `subject` is the subject.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    /// Subject filters (NATS wildcards) every subject of this prefix must match; the stream
+    /// must capture each. Default `["outbox.>"]`.
+    #[serde(default = "default_subjects")]
+    pub subjects: Vec<String>,
+    /// Publish non-transactional messages (`pg_logical_emit_message(false, …)`), which
+    /// PostgreSQL delivers even when the emitting transaction rolls back. Default `false`:
+    /// such a message is refused (the relay stops, or dead-letters it).
+    #[serde(default)]
+    pub allow_non_transactional: bool,
+}
+
+fn default_subjects() -> Vec<String> {
+    vec![DEFAULT_SUBJECTS.to_owned()]
+}
+
+impl MessageRouteConfig {
+    /// An entry for `prefix` with every default.
+    pub fn with_defaults(prefix: impl Into<String>) -> Self {
+        Self {
+            prefix: prefix.into(),
+            subject: None,
+            subjects: default_subjects(),
+            allow_non_transactional: false,
+        }
+    }
+
+    /// Checks everything that can be checked without a server; returns the parsed template.
+    pub fn validate(&self) -> Result<Option<SubjectTemplate>, MessageConfigError> {
+        if self.prefix.is_empty() || self.prefix.chars().any(char::is_control) {
+            return Err(MessageConfigError::Prefix(self.prefix.clone()));
+        }
+        if self.subjects.is_empty() {
+            return Err(MessageConfigError::NoFilters(self.prefix.clone()));
+        }
+        for filter in &self.subjects {
+            if check_filter(filter).is_err() {
+                return Err(MessageConfigError::Filter {
+                    prefix: self.prefix.clone(),
+                    filter: filter.clone(),
+                });
+            }
+        }
+        let Some(template) = &self.subject else {
+            return Ok(None);
+        };
+        let template =
+            SubjectTemplate::parse(template).map_err(|source| MessageConfigError::Subject {
+                prefix: self.prefix.clone(),
+                source,
+            })?;
+        let sample = template.sample("x");
+        if !self.subjects.iter().any(|f| filter_matches(f, &sample)) {
+            return Err(MessageConfigError::TemplateOutside {
+                prefix: self.prefix.clone(),
+                template: template.to_string(),
+                subjects: self.subjects.join(", "),
+            });
+        }
+        Ok(Some(template))
+    }
+
+    /// Subjects of every shape this entry can publish to, for the start-up check that the
+    /// stream captures them: the template's sample, or each filter with its wildcards
+    /// replaced.
+    pub fn sample_subjects(&self) -> Vec<String> {
+        if let Some(Ok(template)) = self.subject.as_deref().map(SubjectTemplate::parse) {
+            return vec![template.sample("x")];
+        }
+        self.subjects
+            .iter()
+            .map(|f| {
+                f.split('.')
+                    .map(|t| if t == "*" || t == ">" { "x" } else { t })
+                    .collect::<Vec<_>>()
+                    .join(".")
+            })
+            .collect()
+    }
+}
+
+/// A `[[messages]]` entry that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MessageConfigError {
+    /// Empty, or holds control characters.
+    #[error("prefix `{}` must be non-empty and hold no control characters", .0.escape_debug())]
+    Prefix(String),
+    /// Two entries for one prefix.
+    #[error("prefix `{0}` is configured twice")]
+    Duplicate(String),
+    /// No `subjects` filter.
+    #[error("prefix `{0}`: `subjects` must list at least one subject filter")]
+    NoFilters(String),
+    /// A filter that is not a NATS subject filter.
+    #[error(
+        "prefix `{prefix}`: `{filter}` in `subjects` is not a subject filter (non-empty tokens of printable ASCII, `*` and `>` only as whole tokens, `>` last, no `$` prefix)"
+    )]
+    Filter {
+        /// The prefix.
+        prefix: String,
+        /// The filter.
+        filter: String,
+    },
+    /// The subject template is refused.
+    #[error("prefix `{prefix}`: bad subject template")]
+    Subject {
+        /// The prefix.
+        prefix: String,
+        /// Why.
+        #[source]
+        source: TemplateError,
+    },
+    /// The template makes subjects none of the filters allow.
+    #[error(
+        "prefix `{prefix}`: subject template `{template}` makes subjects outside `subjects` ({subjects})"
+    )]
+    TemplateOutside {
+        /// The prefix.
+        prefix: String,
+        /// The template.
+        template: String,
+        /// The filters.
+        subjects: String,
+    },
+}
+
+/// One configured prefix, validated.
+#[derive(Debug)]
+struct MessageRoute {
+    config: MessageRouteConfig,
+    template: Option<SubjectTemplate>,
+    /// `message:<prefix>`, the message's "table" in logs and errors.
+    origin: Arc<str>,
+    prefix: Arc<str>,
+}
+
+/// The configured prefixes.
+#[derive(Debug, Default)]
+pub(super) struct MessageRoutes {
+    routes: HashMap<String, MessageRoute>,
+}
+
+/// What the relay does with a message of one prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MessagePolicy {
+    /// No `[[messages]]` entry names the prefix: not ours, skipped.
+    Unconfigured,
+    /// Configured; non-transactional messages are refused.
+    TransactionalOnly,
+    /// Configured, non-transactional messages included.
+    AnyMessage,
+}
+
+impl Router {
+    /// This router with the `[[messages]]` entries.
+    pub fn with_messages(
+        mut self,
+        configs: &[MessageRouteConfig],
+    ) -> Result<Self, MessageConfigError> {
+        let mut routes = HashMap::with_capacity(configs.len());
+        for config in configs {
+            let template = config.validate()?;
+            if routes.contains_key(&config.prefix) {
+                return Err(MessageConfigError::Duplicate(config.prefix.clone()));
+            }
+            routes.insert(
+                config.prefix.clone(),
+                MessageRoute {
+                    config: config.clone(),
+                    template,
+                    origin: format!("message:{}", config.prefix).into(),
+                    prefix: config.prefix.as_str().into(),
+                },
+            );
+        }
+        self.messages = MessageRoutes { routes };
+        Ok(self)
+    }
+
+    /// What to do with messages of `prefix`.
+    pub fn message_policy(&self, prefix: &str) -> MessagePolicy {
+        match self.messages.routes.get(prefix) {
+            None => MessagePolicy::Unconfigured,
+            Some(r) if r.config.allow_non_transactional => MessagePolicy::AnyMessage,
+            Some(_) => MessagePolicy::TransactionalOnly,
+        }
+    }
+
+    /// Routes one logical message of the transaction `tx` (for a non-transactional one, the
+    /// context [`non_transactional_context`] made for it) as its event number `tx_index`:
+    /// `Ok(None)` when its prefix is not configured. The message is checked against `limits`.
+    pub fn route_message(
+        &self,
+        message: &Message,
+        tx: &TxContext,
+        tx_index: u64,
+        limits: &MessageLimits,
+    ) -> Result<Option<OutboundMessage>, RouteError> {
+        let Some(route) = self.messages.routes.get(&message.prefix) else {
+            return Ok(None);
+        };
+        let refuse = |problem: String| RouteError::Message {
+            prefix: message.prefix.clone(),
+            lsn: message.lsn,
+            problem,
+        };
+        if !message.transactional && !route.config.allow_non_transactional {
+            return Err(refuse(format!(
+                "non-transactional message (pg_logical_emit_message(false, …)): PostgreSQL delivers it even when its transaction rolls back. Emit it with transactional = true, or set allow_non_transactional = true on [[messages]] prefix \"{}\"",
+                message.prefix
+            )));
+        }
+        let msg = route.build(message, tx, tx_index).map_err(refuse)?;
+        match limits.check(&msg) {
+            Ok(()) => Ok(Some(msg)),
+            Err(over) => Err(refuse(format!(
+                "event {}: the {} is too large to publish: {over}",
+                short(&msg.event_id),
+                over.part
+            ))),
+        }
+    }
+
+    /// The envelope id of a message, when it has a usable one (for error reports).
+    pub fn message_event_id(&self, message: &Message) -> Option<String> {
+        let fields = Fields::parse(&message.content).ok()?;
+        let id = fields.get("id")?;
+        envelope_id(id).ok().map(|id| short(&id))
+    }
+
+    /// The dead letter for a message that cannot be routed: its raw content, with why, under
+    /// an id made of its prefix and its own LSN (a re-read of the same WAL makes the same id).
+    pub fn dead_letter_message(
+        &self,
+        subject: &str,
+        message: &Message,
+        tx: &TxContext,
+        tx_index: u64,
+        reason: &dyn fmt::Display,
+    ) -> Option<OutboundMessage> {
+        let route = self.messages.routes.get(&message.prefix)?;
+        Some(OutboundMessage {
+            subject: subject.to_owned(),
+            event_id: format!("dlq:message:{}:{}", message.prefix, message.lsn),
+            headers: vec![
+                (
+                    HEADER_DLQ_REASON.into(),
+                    super::dead_letter::header_value(reason),
+                ),
+                (HEADER_MESSAGE_PREFIX.into(), route.prefix.clone()),
+                (HEADER_COMMIT_LSN.into(), tx.commit_lsn_text.clone()),
+                (HEADER_XID.into(), tx.xid_text.clone()),
+                (HEADER_TX_INDEX.into(), tx_index.to_string().into()),
+            ],
+            shared_headers: 0,
+            payload: message.content.clone(),
+            table: route.origin.clone(),
+            commit_lsn: tx.commit_lsn,
+            commit_time_micros: tx.commit_time_micros,
+        })
+    }
+}
+
+/// The context of a non-transactional message, which pgoutput sends outside any transaction:
+/// xid 0, its own LSN as the commit LSN (it stands in commit order exactly there: every
+/// transaction sent before it committed before that LSN, every one after it later), and the
+/// time the relay read it (the message carries no time).
+pub fn non_transactional_context(message: &Message) -> TxContext {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_micros();
+    let pg_micros = i64::try_from(now)
+        .unwrap_or(i64::MAX)
+        .saturating_sub(pgoutput::PG_EPOCH_UNIX_MICROS);
+    TxContext::new(0, message.lsn, pg_micros)
+}
+
+/// The position to confirm once a non-transactional message at `lsn` is acknowledged: one past
+/// it. PostgreSQL sends such a message again on a restart at or before its LSN and skips it
+/// on a restart after it (`SnapBuildXactNeedsSkip` on the record's start), and no commit
+/// record starts between `lsn` and `lsn + 1`.
+pub fn non_transactional_end(lsn: Lsn) -> Lsn {
+    Lsn(lsn.0.saturating_add(1))
+}
+
+impl MessageRoute {
+    fn build(
+        &self,
+        message: &Message,
+        tx: &TxContext,
+        tx_index: u64,
+    ) -> Result<OutboundMessage, String> {
+        let fields = Fields::parse(&message.content)?;
+        let event_id = match fields.get("id") {
+            Some(id) => envelope_id(id)?,
+            None => return Err("the envelope has no `id`".into()),
+        };
+        let bad_id = |what: &str| format!("event {}: {what}", short(&event_id));
+        let subject = match &self.template {
+            Some(template) => fill_template(template, &fields).map_err(|e| bad_id(&e))?,
+            None => {
+                let raw = fields.get("subject").ok_or_else(|| {
+                    bad_id(
+                        "the envelope has no `subject` (and [[messages]] sets no subject template)",
+                    )
+                })?;
+                let subject: String = serde_json::from_str(raw.get())
+                    .map_err(|_| bad_id("`subject` is not a string"))?;
+                check_subject(&subject).map_err(|why| {
+                    bad_id(&format!("subject `{}` {why}", subject.escape_debug()))
+                })?;
+                subject
+            }
+        };
+        if !self
+            .config
+            .subjects
+            .iter()
+            .any(|f| filter_matches(f, &subject))
+        {
+            return Err(bad_id(&format!(
+                "subject `{}` matches none of `subjects` ({}) of this prefix",
+                subject.escape_debug(),
+                self.config.subjects.join(", ")
+            )));
+        }
+
+        let [commit_lsn, xid, commit_time, prefix, index_name] = &*MESSAGE_HEADER_NAMES;
+        let mut headers: Vec<(Arc<str>, Arc<str>)> = Vec::with_capacity(6);
+        headers.push((commit_lsn.clone(), tx.commit_lsn_text.clone()));
+        headers.push((xid.clone(), tx.xid_text.clone()));
+        headers.push((commit_time.clone(), tx.commit_time_text.clone()));
+        headers.push((prefix.clone(), self.prefix.clone()));
+        headers.push((index_name.clone(), tx_index.to_string().into()));
+        if let Some(raw) = fields.get("headers").filter(|r| r.get() != "null") {
+            let map = Fields::parse(raw.get().as_bytes())
+                .map_err(|e| bad_id(&format!("`headers`: {e}")))?;
+            for (name, value) in map.0 {
+                check_header_name(&name).map_err(|e| bad_id(&e))?;
+                let value: String = serde_json::from_str(value.get()).map_err(|_| {
+                    bad_id(&format!("header `{}` is not a string", name.escape_debug()))
+                })?;
+                if value.chars().any(char::is_control) {
+                    return Err(bad_id(&format!(
+                        "header `{name}` holds a control character"
+                    )));
+                }
+                headers.push((name.into(), value.into()));
+            }
+        }
+
+        let payload = match fields.get("payload").map(|r| r.get()) {
+            None | Some("null") => Bytes::new(),
+            Some(text) if text.starts_with('"') => {
+                let s: String =
+                    serde_json::from_str(text).map_err(|e| bad_id(&format!("`payload`: {e}")))?;
+                Bytes::from(s.into_bytes())
+            }
+            Some(text) => Bytes::copy_from_slice(text.as_bytes()),
+        };
+
+        Ok(OutboundMessage {
+            subject,
+            event_id,
+            headers,
+            shared_headers: SHARED_HEADERS,
+            payload,
+            table: self.origin.clone(),
+            commit_lsn: tx.commit_lsn,
+            commit_time_micros: tx.commit_time_micros,
+        })
+    }
+}
+
+/// The leading headers of a message that are the same for its whole transaction and prefix.
+const SHARED_HEADERS: usize = 4;
+
+/// The relay's own header names on a message event, allocated once.
+static MESSAGE_HEADER_NAMES: std::sync::LazyLock<[Arc<str>; 5]> = std::sync::LazyLock::new(|| {
+    [
+        HEADER_COMMIT_LSN.into(),
+        HEADER_XID.into(),
+        HEADER_COMMIT_TIME.into(),
+        HEADER_MESSAGE_PREFIX.into(),
+        HEADER_TX_INDEX.into(),
+    ]
+});
+
+/// An event id for an error text: cut when long.
+fn short(id: &str) -> String {
+    let id = id.escape_debug().to_string();
+    match id.char_indices().nth(80) {
+        Some((cut, _)) => format!("{}…", &id[..cut]),
+        None => id,
+    }
+}
+
+/// The envelope's `id`: a non-empty string without control characters, or an integer.
+fn envelope_id(raw: &RawValue) -> Result<String, String> {
+    match serde_json::from_str::<serde_json::Value>(raw.get()) {
+        Ok(serde_json::Value::String(s)) if s.is_empty() => Err("`id` is empty".into()),
+        Ok(serde_json::Value::String(s)) if s.chars().any(char::is_control) => {
+            Err(format!("`id` {} holds a control character", short(&s)))
+        }
+        Ok(serde_json::Value::String(s)) => Ok(s),
+        Ok(serde_json::Value::Number(n)) if n.is_i64() || n.is_u64() => Ok(n.to_string()),
+        _ => Err(format!(
+            "`id` must be a non-empty string or an integer, not {}",
+            short(raw.get())
+        )),
+    }
+}
+
+/// The subject from the template, each placeholder filled from the envelope field of that
+/// name under the token rule.
+fn fill_template(template: &SubjectTemplate, fields: &Fields<'_>) -> Result<String, String> {
+    let mut subject = String::with_capacity(64);
+    for segment in template.segments() {
+        match segment {
+            Segment::Literal(l) => subject.push_str(l),
+            Segment::Column(name) => {
+                let raw = fields.get(name).ok_or_else(|| {
+                    format!("the envelope has no field `{name}` for the subject template")
+                })?;
+                let value = match serde_json::from_str::<serde_json::Value>(raw.get()) {
+                    Ok(serde_json::Value::String(s)) if !s.is_empty() => s,
+                    Ok(serde_json::Value::Number(n)) => n.to_string(),
+                    _ => {
+                        return Err(format!(
+                            "field `{name}` of the subject template is not a non-empty string or a number"
+                        ));
+                    }
+                };
+                push_escaped_token(&mut subject, &value);
+            }
+        }
+    }
+    Ok(subject)
+}
+
+/// A literal subject: non-empty tokens of printable ASCII, no wildcards, no `$` prefix.
+fn check_subject(subject: &str) -> Result<(), &'static str> {
+    if subject.is_empty() {
+        return Err("is empty");
+    }
+    if subject.starts_with('$') {
+        return Err("starts with `$`, which NATS reserves for system subjects");
+    }
+    for token in subject.split('.') {
+        if token.is_empty() {
+            return Err("has an empty token");
+        }
+        if token.contains(['*', '>']) {
+            return Err("holds a wildcard (`*` or `>`)");
+        }
+        if !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err("holds whitespace, a control character or non-ASCII text");
+        }
+    }
+    Ok(())
+}
+
+/// A subject filter: as a subject, but `*` and a final `>` may be whole tokens.
+fn check_filter(filter: &str) -> Result<(), ()> {
+    if filter.is_empty() || filter.starts_with('$') {
+        return Err(());
+    }
+    let tokens: Vec<&str> = filter.split('.').collect();
+    for (i, token) in tokens.iter().enumerate() {
+        match *token {
+            "*" => {}
+            ">" if i + 1 == tokens.len() => {}
+            t if !t.is_empty()
+                && !t.contains(['*', '>'])
+                && t.bytes().all(|b| b.is_ascii_graphic()) => {}
+            _ => return Err(()),
+        }
+    }
+    Ok(())
+}
+
+/// NATS subject matching: `*` one token, `>` one or more trailing tokens.
+fn filter_matches(filter: &str, subject: &str) -> bool {
+    let mut f = filter.split('.');
+    let mut s = subject.split('.');
+    loop {
+        match (f.next(), s.next()) {
+            (Some(">"), Some(_)) => return true,
+            (Some("*"), Some(_)) => {}
+            (Some(a), Some(b)) if a == b => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
+/// A header an envelope may set: a valid name, not in the `Nats-` namespace, not one the relay
+/// sets itself.
+fn check_header_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.contains(|c: char| !c.is_ascii_graphic() || c == ':') {
+        return Err(format!(
+            "header name `{}` is not a valid NATS header name (printable ASCII, no `:`)",
+            name.escape_debug()
+        ));
+    }
+    let own = [
+        HEADER_MSG_ID,
+        HEADER_COMMIT_LSN,
+        HEADER_XID,
+        HEADER_COMMIT_TIME,
+        HEADER_TABLE,
+        HEADER_TX_INDEX,
+        HEADER_BACKFILL,
+        HEADER_MESSAGE_PREFIX,
+        HEADER_DLQ_REASON,
+    ];
+    if outbox_contract::is_reserved(name) || own.iter().any(|o| o.eq_ignore_ascii_case(name)) {
+        return Err(format!(
+            "header `{name}` is set by the relay or NATS and cannot come from the envelope"
+        ));
+    }
+    Ok(())
+}
+
+/// The fields of a JSON object, values unparsed, in order; a key given twice is refused (which
+/// of two `id`s counts would otherwise depend on the parser).
+struct Fields<'a>(Vec<(String, &'a RawValue)>);
+
+impl<'a> Fields<'a> {
+    fn parse(content: &'a [u8]) -> Result<Self, String> {
+        serde_json::from_slice(content).map_err(|e| {
+            if std::str::from_utf8(content).is_err() {
+                "the content is not UTF-8 JSON".to_owned()
+            } else {
+                format!("the content is not a JSON object: {e}")
+            }
+        })
+    }
+
+    fn get(&self, name: &str) -> Option<&'a RawValue> {
+        self.0.iter().find(|(k, _)| k == name).map(|(_, v)| *v)
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Fields<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ObjectVisitor<'a>(PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for ObjectVisitor<'a> {
+            type Value = Fields<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut fields: Vec<(String, &'a RawValue)> = Vec::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if fields.iter().any(|(k, _)| *k == key) {
+                        return Err(A::Error::custom(format!("key `{key}` appears twice")));
+                    }
+                    let value: &'a RawValue = map.next_value()?;
+                    fields.push((key, value));
+                }
+                Ok(Fields(fields))
+            }
+        }
+        deserializer.deserialize_map(ObjectVisitor(PhantomData))
+    }
+}
+
+#[cfg(test)]
+mod tests;
