@@ -15,6 +15,7 @@ mod limits;
 mod localized;
 mod messages;
 mod ops;
+mod partitions;
 mod pause;
 mod publication_order;
 mod replay;

@@ -95,6 +95,9 @@ pub struct Router {
     /// The OIDs the catalog gave the configured tables at start-up, and the WAL position then.
     catalog_oids: HashMap<Oid, usize>,
     catalog_lsn: Lsn,
+    /// Partition OID → index in `tables`, for partitioned outbox tables (see
+    /// [`Router::bind_partitions`]).
+    partition_oids: HashMap<Oid, usize>,
     /// The `[[messages]]` prefixes (see [`Router::with_messages`]).
     messages: messages::MessageRoutes,
 }
@@ -123,6 +126,7 @@ impl Router {
             outbox_oids: HashMap::new(),
             catalog_oids: HashMap::new(),
             catalog_lsn: Lsn(0),
+            partition_oids: HashMap::new(),
             messages: messages::MessageRoutes::default(),
         })
     }

@@ -11,9 +11,15 @@ use std::str::FromStr;
 use relay_core::Lsn;
 use tokio_postgres::Client;
 
+use crate::catalog::partitions::{self, Membership};
 use crate::catalog::{self, SlotInfo};
 use crate::sqlstate::SqlStateKind;
 use crate::{PgError, PostgresSettings};
+
+/// The options of a publication the relay creates: inserts only, and a partitioned table's
+/// rows as the table's own, not as their partitions' (`publish_via_partition_root`, PostgreSQL
+/// 13+): the relay knows outbox tables by their relation OID and name.
+pub const PUBLICATION_OPTIONS: &str = "publish = 'insert', publish_via_partition_root = true";
 
 /// What the start-up checks found (or created).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,9 +152,10 @@ pub async fn prepare(
         Some(_) => false,
         None if settings.create_publication => {
             refuse_publication_after_slot(client, settings).await?;
-            // Names are validated identifiers; tables are quoted.
+            // Names are validated identifiers; tables are quoted. Partitioned tables' rows are
+            // published as the table's own (its OID and name), not as their partitions'.
             let sql = format!(
-                "CREATE PUBLICATION {publication} FOR TABLE {} WITH (publish = 'insert')",
+                "CREATE PUBLICATION {publication} FOR TABLE {} WITH ({PUBLICATION_OPTIONS})",
                 quoted_tables.join(", ")
             );
             client.batch_execute(&sql).await.map_err(query_err(format!(
@@ -165,14 +172,23 @@ pub async fn prepare(
         }
     };
     for (schema, table) in tables {
-        let member = catalog::publication_has_table(client, publication, schema, table)
+        let membership = partitions::membership(client, publication, schema, table)
             .await
             .map_err(query_err(format!("cannot read publication {publication}")))?;
-        if !member {
-            return Err(PgError::PublicationMissingTable {
-                publication: publication.clone(),
-                table: format!("{schema}.{table}"),
-            });
+        let name = format!("{schema}.{table}");
+        match membership {
+            Membership::Member => {}
+            Membership::NotInPublication => {
+                return Err(PgError::PublicationMissingTable {
+                    publication: publication.clone(),
+                    table: name,
+                });
+            }
+            other => {
+                return Err(PgError::Settings(
+                    other.problem(publication, &name).unwrap_or_default(),
+                ));
+            }
         }
     }
 

@@ -20,8 +20,19 @@ async fn publication_problem(
     publication: &str,
     tables: &[(String, String)],
 ) -> Result<Option<String>, tokio_postgres::Error> {
+    use relay_postgres::catalog::partitions::{self, Membership};
     use relay_postgres::catalog::{PublicationGap, publication_gap};
-    Ok(publication_gap(client, publication, tables).await?.map(|gap| match gap {
+    // A partitioned table published as its partitions, or a partition published as its parent,
+    // is not "missing": say what is wrong instead.
+    let gap = publication_gap(client, publication, tables).await?;
+    if let Some(PublicationGap::MissingTable(_)) = &gap
+        && let Some((table, membership)) =
+            partitions::first_problem(client, publication, tables).await?
+        && membership != Membership::NotInPublication
+    {
+        return Ok(membership.problem(publication, &table));
+    }
+    Ok(gap.map(|gap| match gap {
         PublicationGap::Missing => format!(
             "publication `{publication}` no longer exists: outbox inserts would silently stop arriving. Re-create it (CREATE PUBLICATION {publication} FOR TABLE … WITH (publish = 'insert')) and check the slot"
         ),

@@ -244,6 +244,13 @@ impl Supervisor<'_> {
                 .await
                 .map_err(postgres)?;
         router.bind_catalog(&oids.tables, oids.read_at);
+        relay_postgres::catalog::partitions::bind(
+            store.client(),
+            &self.config.tables(),
+            &mut router,
+        )
+        .await
+        .map_err(postgres)?;
         Ok(router)
     }
 

@@ -29,6 +29,28 @@ impl Router {
         self.catalog_lsn = at;
     }
 
+    /// Binds the partitions of partitioned outbox tables, at every level, as the catalog has
+    /// them at the start of the session: `(schema, table, partition oid)`, the configured
+    /// table's name with the partition's OID.
+    ///
+    /// With `publish_via_partition_root` pgoutput sends a partition's rows under the root's OID
+    /// (and announces the partition beside the root); without it, or for rows committed before
+    /// the publication was altered to it, they arrive under the partition's own OID and name.
+    /// A bound partition's rows are routed as the configured table's either way; a partition
+    /// the session does not know is ignored like any other table, which is why the start-up
+    /// checks and the publication check refuse a publication without the option.
+    pub fn bind_partitions(&mut self, partitions: &[(String, String, Oid)]) {
+        for (schema, table, oid) in partitions {
+            if let Some(index) = self
+                .tables
+                .iter()
+                .position(|t| t.config.qualified_name() == (schema.as_str(), table.as_str()))
+            {
+                self.partition_oids.insert(*oid, index);
+            }
+        }
+    }
+
     /// Learns (or re-learns, after DDL) a relation's shape; `commit_lsn` is the commit LSN of
     /// the transaction that announces it.
     ///
@@ -46,8 +68,18 @@ impl Router {
         let by_name = self.tables.iter().position(|t| {
             t.config.qualified_name() == (relation.namespace.as_str(), relation.name.as_str())
         });
-        let index = match (by_name, self.outbox_oids.get(&id).copied()) {
-            (by_name, Some(known)) if by_name != Some(known) => {
+        let partition_of = self.partition_oids.get(&id).copied();
+        let index = match (by_name, self.outbox_oids.get(&id).copied(), partition_of) {
+            (None, None, Some(index)) => {
+                tracing::debug!(
+                    table = %self.tables[index].config.table,
+                    partition = %format!("{}.{}", relation.namespace, relation.name),
+                    oid = id,
+                    "partition of a partitioned outbox table announced; its rows are the table's"
+                );
+                index
+            }
+            (by_name, Some(known), _) if by_name != Some(known) => {
                 let historic = self.catalog_oids.get(&id) == Some(&known)
                     && commit_lsn.is_some_and(|lsn| lsn < self.catalog_lsn);
                 let now = format!("{}.{}", relation.namespace, relation.name);
@@ -76,15 +108,18 @@ impl Router {
                 );
                 known
             }
-            (Some(index), _) => index,
-            (None, _) => {
+            (Some(index), _, _) => index,
+            (None, _, _) => {
                 self.relations.insert(id, RelationRoute::Ignored);
                 return Ok(());
             }
         };
         // A name seen once as an outbox keeps its OID: an older incarnation of the table (dropped
-        // and re-created while the relay was behind) is still an outbox for its WAL.
-        self.outbox_oids.insert(id, index);
+        // and re-created while the relay was behind) is still an outbox for its WAL. A
+        // partition stays a partition (it is not the table, renamed).
+        if partition_of.is_none() {
+            self.outbox_oids.insert(id, index);
+        }
         let table = &self.tables[index];
         let previous = match self.relations.get(&id) {
             Some(RelationRoute::Outbox { relation, .. }) => Some(relation.clone()),

@@ -8,6 +8,7 @@ use tokio_postgres::Client;
 use super::{DATA_SAFETY, FAIL, Report, UNAVAILABLE, Verdict, error_chain};
 use crate::config::RelayConfig;
 use relay_postgres::catalog;
+use relay_postgres::catalog::partitions::{self, Membership};
 use relay_postgres::catalog::retention::{self, SHORT_SAMPLE, TakeoverPolicy};
 
 pub(super) async fn postgres_checks(config: &RelayConfig, r: &mut Report) {
@@ -249,20 +250,28 @@ async fn catalog_checks(
         Some(true) => {
             r.pass(name.clone(), "exists, publishes inserts");
             for (schema, table) in &tables {
-                let member = catalog::publication_has_table(client, publication, schema, table).await?;
+                let membership = partitions::membership(client, publication, schema, table).await?;
                 let check = format!("{name} has {schema}.{table}");
-                if member {
-                    r.pass(check, "member");
-                } else {
-                    r.fail(
+                let qualified = format!("{schema}.{table}");
+                match membership {
+                    Membership::Member => r.pass(check, "member"),
+                    Membership::NotInPublication => r.fail(
                         check,
                         "not in the publication",
                         PgError::PublicationMissingTable {
                             publication: publication.clone(),
-                            table: format!("{schema}.{table}"),
+                            table: qualified,
                         }
                         .to_string(),
-                    );
+                    ),
+                    other => r.fail(
+                        check,
+                        match other {
+                            Membership::PublishedAsPartitions => "partitioned, published as its partitions (publish_via_partition_root is off)".to_owned(),
+                            _ => "published as its partitioned parent's".to_owned(),
+                        },
+                        other.problem(publication, &qualified).unwrap_or_default(),
+                    ),
                 }
             }
         }

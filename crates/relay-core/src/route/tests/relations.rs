@@ -133,3 +133,46 @@ fn a_renamed_mapped_column_names_old_and_new() {
         Err(RouteError::MissingColumn { ref column, .. }) if column == "type"
     ));
 }
+
+#[test]
+fn partitions_of_a_partitioned_outbox_are_routed_as_the_configured_table() {
+    let mut router = Router::new(&[OutboxTableConfig::with_defaults("public.outbox")]).unwrap();
+    router.bind_catalog(&[("public".into(), "outbox".into(), 77)], Lsn(5000));
+    router.bind_partitions(&[
+        ("public".into(), "outbox".into(), 78),
+        ("public".into(), "outbox".into(), 79),
+    ]);
+    let row = |oid| {
+        insert(
+            oid,
+            &[Some("e"), Some("A"), Some("1"), Some("T"), Some("{}"), None],
+        )
+    };
+    // publish_via_partition_root: the root (bound by OID) and, beside it, the partition.
+    router.on_relation_live(debezium_relation(77)).unwrap();
+    let mut p1 = debezium_relation(78);
+    p1.name = "outbox_2025_01".into();
+    router.on_relation_live(p1).unwrap();
+    let msg = router.route_insert(&row(77), &tx(), 0).unwrap().unwrap();
+    assert_eq!(msg.header("Outbox-Table"), Some("public.outbox"));
+    // Without the option (or decoded with the catalog from before it was set): the
+    // partition's own OID and name, before or after the catalog read alike.
+    let msg = router.route_insert(&row(78), &tx(), 0).unwrap().unwrap();
+    assert_eq!(&*msg.table, "public.outbox");
+    let mut default = debezium_relation(79);
+    default.name = "outbox_default".into();
+    router.on_relation(default, Some(Lsn(4000))).unwrap();
+    let msg = router.route_insert(&row(79), &tx(), 0).unwrap().unwrap();
+    assert_eq!(msg.header("Outbox-Table"), Some("public.outbox"));
+    // A partition the session does not know is another table, and stays out of the OIDs the
+    // table is known by.
+    let mut unknown = debezium_relation(80);
+    unknown.name = "outbox_2025_02".into();
+    router.on_relation_live(unknown).unwrap();
+    assert!(router.route_insert(&row(80), &tx(), 0).unwrap().is_none());
+    // The partition renamed is still the partition, never an "outbox renamed" error.
+    let mut renamed = debezium_relation(78);
+    renamed.name = "outbox_archive".into();
+    router.on_relation_live(renamed).unwrap();
+    assert!(router.route_insert(&row(78), &tx(), 0).unwrap().is_some());
+}
