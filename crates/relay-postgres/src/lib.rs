@@ -17,7 +17,10 @@ pub mod source;
 pub mod sqlstate;
 mod tls;
 
-pub use settings::{ConnectionParts, PostgresSettings, SslMode, redact_url, validate_identifier};
+pub use settings::{
+    ConnectionParts, FAILOVER_SLOTS_SINCE, FailoverSetting, PostgresSettings, SslMode, redact_url,
+    validate_identifier, version_text,
+};
 pub use sqlstate::is_transient_query_error;
 
 use relay_core::Lsn;
@@ -148,6 +151,31 @@ pub enum PgError {
         /// The stored checkpoint.
         checkpoint: Lsn,
     },
+    /// The slot is missing on a server that was promoted from a standby (or restored), although
+    /// the relay stored a checkpoint for it: it did not come over with the failover.
+    #[error(
+        "replication slot `{slot}` does not exist on this server, which is on timeline {timeline} (it was promoted from a standby, or restored from a backup), but the relay stored checkpoint {checkpoint} for it: {why}. A new slot would skip every event committed since the checkpoint. See docs/operations.md, \"Failover\" (\"Recovery without a failover slot\"): publish the outbox rows committed since the checkpoint with `outbox-relay backfill`, then delete the checkpoint row and start the relay"
+    )]
+    SlotMissingAfterPromotion {
+        /// The slot.
+        slot: String,
+        /// The stored checkpoint (it came over with the database).
+        checkpoint: Lsn,
+        /// The server's timeline.
+        timeline: u32,
+        /// Why the slot did not come over, as far as the relay can tell.
+        why: String,
+    },
+    /// None of the URL's hosts is a read-write server (a failover under way, or all down).
+    #[error(
+        "no read-write PostgreSQL server among {targets}: {tried} (during a failover this lasts until a standby is promoted)"
+    )]
+    NoPrimary {
+        /// The URL's hosts.
+        targets: String,
+        /// What each host answered.
+        tried: String,
+    },
     /// The slot was invalidated (`wal_status = lost`): WAL it needed is gone.
     #[error(
         "replication slot `{slot}` was invalidated (wal_status = lost: it fell behind max_slot_wal_keep_size); events committed since it was last read are gone from WAL. See docs/operations.md, \"Slot lost\""
@@ -214,7 +242,9 @@ impl PgError {
     /// Whether waiting and retrying can help (connection problems) or an operator must act.
     pub fn is_transient(&self) -> bool {
         match self {
-            PgError::Unreachable { .. } | PgError::SlotCreatedConcurrently { .. } => true,
+            PgError::Unreachable { .. }
+            | PgError::SlotCreatedConcurrently { .. }
+            | PgError::NoPrimary { .. } => true,
             // A wrong password, a refused role or database, or a TLS failure needs an operator.
             PgError::Connect { source, .. } => !is_login_refusal(source),
             PgError::Query { source, .. } => is_transient_query_error(source),
@@ -226,7 +256,10 @@ impl PgError {
     pub fn is_data_safety_stop(&self) -> bool {
         matches!(
             self,
-            PgError::SlotLost { .. } | PgError::SlotAhead { .. } | PgError::SlotInvalidated { .. }
+            PgError::SlotLost { .. }
+                | PgError::SlotMissingAfterPromotion { .. }
+                | PgError::SlotAhead { .. }
+                | PgError::SlotInvalidated { .. }
         )
     }
 }
@@ -255,8 +288,21 @@ fn is_login_refusal(error: &tokio_postgres::Error) -> bool {
 }
 
 /// Connects a plain (non-replication) session and drives it on a background task. Runs the
-/// [`probe`] first, so no cleartext or MD5 password is sent unless allowed.
+/// [`probe`] first, so no cleartext or MD5 password is sent unless allowed. With several hosts
+/// in the URL (or `target_session_attrs=read-write`) the session is on the read-write server:
+/// see [`connect_primary`].
 pub async fn connect(settings: &PostgresSettings) -> Result<tokio_postgres::Client, PgError> {
+    Ok(connect_observed(settings, None).await?.0)
+}
+
+/// [`connect`], and the settings bound to the host it reached
+/// ([`PostgresSettings::candidates`]): the URL's hosts are tried in order, each with its own
+/// login probe, and the first that accepts a read-write session is kept. A replication session
+/// started with these settings reaches the same server, so the checkpoint is read and stored
+/// where the slot is streamed. For a single-host URL these are the settings given.
+pub async fn connect_primary(
+    settings: &PostgresSettings,
+) -> Result<(tokio_postgres::Client, PostgresSettings), PgError> {
     connect_observed(settings, None).await
 }
 
@@ -269,7 +315,7 @@ pub async fn connect_with_notices(
     settings: &PostgresSettings,
 ) -> Result<(tokio_postgres::Client, Notices), PgError> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    Ok((connect_observed(settings, Some(tx)).await?, rx))
+    Ok((connect_observed(settings, Some(tx)).await?.0, rx))
 }
 
 type NoticeSender = tokio::sync::mpsc::UnboundedSender<tokio_postgres::error::DbError>;
@@ -277,8 +323,76 @@ type NoticeSender = tokio::sync::mpsc::UnboundedSender<tokio_postgres::error::Db
 async fn connect_observed(
     settings: &PostgresSettings,
     notices: Option<NoticeSender>,
-) -> Result<tokio_postgres::Client, PgError> {
+) -> Result<(tokio_postgres::Client, PostgresSettings), PgError> {
     settings.validate()?;
+    let candidates = settings.candidates()?;
+    if let [only] = candidates.as_slice() {
+        return Ok((connect_one(only, notices).await?, only.clone()));
+    }
+    let mut tried = Vec::with_capacity(candidates.len());
+    let mut refusals = Vec::new();
+    for candidate in candidates {
+        match connect_one(&candidate, notices.clone()).await {
+            Ok(client) => {
+                tracing::debug!(target = %candidate.display_target(), "connected to the read-write server");
+                return Ok((client, candidate));
+            }
+            Err(error) => {
+                tried.push(format!(
+                    "{} {}",
+                    candidate.display_target(),
+                    why_not_primary(&error)
+                ));
+                if !error.is_transient() {
+                    refusals.push(error);
+                }
+            }
+        }
+    }
+    // Every host refused the login (or the TLS handshake): that needs an operator, whichever
+    // host is the primary. Otherwise at least one is down or a standby: wait for a promotion.
+    if refusals.len() == tried.len()
+        && let Some(first) = refusals.into_iter().next()
+    {
+        return Err(first);
+    }
+    Err(PgError::NoPrimary {
+        targets: settings.display_target(),
+        tried: tried.join("; "),
+    })
+}
+
+/// Why a host of a multi-host URL was not used, in a few words.
+fn why_not_primary(error: &PgError) -> String {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = cause {
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::PermissionDenied
+            && io.to_string().contains("does not allow writes")
+        {
+            return "is read-only (a standby, or default_transaction_read_only = on)".to_owned();
+        }
+        cause = e.source();
+    }
+    match error {
+        PgError::Unreachable { reason, .. } => format!("is unreachable ({reason})"),
+        other => {
+            let mut text = other.to_string();
+            let mut cause = std::error::Error::source(other);
+            while let Some(e) = cause {
+                text.push_str(&format!(": {e}"));
+                cause = e.source();
+            }
+            format!("refused: {text}")
+        }
+    }
+}
+
+/// One session to the single host of `settings` (a single-host URL or a bound candidate).
+async fn connect_one(
+    settings: &PostgresSettings,
+    notices: Option<NoticeSender>,
+) -> Result<tokio_postgres::Client, PgError> {
     probe::probe(settings).await?;
     let config = settings.client_config()?;
     let target = settings.display_target();

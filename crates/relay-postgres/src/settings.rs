@@ -64,11 +64,106 @@ pub struct PostgresSettings {
     /// Connection timeout. Default `10s`.
     #[serde(default = "default_connect_timeout", with = "humantime_serde")]
     pub connect_timeout: Duration,
+    /// Create the slot as a failover slot (PostgreSQL 17+), so that a standby synchronizes it
+    /// and the relay continues on the standby after a promotion: `auto` (the default: on where
+    /// the server supports it), `true` (refused below PostgreSQL 17), `false`.
+    #[serde(default)]
+    pub failover: FailoverSetting,
+    /// The host of `url` this session is bound to (an index into its host list, and whether a
+    /// read-write session is required there), once the read-write server among several was
+    /// found ([`Self::candidates`]). Never configured.
+    #[serde(skip)]
+    pinned: Option<(usize, bool)>,
 }
 
 impl std::fmt::Debug for PostgresSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         relay_core::secret::debug_serialized("PostgresSettings", self, f)
+    }
+}
+
+/// `[postgres] failover`: whether the slot is created as a failover slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailoverSetting {
+    /// On where the server supports failover slots (PostgreSQL 17+), off below.
+    #[default]
+    Auto,
+    /// On; the relay refuses to start on a server without failover slots.
+    On,
+    /// Off: the slot stays on the server it was created on.
+    Off,
+}
+
+/// The first PostgreSQL version with failover slots (`server_version_num`).
+pub const FAILOVER_SLOTS_SINCE: i32 = 170_000;
+
+impl FailoverSetting {
+    /// Whether the slot should be a failover slot on a server of `server_version_num`; an error
+    /// naming the setting when `true` was asked for and the server has no failover slots.
+    pub fn wanted(self, server_version_num: i32) -> Result<bool, PgError> {
+        let supported = server_version_num >= FAILOVER_SLOTS_SINCE;
+        match self {
+            FailoverSetting::Off => Ok(false),
+            FailoverSetting::Auto => Ok(supported),
+            FailoverSetting::On if supported => Ok(true),
+            FailoverSetting::On => Err(PgError::Settings(format!(
+                "postgres.failover = true, but PostgreSQL {} has no failover slots (they exist \
+                 since 17): remove postgres.failover (or set it false) to run without, and see \
+                 docs/operations.md, \"Failover\", for what a failover then takes",
+                version_text(server_version_num)
+            ))),
+        }
+    }
+
+    /// `auto`, `true` or `false`, as configured.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailoverSetting::Auto => "auto",
+            FailoverSetting::On => "true",
+            FailoverSetting::Off => "false",
+        }
+    }
+}
+
+/// `150019` → `15.19`.
+pub fn version_text(server_version_num: i32) -> String {
+    format!(
+        "{}.{}",
+        server_version_num / 10_000,
+        server_version_num % 10_000
+    )
+}
+
+impl Serialize for FailoverSetting {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            FailoverSetting::Auto => serializer.serialize_str("auto"),
+            FailoverSetting::On => serializer.serialize_bool(true),
+            FailoverSetting::Off => serializer.serialize_bool(false),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for FailoverSetting {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Bool(bool),
+            Text(String),
+        }
+        match Raw::deserialize(deserializer)? {
+            Raw::Bool(true) => Ok(FailoverSetting::On),
+            Raw::Bool(false) => Ok(FailoverSetting::Off),
+            Raw::Text(t) => match t.to_ascii_lowercase().as_str() {
+                "auto" => Ok(FailoverSetting::Auto),
+                "true" | "on" => Ok(FailoverSetting::On),
+                "false" | "off" => Ok(FailoverSetting::Off),
+                other => Err(serde::de::Error::custom(format!(
+                    "postgres.failover must be true, false or \"auto\", not {other:?}"
+                ))),
+            },
+        }
     }
 }
 
@@ -153,6 +248,8 @@ impl Default for PostgresSettings {
             create_publication: true,
             status_interval: default_status_interval(),
             connect_timeout: default_connect_timeout(),
+            failover: FailoverSetting::Auto,
+            pinned: None,
         }
     }
 }
@@ -219,7 +316,81 @@ impl PostgresSettings {
                 "postgres.sslcert and postgres.sslkey must be set together".into(),
             ));
         }
+        if self.url_config()?.get_target_session_attrs()
+            == tokio_postgres::config::TargetSessionAttrs::ReadOnly
+        {
+            return Err(PgError::Settings(
+                "postgres.url asks for target_session_attrs=read-only, but the relay writes its checkpoint and needs the primary: use read-write (or leave it out)".into(),
+            ));
+        }
         self.parts().map(|_| ())
+    }
+
+    /// The URL as tokio-postgres parses it.
+    fn url_config(&self) -> Result<tokio_postgres::Config, PgError> {
+        tokio_postgres::Config::from_str(&self.url)
+            .map_err(|e| PgError::BadUrl(format!("{}: {e}", redact_url(&self.url))))
+    }
+
+    /// How many hosts the URL lists (`postgres://h1:p1,h2:p2/db`, or `host=h1,h2`).
+    pub fn host_count(&self) -> Result<usize, PgError> {
+        let config = self.url_config()?;
+        Ok(config
+            .get_hosts()
+            .len()
+            .max(config.get_hostaddrs().len())
+            .max(1))
+    }
+
+    /// Whether a session must find the read-write server (the primary) among the URL's hosts:
+    /// the URL lists several, or says `target_session_attrs=read-write`. The relay writes its
+    /// checkpoint, so with several hosts it always wants the primary, whatever the URL says.
+    pub fn wants_primary(&self) -> Result<bool, PgError> {
+        Ok(self.host_count()? > 1
+            || self.url_config()?.get_target_session_attrs()
+                == tokio_postgres::config::TargetSessionAttrs::ReadWrite)
+    }
+
+    /// One copy of these settings per host of the URL, in the URL's order, each bound to its
+    /// host (and port, and `hostaddr` when given) and asking for a read-write session when the
+    /// URL lists several hosts. A single-host URL gives these settings unchanged.
+    ///
+    /// tokio-postgres tries several hosts itself, but it does not tell which one it connected
+    /// to, and every session of the relay must reach the same server: the login probe, the
+    /// plain sessions and the replication session (pgwire-replication takes a single host).
+    /// So `crate::connect` tries these in turn and hands on the one that answered read-write.
+    pub fn candidates(&self) -> Result<Vec<PostgresSettings>, PgError> {
+        let count = self.host_count()?;
+        if count == 1 || self.pinned.is_some() {
+            return Ok(vec![self.clone()]);
+        }
+        Ok((0..count)
+            .map(|i| PostgresSettings {
+                pinned: Some((i, true)),
+                ..self.clone()
+            })
+            .collect())
+    }
+
+    /// One copy of these settings per host of a multi-host URL, each bound to its host without
+    /// asking for a read-write session: for the preflight, which checks the standbys too. A
+    /// single-host URL gives an empty list.
+    pub fn each_host(&self) -> Result<Vec<PostgresSettings>, PgError> {
+        let count = self.host_count()?;
+        if count == 1 || self.pinned.is_some() {
+            return Ok(Vec::new());
+        }
+        Ok((0..count)
+            .map(|i| PostgresSettings {
+                pinned: Some((i, false)),
+                ..self.clone()
+            })
+            .collect())
+    }
+
+    /// Whether these settings are bound to one host of a multi-host URL.
+    pub fn is_pinned(&self) -> bool {
+        self.pinned.is_some()
     }
 
     /// The TLS mode in force: `sslmode`, else the URL's, else `prefer`.
@@ -227,8 +398,7 @@ impl PostgresSettings {
         if let Some(mode) = self.sslmode {
             return Ok(mode);
         }
-        let config = tokio_postgres::Config::from_str(&self.url)
-            .map_err(|e| PgError::BadUrl(format!("{}: {e}", redact_url(&self.url))))?;
+        let config = self.url_config()?;
         Ok(match config.get_ssl_mode() {
             tokio_postgres::config::SslMode::Disable => SslMode::Disable,
             tokio_postgres::config::SslMode::Require => SslMode::Require,
@@ -238,8 +408,10 @@ impl PostgresSettings {
 
     /// tokio-postgres configuration for plain sessions.
     pub fn client_config(&self) -> Result<tokio_postgres::Config, PgError> {
-        let mut config = tokio_postgres::Config::from_str(&self.url)
-            .map_err(|e| PgError::BadUrl(format!("{}: {e}", redact_url(&self.url))))?;
+        let mut config = self.url_config()?;
+        if let Some((index, read_write)) = self.pinned {
+            config = pin_host(&config, index, read_write);
+        }
         if let Some(path) = &self.password_file {
             config.password(read_secret_file("postgres.password_file", path)?.expose());
         } else if let Some(password) = &self.password {
@@ -262,7 +434,10 @@ impl PostgresSettings {
             Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
             #[cfg(unix)]
             Some(tokio_postgres::config::Host::Unix(p)) => p.to_string_lossy().into_owned(),
-            None => "localhost".to_owned(),
+            None => config
+                .get_hostaddrs()
+                .first()
+                .map_or_else(|| "localhost".to_owned(), ToString::to_string),
         };
         let port = config.get_ports().first().copied().unwrap_or(5432);
         let user = config
@@ -283,13 +458,94 @@ impl PostgresSettings {
         })
     }
 
-    /// `host:port/database`, for messages.
+    /// `host:port/database`, for messages; `h1:p1,h2:p2/database` for an unbound multi-host URL.
     pub fn display_target(&self) -> String {
-        match self.parts() {
-            Ok(p) => format!("{}:{}/{}", p.host, p.port, p.database),
-            Err(_) => redact_url(&self.url),
+        let many = self.pinned.is_none() && self.host_count().is_ok_and(|n| n > 1);
+        match (self.parts(), many) {
+            (Ok(p), true) => {
+                let hosts = self
+                    .candidates()
+                    .unwrap_or_default()
+                    .iter()
+                    .filter_map(|c| c.parts().ok())
+                    .map(|c| format!("{}:{}", c.host, c.port))
+                    .collect::<Vec<_>>()
+                    .join(",");
+                format!("{hosts}/{}", p.database)
+            }
+            (Ok(p), false) => format!("{}:{}/{}", p.host, p.port, p.database),
+            (Err(_), _) => redact_url(&self.url),
         }
     }
+}
+
+/// `config` with only its host number `index` (its `hostaddr` and port too), asking for a
+/// read-write session when `read_write`: the host list of a multi-host URL narrowed to the one
+/// a session uses. Every other parameter is copied.
+fn pin_host(
+    config: &tokio_postgres::Config,
+    index: usize,
+    read_write: bool,
+) -> tokio_postgres::Config {
+    use tokio_postgres::config::{Host, TargetSessionAttrs};
+    let mut pinned = tokio_postgres::Config::new();
+    match config.get_hosts().get(index) {
+        Some(Host::Tcp(host)) => {
+            pinned.host(host);
+        }
+        #[cfg(unix)]
+        Some(Host::Unix(path)) => {
+            pinned.host_path(path);
+        }
+        None => {}
+    }
+    if let Some(addr) = config.get_hostaddrs().get(index) {
+        pinned.hostaddr(*addr);
+    }
+    // libpq's rule: one port for every host, or one port per host.
+    let ports = config.get_ports();
+    if let Some(port) = ports.get(index).or_else(|| ports.first()) {
+        pinned.port(*port);
+    }
+    if let Some(user) = config.get_user() {
+        pinned.user(user);
+    }
+    if let Some(password) = config.get_password() {
+        pinned.password(password);
+    }
+    if let Some(dbname) = config.get_dbname() {
+        pinned.dbname(dbname);
+    }
+    if let Some(options) = config.get_options() {
+        pinned.options(options);
+    }
+    if let Some(name) = config.get_application_name() {
+        pinned.application_name(name);
+    }
+    pinned
+        .ssl_mode(config.get_ssl_mode())
+        .ssl_negotiation(config.get_ssl_negotiation())
+        .channel_binding(config.get_channel_binding())
+        .keepalives(config.get_keepalives())
+        .keepalives_idle(config.get_keepalives_idle())
+        .target_session_attrs(if read_write {
+            TargetSessionAttrs::ReadWrite
+        } else {
+            TargetSessionAttrs::Any
+        });
+    if let Some(timeout) = config.get_connect_timeout() {
+        pinned.connect_timeout(*timeout);
+    }
+    if let Some(timeout) = config.get_tcp_user_timeout() {
+        pinned.tcp_user_timeout(*timeout);
+    }
+    if let Some(interval) = config.get_keepalives_interval() {
+        pinned.keepalives_interval(interval);
+    }
+    if let Some(retries) = config.get_keepalives_retries() {
+        pinned.keepalives_retries(retries);
+    }
+    pinned
 }
 
 #[cfg(test)]
@@ -341,6 +597,154 @@ mod tests {
             ..Default::default()
         };
         assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn a_multi_host_url_gives_one_candidate_per_host_bound_to_read_write() {
+        use tokio_postgres::config::{Host, TargetSessionAttrs};
+        let s = PostgresSettings {
+            url: "postgres://relay:s3cret@db1.example:5432,db2.example:5433/app?target_session_attrs=read-write&connect_timeout=7".into(),
+            ..Default::default()
+        };
+        s.validate().unwrap();
+        assert_eq!(s.host_count().unwrap(), 2);
+        assert!(s.wants_primary().unwrap());
+        assert_eq!(s.display_target(), "db1.example:5432,db2.example:5433/app");
+        let candidates = s.candidates().unwrap();
+        let targets: Vec<(String, u16)> = candidates
+            .iter()
+            .map(|c| {
+                let p = c.parts().unwrap();
+                assert_eq!((p.user.as_str(), p.password.as_str()), ("relay", "s3cret"));
+                assert_eq!(p.database, "app");
+                (p.host, p.port)
+            })
+            .collect();
+        assert_eq!(
+            targets,
+            [
+                ("db1.example".to_owned(), 5432),
+                ("db2.example".to_owned(), 5433)
+            ]
+        );
+        let second = &candidates[1];
+        assert!(second.is_pinned());
+        assert_eq!(
+            second.candidates().unwrap(),
+            std::slice::from_ref(second),
+            "bound: stays bound"
+        );
+        assert_eq!(second.display_target(), "db2.example:5433/app");
+        let config = second.client_config().unwrap();
+        assert_eq!(config.get_hosts(), [Host::Tcp("db2.example".into())]);
+        assert_eq!(config.get_ports(), [5433]);
+        assert_eq!(
+            config.get_target_session_attrs(),
+            TargetSessionAttrs::ReadWrite
+        );
+        assert_eq!(
+            config.get_connect_timeout(),
+            Some(&Duration::from_secs(10)),
+            "postgres.connect_timeout wins over the URL's, as for one host"
+        );
+        assert_eq!(config.get_application_name(), Some("outbox-relay"));
+        // The pinned host is never serialized or printed; the URL is, redacted.
+        let printed = format!("{second:?}");
+        assert!(
+            !printed.contains("s3cret") && !printed.contains("pinned"),
+            "{printed}"
+        );
+
+        // Several hosts without target_session_attrs: still the read-write one; a single
+        // host without it: whatever answers, as before.
+        let plain = PostgresSettings {
+            url: "postgres://relay@10.0.0.1,10.0.0.2/app".into(),
+            ..Default::default()
+        };
+        assert!(plain.wants_primary().unwrap());
+        let ports: Vec<u16> = plain
+            .candidates()
+            .unwrap()
+            .iter()
+            .map(|c| c.parts().unwrap().port)
+            .collect();
+        assert_eq!(ports, [5432, 5432]);
+        let one = PostgresSettings {
+            url: "postgres://relay@db/app".into(),
+            ..Default::default()
+        };
+        assert!(!one.wants_primary().unwrap());
+        assert_eq!(one.candidates().unwrap(), std::slice::from_ref(&one));
+        assert!(!one.candidates().unwrap()[0].is_pinned());
+
+        // key=value form, with one port for every host and hostaddr per host.
+        let kv = PostgresSettings {
+            url: "host=a,b hostaddr=127.0.0.1,127.0.0.2 port=6000 user=relay dbname=app".into(),
+            ..Default::default()
+        };
+        let second = &kv.candidates().unwrap()[1];
+        let config = second.client_config().unwrap();
+        assert_eq!(config.get_hosts(), [Host::Tcp("b".into())]);
+        assert_eq!(
+            config.get_hostaddrs(),
+            ["127.0.0.2".parse::<std::net::IpAddr>().unwrap()]
+        );
+        assert_eq!(config.get_ports(), [6000]);
+
+        let hosts = s.each_host().unwrap();
+        assert_eq!(hosts.len(), 2);
+        assert_eq!(
+            hosts[1].client_config().unwrap().get_target_session_attrs(),
+            TargetSessionAttrs::Any,
+            "the preflight reaches standbys too"
+        );
+        assert!(one.each_host().unwrap().is_empty());
+
+        let read_only = PostgresSettings {
+            url: "postgres://relay@db1,db2/app?target_session_attrs=read-only".into(),
+            ..Default::default()
+        };
+        assert!(
+            read_only
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("read-write")
+        );
+    }
+
+    #[test]
+    fn failover_is_auto_true_or_false() {
+        #[derive(Deserialize)]
+        struct T {
+            #[serde(default)]
+            failover: FailoverSetting,
+        }
+        let parse = |text: &str| serde_json::from_str::<T>(text).map(|t| t.failover);
+        assert_eq!(parse("{}").unwrap(), FailoverSetting::Auto);
+        assert_eq!(
+            parse(r#"{"failover": "auto"}"#).unwrap(),
+            FailoverSetting::Auto
+        );
+        assert_eq!(parse(r#"{"failover": true}"#).unwrap(), FailoverSetting::On);
+        assert_eq!(
+            parse(r#"{"failover": "false"}"#).unwrap(),
+            FailoverSetting::Off
+        );
+        assert!(parse(r#"{"failover": "sometimes"}"#).is_err());
+        assert_eq!(
+            serde_json::to_string(&FailoverSetting::Auto).unwrap(),
+            "\"auto\""
+        );
+        assert!(FailoverSetting::Auto.wanted(170_002).unwrap());
+        assert!(!FailoverSetting::Auto.wanted(150_019).unwrap());
+        assert!(!FailoverSetting::Off.wanted(180_001).unwrap());
+        assert!(FailoverSetting::On.wanted(180_001).unwrap());
+        let refused = FailoverSetting::On.wanted(160_004).unwrap_err().to_string();
+        assert!(
+            refused.contains("PostgreSQL 16.4") && refused.contains("17"),
+            "{refused}"
+        );
     }
 
     #[test]

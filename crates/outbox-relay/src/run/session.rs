@@ -95,7 +95,9 @@ impl Supervisor<'_> {
     }
 
     async fn steps(&mut self) -> Step<SessionEnd> {
-        let client = self.connect().await?;
+        // `server`: the settings bound to the host reached (the read-write one of a multi-host
+        // URL), so the replication session streams where the checkpoint is stored.
+        let (client, server) = self.connect().await?;
         let mut store = PgCheckpointStore::new(client, &self.config.postgres.slot)
             .await
             .map_err(|e| boundary(e, None))?;
@@ -118,7 +120,7 @@ impl Supervisor<'_> {
         }
         let router = self.router(&store).await?;
         failpoint::pause("before_start_replication").await;
-        let source = PgSource::start(&self.config.postgres, start)
+        let source = PgSource::start(&server, start)
             .await
             .map_err(|e| boundary(e, None))?;
         self.telemetry.streaming.store(true, Ordering::Relaxed);
@@ -144,10 +146,12 @@ impl Supervisor<'_> {
     /// Connects a plain session. Unreachable at start-up: exit; later, wait for it to come
     /// back. A refused login after the relay had run gets a few quick retries (a secret file
     /// updated a moment after the role), then exits instead of looping.
-    async fn connect(&mut self) -> Step<tokio_postgres::Client> {
+    async fn connect(
+        &mut self,
+    ) -> Step<(tokio_postgres::Client, relay_postgres::PostgresSettings)> {
         let pg = &self.config.postgres;
-        let client = match relay_postgres::connect(pg).await {
-            Ok(client) => client,
+        let connected = match relay_postgres::connect_primary(pg).await {
+            Ok(connected) => connected,
             Err(e) if self.ever_connected && e.is_transient() => return Err(retry(e)),
             Err(e) if self.ever_connected => {
                 self.refused_logins += 1;
@@ -167,7 +171,10 @@ impl Supervisor<'_> {
         };
         self.ever_connected = true;
         self.refused_logins = 0;
-        Ok(client)
+        if connected.1.is_pinned() {
+            tracing::info!(server = %connected.1.display_target(), "connected to the read-write server of postgres.url");
+        }
+        Ok(connected)
     }
 
     /// The start-up checks against the stored checkpoint; with `--accept-slot-position`, a
