@@ -105,6 +105,99 @@ async fn checkpoint_after_slot(
     }
 }
 
+/// Says once per process that the slot is no failover slot: below PostgreSQL 17 (where
+/// `[postgres] failover = auto` leaves it off), or turned off by the setting.
+fn note_failover_off(settings: &PostgresSettings, version_num: i32) {
+    static NOTED: std::sync::Once = std::sync::Once::new();
+    let slot = &settings.slot;
+    if version_num < crate::FAILOVER_SLOTS_SINCE {
+        NOTED.call_once(|| {
+            tracing::info!(
+                slot = %slot,
+                "failover slots need PostgreSQL 17 or later (this server runs {}): slot {slot} stays on this server, and after a failover to a standby the relay stops (exit 65); see docs/operations.md, \"Failover\"",
+                crate::version_text(version_num)
+            );
+        });
+    } else if settings.failover == crate::FailoverSetting::Off {
+        NOTED.call_once(|| {
+            tracing::info!(
+                slot = %slot,
+                "postgres.failover = false: slot {slot} stays on this server, and after a failover to a standby the relay stops (exit 65); see docs/operations.md, \"Failover\""
+            );
+        });
+    }
+}
+
+/// The error for a slot that is gone while a checkpoint for it exists: on a server that was
+/// promoted (timeline above 1), that it did not come over, and why, as far as can be told.
+async fn slot_lost(
+    client: &Client,
+    slot: &str,
+    checkpoint: Lsn,
+    version_num: i32,
+    failover: bool,
+) -> PgError {
+    let lost = PgError::SlotLost {
+        slot: slot.to_owned(),
+        checkpoint,
+    };
+    let timeline = match catalog::failover::timeline(client).await {
+        Ok(Some(t)) if t > 1 => t,
+        _ => return lost,
+    };
+    let why = if version_num < crate::FAILOVER_SLOTS_SINCE {
+        format!(
+            "PostgreSQL {} has no failover slots (since 17), so no standby had a copy of it",
+            crate::version_text(version_num)
+        )
+    } else if failover {
+        "it was not synchronized to this server before its promotion (a failover slot needs, on the standby, sync_replication_slots = on, hot_standby_feedback = on, primary_slot_name and dbname in primary_conninfo; a synchronized slot that was not persistent yet is dropped at promotion)".to_owned()
+    } else {
+        "it was no failover slot (postgres.failover = false, or created before the relay made failover slots)".to_owned()
+    };
+    PgError::SlotMissingAfterPromotion {
+        slot: slot.to_owned(),
+        checkpoint,
+        timeline,
+        why,
+    }
+}
+
+/// On PostgreSQL 17+: warns (once per process) when the slot is no failover slot although
+/// one is wanted, with the fix, and says when the slot came over from a former primary
+/// (`synced`). Returns whether it did.
+async fn check_failover_flag(
+    client: &Client,
+    settings: &PostgresSettings,
+    server: &catalog::ServerInfo,
+    wanted: bool,
+) -> Result<bool, PgError> {
+    if server.version_num < crate::FAILOVER_SLOTS_SINCE {
+        return Ok(false);
+    }
+    let slot = &settings.slot;
+    let Some(info) = catalog::failover::slot(client, slot, server.version_num)
+        .await
+        .map_err(query_err(format!("cannot look up replication slot {slot}")))?
+    else {
+        return Ok(false);
+    };
+    if wanted && !info.failover {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| {
+            tracing::warn!(
+                slot = %slot,
+                "slot {slot} is no failover slot (failover = false): standbys do not synchronize it, and after a failover the relay stops (exit 65). Fix: {}",
+                catalog::failover::alter_slot_hint(slot, &server.database)
+            );
+        });
+    }
+    if info.synced {
+        tracing::info!(slot = %slot, "slot {slot} came over from the former primary (synced = true): this server was promoted");
+    }
+    Ok(info.synced)
+}
+
 /// Checks the server, tables, publication and slot; creates the publication and slot where
 /// allowed. `tables` are `(schema, table)`; `checkpoint` is the relay's stored position.
 pub async fn prepare(
@@ -193,6 +286,10 @@ pub async fn prepare(
     }
 
     let slot = &settings.slot;
+    // Failover slots (PostgreSQL 17+), as `[postgres] failover` says; refused before 17 only
+    // when asked for explicitly.
+    let failover = settings.failover.wanted(server.version_num)?;
+    note_failover_off(settings, server.version_num);
     let lookup = |slot: &str| {
         let slot = slot.to_owned();
         async move {
@@ -203,20 +300,19 @@ pub async fn prepare(
     };
     let Some(info) = lookup(slot).await? else {
         if let Some(checkpoint) = checkpoint {
-            return Err(PgError::SlotLost {
-                slot: slot.clone(),
-                checkpoint,
-            });
+            return Err(slot_lost(client, slot, checkpoint, server.version_num, failover).await);
         }
         if !settings.create_slot {
             return Err(PgError::SlotMissing { slot: slot.clone() });
         }
-        let created = client
-            .query_one(
-                "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
-                &[slot],
-            )
-            .await;
+        // pg_create_logical_replication_slot(slot, plugin, temporary, twophase, failover):
+        // the fifth argument exists since PostgreSQL 17 (18 has the same signature).
+        let sql = if failover {
+            "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)"
+        } else {
+            "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')"
+        };
+        let created = client.query_one(sql, &[slot]).await;
         if let Err(e) = &created
             && e.code()
                 .is_some_and(|c| SqlStateKind::of(c.code()) == SqlStateKind::DuplicateObject)
@@ -227,7 +323,7 @@ pub async fn prepare(
         }
         let row = created.map_err(query_err(format!("cannot create replication slot {slot}")))?;
         let lsn = parse_lsn(row.get(0)).unwrap_or_default();
-        tracing::info!(slot = %slot, lsn = %lsn, "created replication slot");
+        tracing::info!(slot = %slot, lsn = %lsn, failover, "created replication slot");
         let info = lookup(slot)
             .await?
             .ok_or_else(|| PgError::SlotMissing { slot: slot.clone() })?;
@@ -263,6 +359,7 @@ pub async fn prepare(
     let Some(confirmed_flush_lsn) = info.confirmed_flush_lsn else {
         return Err(PgError::SlotCreatedConcurrently { slot: slot.clone() });
     };
+    let synced = check_failover_flag(client, settings, &server, failover).await?;
     crate::publication_order::check(
         client,
         settings,
@@ -273,7 +370,25 @@ pub async fn prepare(
     .await?;
     let checkpoint = match checkpoint {
         Some(read) if confirmed_flush_lsn > read => {
-            Some(checkpoint_after_slot(client, slot, read, confirmed_flush_lsn).await?)
+            let again = checkpoint_after_slot(client, slot, read, confirmed_flush_lsn).await;
+            if synced && let Err(PgError::SlotAhead { checkpoint, .. }) = &again {
+                tracing::warn!(
+                    slot = %slot,
+                    slot_lsn = %confirmed_flush_lsn,
+                    checkpoint = %checkpoint,
+                    "the slot came over from the former primary, which had confirmed {confirmed_flush_lsn} after the relay stored it there, but this server's copy of the checkpoint is older ({checkpoint}): the failover came between the checkpoint's write and its replication. Unless the slot was moved by hand on the former primary, everything before {confirmed_flush_lsn} was acknowledged by JetStream; check the stream (outbox-relay status) and rerun with --accept-slot-position (docs/operations.md, \"Failover\")"
+                );
+            }
+            Some(again?)
+        }
+        Some(read) if synced && confirmed_flush_lsn < read => {
+            tracing::info!(
+                slot = %slot,
+                slot_lsn = %confirmed_flush_lsn,
+                checkpoint = %read,
+                "the slot came over from the former primary behind the stored checkpoint (it was synchronized before the last confirmation): resuming from the checkpoint, which came over with the database, so nothing this server has is skipped"
+            );
+            Some(read)
         }
         other => other,
     };

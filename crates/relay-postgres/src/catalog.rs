@@ -6,6 +6,7 @@
 //! catalog through these functions, so they cannot disagree about what they see. They only
 //! read; what to do about a finding is the caller's business.
 
+pub mod failover;
 pub mod partitions;
 pub mod retention;
 
