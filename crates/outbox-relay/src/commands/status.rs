@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use relay_postgres::catalog::failover;
 use relay_postgres::catalog::retention::{self, SHORT_SAMPLE, TakeoverPolicy};
 use serde_json::{Value, json};
 
@@ -31,6 +32,18 @@ pub async fn status(
     let checkpoint = inspect::checkpoint(&client, &pg.slot)
         .await
         .map_err(unavailable)?;
+    let failover = match failover::facts(&client, &pg.slot).await {
+        Ok(facts) => {
+            let database: String = client
+                .query_one("SELECT current_database()::text", &[])
+                .await
+                .map_err(unavailable)?
+                .get(0);
+            let checks = failover::assess(&facts, pg.failover, &pg.slot, &database);
+            failover::to_json(&facts, &checks)
+        }
+        Err(e) => json!({ "error": format!("cannot read what failover needs: {e}") }),
+    };
 
     let policy = TakeoverPolicy {
         budget: config.relay.takeover_budget,
@@ -67,6 +80,7 @@ pub async fn status(
         })),
         "slot_minus_checkpoint_bytes": behind.map(|d| d as i64),
         "retention": retention,
+        "failover": failover,
         "stream": config.nats.stream,
         "stream_state": stream,
         "relay": relay_addr,
@@ -159,6 +173,7 @@ fn print_text(config: &RelayConfig, doc: &Value) {
         );
     }
     print_retention(&doc["retention"]);
+    print_failover(&doc["failover"]);
     match doc["checkpoint"].as_object() {
         None => println!("checkpoint: none stored"),
         Some(c) => {
@@ -259,6 +274,56 @@ fn print_retention(r: &Value) {
             "WARN"
         } else {
             "PASS"
+        };
+        println!(
+            "    {verdict}  {}: {}",
+            text(&check["check"]),
+            text(&check["detail"])
+        );
+        if !check["hint"].is_null() {
+            println!("          hint: {}", text(&check["hint"]));
+        }
+    }
+}
+
+/// What a failover needs (see `relay_postgres::catalog::failover`): the server's role and the
+/// slot's flags, then each check, warnings with their hint.
+fn print_failover(f: &Value) {
+    if let Some(e) = f.get("error") {
+        println!("failover: {}", text(e));
+        return;
+    }
+    let slot = &f["slot"];
+    let flags = if slot.is_null() {
+        "slot missing".to_owned()
+    } else {
+        format!(
+            "slot failover {}, synced {}",
+            text(&slot["failover"]),
+            text(&slot["synced"])
+        )
+    };
+    let extra = match f["synchronized_standby_slots"].as_array() {
+        Some(list) => format!(
+            ", synchronized_standby_slots {}",
+            if list.is_empty() {
+                "empty".to_owned()
+            } else {
+                list.iter().map(text).collect::<Vec<_>>().join(",")
+            }
+        ),
+        None => String::new(),
+    };
+    println!(
+        "failover: {} (timeline {}), {flags}{extra}",
+        text(&f["server"]),
+        text(&f["timeline"])
+    );
+    for check in f["checks"].as_array().into_iter().flatten() {
+        let verdict = match check["verdict"].as_str() {
+            Some("warn") => "WARN",
+            Some("fail") => "FAIL",
+            _ => "PASS",
         };
         println!(
             "    {verdict}  {}: {}",

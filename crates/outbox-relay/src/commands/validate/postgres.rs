@@ -7,14 +7,16 @@ use tokio_postgres::Client;
 
 use super::{DATA_SAFETY, FAIL, Report, UNAVAILABLE, Verdict, error_chain};
 use crate::config::RelayConfig;
+use relay_postgres::PostgresSettings;
 use relay_postgres::catalog;
+use relay_postgres::catalog::failover::{self, FailoverVerdict};
 use relay_postgres::catalog::partitions::{self, Membership};
 use relay_postgres::catalog::retention::{self, SHORT_SAMPLE, TakeoverPolicy};
 
 pub(super) async fn postgres_checks(config: &RelayConfig, r: &mut Report) {
     let pg = &config.postgres;
     let target = pg.display_target();
-    let client = match relay_postgres::connect(pg).await {
+    let (client, server) = match relay_postgres::connect_primary(pg).await {
         Ok(c) => c,
         Err(e) => {
             let verdict = if e.is_transient() { UNAVAILABLE } else { FAIL };
@@ -27,13 +29,43 @@ pub(super) async fn postgres_checks(config: &RelayConfig, r: &mut Report) {
             return;
         }
     };
-    r.pass("postgres connection", format!("connected to {target}"));
+    if server.is_pinned() {
+        r.pass(
+            "postgres connection",
+            format!(
+                "connected to {}, the read-write server of {target}",
+                server.display_target()
+            ),
+        );
+    } else {
+        r.pass("postgres connection", format!("connected to {target}"));
+    }
     if let Err(e) = catalog_checks(config, &client, r).await {
         r.hinted(
             UNAVAILABLE,
             "postgres catalog",
             format!("query failed: {e}"),
             "the connection broke during the preflight; run it again",
+        );
+        return;
+    }
+    let in_recovery = match failover_checks(config, &client, "", r).await {
+        Ok(in_recovery) => in_recovery,
+        Err(e) => {
+            r.hinted(
+                Verdict::Warn,
+                "failover",
+                format!("cannot read what failover needs: {e}"),
+                "run the preflight again; the settings are in pg_settings and pg_replication_slots",
+            );
+            false
+        }
+    };
+    standby_checks(config, &server, r).await;
+    if in_recovery {
+        r.pass(
+            "retention",
+            "not measured on a standby (in recovery): run the preflight against the primary",
         );
         return;
     }
@@ -44,6 +76,69 @@ pub(super) async fn postgres_checks(config: &RelayConfig, r: &mut Report) {
             format!("cannot read the retention window: {e}"),
             "run the preflight again; the numbers are in pg_settings and pg_replication_slots",
         );
+    }
+}
+
+/// What a failover needs (docs/operations.md, "Failover"), from `relay_postgres::catalog::failover`:
+/// on a primary the slot's failover flag, `synchronized_standby_slots` and the standbys it sees;
+/// on a standby (`pg_is_in_recovery()`) the settings slot synchronization needs and the
+/// synchronized slot. Lines are named `failover …`, after `prefix` (a standby's address).
+/// Returns whether the server is a standby.
+async fn failover_checks(
+    config: &RelayConfig,
+    client: &Client,
+    prefix: &str,
+    r: &mut Report,
+) -> Result<bool, tokio_postgres::Error> {
+    let pg = &config.postgres;
+    let facts = failover::facts(client, &pg.slot).await?;
+    let database: String = client
+        .query_one("SELECT current_database()::text", &[])
+        .await?
+        .get(0);
+    for check in failover::assess(&facts, pg.failover, &pg.slot, &database) {
+        let name = format!("{prefix}failover {}", check.check);
+        match (check.verdict, check.hint) {
+            (FailoverVerdict::Pass, _) | (_, None) => r.pass(name, check.detail),
+            (FailoverVerdict::Warn, Some(hint)) => {
+                r.hinted(Verdict::Warn, name, check.detail, hint)
+            }
+            (FailoverVerdict::Fail, Some(hint)) => r.fail(name, check.detail, hint),
+        }
+    }
+    Ok(facts.in_recovery)
+}
+
+/// The other hosts of a multi-host `postgres.url`: each checked as a failover target (a
+/// standby), as far as it can be reached. Never a failure: the relay runs on the primary.
+async fn standby_checks(config: &RelayConfig, primary: &PostgresSettings, r: &mut Report) {
+    let Ok(hosts) = config.postgres.each_host() else {
+        return;
+    };
+    for host in hosts {
+        let target = host.display_target();
+        if target == primary.display_target() {
+            continue;
+        }
+        let prefix = format!("{target}: ");
+        match relay_postgres::connect(&host).await {
+            Ok(client) => {
+                if let Err(e) = failover_checks(config, &client, &prefix, r).await {
+                    r.hinted(
+                        Verdict::Warn,
+                        format!("{prefix}failover"),
+                        format!("cannot read what failover needs: {e}"),
+                        "run the preflight against that server",
+                    );
+                }
+            }
+            Err(e) => r.hinted(
+                Verdict::Warn,
+                format!("{prefix}connection"),
+                format!("{e}: {}", error_chain(&e)),
+                "a host of postgres.url the relay would turn to after a failover is not reachable now; check it before you need it",
+            ),
+        }
     }
 }
 
