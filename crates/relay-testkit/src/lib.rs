@@ -48,7 +48,7 @@ pub use nats_cluster::{
     CLUSTER_READY_TIMEOUT, NatsCluster, nats_request, stream_leader, stream_leader_stepdown,
 };
 pub use nats_jwt::{NatsOperator, UserPermissions};
-pub use postgres::{PgOptions, PgSecurity, PostgresServer};
+pub use postgres::{PgOptions, PgSecurity, PostgresServer, StandbyOptions, multi_host_url};
 pub use proxy::FaultProxy;
 pub use tls::{IssuedCert, TestCa};
 

@@ -4,10 +4,13 @@
 //! * `tls`: the test CA and certificates of a TLS-enabled server.
 //! * `control`: stop, crash, kill, pause, resume and restart; cleanup on drop.
 //! * `binaries`: finding the PostgreSQL binaries and the OS user, and running them.
+//! * `standby`: a streaming standby of a server (base backup, slot synchronization), its
+//!   promotion, and cutting it off its primary.
 
 mod binaries;
 mod control;
 mod options;
+mod standby;
 mod tls;
 
 use std::path::{Path, PathBuf};
@@ -24,6 +27,7 @@ use crate::{ENSURE_DEPS_HINT, HOST, free_port};
 use binaries::{newest_debian_bin_dir, resolve_bin_dir, server_owner, supports_ssl};
 use control::StartOutcome;
 pub use options::{PgOptions, PgSecurity};
+pub use standby::{StandbyOptions, multi_host_url};
 
 /// How many lines of the server log an error message quotes.
 const LOG_TAIL_LINES: usize = 40;
@@ -125,6 +129,26 @@ impl PostgresServer {
             );
             bin_dir = fallback;
         }
+        let mut server = Self::unstarted(bin_dir, security.hba.is_some(), server_env)?;
+        server.initdb().await?;
+        server.write_settings(&opts.settings)?;
+        if security.tls {
+            server.write_tls(&security.tls_server_names)?;
+        }
+        if let Some(hba) = &security.hba {
+            server.write_hba(hba)?;
+        }
+        server.launch().await?;
+        Ok(server)
+    }
+
+    /// A server whose temporary directory exists (owned by the server's OS user) and whose
+    /// data directory does not yet: `initdb` or a base backup comes next, then [`Self::launch`].
+    fn unstarted(
+        bin_dir: PathBuf,
+        admin_socket: bool,
+        server_env: Vec<(String, String)>,
+    ) -> anyhow::Result<Self> {
         let owner = server_owner()?;
         let dir = tempfile::Builder::new()
             .prefix("relay-pg-")
@@ -137,7 +161,7 @@ impl PostgresServer {
         let data_dir = dir.path().join("data");
         let log_path = dir.path().join("postgres.log");
         let watchdog = Watchdog::spawn(&watchdog_script(dir.path(), &data_dir));
-        let mut server = Self {
+        Ok(Self {
             data_dir,
             log_path,
             bin_dir,
@@ -145,21 +169,18 @@ impl PostgresServer {
             port: 0,
             version_num: 0,
             ca: None,
-            admin_socket: security.hba.is_some(),
+            admin_socket,
             leftovers: Vec::new(),
             server_env,
             _watchdog: watchdog,
             dir,
-        };
-        server.initdb().await?;
-        server.write_settings(&opts.settings)?;
-        if security.tls {
-            server.write_tls(&security.tls_server_names)?;
-        }
-        if let Some(hba) = &security.hba {
-            server.write_hba(hba)?;
-        }
+        })
+    }
 
+    /// Starts the prepared data directory on a free port, waits until a client can connect
+    /// (to `postgres`, which a hot standby allows too) and reads the version.
+    async fn launch(&mut self) -> anyhow::Result<()> {
+        let server = self;
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -183,7 +204,7 @@ impl PostgresServer {
             .trim()
             .parse()
             .with_context(|| format!("parsing server_version_num {text:?}"))?;
-        Ok(server)
+        Ok(())
     }
 
     /// The TCP port the server listens on (kept across restarts).
