@@ -10,6 +10,7 @@ mod deploy;
 mod drift;
 mod durable_checkpoint;
 mod faults;
+mod failover;
 mod hostile;
 mod limits;
 mod localized;

@@ -5,9 +5,11 @@
 //! * `slots`: the replication slot: lag, standby takeover, lost or advanced slots, transaction
 //!   shapes (8-13).
 //! * `cluster`: a three-node NATS cluster (15).
+//! * `failover`: the PostgreSQL primary killed and a standby promoted (17-19, issue 13).
 
 mod cluster;
 mod crashes;
+mod failover;
 mod outages;
 mod slots;
 
