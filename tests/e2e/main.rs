@@ -1,6 +1,7 @@
 //! End-to-end tests: the real relay binary against a real PostgreSQL and a real NATS JetStream,
 //! both started by the tests on free ports in temp dirs.
 
+mod alerts;
 mod backfill;
 mod bad_config;
 mod compose;
