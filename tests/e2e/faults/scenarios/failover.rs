@@ -89,6 +89,14 @@ async fn s17_failover_slot_survives_kill9_of_the_primary_and_promotion() -> Resu
         promoted.as_secs_f64(),
         resumed.as_secs_f64()
     );
+    let waited = log.matches("is read-only (a standby").count();
+    v.note.push_str(&format!(
+        "; {waited} reconnects found only the standby, read-only, before the promotion"
+    ));
+    v.require(
+        waited > 0,
+        "the relay waited for the promotion (no read-write server among the URL's hosts)",
+    );
     v.require(
         log.contains("came over from the former primary (synced = true)"),
         "the relay resumed on the synchronized slot",
