@@ -11,6 +11,7 @@
 //! [`pipeline::Pipeline`] runs them. Nothing here does IO; `relay-postgres` and `relay-nats`
 //! implement the traits.
 
+pub mod check;
 pub mod failpoint;
 pub mod frontier;
 pub mod message;

@@ -15,6 +15,7 @@ mod probe;
 use std::time::Duration;
 
 use async_nats::jetstream::stream;
+use relay_core::check::{Check, CheckAspect, checks_json};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -103,9 +104,8 @@ pub enum Aspect {
     ServerSync,
 }
 
-impl Aspect {
-    /// The name used in check lines and logs.
-    pub fn name(self) -> &'static str {
+impl CheckAspect for Aspect {
+    fn name(self) -> &'static str {
         match self {
             Aspect::Storage => "storage",
             Aspect::Replicas => "replicas",
@@ -116,38 +116,7 @@ impl Aspect {
 }
 
 /// The verdict on one aspect: safe when `hint` is `None`, a warning with the fix otherwise.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DurabilityCheck {
-    /// What was checked.
-    pub aspect: Aspect,
-    /// What was found.
-    pub detail: String,
-    /// How to fix it; `Some` makes this a warning.
-    pub hint: Option<String>,
-}
-
-impl DurabilityCheck {
-    fn ok(aspect: Aspect, detail: impl Into<String>) -> Self {
-        Self {
-            aspect,
-            detail: detail.into(),
-            hint: None,
-        }
-    }
-
-    fn warn(aspect: Aspect, detail: impl Into<String>, hint: impl Into<String>) -> Self {
-        Self {
-            aspect,
-            detail: detail.into(),
-            hint: Some(hint.into()),
-        }
-    }
-
-    /// Whether acknowledged events can be lost through this aspect.
-    pub fn is_warning(&self) -> bool {
-        self.hint.is_some()
-    }
-}
+pub type DurabilityCheck = Check<Aspect>;
 
 fn duration(d: Duration) -> String {
     humantime_serde::re::humantime::format_duration(d).to_string()
@@ -160,8 +129,8 @@ impl Durability {
         let name = &self.stream;
         let mut checks = Vec::new();
         checks.push(match self.storage {
-            Storage::File => DurabilityCheck::ok(Aspect::Storage, "file"),
-            Storage::Memory => DurabilityCheck::warn(
+            Storage::File => Check::ok(Aspect::Storage, "file"),
+            Storage::Memory => Check::warn(
                 Aspect::Storage,
                 "memory: acknowledged events are lost when nats-server restarts",
                 format!(
@@ -170,7 +139,7 @@ impl Durability {
             ),
         });
         checks.push(if self.replicas <= 1 {
-            DurabilityCheck::warn(
+            Check::warn(
                 Aspect::Replicas,
                 "1: each acknowledged event is on one server only; a failed disk, a corrupted file or (without `sync_interval: always`) a power loss of that server loses it",
                 format!(
@@ -178,10 +147,10 @@ impl Durability {
                 ),
             )
         } else {
-            DurabilityCheck::ok(Aspect::Replicas, self.replicas.to_string())
+            Check::ok(Aspect::Replicas, self.replicas.to_string())
         });
         if self.async_persist {
-            checks.push(DurabilityCheck::warn(
+            checks.push(Check::warn(
                 Aspect::PersistMode,
                 "async: the server acknowledges events before it has written them",
                 "recreate the stream with the default persist_mode (it cannot be edited)",
@@ -208,7 +177,7 @@ impl Durability {
             "a power loss or OS crash of several of the stream's servers at once (or of one, together with a partition or a pause) can lose events acknowledged in that time"
         };
         match sync {
-            ServerSync::Always { servers } => DurabilityCheck::ok(
+            ServerSync::Always { servers } => Check::ok(
                 Aspect::ServerSync,
                 format!(
                     "sync_interval: always, each write synced before the ack ({})",
@@ -241,13 +210,13 @@ impl Durability {
                         "upgrade {names} to nats-server 2.10 or later and set `sync_interval: always` in its `jetstream {{}}` block"
                     )
                 };
-                DurabilityCheck::warn(
+                Check::warn(
                     Aspect::ServerSync,
                     format!("{}: {loses}", found.join("; ")),
                     hint,
                 )
             }
-            ServerSync::Unknown { reason } => DurabilityCheck::warn(
+            ServerSync::Unknown { reason } => Check::warn(
                 Aspect::ServerSync,
                 format!(
                     "unknown ({reason}); nats-server's default is to sync every {} after acknowledging, and then {loses}",
@@ -268,12 +237,7 @@ impl Durability {
             "persist_mode": if self.async_persist { "async" } else { "default" },
             "servers": self.servers,
             "server_sync": self.sync,
-            "checks": self.checks().iter().map(|c| json!({
-                "check": c.aspect.name(),
-                "verdict": if c.is_warning() { "warn" } else { "pass" },
-                "detail": c.detail,
-                "hint": c.hint,
-            })).collect::<Vec<_>>(),
+            "checks": checks_json(&self.checks()),
         })
     }
 }

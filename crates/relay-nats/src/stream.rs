@@ -1,5 +1,6 @@
 //! Start-up checks of the target stream.
 
+use relay_core::check::CheckAspect as _;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};

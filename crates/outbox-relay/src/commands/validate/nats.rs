@@ -1,6 +1,7 @@
 //! The NATS half of the preflight: connection, JetStream and the stream's settings.
 
 use async_nats::jetstream::stream;
+use relay_core::check::CheckAspect as _;
 use relay_nats::{NatsError, subject_matches};
 
 use super::{Report, UNAVAILABLE, Verdict, error_chain};

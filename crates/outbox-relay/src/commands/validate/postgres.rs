@@ -1,6 +1,7 @@
 //! The PostgreSQL half of the preflight: connection, server settings, privileges, outbox
 //! tables, publication and slot.
 
+use relay_core::check::CheckAspect as _;
 use relay_postgres::PgError;
 use relay_postgres::checkpoint::TableAccess;
 use tokio_postgres::Client;
