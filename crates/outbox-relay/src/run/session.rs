@@ -100,7 +100,8 @@ impl Supervisor<'_> {
         let (client, server) = self.connect().await?;
         let mut store = PgCheckpointStore::new(client, &self.config.postgres.slot)
             .await
-            .map_err(|e| boundary(e, None))?;
+            .map_err(|e| boundary(e, None))?
+            .with_position_retention(self.config.relay.position_retention);
         let state = self.prepare(&mut store).await?;
         let start = self.resume_position(&mut store, &state).await?;
         let already_published = relay_nats::published_since(
