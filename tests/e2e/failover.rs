@@ -88,6 +88,37 @@ impl Pair {
         Ok(())
     }
 
+    /// Waits (60 s at most) until the standby holds the relay's slot synchronized and persistent
+    /// at the primary's slot position, while the relay runs. A synchronized slot stays
+    /// temporary until the primary's slot needs no older catalog rows than the standby can keep
+    /// (its `catalog_xmin` moves as decoding passes running-transaction records): each round
+    /// logs one (`pg_log_standby_snapshot()`) and commits an event for the relay to confirm.
+    pub async fn slot_synced_while_streaming(
+        &self,
+        js: &async_nats::jetstream::Context,
+    ) -> Result<()> {
+        let db = self.env.db().await?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            db.execute("SELECT pg_log_standby_snapshot()", &[]).await?;
+            let before = stream_count(js).await?;
+            insert_event(&db, "Failover", "SyncRound", "{}").await?;
+            wait_for_messages(js, before + 1, Duration::from_secs(20), None).await?;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let position = self.primary_slot_position().await?;
+            let last = Instant::now() + Duration::from_secs(2) > deadline;
+            match self
+                .standby
+                .wait_slot_synced("relay_slot", &position, Duration::from_secs(2))
+                .await
+            {
+                Ok(()) => return Ok(()),
+                Err(e) if last => return Err(e),
+                Err(_) => {}
+            }
+        }
+    }
+
     /// The relay's slot's `confirmed_flush_lsn` on the primary, as text.
     pub async fn primary_slot_position(&self) -> Result<String> {
         let row = self
@@ -350,9 +381,7 @@ async fn preflight_and_status_report_what_failover_needs() -> Result<()> {
         Some(&relay),
     )
     .await?;
-    let position = pair.primary_slot_position().await?;
-    pair.standby
-        .wait_slot_synced("relay_slot", &position, Duration::from_secs(30))
+    pair.slot_synced_while_streaming(&pair.env.jetstream().await?)
         .await?;
 
     let out = relay_cmd(&config, &["validate", "--connect"]).await?;
@@ -449,5 +478,126 @@ async fn preflight_and_status_report_what_failover_needs() -> Result<()> {
     relay
         .wait_log("is no failover slot", Duration::from_secs(10))
         .await?;
+    Ok(())
+}
+
+/// A failover between a checkpoint's write on the old primary and its replication: the
+/// standby's synchronized slot is at X, which the old primary confirmed only after the relay
+/// stored it there, while the standby's copy of the checkpoint is older. Made deterministic:
+/// the standby's replay is paused (it still receives WAL, and its slot is synchronized up to
+/// what it received) and, after the primary's death, it is promoted at a recovery target just
+/// before X, where the row that stores X is not replayed. The relay stops with 65 (slot ahead
+/// of the checkpoint) and says that the slot came over and how to check; nothing before X is
+/// missing, so `--accept-slot-position` continues with every event in the stream once.
+#[tokio::test(flavor = "multi_thread")]
+async fn slot_ahead_of_the_checkpoint_after_a_failover_stops_with_65_and_says_why() -> Result<()> {
+    let test = "slot_ahead_of_the_checkpoint_after_a_failover_stops_with_65_and_says_why";
+    let mut pair = Pair::start(PgOptions::default(), StandbyOptions::default()).await?;
+    if !failover_slots_or_skip(&pair.env.pg, test) {
+        return Ok(());
+    }
+    pair.synchronize_standby_slots().await?;
+    let config = pair.config("", "")?;
+    let mut relay = Relay::start_streaming(&config).await?;
+    let js = pair.env.jetstream().await?;
+    pair.slot_synced_while_streaming(&js).await?;
+
+    // The standby stops replaying (it keeps receiving); the relay publishes 10 more events and
+    // stops, confirming X.
+    let standby_admin = pair.standby.connect("postgres").await?;
+    standby_admin
+        .execute("SELECT pg_wal_replay_pause()", &[])
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let state: String = standby_admin
+            .query_one("SELECT pg_get_wal_replay_pause_state()", &[])
+            .await?
+            .get(0);
+        if state == "paused" {
+            break;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "replay not paused: {state}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let before = stream_count(&js).await?;
+    insert_events(&pair.env.db().await?, "BeforeFailover", 10).await?;
+    wait_for_messages(&js, before + 10, Duration::from_secs(20), Some(&relay)).await?;
+    relay.signal(nix::sys::signal::Signal::SIGTERM);
+    relay.wait_exit(Duration::from_secs(30)).await?;
+    let confirmed = pair.primary_slot_position().await?;
+    pair.standby
+        .wait_slot_synced("relay_slot", &confirmed, Duration::from_secs(30))
+        .await?;
+
+    // The primary dies; the standby is promoted just before X.
+    pair.env.pg.kill9()?;
+    pair.standby.stop().await?;
+    pair.standby.add_settings(&[
+        ("recovery_target_lsn", confirmed.as_str()),
+        ("recovery_target_inclusive", "off"),
+        ("recovery_target_action", "promote"),
+    ])?;
+    pair.standby.start_again().await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while pair.standby.is_in_recovery().await? {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the standby did not promote at its recovery target:\n{}",
+            pair.standby.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let standby_checkpoint: String = pair
+        .standby
+        .connect(DB)
+        .await?
+        .query_one(
+            "SELECT confirmed_lsn::text FROM outbox_relay.checkpoint WHERE slot_name = 'relay_slot'",
+            &[],
+        )
+        .await?
+        .get(0);
+    anyhow::ensure!(
+        parse_lsn(&standby_checkpoint) < parse_lsn(&confirmed),
+        "precondition: the standby's checkpoint {standby_checkpoint} behind the slot {confirmed}"
+    );
+
+    let mut relay = Relay::start(&config)?;
+    expect_exit(
+        &mut relay,
+        65,
+        Duration::from_secs(60),
+        &[
+            &format!(
+                "replication slot `relay_slot` is at {confirmed} but the relay's checkpoint is {standby_checkpoint}"
+            ),
+            "the slot came over from the former primary, which had confirmed",
+            "the failover came between the checkpoint's write and its replication",
+            "--accept-slot-position",
+        ],
+    )
+    .await?;
+
+    let relay = Relay::start_with_args(&config, &["run", "--accept-slot-position"])?;
+    relay
+        .wait_log("replication started", Duration::from_secs(30))
+        .await?;
+    insert_events(&pair.standby.connect(DB).await?, "AfterFailover", 5).await?;
+    let committed = committed_on(&pair.standby).await?;
+    let stream =
+        wait_for_messages(&js, committed.len(), Duration::from_secs(30), Some(&relay)).await?;
+    let mut copies: std::collections::HashMap<&str, usize> = Default::default();
+    for m in &stream {
+        *copies.entry(m.id()).or_default() += 1;
+    }
+    for id in &committed {
+        assert_eq!(
+            copies.get(id.as_str()),
+            Some(&1),
+            "{id} once in the stream; log:\n{}",
+            relay.log()
+        );
+    }
     Ok(())
 }

@@ -180,6 +180,16 @@ impl PostgresServer {
         Ok(())
     }
 
+    /// Appends settings to `postgresql.conf` (values quoted); they take effect at the next
+    /// (re)start, e.g. `recovery_target_lsn` for [`Self::start_again`].
+    pub fn add_settings(&self, settings: &[(&str, &str)]) -> anyhow::Result<()> {
+        let owned: Vec<(String, String)> = settings
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        self.write_settings_only(&owned)
+    }
+
     /// Whether the server is in recovery (a standby).
     pub async fn is_in_recovery(&self) -> anyhow::Result<bool> {
         let client = self.connect("postgres").await?;

@@ -57,10 +57,7 @@ async fn s17_failover_slot_survives_kill9_of_the_primary_and_promotion() -> Resu
     let js = pair.env.jetstream().await?;
     wait_for_messages(&js, 300, Duration::from_secs(30), Some(&relay)).await?;
     // The standby holds the slot, synchronized to where the relay confirmed it by now.
-    let position = pair.primary_slot_position().await?;
-    pair.standby
-        .wait_slot_synced("relay_slot", &position, Duration::from_secs(30))
-        .await?;
+    pair.slot_synced_while_streaming(&js).await?;
     let before_kill = stream_count(&js).await?;
     let outstanding = metric(&addr, "outbox_relay_outstanding_acks")
         .await
@@ -134,10 +131,7 @@ async fn s18_without_synchronized_standby_slots() -> Result<()> {
     let primary = pair.env.db().await?;
     insert_events(&primary, "First", 10).await?;
     wait_for_messages(&js, 10, Duration::from_secs(20), Some(&relay)).await?;
-    let position = pair.primary_slot_position().await?;
-    pair.standby
-        .wait_slot_synced("relay_slot", &position, Duration::from_secs(30))
-        .await?;
+    pair.slot_synced_while_streaming(&js).await?;
 
     // Freeze the synchronized slot, then move the checkpoint on past it.
     let standby_admin = pair.standby.connect("postgres").await?;
@@ -149,8 +143,9 @@ async fn s18_without_synchronized_standby_slots() -> Result<()> {
         .await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let synced_at = slot_on_standby(&pair).await?;
+    let before = stream_count(&js).await?;
     insert_events(&primary, "Second", 10).await?;
-    wait_for_messages(&js, 20, Duration::from_secs(20), Some(&relay)).await?;
+    wait_for_messages(&js, before + 10, Duration::from_secs(20), Some(&relay)).await?;
     let wal = pair.env.current_wal().await?;
     let deadline = Instant::now() + Duration::from_secs(20);
     while pair.env.checkpoint().await?.unwrap_or(0) < wal {
@@ -166,8 +161,9 @@ async fn s18_without_synchronized_standby_slots() -> Result<()> {
 
     // The standby stops receiving; the primary commits 5 events the relay publishes.
     pair.standby.disconnect_from_primary().await?;
+    let before = stream_count(&js).await?;
     let lost_with_primary = insert_events(&primary, "NeverOnStandby", 5).await?;
-    wait_for_messages(&js, 25, Duration::from_secs(20), Some(&relay)).await?;
+    wait_for_messages(&js, before + 5, Duration::from_secs(20), Some(&relay)).await?;
     pair.env.pg.kill9()?;
     pair.standby.promote().await?;
     relay
