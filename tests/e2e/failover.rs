@@ -317,8 +317,9 @@ async fn preflight_and_status_report_what_failover_needs() -> Result<()> {
         ),
         (
             "PASS",
-            "failover standby standby1 (127.0.0.1)".to_owned(),
-            "streaming through slot standby1, hot_standby_feedback on".to_owned(),
+            "failover standby".to_owned(),
+            "standby1 (127.0.0.1): streaming through slot standby1, hot_standby_feedback on"
+                .to_owned(),
         ),
         (
             "PASS",
@@ -337,8 +338,8 @@ async fn preflight_and_status_report_what_failover_needs() -> Result<()> {
         ),
         (
             "WARN",
-            format!("{standby_target}: failover slot relay_slot"),
-            "does not exist on this standby".to_owned(),
+            format!("{standby_target}: failover synchronized slot"),
+            "relay_slot: does not exist on this standby".to_owned(),
         ),
     ] {
         let found = line(&text, verdict, &check)
@@ -400,8 +401,8 @@ async fn preflight_and_status_report_what_failover_needs() -> Result<()> {
         ),
         (
             "PASS",
-            format!("{standby_target}: failover slot relay_slot"),
-            "synchronized and persistent: usable after a promotion".to_owned(),
+            format!("{standby_target}: failover synchronized slot"),
+            "relay_slot: synchronized and persistent: usable after a promotion".to_owned(),
         ),
     ] {
         let found = line(&text, verdict, &check)
@@ -423,7 +424,7 @@ async fn preflight_and_status_report_what_failover_needs() -> Result<()> {
         "failover hot_standby_feedback",
         "failover primary_slot_name",
         "failover primary_conninfo",
-        "failover slot relay_slot",
+        "failover synchronized slot",
         "retention",
     ] {
         assert!(

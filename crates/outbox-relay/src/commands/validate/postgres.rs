@@ -10,7 +10,7 @@ use super::{DATA_SAFETY, FAIL, Report, UNAVAILABLE, Verdict, error_chain};
 use crate::config::RelayConfig;
 use relay_postgres::PostgresSettings;
 use relay_postgres::catalog;
-use relay_postgres::catalog::failover::{self, FailoverVerdict};
+use relay_postgres::catalog::failover;
 use relay_postgres::catalog::partitions::{self, Membership};
 use relay_postgres::catalog::retention::{self, SHORT_SAMPLE, TakeoverPolicy};
 
@@ -97,15 +97,22 @@ async fn failover_checks(
         .query_one("SELECT current_database()::text", &[])
         .await?
         .get(0);
-    for check in failover::assess(&facts, pg.failover, &pg.slot, &database) {
-        let name = format!("{prefix}failover {}", check.check);
-        match (check.verdict, check.hint) {
-            (FailoverVerdict::Pass, _) | (_, None) => r.pass(name, check.detail),
-            (FailoverVerdict::Warn, Some(hint)) => {
-                r.hinted(Verdict::Warn, name, check.detail, hint)
+    match failover::assess(&facts, pg.failover, &pg.slot, &database) {
+        Ok(checks) => {
+            for check in checks {
+                let name = format!("{prefix}failover {}", check.aspect.name());
+                match check.hint {
+                    None => r.pass(name, check.detail),
+                    Some(hint) => r.hinted(Verdict::Warn, name, check.detail, hint),
+                }
             }
-            (FailoverVerdict::Fail, Some(hint)) => r.fail(name, check.detail, hint),
         }
+        // postgres.failover = true on a server without failover slots: `run` refuses it.
+        Err(e) => r.fail(
+            format!("{prefix}failover failover slot"),
+            "postgres.failover = true, but this server has no failover slots",
+            e.to_string(),
+        ),
     }
     Ok(facts.in_recovery)
 }
