@@ -4,6 +4,7 @@
 mod alerts;
 mod backfill;
 mod bad_config;
+mod batches;
 mod compose;
 mod consumer;
 mod delivery;

@@ -386,13 +386,23 @@ async fn message_load(
 /// message (and row) exactly once by id, nothing of a rolled-back transaction.
 #[tokio::test(flavor = "multi_thread")]
 async fn kill9_loop_over_message_traffic_delivers_every_committed_message_once() -> Result<()> {
-    const OUTSTANDING: &str = "outbox_relay_outstanding_acks";
     let env = Env::start().await?;
+    kill9_loop(
+        &env,
+        "create_stream = true",
+        "M1 kill -9 loop over message traffic (10 kills)",
+    )
+    .await
+}
+
+/// The kill -9 loop of M1 with `nats_extra` in `[nats]`; reports the verdict as `scenario`.
+pub(crate) async fn kill9_loop(env: &Env, nats_extra: &str, scenario: &str) -> Result<()> {
+    const OUTSTANDING: &str = "outbox_relay_outstanding_acks";
     let (http, addr) = http_listen();
-    let config = env.config(&format!("{MESSAGES}{http}"));
+    let config = env.config_full(nats_extra, &format!("{MESSAGES}{http}"));
     // The slot must exist before the first write.
     Relay::start_streaming(&config).await?.kill9();
-    let (stop, tasks) = message_load(&env, 2).await?;
+    let (stop, tasks) = message_load(env, 2).await?;
     let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
     let mut outstanding = Vec::new();
     for kill in 0..10 {
@@ -444,7 +454,7 @@ async fn kill9_loop_over_message_traffic_delivers_every_committed_message_once()
     };
     let with_outstanding = outstanding.iter().filter(|&&n| n > 0).count();
     let mut v = Verdict::from_counts(
-        "M1 kill -9 loop over message traffic (10 kills)",
+        scenario,
         &committed,
         &counts,
         false,

@@ -122,6 +122,11 @@ pub async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), 
     for warning in &report.warnings {
         tracing::warn!(stream = %config.nats.stream, "{warning}");
     }
+    let publisher = publisher.with_publish_mode(
+        config.nats.publish_mode,
+        report.allow_atomic,
+        config.relay.max_in_flight,
+    );
     tracing::info!(
         stream = %config.nats.stream,
         subjects = ?report.subjects,

@@ -366,10 +366,12 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
             } => {
                 self.frontier.begin()?;
                 self.tx = Some((TxContext::new(xid, final_lsn, commit_time_micros), 0));
+                self.publisher.begin_transaction(final_lsn);
             }
             SourceEvent::Commit { end_lsn, .. } => {
                 self.frontier.commit(end_lsn)?;
                 self.tx = None;
+                self.publisher.end_transaction();
             }
             SourceEvent::KeepAlive { wal_end } => {
                 self.frontier.keepalive(wal_end);

@@ -10,6 +10,7 @@
 //!   asks), capture every subject the mappings can produce, and not be configured in a way that
 //!   loses acknowledged events.
 
+mod batch;
 mod closes;
 mod connection;
 mod durability;
@@ -29,7 +30,7 @@ pub use durability::{
 };
 pub use published::published_since;
 pub use publisher::JetStreamPublisher;
-pub use settings::NatsSettings;
+pub use settings::{NatsSettings, PublishMode};
 pub use stream::{StreamReport, prepare_stream, subject_matches};
 
 /// Failures talking to NATS outside the publish path.

@@ -13,8 +13,10 @@ use relay_core::message::{HEADER_EXPECTED_STREAM, HEADER_MSG_ID, OutboundMessage
 use relay_core::route::MessageLimits;
 use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind, Publisher};
 
+use crate::batch::{Batcher, supports_atomic_batches};
 use crate::closes::{self, Quarantine};
 use crate::connection::{JetStream, NatsConnection};
+use crate::settings::PublishMode;
 
 /// Publishes outbound messages into one JetStream stream.
 #[derive(Clone)]
@@ -32,6 +34,8 @@ pub struct JetStreamPublisher {
     reply_len: usize,
     /// Messages the server closed the connection on, re-sent one at a time.
     quarantine: Arc<Quarantine>,
+    /// `publish_mode = "atomic-batch"` on a server and stream that take it: the framing task.
+    batch: Option<Arc<Batcher>>,
 }
 
 /// `Nats-Expected-Stream` plus a message's shared headers (`OutboundMessage::shared_headers`)
@@ -127,7 +131,88 @@ impl JetStreamPublisher {
             client,
             reply_len,
             quarantine: Arc::default(),
+            batch: None,
         }
+    }
+
+    /// This publisher in `mode`. `atomic-batch` needs a server that takes `Nats-Msg-Id` inside
+    /// atomic batches (2.12.1+, from its INFO) and a stream with `allow_atomic` (`allow_atomic`
+    /// from [`crate::prepare_stream`]'s report); otherwise one warning says which is missing
+    /// and every message is published on its own. `max_in_flight` bounds a batch: the pipeline
+    /// stops reading at that many outstanding events, so a larger batch could never commit.
+    #[must_use]
+    pub fn with_publish_mode(
+        mut self,
+        mode: PublishMode,
+        allow_atomic: bool,
+        max_in_flight: usize,
+    ) -> Self {
+        if mode == PublishMode::PerMessage {
+            return self;
+        }
+        let version = self.client.server_info().version;
+        if !supports_atomic_batches(&version) {
+            tracing::warn!(
+                server_version = %version,
+                "[nats] publish_mode = \"atomic-batch\" needs nats-server 2.12.1 or later (Nats-Msg-Id inside atomic batches); publishing each message on its own"
+            );
+            return self;
+        }
+        if !allow_atomic {
+            tracing::warn!(
+                stream = %self.stream,
+                "[nats] publish_mode = \"atomic-batch\" needs the stream's allow_atomic (nats stream edit {} --allow-batch, or create_stream); publishing each message on its own",
+                self.stream
+            );
+            return self;
+        }
+        let plain = self.clone();
+        self.batch = Some(Arc::new(Batcher::start(plain, max_in_flight)));
+        tracing::info!(
+            stream = %self.stream,
+            server_version = %version,
+            "publishing each transaction as one atomic batch"
+        );
+        self
+    }
+
+    /// Whether transactions are published as atomic batches.
+    pub fn batches(&self) -> bool {
+        self.batch.is_some()
+    }
+
+    /// The client the publisher publishes on.
+    pub(crate) fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+
+    /// The route stage checked rows already; this catches dead letters and limits that changed
+    /// since (a reconnect to a server with a smaller `max_payload`).
+    fn check_limits(&self, msg: &OutboundMessage) -> Result<(), PublishError> {
+        self.limits().check(msg).map_err(|over| {
+            PublishError::new(
+                PublishErrorKind::Rejected,
+                format!("event {} is too large to publish: {over}", msg.event_id),
+            )
+        })
+    }
+
+    /// Publishes `msg` on its own (per-message mode, re-sends, and what a batch does not take).
+    pub(crate) async fn send_alone(
+        &self,
+        msg: &Arc<OutboundMessage>,
+    ) -> Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError> {
+        if self.quarantine.is_suspect(&msg.event_id) {
+            // Re-sent alone among suspects. The wait is inside the ack future, so the caller
+            // (the pipeline's loop, which polls the other deliveries) never blocks on it.
+            let this = self.clone();
+            let msg = msg.clone();
+            return Ok(Box::pin(async move {
+                let probe = this.quarantine.probe().await;
+                this.publish(&msg, Some(probe)).await?.await
+            }));
+        }
+        self.publish(msg, None).await
     }
 
     /// A publisher on a client made elsewhere (tests, benchmarks), with explicit defaults:
@@ -262,7 +347,7 @@ impl JetStreamPublisher {
 }
 
 /// Maps an async-nats publish error to the pipeline's classes.
-fn classify(error: jetstream::context::PublishError) -> PublishError {
+pub(crate) fn classify(error: jetstream::context::PublishError) -> PublishError {
     let server_code = error
         .source()
         .and_then(|s| s.downcast_ref::<jetstream::Error>())
@@ -300,25 +385,28 @@ impl Publisher for JetStreamPublisher {
     type Ack = BoxFuture<'static, Result<PubReceipt, PublishError>>;
 
     async fn send(&self, msg: &Arc<OutboundMessage>) -> Result<Self::Ack, PublishError> {
-        // The route stage checked rows already; this catches dead letters and limits that
-        // changed since (a reconnect to a server with a smaller `max_payload`).
-        if let Err(over) = self.limits().check(msg) {
-            return Err(PublishError::new(
-                PublishErrorKind::Rejected,
-                format!("event {} is too large to publish: {over}", msg.event_id),
-            ));
+        self.check_limits(msg)?;
+        if let Some(batch) = &self.batch {
+            return Ok(batch.send(msg));
         }
-        if self.quarantine.is_suspect(&msg.event_id) {
-            // Re-sent alone among suspects. The wait is inside the ack future, so the caller
-            // (the pipeline's loop, which polls the other deliveries) never blocks on it.
-            let this = self.clone();
-            let msg = msg.clone();
-            return Ok(Box::pin(async move {
-                let probe = this.quarantine.probe().await;
-                this.publish(&msg, Some(probe)).await?.await
-            }));
+        self.send_alone(msg).await
+    }
+
+    fn begin_transaction(&self, commit_lsn: relay_core::Lsn) {
+        if let Some(batch) = &self.batch {
+            batch.begin(commit_lsn);
         }
-        self.publish(msg, None).await
+    }
+
+    fn end_transaction(&self) {
+        if let Some(batch) = &self.batch {
+            batch.end();
+        }
+    }
+
+    async fn resend(&self, msg: &Arc<OutboundMessage>) -> Result<Self::Ack, PublishError> {
+        self.check_limits(msg)?;
+        self.send_alone(msg).await
     }
 
     fn limits(&self) -> MessageLimits {

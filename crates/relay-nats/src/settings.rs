@@ -52,6 +52,11 @@ pub struct NatsSettings {
     /// Outages never count. Default `5`.
     #[serde(default = "default_max_server_closes")]
     pub max_server_closes: u32,
+    /// `per-message` (default): every message on its own. `atomic-batch`: each transaction as
+    /// one JetStream atomic batch (nats-server 2.12.1+, a stream with `allow_atomic`), falling
+    /// back to per-message with one warning where the server or stream cannot.
+    #[serde(default)]
+    pub publish_mode: PublishMode,
     /// NATS `.creds` file (JWT + NKey seed).
     #[serde(default)]
     pub credentials_file: Option<PathBuf>,
@@ -166,6 +171,17 @@ fn default_max_server_closes() -> u32 {
     crate::closes::DEFAULT_MAX_SERVER_CLOSES
 }
 
+/// How messages are published (`[nats] publish_mode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PublishMode {
+    /// Every message on its own, deduplicated by `Nats-Msg-Id`.
+    #[default]
+    PerMessage,
+    /// Each PostgreSQL transaction as one JetStream atomic batch (ADR-50).
+    AtomicBatch,
+}
+
 impl Default for NatsSettings {
     fn default() -> Self {
         Self {
@@ -178,6 +194,7 @@ impl Default for NatsSettings {
             connect_timeout: default_connect_timeout(),
             max_control_line: default_max_control_line(),
             max_server_closes: default_max_server_closes(),
+            publish_mode: PublishMode::default(),
             credentials_file: None,
             user: None,
             password: None,

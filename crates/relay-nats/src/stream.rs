@@ -18,6 +18,8 @@ pub struct StreamReport {
     pub subjects: Vec<String>,
     /// The stream's duplicate window.
     pub duplicate_window: Duration,
+    /// Whether the stream takes atomic batches (`allow_atomic`).
+    pub allow_atomic: bool,
     /// Whether the relay created the stream just now.
     pub created: bool,
     /// How durable its acknowledgements are (storage, replicas, the servers' disk sync).
@@ -79,6 +81,7 @@ pub async fn prepare_stream(
                 subjects: settings.stream_subjects.clone(),
                 storage: stream::StorageType::File,
                 duplicate_window: settings.duplicate_window,
+                allow_atomic_publish: settings.publish_mode == crate::PublishMode::AtomicBatch,
                 ..Default::default()
             };
             let info = context
@@ -145,6 +148,7 @@ pub async fn prepare_stream(
     Ok(StreamReport {
         subjects: config.subjects.clone(),
         duplicate_window: config.duplicate_window,
+        allow_atomic: config.allow_atomic_publish,
         created,
         durability,
         warnings,

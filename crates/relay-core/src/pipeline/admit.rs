@@ -80,6 +80,8 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
         let tx = non_transactional_context(message);
         let mut index = 0;
         let admitted = self.admit_message(message, &tx, &mut index)?;
+        // Outside any Begin…Commit for the publisher too: published on its own (a batching
+        // publisher batches only the messages of an open transaction).
         self.frontier.begin()?;
         let ticket = match admitted {
             Some(msg) => Some((msg, self.frontier.event()?)),

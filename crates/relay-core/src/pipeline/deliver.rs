@@ -91,7 +91,7 @@ pub(super) async fn deliver<P: Publisher>(
         delay = (delay * 2).min(policy.max);
         // Boxed: a publish future can be large, and inline it would size every delivery in the
         // window for this rare retry path.
-        pending = Box::pin(publisher.send(&msg)).await;
+        pending = Box::pin(publisher.resend(&msg)).await;
     }
 }
 
