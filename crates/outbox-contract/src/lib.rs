@@ -35,6 +35,9 @@ pub const HEADER_COMMIT_TIME: &str = "Outbox-Commit-Time";
 pub const HEADER_TABLE: &str = "Outbox-Table";
 /// 0-based position of the event among the outbox events of its transaction.
 pub const HEADER_TX_INDEX: &str = "Outbox-Tx-Index";
+/// The `pg_logical_emit_message` prefix a table-free event came from; such events carry it
+/// instead of `Outbox-Table`.
+pub const HEADER_MESSAGE_PREFIX: &str = "Outbox-Message-Prefix";
 
 /// The headers every message the relay publishes for an outbox row carries, whatever the
 /// mapping; the mapped headers come on top.

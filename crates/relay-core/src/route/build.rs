@@ -180,13 +180,12 @@ impl CompiledRoute {
             }
         };
 
-        let [commit_lsn, xid, commit_time, table, index_name] = &*RELAY_HEADER_NAMES;
-        let mut headers: Vec<(Arc<str>, Arc<str>)> = Vec::with_capacity(5 + self.headers.len());
-        headers.push((commit_lsn.clone(), tx.commit_lsn_text.clone()));
-        headers.push((xid.clone(), tx.xid_text.clone()));
-        headers.push((commit_time.clone(), tx.commit_time_text.clone()));
-        headers.push((table.clone(), self.table.clone()));
-        headers.push((index_name.clone(), tx_index.to_string().into()));
+        let mut headers = relay_headers(
+            tx,
+            Origin::Table(self.table.clone()),
+            tx_index,
+            self.headers.len(),
+        );
         for (header, index) in &self.headers {
             let Some(raw) = text(*index, &event_id)? else {
                 continue;
@@ -219,20 +218,52 @@ impl CompiledRoute {
     }
 }
 
-/// The leading headers of a routed event that are the same for its whole transaction and table.
-const SHARED_HEADERS: usize = 4;
+/// The leading headers of a routed event that are the same for its whole transaction and
+/// origin (table or message prefix): the publisher builds them once per transaction.
+pub(super) const SHARED_HEADERS: usize = 4;
 
-/// The relay's own header names, allocated once: every event carries all five.
-static RELAY_HEADER_NAMES: std::sync::LazyLock<[Arc<str>; 5]> = std::sync::LazyLock::new(|| {
+/// Where an event comes from: an outbox table, or a `pg_logical_emit_message` prefix.
+pub(super) enum Origin {
+    /// `Outbox-Table`.
+    Table(Arc<str>),
+    /// `Outbox-Message-Prefix`.
+    MessagePrefix(Arc<str>),
+}
+
+/// The relay's own header names, allocated once: commit LSN, xid, commit time, the two origin
+/// headers, the index in the transaction.
+static RELAY_HEADER_NAMES: std::sync::LazyLock<[Arc<str>; 6]> = std::sync::LazyLock::new(|| {
     [
         HEADER_COMMIT_LSN.into(),
         HEADER_XID.into(),
         HEADER_COMMIT_TIME.into(),
         HEADER_TABLE.into(),
+        outbox_contract::HEADER_MESSAGE_PREFIX.into(),
         HEADER_TX_INDEX.into(),
     ]
 });
 
+/// The headers every event carries, in wire order: the [`SHARED_HEADERS`] first (commit LSN,
+/// xid, commit time, origin), then the index in the transaction; room for `more`.
+pub(super) fn relay_headers(
+    tx: &TxContext,
+    origin: Origin,
+    tx_index: u64,
+    more: usize,
+) -> Vec<(Arc<str>, Arc<str>)> {
+    let [commit_lsn, xid, commit_time, table, prefix, index] = &*RELAY_HEADER_NAMES;
+    let (origin_name, origin) = match origin {
+        Origin::Table(table_name) => (table, table_name),
+        Origin::MessagePrefix(prefix_name) => (prefix, prefix_name),
+    };
+    let mut headers = Vec::with_capacity(5 + more);
+    headers.push((commit_lsn.clone(), tx.commit_lsn_text.clone()));
+    headers.push((xid.clone(), tx.xid_text.clone()));
+    headers.push((commit_time.clone(), tx.commit_time_text.clone()));
+    headers.push((origin_name.clone(), origin));
+    headers.push((index.clone(), tx_index.to_string().into()));
+    headers
+}
 /// Debezium stores the span context as Java properties text (`traceparent=00-…` lines); a bare
 /// W3C value is taken as is.
 fn extract_traceparent(value: &str) -> String {

@@ -37,6 +37,7 @@ use serde::de::{Deserializer, Error as _, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use super::build::{Origin, relay_headers};
 use super::{MessageLimits, RouteError, Router};
 use crate::message::{
     HEADER_BACKFILL, HEADER_COMMIT_LSN, HEADER_COMMIT_TIME, HEADER_MSG_ID, HEADER_TABLE,
@@ -45,9 +46,7 @@ use crate::message::{
 use crate::subject::{Segment, SubjectTemplate, TemplateError, push_escaped_token};
 use outbox_contract::HEADER_DLQ_REASON;
 
-/// Header naming the `pg_logical_emit_message` prefix a message came from; messages carry it
-/// instead of `Outbox-Table`.
-pub const HEADER_MESSAGE_PREFIX: &str = "Outbox-Message-Prefix";
+pub use outbox_contract::HEADER_MESSAGE_PREFIX;
 
 /// Default `subjects` filter: the default stream's subjects.
 const DEFAULT_SUBJECTS: &str = "outbox.>";
@@ -389,13 +388,8 @@ impl MessageRoute {
             )));
         }
 
-        let [commit_lsn, xid, commit_time, prefix, index_name] = &*MESSAGE_HEADER_NAMES;
-        let mut headers: Vec<(Arc<str>, Arc<str>)> = Vec::with_capacity(6);
-        headers.push((commit_lsn.clone(), tx.commit_lsn_text.clone()));
-        headers.push((xid.clone(), tx.xid_text.clone()));
-        headers.push((commit_time.clone(), tx.commit_time_text.clone()));
-        headers.push((prefix.clone(), self.prefix.clone()));
-        headers.push((index_name.clone(), tx_index.to_string().into()));
+        let mut headers =
+            relay_headers(tx, Origin::MessagePrefix(self.prefix.clone()), tx_index, 1);
         if let Some(raw) = fields.get("headers").filter(|r| r.get() != "null") {
             let map = Fields::parse(raw.get().as_bytes())
                 .map_err(|e| bad_id(&format!("`headers`: {e}")))?;
@@ -427,7 +421,7 @@ impl MessageRoute {
             subject,
             event_id,
             headers,
-            shared_headers: SHARED_HEADERS,
+            shared_headers: super::build::SHARED_HEADERS,
             payload,
             table: self.origin.clone(),
             commit_lsn: tx.commit_lsn,
@@ -435,20 +429,6 @@ impl MessageRoute {
         })
     }
 }
-
-/// The leading headers of a message that are the same for its whole transaction and prefix.
-const SHARED_HEADERS: usize = 4;
-
-/// The relay's own header names on a message event, allocated once.
-static MESSAGE_HEADER_NAMES: std::sync::LazyLock<[Arc<str>; 5]> = std::sync::LazyLock::new(|| {
-    [
-        HEADER_COMMIT_LSN.into(),
-        HEADER_XID.into(),
-        HEADER_COMMIT_TIME.into(),
-        HEADER_MESSAGE_PREFIX.into(),
-        HEADER_TX_INDEX.into(),
-    ]
-});
 
 /// An event id for an error text: cut when long.
 fn short(id: &str) -> String {
