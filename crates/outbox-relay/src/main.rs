@@ -9,6 +9,7 @@ mod exit;
 mod http;
 mod inspect;
 mod run;
+mod signals;
 mod tail;
 mod telemetry;
 

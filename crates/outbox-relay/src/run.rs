@@ -31,35 +31,6 @@ enum SessionEnd {
     Retry(anyhow::Error),
 }
 
-/// Listens for SIGTERM/SIGINT: the first starts a clean shutdown, the second exits at once.
-fn spawn_signal_handler(shutdown: CancellationToken) {
-    tokio::spawn(async move {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(error) => {
-                    tracing::error!(error = %error, "cannot listen for SIGTERM");
-                    return;
-                }
-            };
-        for round in 0.. {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-            if round == 0 {
-                tracing::info!(
-                    "shutdown requested: finishing outstanding publishes, then storing the checkpoint"
-                );
-                shutdown.cancel();
-            } else {
-                tracing::warn!("second signal: exiting now; unacknowledged events will be re-sent");
-                std::process::exit(130);
-            }
-        }
-    });
-}
-
 pub(crate) fn nats_exit(error: NatsError) -> Exit {
     let kind = match error {
         NatsError::Connect { .. } | NatsError::Stream { .. } => ExitKind::Unavailable,
@@ -82,7 +53,11 @@ pub(crate) fn pg_exit(error: PgError) -> Exit {
 /// Runs the relay until shutdown or a fatal error.
 pub async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), Exit> {
     let shutdown = CancellationToken::new();
-    spawn_signal_handler(shutdown.clone());
+    crate::signals::spawn_handler(
+        shutdown.clone(),
+        "shutdown requested: finishing outstanding publishes, then storing the checkpoint",
+        "second signal: exiting now; unacknowledged events will be re-sent",
+    );
 
     let stats = Arc::new(PipelineStats::default());
     let telemetry = Arc::new(Telemetry::new(

@@ -109,35 +109,6 @@ fn mapping<'a>(config: &'a RelayConfig, table: &str) -> Result<&'a OutboxTableCo
         })
 }
 
-/// Stops the backfill on SIGTERM/SIGINT (after storing the cursor); a second signal exits at
-/// once.
-fn spawn_signal_handler(shutdown: CancellationToken) {
-    tokio::spawn(async move {
-        let Ok(mut term) =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        else {
-            return;
-        };
-        for round in 0.. {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-            if round == 0 {
-                tracing::info!(
-                    "stop requested: waiting for outstanding acks, then storing the cursor"
-                );
-                shutdown.cancel();
-            } else {
-                tracing::warn!(
-                    "second signal: exiting now; the next run re-sends what was not acknowledged"
-                );
-                std::process::exit(130);
-            }
-        }
-    });
-}
-
 /// What one run did, for the progress lines and the summary.
 struct Report {
     table: String,
@@ -191,7 +162,11 @@ pub async fn backfill(config: &RelayConfig, args: BackfillArgs) -> Result<(), Ex
         .map(str::trim)
         .filter(|f| !f.is_empty());
     let shutdown = CancellationToken::new();
-    spawn_signal_handler(shutdown.clone());
+    crate::signals::spawn_handler(
+        shutdown.clone(),
+        "stop requested: waiting for outstanding acks, then storing the cursor",
+        "second signal: exiting now; the next run re-sends what was not acknowledged",
+    );
 
     // PostgreSQL: a read-only session for the pages, one for the cursor.
     let pg = &config.postgres;
