@@ -46,7 +46,7 @@ fn store_err(message: String) -> impl FnOnce(tokio_postgres::Error) -> StoreErro
     }
 }
 
-/// What the current role may do with `outbox_relay.checkpoint`.
+/// What the current role may do with one of the relay's tables (`outbox_relay.*`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TableAccess {
     /// The table exists and the role may read and write it.
@@ -67,18 +67,29 @@ pub fn checkpoint_grants(role: &str) -> String {
     )
 }
 
-/// Looks the checkpoint table up in the catalog, not with to_regclass: looking a name up in a
-/// schema without USAGE is an error, and privileges are checked by oid for a precise message.
+/// What the current role may do with `outbox_relay.checkpoint`.
 pub async fn checkpoint_table_access(
     client: &Client,
+) -> Result<TableAccess, tokio_postgres::Error> {
+    relay_table_access(client, "checkpoint", "SELECT, INSERT, UPDATE").await
+}
+
+/// What the current role may do with the relay's table `outbox_relay.<table>`: usable means
+/// USAGE on the schema and `privileges` on the table. Looked up in the catalog, not with
+/// to_regclass: looking a name up in a schema without USAGE is an error, and privileges are
+/// checked by oid for a precise message.
+pub async fn relay_table_access(
+    client: &Client,
+    table: &str,
+    privileges: &str,
 ) -> Result<TableAccess, tokio_postgres::Error> {
     let found = client
         .query_opt(
             "SELECT has_schema_privilege(n.oid, 'USAGE') \
-                    AND has_table_privilege(c.oid, 'SELECT, INSERT, UPDATE'), current_user::text \
+                    AND has_table_privilege(c.oid, $2), current_user::text \
              FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-             WHERE n.nspname = 'outbox_relay' AND c.relname = 'checkpoint'",
-            &[],
+             WHERE n.nspname = 'outbox_relay' AND c.relname = $1",
+            &[&table, &privileges],
         )
         .await?;
     Ok(match found {

@@ -37,20 +37,7 @@ pub fn position_map_grants(role: &str) -> String {
 /// What the current role may do with `outbox_relay.position_map` (looked up like the checkpoint
 /// table, see [`super::checkpoint_table_access`]).
 pub async fn position_map_access(client: &Client) -> Result<TableAccess, tokio_postgres::Error> {
-    let found = client
-        .query_opt(
-            "SELECT has_schema_privilege(n.oid, 'USAGE') \
-                    AND has_table_privilege(c.oid, 'SELECT, INSERT, UPDATE, DELETE'), current_user::text \
-             FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-             WHERE n.nspname = 'outbox_relay' AND c.relname = 'position_map'",
-            &[],
-        )
-        .await?;
-    Ok(match found {
-        None => TableAccess::Missing,
-        Some(row) if row.get::<_, bool>(0) => TableAccess::Usable,
-        Some(row) => TableAccess::NotGranted { role: row.get(1) },
-    })
+    super::relay_table_access(client, "position_map", "SELECT, INSERT, UPDATE, DELETE").await
 }
 
 /// The store's side of the map: whether it is written, and when it was last pruned.
