@@ -124,6 +124,13 @@ fn failover_slot(
 /// `synchronized_standby_slots`: set, and each listed slot a streaming physical slot.
 fn synchronized_standby_slots(primary: &PrimaryFacts) -> Vec<FailoverCheck> {
     let aspect = Aspect::SynchronizedStandbySlots;
+    let has_standbys = !primary.standbys.is_empty() || !primary.physical_slots.is_empty();
+    if primary.synchronized_standby_slots.is_empty() && !has_standbys {
+        return vec![FailoverCheck::ok(
+            aspect,
+            "empty, and no standby streams from this server: set it to the standby's physical slot when you add one",
+        )];
+    }
     if primary.synchronized_standby_slots.is_empty() {
         let physical: Vec<&str> = primary
             .physical_slots

@@ -44,6 +44,19 @@ fn conninfo_dbname_is_found_in_both_forms() {
 }
 
 #[test]
+fn without_standbys_nothing_to_warn_about() {
+    let checks = assess(&primary(180_001), FailoverSetting::Auto, "s", "app").unwrap();
+    assert_eq!(
+        verdicts(&checks),
+        [
+            ("failover slot", false),
+            ("synchronized_standby_slots", false),
+            ("standbys", false)
+        ]
+    );
+}
+
+#[test]
 fn before_17_only_a_note_unless_standbys_stream() {
     let facts = primary(150_019);
     let checks = assess(&facts, FailoverSetting::Auto, "s", "app").unwrap();
