@@ -5,6 +5,7 @@ mod alerts;
 mod backfill;
 mod bad_config;
 mod batches;
+mod cleanup;
 mod compose;
 mod consumer;
 mod delivery;

@@ -28,9 +28,10 @@ pub struct RelayConfig {
     /// Pipeline tuning.
     #[serde(default)]
     pub relay: PipelineSettings,
-    /// Outbox tables and their mappings. Default: `public.outbox` in Debezium's shape.
+    /// Outbox tables and their mappings (each with an optional `[outbox.cleanup]`). Default:
+    /// `public.outbox` in Debezium's shape.
     #[serde(default = "default_outbox")]
-    pub outbox: Vec<OutboxTableConfig>,
+    pub outbox: OutboxTables,
     /// The table-free outbox: `pg_logical_emit_message` prefixes whose messages are published
     /// (a JSON envelope each). Default: none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -66,8 +67,265 @@ impl Default for HttpSettings {
     }
 }
 
-fn default_outbox() -> Vec<OutboxTableConfig> {
-    vec![OutboxTableConfig::with_defaults("public.outbox")]
+fn default_outbox() -> OutboxTables {
+    vec![OutboxTableConfig::with_defaults("public.outbox")].into()
+}
+
+/// The `[[outbox]]` tables: each table's mapping (relay-core's [`OutboxTableConfig`]) and its
+/// optional `[outbox.cleanup]`. Derefs to the mappings.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OutboxTables {
+    tables: Vec<OutboxTableConfig>,
+    cleanup: Vec<Option<CleanupSettings>>,
+}
+
+impl From<Vec<OutboxTableConfig>> for OutboxTables {
+    fn from(tables: Vec<OutboxTableConfig>) -> Self {
+        let cleanup = vec![None; tables.len()];
+        Self { tables, cleanup }
+    }
+}
+
+impl std::ops::Deref for OutboxTables {
+    type Target = [OutboxTableConfig];
+
+    fn deref(&self) -> &Self::Target {
+        &self.tables
+    }
+}
+
+impl OutboxTables {
+    /// Every table with an `[outbox.cleanup]`, and its settings.
+    pub fn cleanup(&self) -> impl Iterator<Item = (&OutboxTableConfig, &CleanupSettings)> {
+        self.tables
+            .iter()
+            .zip(&self.cleanup)
+            .filter_map(|(t, c)| c.as_ref().map(|c| (t, c)))
+    }
+
+    /// The `[outbox.cleanup]` of `table` (`schema.table`), if any.
+    pub fn cleanup_of(&self, schema: &str, table: &str) -> Option<&CleanupSettings> {
+        self.cleanup()
+            .find(|(t, _)| t.qualified_name() == (schema, table))
+            .map(|(_, c)| c)
+    }
+}
+
+// Each entry is the mapping's keys plus `cleanup`: the mapping is read by relay-core's own
+// (strict) deserializer, the cleanup by [`CleanupSettings`]'s, so an unknown key in either is
+// an error naming it.
+impl Serialize for OutboxTables {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{Error as _, SerializeSeq as _};
+        let mut seq = serializer.serialize_seq(Some(self.tables.len()))?;
+        for (table, cleanup) in self.tables.iter().zip(&self.cleanup) {
+            let mut entry = serde_json::to_value(table).map_err(S::Error::custom)?;
+            if let (Some(cleanup), Some(map)) = (cleanup, entry.as_object_mut()) {
+                map.insert(
+                    "cleanup".into(),
+                    serde_json::to_value(cleanup).map_err(S::Error::custom)?,
+                );
+            }
+            seq.serialize_element(&entry)?;
+        }
+        seq.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for OutboxTables {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
+        let entries = Vec::<serde_json::Map<String, serde_json::Value>>::deserialize(deserializer)?;
+        let mut out = Self::default();
+        for mut entry in entries {
+            let table = entry
+                .get("table")
+                .and_then(|t| t.as_str())
+                .unwrap_or("?")
+                .to_owned();
+            let cleanup = entry
+                .remove("cleanup")
+                .map(serde_json::from_value::<CleanupSettings>)
+                .transpose()
+                .map_err(|e| {
+                    D::Error::custom(format!("[[outbox]] table `{table}`: [outbox.cleanup]: {e}"))
+                })?;
+            let mapping = serde_json::from_value(serde_json::Value::Object(entry))
+                .map_err(|e| D::Error::custom(format!("[[outbox]] table `{table}`: {e}")))?;
+            out.tables.push(mapping);
+            out.cleanup.push(cleanup);
+        }
+        Ok(out)
+    }
+}
+
+/// What `[outbox.cleanup]` does with rows whose events are at or behind the stored checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CleanupMode {
+    /// Delete them (older than `retain`), in batches.
+    Delete,
+    /// Detach and drop whole partitions whose range is older than `retain` (a table
+    /// range-partitioned on one time column), once the checkpoint is past their rows.
+    DropPartitions,
+    /// Set `status_column` and/or `sent_at_column` (for teams coming from a polling relay).
+    Mark,
+}
+
+/// `[outbox.cleanup]`: opt-in cleanup of one outbox table, tied to the confirmed position: no
+/// row is deleted, marked or dropped before the stored checkpoint is past its transaction
+/// (`relay_postgres::cleanup`). Off unless present.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CleanupSettings {
+    /// `delete`, `drop-partitions` or `mark`.
+    pub mode: CleanupMode,
+    /// How long rows (partitions: the end of a partition's range) are kept after `age_column`,
+    /// even when confirmed. Default `7d` for `delete` and `drop-partitions`, `0s` for `mark`.
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub retain: Option<Duration>,
+    /// The row's time column `retain` counts from. Default `created_at`.
+    #[serde(default = "default_age_column")]
+    pub age_column: String,
+    /// How often a round runs. Default `1m`.
+    #[serde(default = "default_cleanup_interval", with = "humantime_serde")]
+    pub interval: Duration,
+    /// Rows per statement (`delete`, `mark`). Default 1000.
+    #[serde(default = "default_batch_size")]
+    pub batch_size: u32,
+    /// Pause between batches of a round, so cleanup stays off the hot path. Default `100ms`.
+    #[serde(default = "default_batch_pause", with = "humantime_serde")]
+    pub batch_pause: Duration,
+    /// `statement_timeout` of every cleanup statement. Default `5s`.
+    #[serde(default = "default_statement_timeout", with = "humantime_serde")]
+    pub statement_timeout: Duration,
+    /// `lock_timeout` of every cleanup statement. Default `1s`.
+    #[serde(default = "default_lock_timeout", with = "humantime_serde")]
+    pub lock_timeout: Duration,
+    /// `mark`: the status column to set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_column: Option<String>,
+    /// `mark`: the value `status_column` gets. Default `sent`.
+    #[serde(default = "default_status_value")]
+    pub status_value: String,
+    /// `mark`: a timestamp column set to `now()`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent_at_column: Option<String>,
+}
+
+fn default_age_column() -> String {
+    "created_at".into()
+}
+fn default_cleanup_interval() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_batch_size() -> u32 {
+    1000
+}
+fn default_batch_pause() -> Duration {
+    Duration::from_millis(100)
+}
+fn default_statement_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_lock_timeout() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_status_value() -> String {
+    "sent".into()
+}
+
+impl CleanupSettings {
+    /// `retain`, or the mode's default.
+    pub fn retain(&self) -> Duration {
+        self.retain.unwrap_or(match self.mode {
+            CleanupMode::Mark => Duration::ZERO,
+            CleanupMode::Delete | CleanupMode::DropPartitions => Duration::from_secs(7 * 86400),
+        })
+    }
+
+    /// Why these settings cannot be used, if they cannot.
+    pub fn problem(&self) -> Option<String> {
+        if self.interval.is_zero() {
+            return Some("interval must be positive".into());
+        }
+        if self.batch_size == 0 {
+            return Some("batch_size must be at least 1".into());
+        }
+        if self.statement_timeout.is_zero() || self.lock_timeout.is_zero() {
+            return Some("statement_timeout and lock_timeout must be positive".into());
+        }
+        if self.age_column.is_empty() {
+            return Some("age_column must name a column".into());
+        }
+        let marks = self.status_column.is_some() || self.sent_at_column.is_some();
+        match self.mode {
+            CleanupMode::Mark if !marks => Some(
+                "mode = \"mark\" needs status_column (set to status_value) or sent_at_column (set to now()), or both".into(),
+            ),
+            CleanupMode::Delete | CleanupMode::DropPartitions if marks => Some(format!(
+                "status_column and sent_at_column are for mode = \"mark\", not \"{}\"",
+                self.mode.as_str()
+            )),
+            _ => None,
+        }
+    }
+
+    /// The row cleanup of `schema.table` (`delete`, `mark`); `None` for `drop-partitions`.
+    pub fn row_plan(&self, schema: &str, table: &str) -> Option<relay_postgres::cleanup::RowPlan> {
+        use relay_postgres::cleanup::{CleanupAction, RowPlan};
+        let action = match self.mode {
+            CleanupMode::Delete => CleanupAction::Delete,
+            CleanupMode::Mark => CleanupAction::Mark {
+                status: self
+                    .status_column
+                    .clone()
+                    .map(|c| (c, self.status_value.clone())),
+                sent_at: self.sent_at_column.clone(),
+            },
+            CleanupMode::DropPartitions => return None,
+        };
+        Some(RowPlan {
+            schema: schema.to_owned(),
+            table: table.to_owned(),
+            action,
+            retain: self.retain(),
+            age_column: self.age_column.clone(),
+            batch_size: i64::from(self.batch_size),
+            statement_timeout: self.statement_timeout,
+            lock_timeout: self.lock_timeout,
+        })
+    }
+
+    /// The partition cleanup of `schema.table`; `None` unless `drop-partitions`.
+    pub fn drop_plan(
+        &self,
+        schema: &str,
+        table: &str,
+    ) -> Option<relay_postgres::cleanup::DropPlan> {
+        (self.mode == CleanupMode::DropPartitions).then(|| relay_postgres::cleanup::DropPlan {
+            schema: schema.to_owned(),
+            table: table.to_owned(),
+            retain: self.retain(),
+            statement_timeout: self.statement_timeout,
+            lock_timeout: self.lock_timeout,
+        })
+    }
+}
+
+impl CleanupMode {
+    /// As written in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Delete => "delete",
+            Self::DropPartitions => "drop-partitions",
+            Self::Mark => "mark",
+        }
+    }
 }
 
 /// The `[relay]` section. A key left out takes its value from [`PipelineSettings::default`]:
@@ -220,6 +478,14 @@ impl RelayConfig {
             ));
         }
         self.router()?;
+        for (table, cleanup) in self.outbox.cleanup() {
+            if let Some(problem) = cleanup.problem() {
+                return Err(ConfigError::Invalid(format!(
+                    "[[outbox]] table `{}`: [outbox.cleanup] {problem}",
+                    table.table
+                )));
+            }
+        }
         if self.relay.max_in_flight == 0 {
             return Err(ConfigError::Invalid(
                 "[relay] max_in_flight must be at least 1".into(),
@@ -485,6 +751,113 @@ mod tests {
                 format!("{err:?}").contains("allow_nontransactional"),
                 "{err:?}"
             );
+            Ok(())
+        });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API
+    fn cleanup_is_per_table_and_strict() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "relay.toml",
+                r#"
+                [[outbox]]
+                table = "public.outbox"
+                [outbox.cleanup]
+                mode = "delete"
+                retain = "3d"
+                batch_size = 500
+
+                [[outbox]]
+                table = "public.polled"
+                payload = "*"
+                [outbox.cleanup]
+                mode = "mark"
+                status_column = "status"
+                sent_at_column = "sent_at"
+
+                [[outbox]]
+                table = "public.plain"
+                "#,
+            )?;
+            let c = RelayConfig::load(Some(Path::new("relay.toml"))).expect("loads");
+            assert_eq!(c.outbox.len(), 3);
+            assert_eq!(c.outbox[1].payload, "*");
+            let cleanup: Vec<_> = c
+                .outbox
+                .cleanup()
+                .map(|(t, s)| (t.table.clone(), s.mode, s.retain(), s.batch_size))
+                .collect();
+            assert_eq!(
+                cleanup,
+                [
+                    (
+                        "public.outbox".to_owned(),
+                        CleanupMode::Delete,
+                        Duration::from_secs(3 * 86400),
+                        500
+                    ),
+                    (
+                        "public.polled".to_owned(),
+                        CleanupMode::Mark,
+                        Duration::ZERO,
+                        1000
+                    ),
+                ]
+            );
+            assert!(c.outbox.cleanup_of("public", "plain").is_none());
+            jail.create_file(
+                "zero.toml",
+                "[[outbox]]\ntable = \"t\"\n[outbox.cleanup]\nmode = \"delete\"\nretain = \"0s\"\n",
+            )?;
+            let zero = RelayConfig::load(Some(Path::new("zero.toml"))).expect("loads");
+            let retain = zero.outbox.cleanup().map(|(_, s)| s.retain()).next();
+            assert_eq!(retain, Some(Duration::ZERO));
+            let plan = c
+                .outbox
+                .cleanup_of("public", "polled")
+                .and_then(|s| s.row_plan("public", "polled"))
+                .expect("a row plan");
+            assert_eq!(plan.batch_size, 1000);
+            // Printed back where it was written.
+            let json = serde_json::to_value(&c).expect("serializes");
+            assert_eq!(json["outbox"][0]["cleanup"]["mode"], "delete");
+            assert_eq!(json["outbox"][0]["cleanup"]["retain"], "3days");
+            assert!(json["outbox"][2].get("cleanup").is_none());
+
+            for (file, text, needle) in [
+                (
+                    "typo.toml",
+                    "[[outbox]]\ntable = \"t\"\n[outbox.cleanup]\nmode = \"delete\"\nretian = \"1d\"\n",
+                    "retian",
+                ),
+                (
+                    "mapping.toml",
+                    "[[outbox]]\ntable = \"t\"\nsubjekt = \"x\"\n",
+                    "subjekt",
+                ),
+                (
+                    "mode.toml",
+                    "[[outbox]]\ntable = \"t\"\n[outbox.cleanup]\nmode = \"truncate\"\n",
+                    "truncate",
+                ),
+                (
+                    "mark.toml",
+                    "[[outbox]]\ntable = \"t\"\n[outbox.cleanup]\nmode = \"mark\"\n",
+                    "needs status_column",
+                ),
+                (
+                    "delete.toml",
+                    "[[outbox]]\ntable = \"t\"\n[outbox.cleanup]\nmode = \"delete\"\nstatus_column = \"s\"\n",
+                    "are for mode = \"mark\"",
+                ),
+            ] {
+                jail.create_file(file, text)?;
+                let err = RelayConfig::load(Some(Path::new(file))).unwrap_err();
+                let shown = format!("{err} {err:?}");
+                assert!(shown.contains(needle), "{file}: {shown}");
+            }
             Ok(())
         });
     }

@@ -123,6 +123,7 @@ pub async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), 
         );
     }
     spawn_progress_log(stats.clone(), shutdown.clone());
+    background::spawn_outbox_upkeep(config.clone(), telemetry.clone(), shutdown.clone());
     // Sessions stop on `stop`: a shutdown, or the publication check finding the publication no
     // longer delivers the outbox tables (then the relay drains, stores, and exits with 78).
     let stop = shutdown.child_token();

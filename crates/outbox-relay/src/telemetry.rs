@@ -84,6 +84,25 @@ pub const READY: &str = "outbox_relay_ready";
 /// Info, label `version`: the relay's version.
 pub const BUILD: &str = "outbox_relay_build";
 
+/// Gauge, label `table`: rows of an outbox table, estimated from `pg_class.reltuples` (of all
+/// its partitions).
+pub const TABLE_ROWS: &str = "outbox_relay_table_rows_estimate";
+/// Gauge, label `table`: bytes of an outbox table with its indexes and TOAST (all partitions).
+pub const TABLE_SIZE: &str = "outbox_relay_table_size_bytes";
+/// Gauge, label `table`: seconds since the oldest row of the table not yet confirmed was created
+/// (by its `created_at`-like column; 0 when every row is confirmed). See
+/// `run::background::spawn_outbox_upkeep` for how "not yet confirmed" is told.
+pub const TABLE_OLDEST_UNCONFIRMED: &str = "outbox_relay_table_oldest_unconfirmed_age_seconds";
+/// Counter, label `table`: rows deleted or marked by `[outbox.cleanup]`.
+pub const CLEANUP_ROWS: &str = "outbox_relay_cleanup_rows";
+/// Counter, label `table`: partitions dropped by `[outbox.cleanup] mode = "drop-partitions"`.
+pub const CLEANUP_PARTITIONS: &str = "outbox_relay_cleanup_partitions_dropped";
+/// Counter, label `table`: cleanup rounds that failed (the log says why).
+pub const CLEANUP_ERRORS: &str = "outbox_relay_cleanup_errors";
+/// Gauge, label `table`: rows (or detached partitions) cleanup selected that wait for the stored
+/// checkpoint to pass them.
+pub const CLEANUP_WAITING: &str = "outbox_relay_cleanup_waiting";
+
 /// Over how long the sampler averages the WAL rate behind [`WAL_RATE`] and [`SLOT_RETENTION`]
 /// (less right after the start).
 pub const WAL_RATE_WINDOW: Duration = Duration::from_secs(300);
@@ -100,6 +119,48 @@ pub struct StreamSample {
     pub last_seq: u64,
     /// Messages it holds.
     pub messages: u64,
+}
+
+/// One outbox table as last sampled, and what cleanup did to it.
+#[derive(Debug, Clone, Default)]
+pub struct TableStats {
+    /// Rows, estimated (`pg_class.reltuples`).
+    pub rows_estimate: Option<f64>,
+    /// Bytes with indexes and TOAST.
+    pub size_bytes: Option<i64>,
+    /// Seconds since the oldest row not yet confirmed was created (0: none); `None` when the
+    /// table has no such column.
+    pub oldest_unconfirmed_age: Option<f64>,
+    /// `delete`, `mark`, `drop-partitions`, when cleanup is on.
+    pub cleanup_mode: Option<&'static str>,
+    /// Rows deleted or marked.
+    pub cleaned_rows: u64,
+    /// Partitions dropped.
+    pub dropped_partitions: u64,
+    /// Rows or partitions waiting for the checkpoint.
+    pub waiting: u64,
+    /// Failed cleanup rounds.
+    pub cleanup_errors: u64,
+    /// The last cleanup error.
+    pub last_cleanup_error: Option<String>,
+}
+
+impl TableStats {
+    fn to_json(&self) -> serde_json::Value {
+        json!({
+            "rows_estimate": self.rows_estimate,
+            "size_bytes": self.size_bytes,
+            "oldest_unconfirmed_age_seconds": self.oldest_unconfirmed_age,
+            "cleanup": self.cleanup_mode.map(|mode| json!({
+                "mode": mode,
+                "rows_cleaned": self.cleaned_rows,
+                "partitions_dropped": self.dropped_partitions,
+                "waiting_for_checkpoint": self.waiting,
+                "errors": self.cleanup_errors,
+                "last_error": self.last_cleanup_error,
+            })),
+        })
+    }
 }
 
 /// Shared state of a running relay, read by `/metrics`, `/readyz` and `/status`.
@@ -119,6 +180,7 @@ pub struct Telemetry {
     stream_sample: Mutex<StreamSample>,
     slot_sample: Mutex<Option<SlotInfo>>,
     retention: Mutex<Option<RetentionWindow>>,
+    tables: Mutex<std::collections::BTreeMap<String, TableStats>>,
     last_error: Mutex<Option<String>>,
     started: Instant,
 }
@@ -140,6 +202,7 @@ impl Telemetry {
             stream_sample: Mutex::new(StreamSample::default()),
             slot_sample: Mutex::new(None),
             retention: Mutex::new(None),
+            tables: Mutex::new(std::collections::BTreeMap::new()),
             last_error: Mutex::new(None),
             started: Instant::now(),
         }
@@ -168,6 +231,16 @@ impl Telemetry {
     /// Records the slot's retention window as last assessed.
     pub fn set_retention(&self, window: RetentionWindow) {
         *lock(&self.retention) = Some(window);
+    }
+
+    /// Changes what is known about outbox table `table` (`schema.table`).
+    pub fn update_table(&self, table: &str, change: impl FnOnce(&mut TableStats)) {
+        change(lock(&self.tables).entry(table.to_owned()).or_default());
+    }
+
+    /// Every outbox table as last sampled.
+    pub fn tables(&self) -> std::collections::BTreeMap<String, TableStats> {
+        lock(&self.tables).clone()
     }
 
     /// Records why the last session ended (shown by `/readyz` and `/status`).
@@ -239,6 +312,10 @@ impl Telemetry {
                 "checkpoint_lsn": Lsn(load(&stats.confirmed_lsn)).to_string(),
                 "slot_state": slot.map(|s| s.to_json()),
                 "retention": lock(&self.retention).as_ref().map(RetentionWindow::to_json),
+                "tables": lock(&self.tables)
+                    .iter()
+                    .map(|(name, t)| (name.clone(), t.to_json()))
+                    .collect::<serde_json::Map<_, _>>(),
             },
             "nats": {
                 "connected": self.nats_connected(),
@@ -485,6 +562,74 @@ impl Collector for MetricsCollector {
                 window.policy.budget.as_secs_f64(),
             )?;
         }
+        let tables = t.tables();
+        let per_table =
+            |value: &dyn Fn(&TableStats) -> Option<f64>| -> Vec<(&str, ConstGauge<f64>)> {
+                tables
+                    .iter()
+                    .filter_map(|(name, s)| value(s).map(|v| (name.as_str(), ConstGauge::new(v))))
+                    .collect()
+            };
+        labelled(
+            &mut enc,
+            TABLE_ROWS,
+            "Rows of the outbox table, estimated from pg_class.reltuples",
+            "table",
+            per_table(&|s| s.rows_estimate),
+        )?;
+        labelled(
+            &mut enc,
+            TABLE_SIZE,
+            "Bytes of the outbox table with indexes and TOAST",
+            "table",
+            per_table(&|s| s.size_bytes.map(|b| b as f64)),
+        )?;
+        labelled(
+            &mut enc,
+            TABLE_OLDEST_UNCONFIRMED,
+            "Seconds since the oldest row not yet confirmed was created (0: none)",
+            "table",
+            per_table(&|s| s.oldest_unconfirmed_age),
+        )?;
+        let cleaned = |value: &dyn Fn(&TableStats) -> u64| -> Vec<(&str, ConstCounter)> {
+            tables
+                .iter()
+                .filter(|(_, s)| s.cleanup_mode.is_some())
+                .map(|(name, s)| (name.as_str(), ConstCounter::new(value(s))))
+                .collect()
+        };
+        labelled(
+            &mut enc,
+            CLEANUP_ROWS,
+            "Rows deleted or marked by [outbox.cleanup]",
+            "table",
+            cleaned(&|s| s.cleaned_rows),
+        )?;
+        labelled(
+            &mut enc,
+            CLEANUP_PARTITIONS,
+            "Partitions dropped by [outbox.cleanup]",
+            "table",
+            cleaned(&|s| s.dropped_partitions),
+        )?;
+        labelled(
+            &mut enc,
+            CLEANUP_ERRORS,
+            "Cleanup rounds that failed",
+            "table",
+            cleaned(&|s| s.cleanup_errors),
+        )?;
+        labelled(
+            &mut enc,
+            CLEANUP_WAITING,
+            "Rows or partitions cleanup selected that wait for the checkpoint",
+            "table",
+            tables
+                .iter()
+                .filter(|(_, s)| s.cleanup_mode.is_some())
+                .map(|(name, s)| (name.as_str(), ConstGauge::new(s.waiting as i64)))
+                .collect(),
+        )?;
         let current = slot
             .as_ref()
             .map_or("missing", |s| s.wal_status.as_deref().unwrap_or("unknown"));

@@ -7,6 +7,7 @@
 //! read; what to do about a finding is the caller's business.
 
 pub mod failover;
+pub mod outbox_stats;
 pub mod partitions;
 pub mod retention;
 

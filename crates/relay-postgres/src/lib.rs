@@ -10,6 +10,7 @@ pub mod backfill;
 pub mod bootstrap;
 pub mod catalog;
 pub mod checkpoint;
+pub mod cleanup;
 pub mod probe;
 pub mod publication_order;
 mod settings;

@@ -60,6 +60,13 @@ pub async fn status(
         Err(e) => json!({ "error": format!("cannot read the retention window: {e}") }),
     };
 
+    let tables = tables_state(
+        config,
+        &client,
+        checkpoint.map(|(lsn, _)| lsn),
+        &relay_status,
+    )
+    .await;
     let behind = match (&slot, checkpoint) {
         (Some(s), Some((stored, _))) => s
             .confirmed_flush_lsn
@@ -85,6 +92,7 @@ pub async fn status(
         "stream_state": stream,
         "relay": relay_addr,
         "relay_status": relay_status,
+        "tables": tables,
     });
     if json_out {
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
@@ -173,6 +181,7 @@ fn print_text(config: &RelayConfig, doc: &Value) {
         );
     }
     print_retention(&doc["retention"]);
+    print_tables(&doc["tables"]);
     print_failover(&doc["failover"]);
     match doc["checkpoint"].as_object() {
         None => println!("checkpoint: none stored"),
@@ -364,5 +373,106 @@ pub async fn health(config: &RelayConfig, ready: bool, relay: Option<String>) ->
             anyhow::anyhow!("{addr}{path}: HTTP {code} {body}"),
         )),
         Err(e) => Err(Exit::new(ExitKind::NotHealthy, e)),
+    }
+}
+
+/// Each outbox table: rows (estimate), size, the oldest row not yet confirmed, and what its
+/// `[outbox.cleanup]` did (from a running relay's `/status`). Without a running relay, "not yet
+/// confirmed" is measured from the newest commit the position map records behind the stored
+/// checkpoint (see `relay_postgres::catalog::outbox_stats`).
+async fn tables_state(
+    config: &RelayConfig,
+    client: &tokio_postgres::Client,
+    checkpoint: Option<relay_core::Lsn>,
+    relay_status: &Value,
+) -> Value {
+    use relay_postgres::catalog::outbox_stats;
+    let since = match checkpoint {
+        Some(c) => outbox_stats::confirmed_since_from_map(client, &config.postgres.slot, c).await,
+        None => None,
+    };
+    let mut out = serde_json::Map::new();
+    for table in config.outbox.iter() {
+        let (schema, name) = table.qualified_name();
+        let qualified = format!("{schema}.{name}");
+        let cleanup = config.outbox.cleanup_of(schema, name);
+        let column = cleanup.map_or("created_at", |c| c.age_column.as_str());
+        let running = &relay_status["postgres"]["tables"][&qualified];
+        let value = match outbox_stats::sample(client, schema, name, column, since).await {
+            Ok(None) => json!({ "error": "does not exist" }),
+            Err(e) => json!({ "error": format!("cannot sample it: {e}") }),
+            Ok(Some(sample)) => json!({
+                "rows_estimate": sample.rows_estimate,
+                "size_bytes": sample.size_bytes,
+                // The running relay's own measure is the closer one.
+                "oldest_unconfirmed_age_seconds": running["oldest_unconfirmed_age_seconds"]
+                    .as_f64()
+                    .or(sample.oldest_unconfirmed_age),
+                "oldest_unconfirmed_measured_by": if running["oldest_unconfirmed_age_seconds"].is_number() {
+                    "relay"
+                } else if since.is_some() {
+                    "position map"
+                } else {
+                    "oldest row (nothing known to be confirmed)"
+                },
+                "cleanup": cleanup.map(|c| json!({
+                    "mode": c.mode.as_str(),
+                    "retain_seconds": c.retain().as_secs(),
+                    "running": running["cleanup"].clone(),
+                })),
+            }),
+        };
+        out.insert(qualified, value);
+    }
+    Value::Object(out)
+}
+
+fn print_tables(tables: &Value) {
+    let Some(tables) = tables.as_object() else {
+        return;
+    };
+    for (name, t) in tables {
+        if let Some(e) = t.get("error") {
+            println!("table {name}: {}", text(e));
+            continue;
+        }
+        let oldest = match t["oldest_unconfirmed_age_seconds"].as_f64() {
+            Some(age) if age > 0.0 => format!(
+                "oldest row not yet confirmed created {}s ago ({})",
+                age.round(),
+                text(&t["oldest_unconfirmed_measured_by"])
+            ),
+            Some(_) => "every row confirmed".to_owned(),
+            None => "no created_at column: age of unconfirmed rows unknown".to_owned(),
+        };
+        println!(
+            "table {name}: about {} rows, {} bytes; {oldest}",
+            t["rows_estimate"].as_f64().unwrap_or_default().round(),
+            text(&t["size_bytes"])
+        );
+        let cleanup = &t["cleanup"];
+        if cleanup.is_object() {
+            let running = &cleanup["running"];
+            let done = if running.is_object() {
+                format!(
+                    "{} rows cleaned, {} partitions dropped, {} waiting for the checkpoint, {} failed rounds{}",
+                    text(&running["rows_cleaned"]),
+                    text(&running["partitions_dropped"]),
+                    text(&running["waiting_for_checkpoint"]),
+                    text(&running["errors"]),
+                    running["last_error"]
+                        .as_str()
+                        .map(|e| format!(" (last: {e})"))
+                        .unwrap_or_default()
+                )
+            } else {
+                "no running relay to ask what it cleaned".to_owned()
+            };
+            println!(
+                "  cleanup {} (retain {}s): {done}",
+                text(&cleanup["mode"]),
+                text(&cleanup["retain_seconds"])
+            );
+        }
     }
 }

@@ -14,6 +14,8 @@ use crate::config::RelayConfig;
 use crate::inspect::{self, StreamLookup};
 use crate::telemetry::{StreamSample, Telemetry, WAL_RATE_WINDOW};
 
+mod cleanup;
+
 /// Why the publication no longer delivers inserts of every outbox table, if it does not.
 async fn publication_problem(
     client: &tokio_postgres::Client,
@@ -186,4 +188,129 @@ pub(super) fn spawn_sampler(
             }
         }
     });
+}
+
+/// How often the outbox tables are sampled for `/metrics` and `/status` (at least; more often
+/// the sample is not worth its queries).
+const TABLE_SAMPLE_EVERY: Duration = Duration::from_secs(15);
+
+/// The tasks that look after the outbox tables: the per-table sampler behind `/metrics` and
+/// `/status` (when `[http] listen` is set), and one cleanup task per `[outbox.cleanup]`.
+pub(super) fn spawn_outbox_upkeep(
+    config: RelayConfig,
+    telemetry: Arc<Telemetry>,
+    shutdown: CancellationToken,
+) {
+    for (table, cleanup) in config.outbox.cleanup() {
+        let (schema, name) = table.qualified_name();
+        let qualified = format!("{schema}.{name}");
+        telemetry.update_table(&qualified, |t| t.cleanup_mode = Some(cleanup.mode.as_str()));
+        let task = cleanup::CleanupTask {
+            slot: config.postgres.slot.clone(),
+            table: qualified,
+            interval: cleanup.interval,
+            batch_pause: cleanup.batch_pause,
+            max_wait: config.relay.idle_checkpoint_interval * 3
+                + config.relay.checkpoint_interval
+                + Duration::from_secs(10),
+            rows: cleanup.row_plan(schema, name),
+            drops: cleanup.drop_plan(schema, name),
+        };
+        tokio::spawn(task.run(config.postgres.clone(), telemetry.clone(), shutdown.clone()));
+    }
+    if config.http.listen.is_some() {
+        let every = config.http.sample_interval.max(TABLE_SAMPLE_EVERY);
+        tokio::spawn(table_sampler(config, telemetry, shutdown, every));
+    }
+}
+
+/// Samples each outbox table every `every`: rows (estimate) and size, and how old its oldest
+/// row not yet confirmed is.
+///
+/// "Not yet confirmed", without reading every row's transaction: each sample notes the pair
+/// (time T, WAL insert position W), W read before T. A row created after T (its transaction
+/// started after T, so it commits after W) is behind the stored checkpoint C only if C is past
+/// W. So with (T*, W*) the newest pair with W* at or behind C, the rows created after T* are the
+/// candidates, and the oldest of them is the age reported. It errs by at most one sample
+/// interval on the late side (rows created between T* and when C passed W*), and a row of a
+/// transaction that stayed open longer than that counts from its `created_at`, not its commit.
+/// Right after a start, before C passed the first W, the position map's newest commit behind C
+/// stands in for T*; without one, the oldest row of the table.
+async fn table_sampler(
+    config: RelayConfig,
+    telemetry: Arc<Telemetry>,
+    shutdown: CancellationToken,
+    every: Duration,
+) {
+    let mut client: Option<tokio_postgres::Client> = None;
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut pairs: std::collections::VecDeque<(f64, Lsn)> = std::collections::VecDeque::new();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = shutdown.cancelled() => return,
+        }
+        if client
+            .as_ref()
+            .is_none_or(tokio_postgres::Client::is_closed)
+        {
+            client = match relay_postgres::connect(&config.postgres).await {
+                // A big table without an index on its time column must not hold the sampler.
+                Ok(c) => c
+                    .batch_execute("SET statement_timeout = 5000")
+                    .await
+                    .ok()
+                    .map(|()| c),
+                Err(_) => None,
+            };
+        }
+        let Some(c) = &client else { continue };
+        if let Err(error) = sample_tables(c, &config, &telemetry, &mut pairs).await {
+            tracing::debug!(error = %error, "cannot sample the outbox tables");
+            client = None;
+        }
+    }
+}
+
+async fn sample_tables(
+    client: &tokio_postgres::Client,
+    config: &RelayConfig,
+    telemetry: &Telemetry,
+    pairs: &mut std::collections::VecDeque<(f64, Lsn)>,
+) -> Result<(), tokio_postgres::Error> {
+    use relay_postgres::catalog::outbox_stats;
+    pairs.push_back(outbox_stats::position_now(client).await?);
+    let slot = &config.postgres.slot;
+    let checkpoint = relay_postgres::cleanup::stored_checkpoint(client, slot)
+        .await
+        .ok()
+        .flatten();
+    // The newest pair behind the checkpoint, and every later one, are all that can matter.
+    let behind = |lsn: Lsn| checkpoint.is_some_and(|c| lsn <= c);
+    while pairs.len() > 1 && pairs.get(1).is_some_and(|(_, w)| behind(*w)) {
+        pairs.pop_front();
+    }
+    let mut since = pairs.front().filter(|(_, w)| behind(*w)).map(|(t, _)| *t);
+    if since.is_none()
+        && let Some(c) = checkpoint
+    {
+        since = outbox_stats::confirmed_since_from_map(client, slot, c).await;
+    }
+    for table in config.outbox.iter() {
+        let (schema, name) = table.qualified_name();
+        let column = config
+            .outbox
+            .cleanup_of(schema, name)
+            .map_or("created_at", |c| c.age_column.as_str());
+        let Some(sample) = outbox_stats::sample(client, schema, name, column, since).await? else {
+            continue;
+        };
+        telemetry.update_table(&format!("{schema}.{name}"), |t| {
+            t.rows_estimate = Some(sample.rows_estimate);
+            t.size_bytes = Some(sample.size_bytes);
+            t.oldest_unconfirmed_age = sample.oldest_unconfirmed_age;
+        });
+    }
+    Ok(())
 }

@@ -318,6 +318,7 @@ async fn catalog_checks(
             ),
         }
     }
+    cleanup_checks(config, client, r).await?;
 
     // Publication.
     let publication = &pg.publication;
@@ -481,6 +482,138 @@ async fn catalog_checks(
             format!("slot at {slot_lsn}, no checkpoint yet (first start)"),
         ),
         (_, None) => {}
+    }
+    Ok(())
+}
+
+/// `[outbox.cleanup]` of each table that has one: the privileges its mode needs (with the
+/// GRANT), the columns it uses, and for `drop-partitions` a table range-partitioned on one
+/// column and the table that records detached partitions.
+async fn cleanup_checks(
+    config: &RelayConfig,
+    client: &Client,
+    r: &mut Report,
+) -> Result<(), tokio_postgres::Error> {
+    use relay_postgres::cleanup::{self, PrivilegeNeed};
+
+    use crate::config::CleanupMode;
+
+    for (table, settings) in config.outbox.cleanup() {
+        let (schema, name) = table.qualified_name();
+        let check = format!("cleanup {schema}.{name}");
+        let Some(info) = catalog::table(client, schema, name).await? else {
+            continue; // reported above
+        };
+        let has_column = |column: String| async move {
+            client
+                .query_opt(
+                    "SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = $1 AND attname = $2 \
+                       AND attnum > 0 AND NOT attisdropped",
+                    &[&info.oid, &column],
+                )
+                .await
+                .map(|row| row.is_some())
+        };
+        let mut columns = Vec::new();
+        if !settings.retain().is_zero() {
+            columns.push(settings.age_column.clone());
+        }
+        let marked: Vec<String> = [&settings.status_column, &settings.sent_at_column]
+            .into_iter()
+            .flatten()
+            .cloned()
+            .collect();
+        if settings.mode == CleanupMode::Mark {
+            columns.extend(marked.iter().cloned());
+        }
+        let mut missing = Vec::new();
+        for column in columns {
+            if !has_column(column.clone()).await? {
+                missing.push(column);
+            }
+        }
+        if !missing.is_empty() {
+            r.fail(
+                check,
+                format!("no column {}", missing.join(", ")),
+                "fix [outbox.cleanup] age_column / status_column / sent_at_column, or add the column",
+            );
+            continue;
+        }
+        let need = match settings.mode {
+            CleanupMode::Delete => PrivilegeNeed::Delete,
+            CleanupMode::Mark => PrivilegeNeed::Update(&marked),
+            CleanupMode::DropPartitions => PrivilegeNeed::Own,
+        };
+        if let Some(grant) = cleanup::privilege_problem(client, schema, name, &need).await? {
+            r.fail(
+                check,
+                format!(
+                    "mode = \"{}\" needs privileges the role lacks",
+                    settings.mode.as_str()
+                ),
+                grant,
+            );
+            continue;
+        }
+        if settings.mode == CleanupMode::DropPartitions {
+            let ranged: bool = client
+                .query_opt(
+                    "SELECT partstrat = 'r' AND partnatts = 1 FROM pg_catalog.pg_partitioned_table \
+                     WHERE partrelid = $1",
+                    &[&info.oid],
+                )
+                .await?
+                .is_some_and(|row| row.get(0));
+            if !ranged {
+                r.fail(
+                    check,
+                    "mode = \"drop-partitions\" needs a table partitioned by RANGE on one time column",
+                    "use mode = \"delete\" for this table, or partition it (PARTITION BY RANGE (created_at))",
+                );
+                continue;
+            }
+            match cleanup::detached_table_access(client).await? {
+                TableAccess::Usable => {}
+                TableAccess::NotGranted { role } => {
+                    r.fail(
+                        check,
+                        format!("role `{role}` cannot write outbox_relay.cleanup_detached"),
+                        cleanup::detached_table_grants(&role),
+                    );
+                    continue;
+                }
+                TableAccess::Missing => {
+                    let may_create: bool = client
+                        .query_one(
+                            "SELECT has_database_privilege(current_database(), 'CREATE') \
+                                OR EXISTS (SELECT 1 FROM pg_catalog.pg_namespace \
+                                           WHERE nspname = 'outbox_relay' \
+                                             AND has_schema_privilege(oid, 'CREATE'))",
+                            &[],
+                        )
+                        .await?
+                        .get(0);
+                    if !may_create {
+                        r.fail(
+                            check,
+                            "outbox_relay.cleanup_detached is missing and cannot be created",
+                            "apply migrations/0006_cleanup_detached.sql as an owner",
+                        );
+                        continue;
+                    }
+                }
+            }
+        }
+        r.pass(
+            check,
+            format!(
+                "mode = \"{}\", retain {}, every {}",
+                settings.mode.as_str(),
+                humantime_serde::re::humantime::format_duration(settings.retain()),
+                humantime_serde::re::humantime::format_duration(settings.interval)
+            ),
+        );
     }
     Ok(())
 }
