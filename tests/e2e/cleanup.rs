@@ -115,6 +115,21 @@ async fn insert_dated(db: &impl tokio_postgres::GenericClient, day: &str) -> Res
     Ok(id)
 }
 
+/// Waits until the first cleanup round established the table's fence: rows committed before it
+/// are never cleaned.
+async fn wait_for_fence(db: &tokio_postgres::Client, relay: &Relay) -> Result<()> {
+    wait_until("the cleanup fence", relay, async || {
+        Ok(db
+            .query_opt(
+                "SELECT 1 FROM outbox_relay.cleanup_fence WHERE table_name = 'public.outbox'",
+                &[],
+            )
+            .await?
+            .is_some())
+    })
+    .await
+}
+
 async fn count_of(db: &tokio_postgres::Client, ids: &[String]) -> Result<i64> {
     Ok(db
         .query_one(
@@ -165,7 +180,10 @@ async fn delete_cleans_only_rows_behind_the_checkpoint_through_a_broker_outage()
         "mode = \"delete\"\nretain = \"1h\"\ninterval = \"200ms\"\nbatch_size = 40\nbatch_pause = \"10ms\"",
         &format!("{http}sample_interval = \"200ms\""),
     );
+    // Rows from before the slot: never published by the relay, so never cleaned.
+    let before = insert_aged(&mut db, 10, "2 hours").await?;
     let relay = Relay::start_streaming(&config).await?;
+    wait_for_fence(&db, &relay).await?;
     let old = insert_aged(&mut db, 200, "2 hours").await?;
     let mut young = Vec::new();
     for _ in 0..5 {
@@ -211,6 +229,11 @@ async fn delete_cleans_only_rows_behind_the_checkpoint_through_a_broker_outage()
     .await?;
     assert_eq!(nothing_cleaned_ahead(&db, &js).await?, 250);
     assert_eq!(count_of(&db, &young).await?, 5);
+    assert_eq!(
+        count_of(&db, &before).await?,
+        10,
+        "rows from before the slot stay"
+    );
 
     // The table as /metrics describes it.
     let metrics = scrape(&addr).await?;
@@ -246,6 +269,9 @@ async fn kill_9_at_every_step_cleans_nothing_ahead_of_the_checkpoint() -> Result
         .args(["setup", "--create-stream"])
         .output()?;
     assert!(setup.status.success(), "{setup:?}");
+    let relay = Relay::start_streaming(&config).await?;
+    wait_for_fence(&db, &relay).await?;
+    drop(relay);
 
     let done = Arc::new(AtomicBool::new(false));
     let load = {
@@ -366,6 +392,7 @@ async fn mark_sets_the_status_once_confirmed() -> Result<()> {
         "",
     );
     let relay = Relay::start_streaming(&config).await?;
+    wait_for_fence(&db, &relay).await?;
     let first = insert_aged(&mut writer, 20, "1 minute").await?;
     wait_for_messages(&js, 20, WAIT, Some(&relay)).await?;
     let marked = async |ids: &[String]| -> Result<i64> {
@@ -454,6 +481,7 @@ async fn drop_partitions_waits_for_the_checkpoint() -> Result<()> {
     // so cleanup cannot detach one before its rows are in): they are detached at once (older
     // than retain), but dropped only once the relay confirmed their rows.
     let relay = Relay::start_streaming(&config).await?;
+    wait_for_fence(&db, &relay).await?;
     env.nats.pause()?;
     let mut rows_of: HashMap<&str, Vec<String>> = HashMap::new();
     let tx = writer.transaction().await?;
@@ -625,6 +653,16 @@ async fn validate_connect_names_the_grant_each_mode_needs() -> Result<()> {
     assert!(out.contains("GRANT \"postgres\" TO relay_min"), "{out}");
     admin
         .batch_execute("GRANT DELETE ON public.outbox TO relay_min")
+        .await?;
+    let (_, out) = validate(&with("mode = \"delete\""));
+    assert!(
+        out.contains("hint: GRANT USAGE ON SCHEMA outbox_relay TO relay_min; GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_relay.cleanup_fence, outbox_relay.cleanup_detached TO relay_min"),
+        "{out}"
+    );
+    admin
+        .batch_execute(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_relay.cleanup_fence, outbox_relay.cleanup_detached TO relay_min",
+        )
         .await?;
     let (code, out) = validate(&with("mode = \"delete\"\nretain = \"2d\""));
     assert!(

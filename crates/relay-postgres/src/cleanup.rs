@@ -13,7 +13,7 @@
 //!    batch's **horizon**. The transaction's snapshot is taken before that statement runs, and
 //!    PostgreSQL makes a transaction visible only after its commit record is in WAL, so every
 //!    transaction the snapshot sees committed before the horizon.
-//! 2. In that snapshot it selects up to `batch_size` candidate rows (older than `retain`), by
+//! 2. In that snapshot it selects candidate rows (older than `retain`, after the fence), by
 //!    `(tableoid, ctid, xmin)`: each was written by a transaction the snapshot sees, so each
 //!    row's insert committed before the horizon (an updated row's `xmin` is the updater's, which
 //!    saw the insert committed). The transaction ends at once: nothing is held while waiting.
@@ -25,9 +25,14 @@
 //!    replaced in the same place since the selection no longer matches and is left alone.
 //!
 //! A checkpoint that never reaches the horizon (a broker outage, a stuck relay) applies
-//! nothing; the batch is dropped after a while and selected again later. The only way a row
-//! ahead of the relay could go is a checkpoint moved forward by hand (`--accept-slot-position`,
-//! a reset after a lost slot): then rows the relay never published count as behind it.
+//! nothing; the batch is dropped after a while and selected again later.
+//!
+//! Rows committed before the slot existed are behind every checkpoint, yet the relay never
+//! published them. So only rows committed after the table's **fence** ([`fence`]) are selected:
+//! a snapshot taken once the slot, its stored checkpoint and the table's membership in the
+//! publication were seen; a transaction that snapshot does not see was decoded by the slot. The
+//! only way a row ahead of the relay could still go is a checkpoint moved forward by hand
+//! (`--accept-slot-position`): then rows the relay never published count as behind it.
 //!
 //! Partitions ([`DropPlan`]): a partition whose whole range is older than `retain` is detached
 //! first, so no row can be added to it any more (every transaction that wrote into it has ended
@@ -221,10 +226,12 @@ impl RowPlan {
     /// Selects the next batch: the horizon, then up to `limit` candidate rows, in one
     /// `REPEATABLE READ` snapshot (see the module documentation). Apply it in [`Batch::chunks`]
     /// of `batch_size`: one wait for the checkpoint serves them all.
+    /// Only rows committed after `fence` ([`fence`]) are selected.
     pub async fn select(
         &self,
         client: &mut Client,
         limit: i64,
+        fence: &str,
     ) -> Result<Batch, tokio_postgres::Error> {
         let tx = client
             .build_transaction()
@@ -241,11 +248,12 @@ impl RowPlan {
             .query(
                 &format!(
                     "SELECT tableoid::oid::text || ':' || ctid::text || ':' || xmin::text, ctid::text \
-                     FROM {} WHERE {} LIMIT $1",
+                     FROM {} WHERE {} AND {} LIMIT $1",
                     self.relation(),
-                    self.conditions()
+                    self.conditions(),
+                    after_fence("$2")
                 ),
-                &[&limit],
+                &[&limit, &fence],
             )
             .await?;
         tx.commit().await?;
@@ -306,8 +314,9 @@ impl RowPlan {
     }
 }
 
-/// The migration that creates `outbox_relay.cleanup_detached` (also shipped in `migrations/`).
-pub const CLEANUP_MIGRATION: &str = include_str!("../../../migrations/0006_cleanup_detached.sql");
+/// The migration that creates `outbox_relay.cleanup_fence` and `outbox_relay.cleanup_detached`
+/// (also shipped in `migrations/`).
+pub const CLEANUP_MIGRATION: &str = include_str!("../../../migrations/0006_outbox_cleanup.sql");
 
 /// Partition cleanup of one partitioned outbox table (range-partitioned on one column).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -357,11 +366,13 @@ impl DropPlan {
     }
 
     /// One round: drops detached partitions the checkpoint of `slot` is past, then detaches the
-    /// partitions whose range is older than `retain`.
+    /// partitions whose range is older than `retain` and that hold no row from before `fence`
+    /// ([`fence`]).
     pub async fn round(
         &self,
         client: &mut Client,
         slot: &str,
+        fence: &str,
     ) -> Result<DropReport, tokio_postgres::Error> {
         let mut report = DropReport::default();
         client
@@ -371,7 +382,7 @@ impl DropPlan {
                 millis(self.lock_timeout)
             ))
             .await?;
-        let result = self.round_inner(client, slot, &mut report).await;
+        let result = self.round_inner(client, slot, fence, &mut report).await;
         // The session is the cleanup's own, but leave it as it was for the next user.
         let _ = client
             .batch_execute("RESET statement_timeout; RESET lock_timeout")
@@ -383,6 +394,7 @@ impl DropPlan {
         &self,
         client: &mut Client,
         slot: &str,
+        fence: &str,
         report: &mut DropReport,
     ) -> Result<(), tokio_postgres::Error> {
         for detached in self.on_record(client).await? {
@@ -400,7 +412,7 @@ impl DropPlan {
                 }
             }
         }
-        for (oid, name) in self.expired(client).await? {
+        for (oid, name) in self.expired(client, fence).await? {
             self.detach(client, oid, &name).await?;
             report.detached.push(name);
             report.waiting += 1;
@@ -504,8 +516,13 @@ impl DropPlan {
     }
 
     /// Direct partitions of a table range-partitioned on one column whose upper bound is older
-    /// than `retain` (never the default partition, never one up to `MAXVALUE`): `(oid, name)`.
-    async fn expired(&self, client: &Client) -> Result<Vec<(u32, String)>, tokio_postgres::Error> {
+    /// than `retain` (never the default partition, never one up to `MAXVALUE`) and that hold no
+    /// row from before `fence`: `(oid, name)`.
+    async fn expired(
+        &self,
+        client: &Client,
+        fence: &str,
+    ) -> Result<Vec<(u32, String)>, tokio_postgres::Error> {
         let rows = client
             .query(
                 "SELECT c.oid, quote_ident(n.nspname) || '.' || quote_ident(c.relname), \
@@ -537,7 +554,23 @@ impl DropPlan {
                 )
                 .await;
             match old {
-                Ok(row) if row.get::<_, bool>(0) => out.push((oid, name)),
+                Ok(row) if row.get::<_, bool>(0) => {
+                    let before_fence: bool = client
+                        .query_one(
+                            &format!(
+                                "SELECT EXISTS (SELECT 1 FROM {name} WHERE NOT {})",
+                                after_fence("$1")
+                            ),
+                            &[&fence],
+                        )
+                        .await?
+                        .get(0);
+                    if before_fence {
+                        tracing::debug!(partition = %name, "partition holds rows from before the cleanup fence (not published by this slot): left alone");
+                    } else {
+                        out.push((oid, name));
+                    }
+                }
                 Ok(_) => {}
                 Err(e) if e.as_db_error().is_some() => {
                     tracing::debug!(partition = %name, bound, error = %e, "partition bound is not a time: not a cleanup candidate");
@@ -662,50 +695,123 @@ mod tests {
     }
 }
 
-/// The statements that let `role` use `outbox_relay.cleanup_detached`.
-pub fn detached_table_grants(role: &str) -> String {
+/// The statements that let `role` use the cleanup's tables.
+pub fn cleanup_tables_grants(role: &str) -> String {
     format!(
-        "GRANT USAGE ON SCHEMA outbox_relay TO {role}; GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_relay.cleanup_detached TO {role}"
+        "GRANT USAGE ON SCHEMA outbox_relay TO {role}; GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_relay.cleanup_fence, outbox_relay.cleanup_detached TO {role}"
     )
 }
 
-/// What the current role may do with `outbox_relay.cleanup_detached`.
-pub async fn detached_table_access(
+/// What the current role may do with `outbox_relay.cleanup_fence` and
+/// `outbox_relay.cleanup_detached` (usable only when both are there and writable).
+pub async fn cleanup_tables_access(
     client: &Client,
 ) -> Result<crate::checkpoint::TableAccess, tokio_postgres::Error> {
     use crate::checkpoint::TableAccess;
-    let found = client
-        .query_opt(
+    // (A list of privileges asks whether any of them is held: one call each.)
+    let rows = client
+        .query(
             "SELECT has_schema_privilege(n.oid, 'USAGE') \
                     AND has_table_privilege(c.oid, 'SELECT') AND has_table_privilege(c.oid, 'INSERT') \
                     AND has_table_privilege(c.oid, 'UPDATE') AND has_table_privilege(c.oid, 'DELETE'), \
                     current_user::text \
              FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-             WHERE n.nspname = 'outbox_relay' AND c.relname = 'cleanup_detached'",
+             WHERE n.nspname = 'outbox_relay' AND c.relname IN ('cleanup_fence', 'cleanup_detached')",
             &[],
         )
         .await?;
-    Ok(match found {
-        None => TableAccess::Missing,
-        Some(row) if row.get::<_, bool>(0) => TableAccess::Usable,
-        Some(row) => TableAccess::NotGranted { role: row.get(1) },
+    Ok(match rows.as_slice() {
+        [a, b] if a.get::<_, bool>(0) && b.get::<_, bool>(0) => TableAccess::Usable,
+        [a, _] | [a] => TableAccess::NotGranted { role: a.get(1) },
+        [] | [_, _, ..] => TableAccess::Missing,
     })
 }
 
-/// Makes sure `outbox_relay.cleanup_detached` exists and may be written (creating it when
-/// missing and allowed); otherwise what to do about it.
-pub async fn ensure_detached_table(client: &Client) -> Result<(), String> {
+/// Makes sure the cleanup's tables exist and may be written (creating them when missing and
+/// allowed); otherwise what to do about it.
+pub async fn ensure_tables(client: &Client) -> Result<(), String> {
     use crate::checkpoint::TableAccess;
-    match detached_table_access(client).await {
+    let missing = "apply migrations/0006_outbox_cleanup.sql as an administrator (it needs outbox_relay.checkpoint, migrations/0002)";
+    match cleanup_tables_access(client).await {
         Ok(TableAccess::Usable) => Ok(()),
-        Ok(TableAccess::NotGranted { role }) => Err(detached_table_grants(&role)),
+        Ok(TableAccess::NotGranted { role }) => match client.batch_execute(CLEANUP_MIGRATION).await
+        {
+            // One of the two was missing and is there now.
+            Ok(()) if matches!(cleanup_tables_access(client).await, Ok(TableAccess::Usable)) => {
+                Ok(())
+            }
+            _ => Err(cleanup_tables_grants(&role)),
+        },
         Ok(TableAccess::Missing) => client.batch_execute(CLEANUP_MIGRATION).await.map_err(|e| {
-            format!(
-                "outbox_relay.cleanup_detached does not exist and cannot be created ({e}): apply migrations/0006_cleanup_detached.sql as an administrator"
-            )
+            format!("the cleanup's tables do not exist and cannot be created ({e}): {missing}")
         }),
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// `NOT pg_visible_in_snapshot(xmin, fence)`: the row's transaction is one the fence snapshot
+/// (parameter `fence_param`) does not see, i.e. it committed after the fence was taken. `xmin`
+/// (32 bits) is widened against the current snapshot's `xmax`: a committed row's `xmin` is
+/// below it and, short of 2^32 transactions ago, that many transactions back at most; a value
+/// that cannot be widened (a special xid) counts as before the fence.
+fn after_fence(fence_param: &str) -> String {
+    let next = "pg_snapshot_xmax(pg_current_snapshot())::text::bigint";
+    format!(
+        "NOT pg_visible_in_snapshot(GREATEST({next} - (({next} % 4294967296) - xmin::text::bigint + 4294967296) % 4294967296, 3)::text::xid8, {fence_param}::text::pg_snapshot)"
+    )
+}
+
+/// The fence of `schema.table` for `slot` (see `migrations/0006_outbox_cleanup.sql`): read, or
+/// established now when the slot exists, the relay stored a checkpoint for it, and publication
+/// `publication` delivers the table's rows. `None` while that is not so (no row is cleaned).
+pub async fn fence(
+    client: &Client,
+    slot: &str,
+    schema: &str,
+    table: &str,
+    publication: &str,
+) -> Result<Option<String>, tokio_postgres::Error> {
+    let name = format!("{schema}.{table}");
+    let read = async || -> Result<Option<String>, tokio_postgres::Error> {
+        Ok(client
+            .query_opt(
+                "SELECT fence FROM outbox_relay.cleanup_fence WHERE slot_name = $1 AND table_name = $2",
+                &[&slot, &name],
+            )
+            .await?
+            .map(|r| r.get(0)))
+    };
+    if let Some(fence) = read().await? {
+        return Ok(Some(fence));
+    }
+    let slot_ready = client
+        .query_opt(
+            "SELECT 1 FROM pg_catalog.pg_replication_slots s \
+             JOIN outbox_relay.checkpoint c ON c.slot_name = s.slot_name \
+             WHERE s.slot_name = $1 AND s.confirmed_flush_lsn IS NOT NULL",
+            &[&slot],
+        )
+        .await?
+        .is_some();
+    let member = slot_ready
+        && crate::catalog::partitions::membership(client, publication, schema, table).await?
+            == crate::catalog::partitions::Membership::Member;
+    if !member {
+        return Ok(None);
+    }
+    // Taken after both were seen: a transaction it does not see commits after them.
+    client
+        .execute(
+            "INSERT INTO outbox_relay.cleanup_fence (slot_name, table_name, fence) \
+             VALUES ($1, $2, pg_current_snapshot()::text) ON CONFLICT DO NOTHING",
+            &[&slot, &name],
+        )
+        .await?;
+    let fence = read().await?;
+    if let Some(fence) = &fence {
+        tracing::info!(slot, table = %name, fence = %fence, "cleanup fence established: rows committed before it were not decoded by this slot and are never cleaned");
+    }
+    Ok(fence)
 }
 
 /// Whether the current role may run `plan`'s mode on `schema.table`, and if not, the statement

@@ -207,6 +207,7 @@ pub(super) fn spawn_outbox_upkeep(
         telemetry.update_table(&qualified, |t| t.cleanup_mode = Some(cleanup.mode.as_str()));
         let task = cleanup::CleanupTask {
             slot: config.postgres.slot.clone(),
+            publication: config.postgres.publication.clone(),
             table: qualified,
             interval: cleanup.interval,
             batch_pause: cleanup.batch_pause,
@@ -235,7 +236,8 @@ pub(super) fn spawn_outbox_upkeep(
 /// interval on the late side (rows created between T* and when C passed W*), and a row of a
 /// transaction that stayed open longer than that counts from its `created_at`, not its commit.
 /// Right after a start, before C passed the first W, the position map's newest commit behind C
-/// stands in for T*; without one, the oldest row of the table.
+/// stands in for T*; without one, the first sample's time (nothing since is confirmed: a lower
+/// bound).
 async fn table_sampler(
     config: RelayConfig,
     telemetry: Arc<Telemetry>,
@@ -297,6 +299,9 @@ async fn sample_tables(
     {
         since = outbox_stats::confirmed_since_from_map(client, slot, c).await;
     }
+    // Nothing known behind the checkpoint: nothing written since the first sample is confirmed,
+    // so the oldest row since then is a lower bound (older rows may wait too).
+    let since = since.or(pairs.front().map(|(t, _)| *t));
     for table in config.outbox.iter() {
         let (schema, name) = table.qualified_name();
         let column = config

@@ -573,35 +573,37 @@ async fn cleanup_checks(
                 );
                 continue;
             }
-            match cleanup::detached_table_access(client).await? {
-                TableAccess::Usable => {}
-                TableAccess::NotGranted { role } => {
+        }
+        match cleanup::cleanup_tables_access(client).await? {
+            TableAccess::Usable => {}
+            TableAccess::NotGranted { role } => {
+                r.fail(
+                    check,
+                    format!(
+                        "role `{role}` cannot write outbox_relay.cleanup_fence and outbox_relay.cleanup_detached"
+                    ),
+                    cleanup::cleanup_tables_grants(&role),
+                );
+                continue;
+            }
+            TableAccess::Missing => {
+                let may_create: bool = client
+                    .query_one(
+                        "SELECT has_database_privilege(current_database(), 'CREATE') \
+                            OR EXISTS (SELECT 1 FROM pg_catalog.pg_namespace \
+                                       WHERE nspname = 'outbox_relay' \
+                                         AND has_schema_privilege(oid, 'CREATE'))",
+                        &[],
+                    )
+                    .await?
+                    .get(0);
+                if !may_create {
                     r.fail(
                         check,
-                        format!("role `{role}` cannot write outbox_relay.cleanup_detached"),
-                        cleanup::detached_table_grants(&role),
+                        "outbox_relay.cleanup_fence and outbox_relay.cleanup_detached are missing and cannot be created",
+                        "apply migrations/0006_outbox_cleanup.sql as an owner",
                     );
                     continue;
-                }
-                TableAccess::Missing => {
-                    let may_create: bool = client
-                        .query_one(
-                            "SELECT has_database_privilege(current_database(), 'CREATE') \
-                                OR EXISTS (SELECT 1 FROM pg_catalog.pg_namespace \
-                                           WHERE nspname = 'outbox_relay' \
-                                             AND has_schema_privilege(oid, 'CREATE'))",
-                            &[],
-                        )
-                        .await?
-                        .get(0);
-                    if !may_create {
-                        r.fail(
-                            check,
-                            "outbox_relay.cleanup_detached is missing and cannot be created",
-                            "apply migrations/0006_cleanup_detached.sql as an owner",
-                        );
-                        continue;
-                    }
                 }
             }
         }

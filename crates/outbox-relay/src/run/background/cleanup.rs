@@ -20,6 +20,7 @@ use crate::telemetry::Telemetry;
 #[derive(Debug)]
 pub(super) struct CleanupTask {
     pub(super) slot: String,
+    pub(super) publication: String,
     /// `schema.table`.
     pub(super) table: String,
     pub(super) interval: Duration,
@@ -50,7 +51,7 @@ impl CleanupTask {
         let mut client: Option<tokio_postgres::Client> = None;
         let mut tick = tokio::time::interval(self.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut table_ready = self.drops.is_none();
+        let mut tables_ready = false;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -69,21 +70,36 @@ impl CleanupTask {
                 };
             }
             let Some(c) = client.as_mut() else { continue };
-            if !table_ready {
-                match relay_postgres::cleanup::ensure_detached_table(c).await {
-                    Ok(()) => table_ready = true,
+            if !tables_ready {
+                match relay_postgres::cleanup::ensure_tables(c).await {
+                    Ok(()) => tables_ready = true,
                     Err(problem) => {
-                        self.failed(&telemetry, format!("partition cleanup is off: {problem}"));
+                        self.failed(&telemetry, format!("cleanup is off: {problem}"));
                         continue;
                     }
                 }
             }
             let round = async {
-                if let Some(plan) = &self.rows {
-                    self.rows_round(c, plan, &telemetry, &shutdown).await?;
+                let (schema, name) = self
+                    .table
+                    .split_once('.')
+                    .unwrap_or(("public", &self.table));
+                let Some(fence) =
+                    relay_postgres::cleanup::fence(c, &self.slot, schema, name, &self.publication)
+                        .await?
+                else {
+                    tracing::debug!(table = %self.table, "no cleanup fence yet (the slot, its checkpoint or the table's publication is missing): nothing is cleaned");
+                    return Ok(None);
+                };
+                if let Some(plan) = &self.rows
+                    && let Some(end) = self
+                        .rows_round(c, plan, &fence, &telemetry, &shutdown)
+                        .await?
+                {
+                    return Ok(Some(end));
                 }
                 if let Some(plan) = &self.drops {
-                    let report = plan.round(c, &self.slot).await?;
+                    let report = plan.round(c, &self.slot, &fence).await?;
                     for name in &report.detached {
                         tracing::info!(table = %self.table, partition = %name, "partition detached by cleanup");
                     }
@@ -135,12 +151,13 @@ impl CleanupTask {
         &self,
         client: &mut tokio_postgres::Client,
         plan: &RowPlan,
+        fence: &str,
         telemetry: &Telemetry,
         shutdown: &CancellationToken,
     ) -> Result<Option<RoundEnd>, tokio_postgres::Error> {
         loop {
             let limit = plan.batch_size * BATCHES_PER_SELECT;
-            let selected = plan.select(client, limit).await?;
+            let selected = plan.select(client, limit, fence).await?;
             telemetry.update_table(&self.table, |t| t.waiting = selected.len() as u64);
             if selected.is_empty() {
                 return Ok(None);
