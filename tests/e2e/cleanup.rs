@@ -242,6 +242,37 @@ async fn delete_cleans_only_rows_behind_the_checkpoint_through_a_broker_outage()
     assert!(metrics.contains_key("outbox_relay_table_rows_estimate{table=\"public.outbox\"}"));
     let age = metrics["outbox_relay_table_oldest_unconfirmed_age_seconds{table=\"public.outbox\"}"];
     assert!(age < 60.0, "every row is confirmed: {age}");
+
+    // `status` says the same, with what the running relay cleaned.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .arg("--config")
+        .arg(&config)
+        .args(["status", "--json"])
+        .env("RUST_LOG", "warn")
+        .output()?;
+    assert!(out.status.success(), "{out:?}");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let table = &doc["tables"]["public.outbox"];
+    assert!(
+        table["size_bytes"].as_i64().is_some_and(|b| b > 0),
+        "{table}"
+    );
+    assert!(table["rows_estimate"].is_number(), "{table}");
+    assert_eq!(table["oldest_unconfirmed_measured_by"], "relay", "{table}");
+    assert_eq!(table["cleanup"]["mode"], "delete");
+    assert_eq!(table["cleanup"]["running"]["rows_cleaned"], 250, "{table}");
+    let text = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .arg("--config")
+        .arg(&config)
+        .arg("status")
+        .env("RUST_LOG", "warn")
+        .output()?;
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("table public.outbox: about")
+            && text.contains("cleanup delete (retain 3600s): 250 rows cleaned"),
+        "{text}"
+    );
     Ok(())
 }
 

@@ -108,7 +108,7 @@ pub enum PgError {
     },
     /// The publication is missing and may not be created.
     #[error(
-        "publication `{publication}` does not exist: CREATE PUBLICATION {publication} FOR TABLE {tables} WITH (publish = 'insert'), or set postgres.create_publication = true"
+        "publication `{publication}` does not exist: CREATE PUBLICATION {publication} FOR TABLE {tables} WITH (publish = 'insert', publish_via_partition_root = true), or set postgres.create_publication = true"
     )]
     PublicationMissing {
         /// The publication.

@@ -36,7 +36,7 @@ async fn publication_problem(
     }
     Ok(gap.map(|gap| match gap {
         PublicationGap::Missing => format!(
-            "publication `{publication}` no longer exists: outbox inserts would silently stop arriving. Re-create it (CREATE PUBLICATION {publication} FOR TABLE … WITH (publish = 'insert')) and check the slot"
+            "publication `{publication}` no longer exists: outbox inserts would silently stop arriving. Re-create it (CREATE PUBLICATION {publication} FOR TABLE … WITH (publish = 'insert', publish_via_partition_root = true)) and check the slot"
         ),
         PublicationGap::NoInserts => format!(
             "publication `{publication}` no longer publishes inserts: ALTER PUBLICATION {publication} SET (publish = 'insert')"
