@@ -65,6 +65,20 @@ async fn least_privilege_postgres_role_is_enough() -> Result<()> {
         &["GRANT USAGE ON SCHEMA outbox_relay TO outbox_relay; GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_relay.checkpoint TO outbox_relay"],
     )
     .await?;
+    // Granted only in part (SELECT): still not usable, and said so at start-up, not at the
+    // first checkpoint write.
+    admin
+        .batch_execute(
+            "GRANT USAGE ON SCHEMA outbox_relay TO outbox_relay;
+             GRANT SELECT ON outbox_relay.checkpoint TO outbox_relay;",
+        )
+        .await?;
+    fast_exit(
+        &config,
+        EX_CONFIG,
+        &["GRANT USAGE ON SCHEMA outbox_relay TO outbox_relay; GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_relay.checkpoint TO outbox_relay"],
+    )
+    .await?;
     admin
         .batch_execute(
             "GRANT USAGE ON SCHEMA outbox_relay TO outbox_relay;

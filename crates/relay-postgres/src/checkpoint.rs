@@ -75,7 +75,7 @@ pub async fn checkpoint_table_access(
 }
 
 /// What the current role may do with the relay's table `outbox_relay.<table>`: usable means
-/// USAGE on the schema and `privileges` on the table. Looked up in the catalog, not with
+/// USAGE on the schema and every one of `privileges` (comma-separated) on the table. Looked up in the catalog, not with
 /// to_regclass: looking a name up in a schema without USAGE is an error, and privileges are
 /// checked by oid for a precise message.
 pub async fn relay_table_access(
@@ -85,8 +85,10 @@ pub async fn relay_table_access(
 ) -> Result<TableAccess, tokio_postgres::Error> {
     let found = client
         .query_opt(
+            // has_table_privilege with a list is true when ANY of them is held: check each.
             "SELECT has_schema_privilege(n.oid, 'USAGE') \
-                    AND has_table_privilege(c.oid, $2), current_user::text \
+                    AND (SELECT bool_and(has_table_privilege(c.oid, trim(p))) \
+                         FROM unnest(string_to_array($2, ',')) AS p), current_user::text \
              FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
              WHERE n.nspname = 'outbox_relay' AND c.relname = $1",
             &[&table, &privileges],
