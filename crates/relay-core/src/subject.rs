@@ -20,6 +20,21 @@ const SUBJECT_TOKEN_ESCAPES: &AsciiSet = &CONTROLS
     .add(b'$')
     .add(b'%');
 
+/// NATS subject matching: `*` matches one token, `>` one or more trailing tokens.
+pub fn subject_matches(filter: &str, subject: &str) -> bool {
+    let mut f = filter.split('.');
+    let mut s = subject.split('.');
+    loop {
+        match (f.next(), s.next()) {
+            (Some(">"), Some(_)) => return true,
+            (Some("*"), Some(_)) => {}
+            (Some(a), Some(b)) if a == b => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
 /// Appends `value` to `out` as subject text, escaped by the token rule.
 pub fn push_escaped_token(out: &mut String, value: &str) {
     for part in utf8_percent_encode(value, SUBJECT_TOKEN_ESCAPES) {

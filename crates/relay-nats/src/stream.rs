@@ -29,20 +29,7 @@ pub struct StreamReport {
     pub warnings: Vec<String>,
 }
 
-/// NATS subject matching: `*` matches one token, `>` one or more trailing tokens.
-pub fn subject_matches(filter: &str, subject: &str) -> bool {
-    let mut f = filter.split('.');
-    let mut s = subject.split('.');
-    loop {
-        match (f.next(), s.next()) {
-            (Some(">"), Some(_)) => return true,
-            (Some("*"), Some(_)) => {}
-            (Some(a), Some(b)) if a == b => {}
-            (None, None) => return true,
-            _ => return false,
-        }
-    }
-}
+pub use relay_core::subject::subject_matches;
 
 /// Ensures the stream exists (creating it only when allowed) and captures every sample
 /// subject `(table, subject)`; reports durability warnings (asking the servers for their sync

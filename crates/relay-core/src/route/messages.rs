@@ -112,7 +112,11 @@ impl MessageRouteConfig {
                 source,
             })?;
         let sample = template.sample("x");
-        if !self.subjects.iter().any(|f| filter_matches(f, &sample)) {
+        if !self
+            .subjects
+            .iter()
+            .any(|f| crate::subject::subject_matches(f, &sample))
+        {
             return Err(MessageConfigError::TemplateOutside {
                 prefix: self.prefix.clone(),
                 template: template.to_string(),
@@ -379,7 +383,7 @@ impl MessageRoute {
             .config
             .subjects
             .iter()
-            .any(|f| filter_matches(f, &subject))
+            .any(|f| crate::subject::subject_matches(f, &subject))
         {
             return Err(bad_id(&format!(
                 "subject `{}` matches none of `subjects` ({}) of this prefix",
@@ -521,21 +525,6 @@ fn check_filter(filter: &str) -> Result<(), ()> {
         }
     }
     Ok(())
-}
-
-/// NATS subject matching: `*` one token, `>` one or more trailing tokens.
-fn filter_matches(filter: &str, subject: &str) -> bool {
-    let mut f = filter.split('.');
-    let mut s = subject.split('.');
-    loop {
-        match (f.next(), s.next()) {
-            (Some(">"), Some(_)) => return true,
-            (Some("*"), Some(_)) => {}
-            (Some(a), Some(b)) if a == b => {}
-            (None, None) => return true,
-            _ => return false,
-        }
-    }
 }
 
 /// A header an envelope may set: a valid name, not in the `Nats-` namespace, not one the relay
