@@ -13,6 +13,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer;
+pub use async_nats::jetstream::stream::State as StreamState;
 use futures::StreamExt as _;
 use relay_core::Lsn;
 use relay_core::message::{HEADER_COMMIT_LSN, HEADER_MSG_ID};
@@ -24,14 +25,18 @@ pub const MAX_SCANNED: u64 = 20_000;
 /// Gap after which a scan gives up waiting for the next message.
 const IDLE: Duration = Duration::from_secs(3);
 
-/// Event ids in the last `max(at_least, MAX_SCANNED)` messages of `stream` whose transaction
-/// committed at or after `since`, each with the sequence of its first copy there.
-pub async fn published_since(
+/// Reads the headers of `stream`'s messages with an ordered consumer, from the sequence `start`
+/// picks given the stream's state (`None`: read nothing), to the last message (or until the
+/// stream is idle for a few seconds), handing each message's sequence and headers to `visit`.
+/// Returns the stream's state when the scan began. One reader for every scan of the stream:
+/// the start-up scan past the checkpoint and the backfill's check of ids already there.
+pub async fn scan_headers(
     jetstream: &JetStream,
     stream: &str,
-    since: Lsn,
-    at_least: u64,
-) -> Result<HashMap<String, u64>, NatsError> {
+    headers_only: bool,
+    start: impl FnOnce(&StreamState) -> Option<u64>,
+    mut visit: impl FnMut(Option<u64>, &async_nats::HeaderMap),
+) -> Result<StreamState, NatsError> {
     let stream_err = |e: &dyn std::fmt::Display| jetstream.stream_error(stream, e);
     let mut handle = jetstream
         .context()
@@ -44,20 +49,18 @@ pub async fn published_since(
         .map_err(|e| stream_err(&e))?
         .state
         .clone();
-    let mut ids = HashMap::new();
     if state.messages == 0 {
-        return Ok(ids);
+        return Ok(state);
     }
-    let window = at_least.max(MAX_SCANNED);
-    let start = state
-        .first_sequence
-        .max(state.last_sequence.saturating_sub(window - 1))
-        .max(1);
+    let Some(start_sequence) = start(&state) else {
+        return Ok(state);
+    };
     let reader = handle
         .create_consumer(consumer::pull::OrderedConfig {
             deliver_policy: consumer::DeliverPolicy::ByStartSequence {
-                start_sequence: start,
+                start_sequence: start_sequence.max(1),
             },
+            headers_only,
             ..Default::default()
         })
         .await
@@ -71,6 +74,37 @@ pub async fn published_since(
         };
         let seq = msg.info().map(|i| i.stream_sequence).ok();
         if let Some(headers) = &msg.headers {
+            visit(seq, headers);
+        }
+        if seq.is_none_or(|seq| seq >= state.last_sequence) {
+            break;
+        }
+    }
+    Ok(state)
+}
+
+/// Event ids in the last `max(at_least, MAX_SCANNED)` messages of `stream` whose transaction
+/// committed at or after `since`, each with the sequence of its first copy there.
+pub async fn published_since(
+    jetstream: &JetStream,
+    stream: &str,
+    since: Lsn,
+    at_least: u64,
+) -> Result<HashMap<String, u64>, NatsError> {
+    let window = at_least.max(MAX_SCANNED);
+    let mut ids = HashMap::new();
+    scan_headers(
+        jetstream,
+        stream,
+        false,
+        |state| {
+            Some(
+                state
+                    .first_sequence
+                    .max(state.last_sequence.saturating_sub(window - 1)),
+            )
+        },
+        |seq, headers| {
             let at_or_after = headers
                 .get(HEADER_COMMIT_LSN)
                 .and_then(|l| Lsn::from_str(l.as_str()).ok())
@@ -80,10 +114,8 @@ pub async fn published_since(
                 ids.entry(id.as_str().to_owned())
                     .or_insert(seq.unwrap_or(0));
             }
-        }
-        if seq.is_none_or(|seq| seq >= state.last_sequence) {
-            break;
-        }
-    }
+        },
+    )
+    .await?;
     Ok(ids)
 }

@@ -3,9 +3,7 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
-use std::time::Duration;
 
-use async_nats::jetstream::consumer;
 use futures::StreamExt as _;
 use relay_core::message::{HEADER_BACKFILL, HEADER_MSG_ID, HEADER_TABLE, OutboundMessage};
 use relay_core::route::MessageLimits;
@@ -90,9 +88,6 @@ pub(super) async fn watch_live(
     (live, tasks)
 }
 
-/// Gap after which a scan gives up waiting for the next message.
-const IDLE: Duration = Duration::from_secs(5);
-
 /// What the stream holds for a table.
 #[derive(Debug)]
 pub(super) enum StreamIds {
@@ -111,56 +106,30 @@ pub(super) async fn stream_ids(
     table: &str,
     limit: u64,
 ) -> Result<StreamIds, NatsError> {
-    let stream_err = |e: &dyn std::fmt::Display| NatsError::Stream {
-        stream: stream.to_owned(),
-        reason: e.to_string(),
-        hint: String::new(),
-    };
-    let mut handle = jetstream
-        .context()
-        .get_stream(stream)
-        .await
-        .map_err(|e| stream_err(&e))?;
-    let state = handle
-        .info()
-        .await
-        .map_err(|e| stream_err(&e))?
-        .state
-        .clone();
     let mut ids = HashSet::new();
-    if state.messages == 0 {
-        return Ok(StreamIds::Read(ids));
-    }
-    if state.messages > limit {
-        return Ok(StreamIds::TooLarge(state.messages));
-    }
-    let reader = handle
-        .create_consumer(consumer::pull::OrderedConfig {
-            deliver_policy: consumer::DeliverPolicy::ByStartSequence {
-                start_sequence: state.first_sequence.max(1),
-            },
-            headers_only: true,
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| stream_err(&e))?;
-    let mut messages = reader.messages().await.map_err(|e| stream_err(&e))?;
-    loop {
-        let msg = match tokio::time::timeout(IDLE, messages.next()).await {
-            Ok(Some(Ok(m))) => m,
-            Ok(Some(Err(e))) => return Err(stream_err(&e)),
-            Ok(None) | Err(_) => break,
-        };
-        let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(u64::MAX);
-        if let Some(headers) = &msg.headers
-            && headers.get(HEADER_TABLE).map(|t| t.as_str()) == Some(table)
-            && let Some(id) = headers.get(HEADER_MSG_ID)
-        {
-            ids.insert(fingerprint(id.as_str()));
-        }
-        if seq >= state.last_sequence {
-            break;
-        }
-    }
-    Ok(StreamIds::Read(ids))
+    let mut too_large = None;
+    relay_nats::scan_headers(
+        jetstream,
+        stream,
+        true,
+        |state| {
+            if state.messages > limit {
+                too_large = Some(state.messages);
+                return None;
+            }
+            Some(state.first_sequence)
+        },
+        |_, headers| {
+            if headers.get(HEADER_TABLE).map(|t| t.as_str()) == Some(table)
+                && let Some(id) = headers.get(HEADER_MSG_ID)
+            {
+                ids.insert(fingerprint(id.as_str()));
+            }
+        },
+    )
+    .await?;
+    Ok(match too_large {
+        Some(messages) => StreamIds::TooLarge(messages),
+        None => StreamIds::Read(ids),
+    })
 }
