@@ -16,6 +16,94 @@ use crate::telemetry::{StreamSample, Telemetry, WAL_RATE_WINDOW};
 
 mod cleanup;
 
+/// The ticks of a periodic task, until `stop` is cancelled.
+pub(super) struct Ticks {
+    interval: tokio::time::Interval,
+    stop: CancellationToken,
+}
+
+impl Ticks {
+    /// Every `every`, the first tick at once; a late tick delays the next ones.
+    pub(super) fn every(every: Duration, stop: CancellationToken) -> Self {
+        let mut interval = tokio::time::interval(every);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Self { interval, stop }
+    }
+
+    /// Every `every`, the first tick `every` from now.
+    pub(super) async fn every_after(every: Duration, stop: CancellationToken) -> Self {
+        let mut ticks = Self::every(every, stop);
+        ticks.interval.tick().await;
+        ticks
+    }
+
+    /// Waits for the next tick; `false` once `stop` is cancelled.
+    pub(super) async fn next(&mut self) -> bool {
+        tokio::select! {
+            _ = self.interval.tick() => true,
+            () = self.stop.cancelled() => false,
+        }
+    }
+}
+
+/// A plain PostgreSQL session a periodic task keeps: opened on demand, and again on the next
+/// tick after it closed or the task dropped it ([`Self::drop_session`]) on an error.
+pub(super) struct KeptSession {
+    settings: relay_postgres::PostgresSettings,
+    /// Run on each new session (e.g. a statement timeout).
+    setup: Option<&'static str>,
+    /// Names the task in the log line of a failed connect.
+    task: &'static str,
+    client: Option<tokio_postgres::Client>,
+}
+
+impl KeptSession {
+    pub(super) fn new(
+        settings: relay_postgres::PostgresSettings,
+        task: &'static str,
+        setup: Option<&'static str>,
+    ) -> Self {
+        Self {
+            settings,
+            setup,
+            task,
+            client: None,
+        }
+    }
+
+    /// The session, connected if need be; `None` when that failed (the next tick tries again).
+    pub(super) async fn get(&mut self) -> Option<&mut tokio_postgres::Client> {
+        if self
+            .client
+            .as_ref()
+            .is_none_or(tokio_postgres::Client::is_closed)
+        {
+            self.client = None;
+            match relay_postgres::connect(&self.settings).await {
+                Ok(client) => {
+                    if let Some(sql) = self.setup
+                        && let Err(error) = client.batch_execute(sql).await
+                    {
+                        tracing::debug!(task = self.task, error = %error, "cannot set up the session; next round tries again");
+                        return None;
+                    }
+                    self.client = Some(client);
+                }
+                Err(error) => {
+                    tracing::debug!(task = self.task, error = %error, "cannot connect; next round tries again");
+                    return None;
+                }
+            }
+        }
+        self.client.as_mut()
+    }
+
+    /// Drops the session after an error: the next [`Self::get`] opens a new one.
+    pub(super) fn drop_session(&mut self) {
+        self.client = None;
+    }
+}
+
 /// Why the publication no longer delivers inserts of every outbox table, if it does not.
 async fn publication_problem(
     client: &tokio_postgres::Client,
@@ -55,23 +143,14 @@ pub(super) fn spawn_publication_check(
     drift: Arc<std::sync::Mutex<Option<String>>>,
 ) {
     tokio::spawn(async move {
-        let mut client: Option<tokio_postgres::Client> = None;
-        let mut tick = tokio::time::interval(config.relay.publication_check_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
+        let mut session = KeptSession::new(config.postgres.clone(), "publication check", None);
+        let mut ticks =
+            Ticks::every_after(config.relay.publication_check_interval, stop.clone()).await;
         let tables = config.tables();
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                () = stop.cancelled() => return,
-            }
-            if client
-                .as_ref()
-                .is_none_or(tokio_postgres::Client::is_closed)
-            {
-                client = relay_postgres::connect(&config.postgres).await.ok();
-            }
-            let Some(c) = &client else { continue };
+        while ticks.next().await {
+            let Some(c) = session.get().await else {
+                continue;
+            };
             match publication_problem(c, &config.postgres.publication, &tables).await {
                 Ok(None) => {}
                 Ok(Some(problem)) => {
@@ -84,7 +163,7 @@ pub(super) fn spawn_publication_check(
                 }
                 Err(error) => {
                     tracing::debug!(error = %error, "cannot check the publication");
-                    client = None;
+                    session.drop_session();
                 }
             }
         }
@@ -94,13 +173,8 @@ pub(super) fn spawn_publication_check(
 /// Logs throughput and position every 30 s, so an operator sees progress without metrics.
 pub(super) fn spawn_progress_log(stats: Arc<PipelineStats>, shutdown: CancellationToken) {
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(30));
-        tick.tick().await;
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                () = shutdown.cancelled() => return,
-            }
+        let mut ticks = Ticks::every_after(Duration::from_secs(30), shutdown).await;
+        while ticks.next().await {
             tracing::info!(
                 events_published = stats.events_published.load(Ordering::Relaxed),
                 duplicates = stats.duplicates.load(Ordering::Relaxed),
@@ -124,36 +198,25 @@ pub(super) fn spawn_sampler(
     shutdown: CancellationToken,
 ) {
     tokio::spawn(async move {
-        let mut client: Option<tokio_postgres::Client> = None;
-        let mut tick = tokio::time::interval(config.http.sample_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut session = KeptSession::new(config.postgres.clone(), "sampler", None);
+        let mut ticks = Ticks::every(config.http.sample_interval, shutdown.clone());
         let slot = config.postgres.slot.as_str();
         let policy = TakeoverPolicy {
             budget: config.relay.takeover_budget,
             reconnect_max: config.relay.reconnect_max,
         };
         let mut wal_rate = WalRateTracker::new(WAL_RATE_WINDOW);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                () = shutdown.cancelled() => return,
-            }
-            if client
-                .as_ref()
-                .is_none_or(tokio_postgres::Client::is_closed)
-            {
-                client = relay_postgres::connect(&config.postgres).await.ok();
-            }
-            if let Some(c) = &client {
+        while ticks.next().await {
+            if let Some(c) = session.get().await {
                 match inspect::slot(c, slot).await {
                     Ok(sample) => telemetry.set_slot(sample),
                     Err(error) => {
                         tracing::debug!(error = %error, "cannot sample the slot");
-                        client = None;
+                        session.drop_session();
                     }
                 }
             }
-            if let Some(c) = &client {
+            if let Some(c) = session.get().await {
                 match retention::facts(c, slot).await {
                     Ok(facts) => {
                         if let Some(position) = facts.wal_position {
@@ -167,7 +230,7 @@ pub(super) fn spawn_sampler(
                     }
                     Err(error) => {
                         tracing::debug!(error = %error, "cannot sample the retention window");
-                        client = None;
+                        session.drop_session();
                     }
                 }
             }
@@ -244,33 +307,21 @@ async fn table_sampler(
     shutdown: CancellationToken,
     every: Duration,
 ) {
-    let mut client: Option<tokio_postgres::Client> = None;
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A big table without an index on its time column must not hold the sampler.
+    let mut session = KeptSession::new(
+        config.postgres.clone(),
+        "outbox table sampler",
+        Some("SET statement_timeout = 5000"),
+    );
+    let mut ticks = Ticks::every(every, shutdown);
     let mut pairs: std::collections::VecDeque<(f64, Lsn)> = std::collections::VecDeque::new();
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            () = shutdown.cancelled() => return,
-        }
-        if client
-            .as_ref()
-            .is_none_or(tokio_postgres::Client::is_closed)
-        {
-            client = match relay_postgres::connect(&config.postgres).await {
-                // A big table without an index on its time column must not hold the sampler.
-                Ok(c) => c
-                    .batch_execute("SET statement_timeout = 5000")
-                    .await
-                    .ok()
-                    .map(|()| c),
-                Err(_) => None,
-            };
-        }
-        let Some(c) = &client else { continue };
+    while ticks.next().await {
+        let Some(c) = session.get().await else {
+            continue;
+        };
         if let Err(error) = sample_tables(c, &config, &telemetry, &mut pairs).await {
             tracing::debug!(error = %error, "cannot sample the outbox tables");
-            client = None;
+            session.drop_session();
         }
     }
 }

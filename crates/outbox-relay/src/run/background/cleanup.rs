@@ -48,28 +48,13 @@ impl CleanupTask {
         telemetry: Arc<Telemetry>,
         shutdown: CancellationToken,
     ) {
-        let mut client: Option<tokio_postgres::Client> = None;
-        let mut tick = tokio::time::interval(self.interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut session = super::KeptSession::new(postgres, "cleanup", None);
+        let mut ticks = super::Ticks::every(self.interval, shutdown.clone());
         let mut tables_ready = false;
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                () = shutdown.cancelled() => return,
-            }
-            if client
-                .as_ref()
-                .is_none_or(tokio_postgres::Client::is_closed)
-            {
-                client = match relay_postgres::connect(&postgres).await {
-                    Ok(c) => Some(c),
-                    Err(error) => {
-                        tracing::debug!(table = %self.table, error = %error, "cleanup cannot connect; next round tries again");
-                        None
-                    }
-                };
-            }
-            let Some(c) = client.as_mut() else { continue };
+        while ticks.next().await {
+            let Some(c) = session.get().await else {
+                continue;
+            };
             if !tables_ready {
                 match relay_postgres::cleanup::ensure_tables(c).await {
                     Ok(()) => tables_ready = true,
@@ -130,7 +115,7 @@ impl CleanupTask {
                         ),
                     );
                     if transient || c.is_closed() {
-                        client = None;
+                        session.drop_session();
                     }
                 }
             }
