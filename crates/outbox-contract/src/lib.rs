@@ -75,6 +75,16 @@ pub const HEADER_TRACEPARENT: &str = "traceparent";
 /// Why the message is a dead letter. Set by the relay on a row it cannot route (with
 /// `dead_letter_subject` configured) and by `outbox-consumer` on an event it parks.
 pub const HEADER_DLQ_REASON: &str = "Outbox-Dlq-Reason";
+
+/// Whether `name` is a header the relay sets itself on some message (any case): a mapping (or
+/// an emitted message's envelope) may not set it, or it would overwrite or shadow the relay's.
+#[must_use]
+pub fn is_relay_owned(name: &str) -> bool {
+    RELAY_HEADERS
+        .iter()
+        .chain(&[HEADER_BACKFILL, HEADER_MESSAGE_PREFIX, HEADER_DLQ_REASON])
+        .any(|own| own.eq_ignore_ascii_case(name))
+}
 /// Consumer dead letter: the subject the message was delivered on.
 pub const HEADER_DLQ_SUBJECT: &str = "Outbox-Dlq-Subject";
 /// Consumer dead letter: the event id (`Nats-Msg-Id` of the original message).
@@ -88,6 +98,20 @@ pub const HEADER_DLQ_SOURCE: &str = "Outbox-Dlq-Source";
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn relay_owned_headers_are_found_in_any_case() {
+        for own in [
+            "nats-msg-id",
+            "OUTBOX-DLQ-REASON",
+            "Outbox-Backfill",
+            "Outbox-Message-Prefix",
+        ] {
+            assert!(is_relay_owned(own), "{own}");
+        }
+        assert!(!is_relay_owned("Outbox-Event-Type"));
+        assert!(!is_relay_owned("traceparent"));
+    }
+
     use super::*;
 
     #[test]

@@ -4,10 +4,6 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::message::{
-    HEADER_BACKFILL, HEADER_COMMIT_LSN, HEADER_COMMIT_TIME, HEADER_TABLE, HEADER_TX_INDEX,
-    HEADER_XID,
-};
 use crate::subject::{SubjectTemplate, TemplateError};
 
 /// `payload` value that publishes the whole row as a JSON object.
@@ -111,20 +107,11 @@ impl OutboxTableConfig {
             return Err(ConfigError::EmptyColumn(self.table.clone()));
         }
         for name in self.headers.keys() {
-            let reserved = [
-                crate::message::HEADER_MSG_ID,
-                HEADER_COMMIT_LSN,
-                HEADER_XID,
-                HEADER_COMMIT_TIME,
-                HEADER_TABLE,
-                HEADER_TX_INDEX,
-                HEADER_BACKFILL,
-            ];
             let bad_char = |c: char| !c.is_ascii_graphic() || c == ':';
             if name.is_empty() || name.contains(bad_char) {
                 return Err(ConfigError::HeaderName(name.clone()));
             }
-            if reserved.iter().any(|r| r.eq_ignore_ascii_case(name)) {
+            if outbox_contract::is_relay_owned(name) {
                 return Err(ConfigError::ReservedHeader(name.clone()));
             }
         }

@@ -39,10 +39,7 @@ use serde_json::value::RawValue;
 
 use super::build::{Origin, relay_headers};
 use super::{MessageLimits, RouteError, Router};
-use crate::message::{
-    HEADER_BACKFILL, HEADER_COMMIT_LSN, HEADER_COMMIT_TIME, HEADER_MSG_ID, HEADER_TABLE,
-    HEADER_TX_INDEX, HEADER_XID, OutboundMessage, TxContext,
-};
+use crate::message::{HEADER_COMMIT_LSN, HEADER_TX_INDEX, HEADER_XID, OutboundMessage, TxContext};
 use crate::subject::{Segment, SubjectTemplate, TemplateError, push_escaped_token};
 use outbox_contract::HEADER_DLQ_REASON;
 
@@ -536,18 +533,7 @@ fn check_header_name(name: &str) -> Result<(), String> {
             name.escape_debug()
         ));
     }
-    let own = [
-        HEADER_MSG_ID,
-        HEADER_COMMIT_LSN,
-        HEADER_XID,
-        HEADER_COMMIT_TIME,
-        HEADER_TABLE,
-        HEADER_TX_INDEX,
-        HEADER_BACKFILL,
-        HEADER_MESSAGE_PREFIX,
-        HEADER_DLQ_REASON,
-    ];
-    if outbox_contract::is_reserved(name) || own.iter().any(|o| o.eq_ignore_ascii_case(name)) {
+    if outbox_contract::is_reserved(name) || outbox_contract::is_relay_owned(name) {
         return Err(format!(
             "header `{name}` is set by the relay or NATS and cannot come from the envelope"
         ));
