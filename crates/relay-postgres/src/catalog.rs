@@ -334,3 +334,58 @@ pub async fn stored_checkpoint(
         .await?;
     Ok(row.and_then(|r| lsn(r.get(0)).map(|l| (l, r.get::<_, f64>(1)))))
 }
+
+/// The connected database's name.
+pub async fn current_database(client: &Client) -> Result<String, tokio_postgres::Error> {
+    Ok(client
+        .query_one("SELECT current_database()::text", &[])
+        .await?
+        .get(0))
+}
+
+/// Whether the relation `table_oid` has a (live, user) column named `column`.
+pub async fn column_exists(
+    client: &Client,
+    table_oid: u32,
+    column: &str,
+) -> Result<bool, tokio_postgres::Error> {
+    Ok(client
+        .query_opt(
+            "SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = $1 AND attname = $2 \
+               AND attnum > 0 AND NOT attisdropped",
+            &[&table_oid, &column],
+        )
+        .await?
+        .is_some())
+}
+
+/// Whether the partitioned table `table_oid` is partitioned by RANGE on one column (what
+/// dropping whole partitions by age needs).
+pub async fn range_partitioned_on_one_column(
+    client: &Client,
+    table_oid: u32,
+) -> Result<bool, tokio_postgres::Error> {
+    Ok(client
+        .query_opt(
+            "SELECT partstrat = 'r' AND partnatts = 1 FROM pg_catalog.pg_partitioned_table \
+             WHERE partrelid = $1",
+            &[&table_oid],
+        )
+        .await?
+        .is_some_and(|row| row.get(0)))
+}
+
+/// Whether the session's role may create the relay's tables: CREATE on the database (for the
+/// `outbox_relay` schema) or on that schema.
+pub async fn may_create_relay_tables(client: &Client) -> Result<bool, tokio_postgres::Error> {
+    Ok(client
+        .query_one(
+            "SELECT has_database_privilege(current_database(), 'CREATE') \
+                OR EXISTS (SELECT 1 FROM pg_catalog.pg_namespace \
+                           WHERE nspname = 'outbox_relay' \
+                             AND has_schema_privilege(oid, 'CREATE'))",
+            &[],
+        )
+        .await?
+        .get(0))
+}

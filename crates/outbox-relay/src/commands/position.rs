@@ -133,15 +133,11 @@ async fn read_map(
     let summary = map_summary(&client, slot, stream)
         .await
         .map_err(|e| format!("reading outbox_relay.position_map: {e}"))?;
-    let checkpoint = client
-        .query_opt(
-            "SELECT confirmed_lsn::text FROM outbox_relay.checkpoint WHERE slot_name = $1",
-            &[&slot],
-        )
+    let checkpoint = relay_postgres::catalog::stored_checkpoint(&client, slot)
         .await
         .ok()
         .flatten()
-        .and_then(|row| Lsn::from_str(&row.get::<_, String>(0)).ok());
+        .map(|(lsn, _)| lsn);
     Ok((start, summary, checkpoint))
 }
 

@@ -34,11 +34,9 @@ pub async fn status(
         .map_err(unavailable)?;
     let failover = match failover::facts(&client, &pg.slot).await {
         Ok(facts) => {
-            let database: String = client
-                .query_one("SELECT current_database()::text", &[])
+            let database = relay_postgres::catalog::current_database(&client)
                 .await
-                .map_err(unavailable)?
-                .get(0);
+                .map_err(unavailable)?;
             let checks = failover::assess(&facts, pg.failover, &pg.slot, &database);
             failover::to_json(&facts, &checks)
         }

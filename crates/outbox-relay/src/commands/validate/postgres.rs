@@ -93,10 +93,7 @@ async fn failover_checks(
 ) -> Result<bool, tokio_postgres::Error> {
     let pg = &config.postgres;
     let facts = failover::facts(client, &pg.slot).await?;
-    let database: String = client
-        .query_one("SELECT current_database()::text", &[])
-        .await?
-        .get(0);
+    let database = catalog::current_database(client).await?;
     match failover::assess(&facts, pg.failover, &pg.slot, &database) {
         Ok(checks) => {
             for check in checks {
@@ -504,16 +501,8 @@ async fn cleanup_checks(
         let Some(info) = catalog::table(client, schema, name).await? else {
             continue; // reported above
         };
-        let has_column = |column: String| async move {
-            client
-                .query_opt(
-                    "SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = $1 AND attname = $2 \
-                       AND attnum > 0 AND NOT attisdropped",
-                    &[&info.oid, &column],
-                )
-                .await
-                .map(|row| row.is_some())
-        };
+        let has_column =
+            |column: String| async move { catalog::column_exists(client, info.oid, &column).await };
         let mut columns = Vec::new();
         if !settings.retain().is_zero() {
             columns.push(settings.age_column.clone());
@@ -557,14 +546,7 @@ async fn cleanup_checks(
             continue;
         }
         if settings.mode == CleanupMode::DropPartitions {
-            let ranged: bool = client
-                .query_opt(
-                    "SELECT partstrat = 'r' AND partnatts = 1 FROM pg_catalog.pg_partitioned_table \
-                     WHERE partrelid = $1",
-                    &[&info.oid],
-                )
-                .await?
-                .is_some_and(|row| row.get(0));
+            let ranged = catalog::range_partitioned_on_one_column(client, info.oid).await?;
             if !ranged {
                 r.fail(
                     check,
@@ -587,16 +569,7 @@ async fn cleanup_checks(
                 continue;
             }
             TableAccess::Missing => {
-                let may_create: bool = client
-                    .query_one(
-                        "SELECT has_database_privilege(current_database(), 'CREATE') \
-                            OR EXISTS (SELECT 1 FROM pg_catalog.pg_namespace \
-                                       WHERE nspname = 'outbox_relay' \
-                                         AND has_schema_privilege(oid, 'CREATE'))",
-                        &[],
-                    )
-                    .await?
-                    .get(0);
+                let may_create = catalog::may_create_relay_tables(client).await?;
                 if !may_create {
                     r.fail(
                         check,
