@@ -56,19 +56,30 @@ async fn standby_streams_is_cut_off_syncs_slots_and_is_promoted() -> anyhow::Res
     assert_eq!(count(&standby).await?, 2);
 
     if failover_slots {
-        // A synchronized slot becomes persistent once the primary's slot moves on.
-        let lsn: String = db
-            .query_one("SELECT pg_current_wal_lsn()::text", &[])
-            .await?
-            .get(0);
-        db.execute(
-            "SELECT pg_replication_slot_advance('logical1', pg_current_wal_lsn())",
-            &[],
-        )
-        .await?;
-        standby
-            .wait_slot_synced("logical1", &lsn, Duration::from_secs(30))
+        // A synchronized slot becomes persistent once the primary's slot moves on, and its
+        // restart_lsn moves only past a running-transactions record: log one and advance the
+        // slot over it, again, until the standby has the slot (the standby's WAL starts after
+        // the slot's first restart_lsn, which the sync worker refuses until then).
+        let mut synced = Err(anyhow::anyhow!("not tried"));
+        for _ in 0..6 {
+            db.batch_execute("SELECT pg_log_standby_snapshot()").await?;
+            let lsn: String = db
+                .query_one("SELECT pg_current_wal_lsn()::text", &[])
+                .await?
+                .get(0);
+            db.execute(
+                "SELECT pg_replication_slot_advance('logical1', pg_current_wal_lsn())",
+                &[],
+            )
             .await?;
+            synced = standby
+                .wait_slot_synced("logical1", &lsn, Duration::from_secs(5))
+                .await;
+            if synced.is_ok() {
+                break;
+            }
+        }
+        synced?;
     } else {
         eprintln!(
             "relay-testkit: PostgreSQL {} has no failover slots; slot synchronization not tested",
