@@ -178,11 +178,18 @@ pub struct Telemetry {
     pub pg_reconnects: AtomicU64,
     nats: OnceLock<async_nats::Client>,
     stream_sample: Mutex<StreamSample>,
-    slot_sample: Mutex<Option<SlotInfo>>,
-    retention: Mutex<Option<RetentionWindow>>,
+    slot_sample: Mutex<SlotSample>,
     tables: Mutex<std::collections::BTreeMap<String, TableStats>>,
     last_error: Mutex<Option<String>>,
     started: Instant,
+}
+
+/// The sampler's last view of the slot: its row and its retention window, from one tick.
+#[derive(Debug, Clone, Default)]
+struct SlotSample {
+    /// `None`: the slot does not exist (or was not sampled yet).
+    slot: Option<SlotInfo>,
+    retention: Option<RetentionWindow>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -200,8 +207,7 @@ impl Telemetry {
             pg_reconnects: AtomicU64::new(0),
             nats: OnceLock::new(),
             stream_sample: Mutex::new(StreamSample::default()),
-            slot_sample: Mutex::new(None),
-            retention: Mutex::new(None),
+            slot_sample: Mutex::new(SlotSample::default()),
             tables: Mutex::new(std::collections::BTreeMap::new()),
             last_error: Mutex::new(None),
             started: Instant::now(),
@@ -223,14 +229,21 @@ impl Telemetry {
         lock(&self.stream_sample).present = present;
     }
 
-    /// Records the slot as sampled (`None`: the slot does not exist).
-    pub fn set_slot(&self, sample: Option<SlotInfo>) {
-        *lock(&self.slot_sample) = sample;
-    }
-
-    /// Records the slot's retention window as last assessed.
-    pub fn set_retention(&self, window: RetentionWindow) {
-        *lock(&self.retention) = Some(window);
+    /// Records one sampler tick: the slot (`Some(None)`: it does not exist) and its retention
+    /// window, each kept as it was when its query failed (`None`). One lock, so that a scrape
+    /// never shows one tick's `safe_wal_size` beside another tick's WAL rate.
+    pub fn set_slot_and_retention(
+        &self,
+        slot: Option<Option<SlotInfo>>,
+        window: Option<RetentionWindow>,
+    ) {
+        let mut sample = lock(&self.slot_sample);
+        if let Some(slot) = slot {
+            sample.slot = slot;
+        }
+        if let Some(window) = window {
+            sample.retention = Some(window);
+        }
     }
 
     /// Changes what is known about outbox table `table` (`schema.table`).
@@ -297,7 +310,7 @@ impl Telemetry {
             )
             .to_string()
         });
-        let slot = lock(&self.slot_sample).clone();
+        let SlotSample { slot, retention } = lock(&self.slot_sample).clone();
         let stream = lock(&self.stream_sample).clone();
         json!({
             "version": VERSION,
@@ -311,7 +324,7 @@ impl Telemetry {
                 "last_error": lock(&self.last_error).clone(),
                 "checkpoint_lsn": Lsn(load(&stats.confirmed_lsn)).to_string(),
                 "slot_state": slot.map(|s| s.to_json()),
-                "retention": lock(&self.retention).as_ref().map(RetentionWindow::to_json),
+                "retention": retention.as_ref().map(RetentionWindow::to_json),
                 "tables": lock(&self.tables)
                     .iter()
                     .map(|(name, t)| (name.clone(), t.to_json()))
@@ -503,7 +516,7 @@ impl Collector for MetricsCollector {
             g.metric_type(),
         )?)?;
 
-        let slot = lock(&t.slot_sample).clone();
+        let SlotSample { slot, retention } = lock(&t.slot_sample).clone();
         if let Some(slot) = &slot {
             if let Some(lag) = slot.lag_bytes {
                 gauge(
@@ -530,7 +543,7 @@ impl Collector for MetricsCollector {
                 )?;
             }
         }
-        if let Some(window) = lock(&t.retention).clone() {
+        if let Some(window) = retention {
             if let Some(limit) = window.limit() {
                 gauge(
                     &mut enc,

@@ -207,26 +207,26 @@ pub(super) fn spawn_sampler(
         };
         let mut wal_rate = WalRateTracker::new(WAL_RATE_WINDOW);
         while ticks.next().await {
+            // The slot sample and the retention window are published together, after both
+            // queries, so that one scrape never shows a new safe_wal_size beside an old rate.
+            let mut slot_sample = None;
             if let Some(c) = session.get().await {
                 match inspect::slot(c, slot).await {
-                    Ok(sample) => telemetry.set_slot(sample),
+                    Ok(sample) => slot_sample = Some(sample),
                     Err(error) => {
                         tracing::debug!(error = %error, "cannot sample the slot");
                         session.drop_session();
                     }
                 }
             }
+            let mut window = None;
             if let Some(c) = session.get().await {
                 match retention::facts(c, slot).await {
                     Ok(facts) => {
                         if let Some(position) = facts.wal_position {
                             wal_rate.push(Instant::now(), position);
                         }
-                        telemetry.set_retention(RetentionWindow::assess(
-                            facts,
-                            wal_rate.rate(),
-                            policy,
-                        ));
+                        window = Some(RetentionWindow::assess(facts, wal_rate.rate(), policy));
                     }
                     Err(error) => {
                         tracing::debug!(error = %error, "cannot sample the retention window");
@@ -234,6 +234,7 @@ pub(super) fn spawn_sampler(
                     }
                 }
             }
+            telemetry.set_slot_and_retention(slot_sample, window);
             let lookup = tokio::time::timeout(
                 Duration::from_secs(2),
                 inspect::stream(&context, &config.nats.stream),
