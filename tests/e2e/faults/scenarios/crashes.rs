@@ -14,6 +14,7 @@ const OUTSTANDING: &str = "outbox_relay_outstanding_acks";
 
 /// Events in the stream whose transaction committed after `checkpoint`: the ones a restart from
 /// that checkpoint reads again.
+#[cfg(feature = "failpoints")]
 async fn events_past(env: &Env, checkpoint: u64) -> Result<usize> {
     Ok(read_stream(&env.jetstream().await?)
         .await?
