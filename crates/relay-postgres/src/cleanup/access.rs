@@ -1,0 +1,201 @@
+//! What cleanup needs before it may touch a row: its own tables, the fence (rows the slot
+//! decoded), and the privileges of the mode chosen.
+
+use super::*;
+
+/// The statements that let `role` use the cleanup's tables.
+pub fn cleanup_tables_grants(role: &str) -> String {
+    format!(
+        "GRANT USAGE ON SCHEMA outbox_relay TO {role}; GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_relay.cleanup_fence, outbox_relay.cleanup_detached TO {role}"
+    )
+}
+
+/// What the current role may do with `outbox_relay.cleanup_fence` and
+/// `outbox_relay.cleanup_detached` (usable only when both are there and writable).
+pub async fn cleanup_tables_access(
+    client: &Client,
+) -> Result<crate::checkpoint::TableAccess, tokio_postgres::Error> {
+    use crate::checkpoint::TableAccess;
+    // (A list of privileges asks whether any of them is held: one call each.)
+    let rows = client
+        .query(
+            "SELECT has_schema_privilege(n.oid, 'USAGE') \
+                    AND has_table_privilege(c.oid, 'SELECT') AND has_table_privilege(c.oid, 'INSERT') \
+                    AND has_table_privilege(c.oid, 'UPDATE') AND has_table_privilege(c.oid, 'DELETE'), \
+                    current_user::text \
+             FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = 'outbox_relay' AND c.relname IN ('cleanup_fence', 'cleanup_detached')",
+            &[],
+        )
+        .await?;
+    Ok(match rows.as_slice() {
+        [a, b] if a.get::<_, bool>(0) && b.get::<_, bool>(0) => TableAccess::Usable,
+        [a, _] | [a] => TableAccess::NotGranted { role: a.get(1) },
+        [] | [_, _, ..] => TableAccess::Missing,
+    })
+}
+
+/// Makes sure the cleanup's tables exist and may be written (creating them when missing and
+/// allowed); otherwise what to do about it.
+pub async fn ensure_tables(client: &Client) -> Result<(), String> {
+    use crate::checkpoint::TableAccess;
+    let missing = "apply migrations/0006_outbox_cleanup.sql as an administrator (it needs outbox_relay.checkpoint, migrations/0002)";
+    match cleanup_tables_access(client).await {
+        Ok(TableAccess::Usable) => Ok(()),
+        Ok(TableAccess::NotGranted { role }) => match client.batch_execute(CLEANUP_MIGRATION).await
+        {
+            // One of the two was missing and is there now.
+            Ok(()) if matches!(cleanup_tables_access(client).await, Ok(TableAccess::Usable)) => {
+                Ok(())
+            }
+            _ => Err(cleanup_tables_grants(&role)),
+        },
+        Ok(TableAccess::Missing) => client.batch_execute(CLEANUP_MIGRATION).await.map_err(|e| {
+            format!("the cleanup's tables do not exist and cannot be created ({e}): {missing}")
+        }),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// `NOT pg_visible_in_snapshot(xmin, fence)`: the row's transaction is one the fence snapshot
+/// (parameter `fence_param`) does not see, i.e. it committed after the fence was taken. `xmin`
+/// (32 bits) is widened against the current snapshot's `xmax`: a committed row's `xmin` is
+/// below it and, short of 2^32 transactions ago, that many transactions back at most; a value
+/// that cannot be widened (a special xid) counts as before the fence.
+pub(super) fn after_fence(fence_param: &str) -> String {
+    let next = "pg_snapshot_xmax(pg_current_snapshot())::text::bigint";
+    format!(
+        "NOT pg_visible_in_snapshot(GREATEST({next} - (({next} % 4294967296) - xmin::text::bigint + 4294967296) % 4294967296, 3)::text::xid8, {fence_param}::text::pg_snapshot)"
+    )
+}
+
+/// The fence of `schema.table` for `slot` (see `migrations/0006_outbox_cleanup.sql`): read, or
+/// established now when the slot exists, the relay stored a checkpoint for it, and publication
+/// `publication` delivers the table's rows. `None` while that is not so (no row is cleaned).
+pub async fn fence(
+    client: &Client,
+    slot: &str,
+    schema: &str,
+    table: &str,
+    publication: &str,
+) -> Result<Option<String>, tokio_postgres::Error> {
+    let name = format!("{schema}.{table}");
+    let read = async || -> Result<Option<String>, tokio_postgres::Error> {
+        Ok(client
+            .query_opt(
+                "SELECT fence FROM outbox_relay.cleanup_fence WHERE slot_name = $1 AND table_name = $2",
+                &[&slot, &name],
+            )
+            .await?
+            .map(|r| r.get(0)))
+    };
+    if let Some(fence) = read().await? {
+        return Ok(Some(fence));
+    }
+    let slot_ready = client
+        .query_opt(
+            "SELECT 1 FROM pg_catalog.pg_replication_slots s \
+             JOIN outbox_relay.checkpoint c ON c.slot_name = s.slot_name \
+             WHERE s.slot_name = $1 AND s.confirmed_flush_lsn IS NOT NULL",
+            &[&slot],
+        )
+        .await?
+        .is_some();
+    let member = slot_ready
+        && crate::catalog::partitions::membership(client, publication, schema, table).await?
+            == crate::catalog::partitions::Membership::Member;
+    if !member {
+        return Ok(None);
+    }
+    // Taken after both were seen: a transaction it does not see commits after them.
+    client
+        .execute(
+            "INSERT INTO outbox_relay.cleanup_fence (slot_name, table_name, fence) \
+             VALUES ($1, $2, pg_current_snapshot()::text) ON CONFLICT DO NOTHING",
+            &[&slot, &name],
+        )
+        .await?;
+    let fence = read().await?;
+    if let Some(fence) = &fence {
+        tracing::info!(slot, table = %name, fence = %fence, "cleanup fence established: rows committed before it were not decoded by this slot and are never cleaned");
+    }
+    Ok(fence)
+}
+
+/// Whether the current role may run `plan`'s mode on `schema.table`, and if not, the statement
+/// that grants it: `DELETE` (delete), `UPDATE` of the marked columns (mark), ownership of the
+/// table (drop-partitions: `DETACH PARTITION` and `DROP TABLE` need it).
+pub async fn privilege_problem(
+    client: &Client,
+    schema: &str,
+    table: &str,
+    mode: &PrivilegeNeed<'_>,
+) -> Result<Option<String>, tokio_postgres::Error> {
+    let relation = format!("{}.{}", quote_ident(schema), quote_ident(table));
+    let row = client
+        .query_opt(
+            "SELECT c.oid, current_user::text, pg_catalog.pg_get_userbyid(c.relowner)::text, \
+                    pg_catalog.pg_has_role(c.relowner, 'USAGE') \
+             FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2",
+            &[&schema, &table],
+        )
+        .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let (oid, user, owner, owns): (u32, String, String, bool) =
+        (row.get(0), row.get(1), row.get(2), row.get(3));
+    Ok(match mode {
+        PrivilegeNeed::Delete => {
+            let ok: bool = client
+                // (A list of privileges asks whether any of them is held: one call each.)
+                .query_one(
+                    "SELECT has_table_privilege($1::oid, 'SELECT') \
+                        AND has_table_privilege($1::oid, 'DELETE')",
+                    &[&oid],
+                )
+                .await?
+                .get(0);
+            (!ok).then(|| format!("GRANT SELECT, DELETE ON {relation} TO {user}"))
+        }
+        PrivilegeNeed::Update(columns) => {
+            let mut missing = Vec::new();
+            for column in *columns {
+                let ok: bool = client
+                    .query_one(
+                        "SELECT has_column_privilege($1::oid, $2::text, 'UPDATE')",
+                        &[&oid, column],
+                    )
+                    .await?
+                    .get(0);
+                if !ok {
+                    missing.push(quote_ident(column));
+                }
+            }
+            (!missing.is_empty()).then(|| {
+                format!(
+                    "GRANT UPDATE ({}) ON {relation} TO {user}",
+                    missing.join(", ")
+                )
+            })
+        }
+        PrivilegeNeed::Own => (!owns).then(|| {
+            format!(
+                "GRANT {} TO {user} (DETACH PARTITION and DROP TABLE need the table's owner, role {owner}; its partitions must be owned by it too)",
+                quote_ident(&owner)
+            )
+        }),
+    })
+}
+
+/// What a cleanup mode needs on the table.
+#[derive(Debug, Clone, Copy)]
+pub enum PrivilegeNeed<'a> {
+    /// `delete`: `SELECT, DELETE`.
+    Delete,
+    /// `mark`: `UPDATE` of these columns.
+    Update(&'a [String]),
+    /// `drop-partitions`: membership in the owning role.
+    Own,
+}
