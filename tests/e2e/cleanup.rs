@@ -617,6 +617,83 @@ async fn drop_partitions_waits_for_the_checkpoint() -> Result<()> {
     Ok(())
 }
 
+/// `create_ahead = "3d"`: the partitions after the newest one are created, each a day wide like
+/// it and named by its first day, until they cover three days past now; later rounds create
+/// nothing more. A row written into a created partition is delivered as the outbox table's.
+#[tokio::test(flavor = "multi_thread")]
+async fn drop_partitions_creates_partitions_ahead() -> Result<()> {
+    let env = Env::start().await?;
+    let db = env.db().await?;
+    let js = env.jetstream().await?;
+    db.batch_execute(
+        "DROP TABLE outbox; \
+         CREATE TABLE outbox ( \
+             id uuid NOT NULL, aggregatetype varchar(255) NOT NULL, \
+             aggregateid varchar(255) NOT NULL, type varchar(255) NOT NULL, payload jsonb, \
+             tracingspancontext varchar(512), created_at timestamptz NOT NULL DEFAULT now(), \
+             PRIMARY KEY (id, created_at)) PARTITION BY RANGE (created_at); \
+         CREATE TABLE outbox_first PARTITION OF outbox \
+             FOR VALUES FROM (date_trunc('day', now()) - interval '1 day') TO (date_trunc('day', now()));",
+    )
+    .await?;
+    let partitions = async || -> Result<Vec<(String, String)>> {
+        Ok(db
+            .query(
+                "SELECT c.relname::text, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i \
+                 JOIN pg_class c ON c.oid = i.inhrelid \
+                 WHERE i.inhparent = 'outbox'::regclass ORDER BY c.relname",
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect())
+    };
+    assert_eq!(
+        partitions().await?.len(),
+        1,
+        "one partition before the relay"
+    );
+    // The days from today on until one starting after now() + 3 days is not needed: today and
+    // the three after it (the fourth starts past now() + 3d only at midnight sharp).
+    let expected: Vec<(String, String)> = db
+        .query(
+            "SELECT 'outbox_' || to_char(d, 'YYYYMMDD'), \
+                    format('FOR VALUES FROM (%L) TO (%L)', d, d + interval '1 day') \
+             FROM generate_series(date_trunc('day', now()), now() + interval '3 days', \
+                                  interval '1 day') d",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert!(expected.len() >= 4, "{expected:?}");
+
+    let config = cleanup_config(
+        &env,
+        "mode = \"drop-partitions\"\nretain = \"30d\"\ninterval = \"200ms\"\ncreate_ahead = \"3d\"",
+        "",
+    );
+    let relay = Relay::start_streaming(&config).await?;
+    wait_until("the partitions ahead created", &relay, async || {
+        Ok(partitions().await?.len() > expected.len())
+    })
+    .await?;
+    // Several more rounds: nothing else is created.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut created = partitions().await?;
+    created.retain(|(name, _)| name != "outbox_first");
+    assert_eq!(created, expected, "log:\n{}", relay.log());
+
+    // A row two days ahead lands in a created partition and is delivered as the outbox's.
+    let id = insert_dated(&db, "(date_trunc('day', now()) + interval '2 days')").await?;
+    let messages = wait_for_messages(&js, 1, WAIT, Some(&relay)).await?;
+    assert_eq!(messages[0].id(), id);
+    assert_eq!(messages[0].header("Outbox-Table"), "public.outbox");
+    Ok(())
+}
+
 /// `validate --connect` checks what the chosen mode needs and prints the GRANT: DELETE for
 /// `delete`, UPDATE of the columns for `mark`, and names a missing column.
 #[tokio::test(flavor = "multi_thread")]

@@ -215,6 +215,14 @@ pub struct CleanupSettings {
     /// `mark`: a timestamp column set to `now()`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sent_at_column: Option<String>,
+    /// `drop-partitions`: create the partitions after the newest one, each as wide as it, so
+    /// that they cover at least this far past now (e.g. `"3d"`). Off unless set.
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub create_ahead: Option<Duration>,
 }
 
 fn default_age_column() -> String {
@@ -271,6 +279,15 @@ impl CleanupSettings {
                 "status_column and sent_at_column are for mode = \"mark\", not \"{}\"",
                 self.mode.as_str()
             )),
+            CleanupMode::Delete | CleanupMode::Mark if self.create_ahead.is_some() => {
+                Some(format!(
+                    "create_ahead is for mode = \"drop-partitions\", not \"{}\"",
+                    self.mode.as_str()
+                ))
+            }
+            CleanupMode::DropPartitions if self.create_ahead.is_some_and(|d| d.is_zero()) => {
+                Some("create_ahead must be positive (or left out)".into())
+            }
             _ => None,
         }
     }
@@ -313,6 +330,7 @@ impl CleanupSettings {
             retain: self.retain(),
             statement_timeout: self.statement_timeout,
             lock_timeout: self.lock_timeout,
+            create_ahead: self.create_ahead,
         })
     }
 }

@@ -47,6 +47,7 @@ use relay_core::Lsn;
 use tokio_postgres::Client;
 
 mod access;
+mod ahead;
 mod partitions;
 mod rows;
 
@@ -55,6 +56,7 @@ pub use access::{
     PrivilegeNeed, cleanup_tables_access, cleanup_tables_grants, ensure_tables, fence,
     privilege_problem,
 };
+pub use ahead::{AheadReport, MAX_CREATED_PER_ROUND};
 pub use partitions::{DropPlan, DropReport};
 pub use rows::{Applied, Batch, CleanupAction, RowPlan};
 

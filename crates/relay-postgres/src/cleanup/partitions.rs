@@ -18,6 +18,9 @@ pub struct DropPlan {
     /// `lock_timeout` of every cleanup statement (a plain `DETACH` takes an `ACCESS EXCLUSIVE`
     /// lock on the table for a moment: inserts wait at most this long).
     pub lock_timeout: Duration,
+    /// Partitions are created so that they cover at least this far past now ([`super::ahead`]);
+    /// `None`: none are created.
+    pub create_ahead: Option<Duration>,
 }
 
 /// What one round of partition cleanup did.
@@ -29,6 +32,10 @@ pub struct DropReport {
     pub dropped: Vec<String>,
     /// Detached partitions waiting for the checkpoint to pass their horizon.
     pub waiting: usize,
+    /// Partitions created ahead of time this round.
+    pub created: Vec<String>,
+    /// Why partitions could not be created ahead, if they could not.
+    pub ahead_problem: Option<String>,
 }
 
 /// A detached partition on record.
@@ -46,7 +53,7 @@ impl DropPlan {
         format!("{}.{}", self.schema, self.table)
     }
 
-    fn relation(&self) -> String {
+    pub(super) fn relation(&self) -> String {
         format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.table))
     }
 
@@ -101,6 +108,11 @@ impl DropPlan {
             self.detach(client, oid, &name).await?;
             report.detached.push(name);
             report.waiting += 1;
+        }
+        if let Some(ahead) = self.create_ahead {
+            let created = self.create_ahead(client, ahead).await?;
+            report.created = created.created;
+            report.ahead_problem = created.problem;
         }
         Ok(())
     }

@@ -555,6 +555,23 @@ async fn cleanup_checks(
                 );
                 continue;
             }
+            let relation = format!(
+                "{}.{}",
+                cleanup::quote_ident(schema),
+                cleanup::quote_ident(name)
+            );
+            if settings.create_ahead.is_some()
+                && catalog::partitions::newest_range(client, &relation)
+                    .await?
+                    .is_none()
+            {
+                r.fail(
+                    check,
+                    "create_ahead takes the width of new partitions from the newest one, and the table has no range partition with both bounds",
+                    format!("create the first partition by hand, e.g. CREATE TABLE {schema}.{name}_p1 PARTITION OF {relation} FOR VALUES FROM ('2030-01-01') TO ('2030-01-02')"),
+                );
+                continue;
+            }
         }
         match cleanup::cleanup_tables_access(client).await? {
             TableAccess::Usable => {}

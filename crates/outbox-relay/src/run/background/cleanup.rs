@@ -91,6 +91,9 @@ impl CleanupTask {
                     for name in &report.dropped {
                         tracing::info!(table = %self.table, partition = %name, "partition dropped by cleanup: every row of it is behind the stored checkpoint");
                     }
+                    if let Some(problem) = &report.ahead_problem {
+                        self.failed(&telemetry, problem.clone());
+                    }
                     telemetry.update_table(&self.table, |t| {
                         t.dropped_partitions += report.dropped.len() as u64;
                         t.waiting = report.waiting as u64;
