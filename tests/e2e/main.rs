@@ -27,6 +27,7 @@ mod restart;
 mod security;
 mod security_nats;
 mod security_roles;
+mod shards;
 mod slot;
 mod standby;
 mod support;

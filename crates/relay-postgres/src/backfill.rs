@@ -95,15 +95,7 @@ fn query_err(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -
     move |source| BackfillError::Query { context, source }
 }
 
-/// `"name"`, quotes doubled.
-pub fn quote_ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
-/// A string literal that reads back as `value` whatever `standard_conforming_strings` says.
-pub fn quote_literal(value: &str) -> String {
-    format!("E'{}'", value.replace('\\', "\\\\").replace('\'', "''"))
-}
+pub use crate::sql::{quote_ident, quote_literal};
 
 /// Why the backfill pages by this column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -46,10 +46,7 @@ fn parse_lsn(text: Option<String>) -> Option<Lsn> {
     text.and_then(|t| Lsn::from_str(&t).ok())
 }
 
-/// Quotes an identifier for SQL (`"` doubled).
-fn quote_ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
+use crate::sql::quote_ident;
 
 /// Fails closed instead of creating the publication after the slot: the slot decodes its WAL
 /// with the catalog as it was, so rows committed between the slot's position and the new
@@ -231,6 +228,12 @@ pub async fn prepare(
     }
 
     let publication = &settings.publication;
+    if settings.shard.is_some() && server.version_num < crate::shard::ROW_FILTERS_SINCE {
+        return Err(PgError::Settings(format!(
+            "postgres.shard needs publication row filters, which PostgreSQL {} does not have (since 15): remove postgres.shard and run one relay, or upgrade",
+            crate::version_text(server.version_num)
+        )));
+    }
     let found = catalog::publication(client, publication)
         .await
         .map_err(query_err(format!(
@@ -247,9 +250,17 @@ pub async fn prepare(
             refuse_publication_after_slot(client, settings).await?;
             // Names are validated identifiers; tables are quoted. Partitioned tables' rows are
             // published as the table's own (its OID and name), not as their partitions'.
+            // A shard's publication keeps its shard's rows of every table.
+            let members: Vec<String> = match &settings.shard {
+                None => quoted_tables.clone(),
+                Some(shard) => quoted_tables
+                    .iter()
+                    .map(|t| format!("{t} WHERE ({})", shard.row_filter()))
+                    .collect(),
+            };
             let sql = format!(
                 "CREATE PUBLICATION {publication} FOR TABLE {} WITH ({PUBLICATION_OPTIONS})",
-                quoted_tables.join(", ")
+                members.join(", ")
             );
             client.batch_execute(&sql).await.map_err(query_err(format!(
                 "cannot create publication {publication}"
@@ -283,6 +294,7 @@ pub async fn prepare(
                 ));
             }
         }
+        check_row_filter(client, settings, server.version_num, schema, table).await?;
     }
 
     let slot = &settings.slot;
@@ -399,4 +411,29 @@ pub async fn prepare(
         publication_created,
         checkpoint,
     })
+}
+
+/// The publication's row filter on `schema.table` against `[postgres] shard` (see
+/// [`crate::shard::RowFilterVerdict`]): refused when it is not the shard's; a filter without a
+/// shard is the publication owner's choice, said once at start.
+async fn check_row_filter(
+    client: &Client,
+    settings: &PostgresSettings,
+    version_num: i32,
+    schema: &str,
+    table: &str,
+) -> Result<(), PgError> {
+    let publication = &settings.publication;
+    let verdict = crate::shard::RowFilterVerdict::of(client, settings, version_num, schema, table)
+        .await
+        .map_err(query_err(format!(
+            "cannot check the row filter of {schema}.{table} in publication {publication}"
+        )))?;
+    if let Some(problem) = verdict.problem() {
+        return Err(PgError::Settings(problem));
+    }
+    if let Some(warning) = verdict.warning() {
+        tracing::warn!(publication = %publication, table = %format!("{schema}.{table}"), "{warning}");
+    }
+    Ok(())
 }

@@ -10,6 +10,7 @@ pub mod failover;
 pub mod outbox_stats;
 pub mod partitions;
 pub mod retention;
+pub mod row_filter;
 
 use std::str::FromStr;
 

@@ -60,16 +60,8 @@ pub use ahead::{AheadReport, MAX_CREATED_PER_ROUND};
 pub use partitions::{DropPlan, DropReport};
 pub use rows::{Applied, Batch, CleanupAction, RowPlan};
 
-/// Quotes an identifier for SQL (`"` doubled).
-pub fn quote_ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
-/// Quotes a string literal for SQL (`'` doubled; `standard_conforming_strings` is on from
-/// PostgreSQL 9.1).
-fn quote_literal(value: &str) -> String {
-    format!("'{}'", value.replace('\'', "''"))
-}
+pub use crate::sql::quote_ident;
+use crate::sql::quote_literal;
 
 fn millis(d: Duration) -> u128 {
     d.as_millis().max(1)

@@ -14,7 +14,9 @@ pub mod cleanup;
 pub mod probe;
 pub mod publication_order;
 mod settings;
+pub mod shard;
 pub mod source;
+pub mod sql;
 pub mod sqlstate;
 mod tls;
 

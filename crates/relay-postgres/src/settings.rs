@@ -69,6 +69,11 @@ pub struct PostgresSettings {
     /// the server supports it), `true` (refused below PostgreSQL 17), `false`.
     #[serde(default)]
     pub failover: FailoverSetting,
+    /// This relay's shard when N relays share one outbox (PostgreSQL 15+): its publication
+    /// keeps, by a row filter, the rows whose `key` hashes to `index` of `count`
+    /// ([`crate::shard`], docs/scaling.md). Off unless set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<crate::shard::ShardSpec>,
     /// The host of `url` this session is bound to (an index into its host list, and whether a
     /// read-write session is required there), once the read-write server among several was
     /// found ([`Self::candidates`]). Never configured.
@@ -249,6 +254,7 @@ impl Default for PostgresSettings {
             status_interval: default_status_interval(),
             connect_timeout: default_connect_timeout(),
             failover: FailoverSetting::Auto,
+            shard: None,
             pinned: None,
         }
     }
@@ -304,6 +310,13 @@ impl PostgresSettings {
     pub fn validate(&self) -> Result<(), PgError> {
         validate_identifier("slot", &self.slot)?;
         validate_identifier("publication", &self.publication)?;
+        if let Some(problem) = self
+            .shard
+            .as_ref()
+            .and_then(crate::shard::ShardSpec::problem)
+        {
+            return Err(PgError::Settings(problem));
+        }
         let mode = self.ssl_mode()?;
         if matches!(mode, SslMode::VerifyCa | SslMode::VerifyFull) && self.sslrootcert.is_none() {
             return Err(PgError::Settings(format!(

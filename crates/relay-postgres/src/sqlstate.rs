@@ -137,6 +137,14 @@ pub fn replication_error_kind(
     }
 }
 
+/// Whether evaluating an expression failed on the expression itself, not on the server or the
+/// session: syntax or name errors (class 42: an unknown column, function or operator, a type
+/// mismatch; not 42501, a missing privilege) and data exceptions (class 22: a cast that fails).
+pub fn is_expression_mismatch(code: &tokio_postgres::error::SqlState) -> bool {
+    let code = code.code();
+    (code.starts_with("42") && code != "42501") || code.starts_with("22")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -236,3 +244,4 @@ mod tests {
         }
     }
 }
+

@@ -15,7 +15,7 @@
 use tokio_postgres::Client;
 
 use super::table;
-use crate::cleanup::quote_ident;
+use crate::sql::quote_ident;
 
 /// One outbox table as sampled.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

@@ -241,7 +241,7 @@ mod tests {
         };
         assert_eq!(
             plan.conditions(),
-            "\"status\" IS DISTINCT FROM 'it''s sent'"
+            "\"status\" IS DISTINCT FROM E'it''s sent'"
         );
         let plan = RowPlan {
             action: CleanupAction::Delete,

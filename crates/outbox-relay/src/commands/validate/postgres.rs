@@ -354,6 +354,7 @@ async fn catalog_checks(
                 let membership = partitions::membership(client, publication, schema, table).await?;
                 let check = format!("{name} has {schema}.{table}");
                 let qualified = format!("{schema}.{table}");
+                let member = membership == Membership::Member;
                 match membership {
                     Membership::Member => r.pass(check, "member"),
                     Membership::NotInPublication => r.fail(
@@ -373,6 +374,9 @@ async fn catalog_checks(
                         },
                         other.problem(publication, &qualified).unwrap_or_default(),
                     ),
+                }
+                if member {
+                    row_filter_check(pg, client, server.version_num, schema, table, r).await?;
                 }
             }
         }
@@ -606,6 +610,39 @@ async fn cleanup_checks(
                 humantime_serde::re::humantime::format_duration(settings.interval)
             ),
         );
+    }
+    Ok(())
+}
+
+/// The publication's row filter on `schema.table`, judged as the relay judges it at start.
+async fn row_filter_check(
+    pg: &PostgresSettings,
+    client: &Client,
+    version_num: i32,
+    schema: &str,
+    table: &str,
+    r: &mut Report,
+) -> Result<(), tokio_postgres::Error> {
+    use relay_postgres::shard::RowFilterVerdict;
+    let version = version_num;
+    let verdict = RowFilterVerdict::of(client, pg, version, schema, table).await?;
+    let check = format!("publication {} rows of {schema}.{table}", pg.publication);
+    match &verdict {
+        RowFilterVerdict::Unfiltered => {}
+        RowFilterVerdict::Shard(shard) => {
+            r.pass(check, format!("shard {} (row filter)", shard.describe()));
+        }
+        RowFilterVerdict::FilteredWithoutShard { filter, .. } => r.hinted(
+            Verdict::Warn,
+            check,
+            format!("row filter ({filter}): rows it does not keep are never relayed"),
+            verdict.warning().unwrap_or_default(),
+        ),
+        RowFilterVerdict::NotTheShard { .. } => r.fail(
+            check,
+            "row filter is not the configured shard's",
+            verdict.problem().unwrap_or_default(),
+        ),
     }
     Ok(())
 }

@@ -1,0 +1,228 @@
+//! Sharding one outbox over N relays (`[postgres] shard`): each relay reads its own slot
+//! through its own publication, and each publication keeps, by a row filter (PostgreSQL 15+),
+//! the rows whose shard key hashes to its index. One walsender decodes one slot; N slots are
+//! decoded by N walsenders in parallel. Every row of one key lands in one shard, so the events
+//! of one aggregate keep their commit order; events of different shards have no order between
+//! them.
+//!
+//! The hash is PostgreSQL's `hashtext` of the key as text, which the row filter may use (it is
+//! an immutable built-in): shard = `((hashtext(key::text) % count) + count) % count`, always in
+//! `0..count` (`%` keeps the sign of `hashtext`'s negative values; no `abs()`, which fails on
+//! the smallest integer).
+//!
+//! A publication whose row filter is not the configured shard's would skip rows no other relay
+//! publishes, so the relay refuses to start on one ([`crate::catalog::row_filter`] checks the
+//! filter by evaluating it against the expected one on many keys, not by comparing text).
+
+use serde::{Deserialize, Serialize};
+
+use crate::sql::quote_ident;
+
+/// PostgreSQL got publication row filters in 15.
+pub const ROW_FILTERS_SINCE: i32 = 150_000;
+
+/// `[postgres] shard = { key = "aggregateid", count = 4, index = 0 }`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardSpec {
+    /// The column whose value picks the shard (the same name in every outbox table).
+    pub key: String,
+    /// How many shards (relays) there are.
+    pub count: u32,
+    /// This relay's shard, `0..count`.
+    pub index: u32,
+}
+
+impl ShardSpec {
+    /// Why the spec cannot be used, if it cannot.
+    #[must_use]
+    pub fn problem(&self) -> Option<String> {
+        if self.count < 2 {
+            return Some(format!(
+                "postgres.shard.count = {}: sharding needs at least 2 shards (leave postgres.shard out for one relay)",
+                self.count
+            ));
+        }
+        if self.count > 1024 {
+            return Some(format!(
+                "postgres.shard.count = {}: at most 1024 shards",
+                self.count
+            ));
+        }
+        if self.index >= self.count {
+            return Some(format!(
+                "postgres.shard.index = {} is not below postgres.shard.count = {}: shards are numbered 0 to {}",
+                self.index,
+                self.count,
+                self.count - 1
+            ));
+        }
+        if self.key.is_empty() {
+            return Some("postgres.shard.key must name a column".into());
+        }
+        None
+    }
+
+    /// The shard of a row, as SQL over its key column (`column` is the SQL that names it).
+    #[must_use]
+    pub fn shard_of_sql(&self, column: &str) -> String {
+        let n = self.count;
+        format!("(((hashtext(({column})::text) % {n}) + {n}) % {n})")
+    }
+
+    /// The publication row filter of this shard (without the surrounding `WHERE (…)`).
+    #[must_use]
+    pub fn row_filter(&self) -> String {
+        format!(
+            "{} = {}",
+            self.shard_of_sql(&quote_ident(&self.key)),
+            self.index
+        )
+    }
+
+    /// `2/4 by aggregateid`.
+    #[must_use]
+    pub fn describe(&self) -> String {
+        format!("{}/{} by {}", self.index, self.count, self.key)
+    }
+}
+
+/// What a publication's row filter on one outbox table means for the relay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RowFilterVerdict {
+    /// No filter and no shard: every row.
+    Unfiltered,
+    /// The configured shard's filter.
+    Shard(ShardSpec),
+    /// A filter, no shard configured: the publication owner's choice; rows it drops are not
+    /// relayed.
+    FilteredWithoutShard {
+        /// `schema.table`.
+        table: String,
+        /// The publication.
+        publication: String,
+        /// The filter as PostgreSQL prints it.
+        filter: String,
+    },
+    /// A shard is configured and the filter (or its absence) is not that shard's.
+    NotTheShard {
+        /// `schema.table`.
+        table: String,
+        /// `"schema"."table"`.
+        relation: String,
+        /// The publication.
+        publication: String,
+        /// The shard.
+        shard: ShardSpec,
+        /// The filter found, if any.
+        found: Option<String>,
+    },
+}
+
+impl RowFilterVerdict {
+    /// Reads and judges the filter of `schema.table` in `settings.publication`.
+    pub async fn of(
+        client: &tokio_postgres::Client,
+        settings: &crate::PostgresSettings,
+        version_num: i32,
+        schema: &str,
+        table: &str,
+    ) -> Result<Self, tokio_postgres::Error> {
+        use crate::catalog::row_filter::{filter_is_shard, row_filter};
+        let publication = settings.publication.clone();
+        let filter = row_filter(client, version_num, &publication, schema, table).await?;
+        let name = format!("{schema}.{table}");
+        Ok(match (&settings.shard, filter) {
+            (None, None) => Self::Unfiltered,
+            (None, Some(filter)) => Self::FilteredWithoutShard {
+                table: name,
+                publication,
+                filter,
+            },
+            (Some(shard), found) => {
+                let matches = match &found {
+                    Some(filter) => filter_is_shard(client, filter, shard).await?,
+                    None => false,
+                };
+                if matches {
+                    Self::Shard(shard.clone())
+                } else {
+                    Self::NotTheShard {
+                        table: name,
+                        relation: format!("{}.{}", quote_ident(schema), quote_ident(table)),
+                        publication,
+                        shard: shard.clone(),
+                        found,
+                    }
+                }
+            }
+        })
+    }
+
+    /// Why the relay must not start on it, with the fix.
+    #[must_use]
+    pub fn problem(&self) -> Option<String> {
+        let Self::NotTheShard {
+            table,
+            relation,
+            publication,
+            shard,
+            found,
+        } = self
+        else {
+            return None;
+        };
+        Some(format!(
+            "postgres.shard = {}: publication {publication} {} on {table}, which is not that shard's: rows of this shard would be skipped or another shard's doubled. ALTER PUBLICATION {publication} SET TABLE {relation} WHERE ({}) (every outbox table likewise), or fix postgres.shard / postgres.publication",
+            shard.describe(),
+            found.as_ref().map_or_else(
+                || "has no row filter".to_owned(),
+                |f| format!("has row filter ({f})")
+            ),
+            shard.row_filter()
+        ))
+    }
+
+    /// What an operator should know although the relay runs.
+    #[must_use]
+    pub fn warning(&self) -> Option<String> {
+        let Self::FilteredWithoutShard {
+            table,
+            publication,
+            filter,
+        } = self
+        else {
+            return None;
+        };
+        Some(format!(
+            "publication {publication} keeps only the rows of {table} where ({filter}): rows it does not keep are never relayed. If that is not meant, ALTER PUBLICATION {publication} SET TABLE {table}; if it shards the outbox, configure postgres.shard"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_are_checked_and_filters_built() {
+        let spec = ShardSpec {
+            key: "aggregateid".into(),
+            count: 4,
+            index: 3,
+        };
+        assert_eq!(spec.problem(), None);
+        assert_eq!(
+            spec.row_filter(),
+            "(((hashtext((\"aggregateid\")::text) % 4) + 4) % 4) = 3"
+        );
+        for (count, index) in [(1, 0), (4, 4), (2000, 0)] {
+            let bad = ShardSpec {
+                count,
+                index,
+                ..spec.clone()
+            };
+            assert!(bad.problem().is_some(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,25 @@
+//! Quoting for the SQL the relay builds from names and values it was given (tables, columns,
+//! partition bounds, mark values). One home, so every statement quotes alike.
+
+/// `"name"`, quotes doubled.
+#[must_use]
+pub fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// A string literal that reads back as `value` whatever `standard_conforming_strings` says.
+#[must_use]
+pub fn quote_literal(value: &str) -> String {
+    format!("E'{}'", value.replace('\\', "\\\\").replace('\'', "''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting() {
+        assert_eq!(quote_ident("we\"ird"), "\"we\"\"ird\"");
+        assert_eq!(quote_literal("it's a \\ path"), "E'it''s a \\\\ path'");
+    }
+}
