@@ -330,6 +330,43 @@ async fn a_killed_restore_completes_when_run_again_and_never_moves_the_slot() ->
         "{text}"
     );
 
+    // status and validate --connect show how far back restore can go, and warn when the
+    // window is over max_slot_wal_keep_size.
+    let out = relay_cmd(&config, &["status", "--json"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let w = &doc["replay_window"];
+    assert_eq!(
+        w["restore_from_lsn"].as_str().and_then(parse_lsn),
+        Some(slot_before.0),
+        "{w}"
+    );
+    assert_eq!(
+        w["window_bytes"].as_u64(),
+        Some(checkpoint_before - slot_before.0),
+        "{w}"
+    );
+    assert!(w["warning"].is_null(), "{w}");
+    let admin = env.db().await?;
+    admin
+        .batch_execute("ALTER SYSTEM SET max_slot_wal_keep_size = '64MB'")
+        .await?;
+    admin.batch_execute("SELECT pg_reload_conf()").await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let out = relay_cmd(&config, &["validate", "--connect"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines().any(|l| l.contains("replay window")
+            && l.contains("WARN")
+            && l.contains("over max_slot_wal_keep_size")),
+        "{}",
+        describe(&out)
+    );
+    admin
+        .batch_execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+        .await?;
+    admin.batch_execute("SELECT pg_reload_conf()").await?;
+
     js.get_stream(STREAM).await?.purge().await?;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     // One message in flight at a time: slow enough to be killed in the middle.
@@ -395,5 +432,46 @@ async fn a_killed_restore_completes_when_run_again_and_never_moves_the_slot() ->
         None,
         "copy dropped"
     );
+    Ok(())
+}
+
+/// A purge inside the duplicate window: JetStream (2.9 and 2.15 alike) still remembers the
+/// purged ids and answers a republish with "duplicate" without storing it. Restore must not
+/// count those as restored: it exits 65 saying so, and run again after the window it restores
+/// them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restore_right_after_a_purge_never_counts_a_dropped_duplicate_as_restored() -> Result<()>
+{
+    let env = Env::start().await?;
+    let js = env.jetstream().await?;
+    let mut db = env.db().await?;
+    let config = env.config_full(
+        "create_stream = true\nduplicate_window = \"3s\"",
+        "replay_retention = \"1GB\"",
+    );
+    let mut relay = Relay::start_streaming(&config).await?;
+    let window = insert(&mut db, 10, 2, "w").await?;
+    let stored = wait_for_messages(&js, 10, Duration::from_secs(30), Some(&relay)).await?;
+    let evs = events(&stored);
+    checkpoint_past(&env, evs.iter().map(|e| e.lsn).max().unwrap_or_default()).await?;
+    relay.signal(nix::sys::signal::Signal::SIGTERM);
+    relay.wait_exit(Duration::from_secs(20)).await?;
+    js.get_stream(STREAM).await?.purge().await?;
+    let out = relay_cmd(&config, &["restore", "--from-lsn", &evs[0].lsn_text]);
+    assert_eq!(out.status.code(), Some(65), "{}", describe(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no longer holds"),
+        "{}",
+        describe(&out)
+    );
+    assert_eq!(
+        stream_count(&js).await?,
+        0,
+        "JetStream stored nothing: the ids were remembered"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let out = relay_cmd(&config, &["restore", "--from-lsn", &evs[0].lsn_text]);
+    assert!(out.status.success(), "{}", describe(&out));
+    exactly_once_in_order(&read_stream(&js).await?, &window);
     Ok(())
 }

@@ -287,7 +287,7 @@ async fn run_window(
         config.nats.ack_timeout,
         args.max_in_flight,
     );
-    relay_nats::prepare_stream(
+    let stream_report = relay_nats::prepare_stream(
         publisher.jetstream(),
         &config.nats,
         &config.sample_subjects(),
@@ -373,7 +373,13 @@ async fn run_window(
     ticker.abort();
     let not_stored =
         std::mem::take(&mut *not_stored.lock().unwrap_or_else(PoisonError::into_inner));
-    finish(&report, result, shutdown, &not_stored, config)
+    finish(
+        &report,
+        result,
+        shutdown,
+        &not_stored,
+        (&config.nats.stream, stream_report.duplicate_window),
+    )
 }
 
 /// The relay's pipeline over the window: source, publisher and a store that keeps nothing.
@@ -421,7 +427,7 @@ fn finish(
     result: Result<RunOutcome, PipelineError>,
     shutdown: &CancellationToken,
     not_stored: &[String],
-    config: &RelayConfig,
+    (stream, duplicate_window): (&str, Duration),
 ) -> Result<(), Exit> {
     let (from, end) = report.window;
     let again =
@@ -452,10 +458,11 @@ fn finish(
             Err(Exit::new(
                 ExitKind::DataSafety,
                 anyhow!(
-                    "JetStream dropped {} events as duplicates of messages stream {} no longer holds (e.g. event {}): it still remembers their ids within its duplicate_window after a purge. Run the same command again once the duplicate_window has passed since the purge",
+                    "JetStream dropped {} events as duplicates of messages stream {stream} no longer holds (e.g. event {}): after a purge it still remembers their ids for its duplicate_window ({}). They are not restored: run the same command again in {} (it publishes only what the stream lacks)",
                     not_stored.len(),
-                    config.nats.stream,
-                    not_stored[0]
+                    not_stored[0],
+                    humantime::format_duration(duplicate_window),
+                    humantime::format_duration(duplicate_window)
                 ),
             ))
         }

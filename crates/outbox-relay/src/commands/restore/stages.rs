@@ -36,7 +36,10 @@ impl ChangeSource for WindowSource {
         };
         match &event {
             // Begin carries the commit LSN: this transaction is past the window.
-            SourceEvent::Begin { final_lsn, .. } if *final_lsn >= self.end => return Ok(None),
+            SourceEvent::Begin { final_lsn, .. } if *final_lsn >= self.end => {
+                self.reached.fetch_max(self.end.0, Ordering::Relaxed);
+                return Ok(None);
+            }
             SourceEvent::Begin { final_lsn, .. } => {
                 self.in_tx = true;
                 self.reached.fetch_max(final_lsn.0, Ordering::Relaxed);
@@ -45,6 +48,7 @@ impl ChangeSource for WindowSource {
             // A keepalive names a position decoding has passed: every transaction committed
             // before it was sent already.
             SourceEvent::KeepAlive { wal_end } if !self.in_tx && *wal_end >= self.end => {
+                self.reached.fetch_max(self.end.0, Ordering::Relaxed);
                 return Ok(None);
             }
             _ => {}
