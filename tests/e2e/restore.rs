@@ -131,9 +131,10 @@ async fn the_slot_trails_the_checkpoint_and_a_restart_sends_nothing_of_the_windo
     let js = env.jetstream().await?;
     let mut db = env.db().await?;
     // A 1 s duplicate window: a re-sent event would be stored a second time.
+    let (listen, addr) = http_listen();
     let config = env.config_full(
         "create_stream = true\nduplicate_window = \"1s\"",
-        "replay_retention = \"5s\"",
+        &format!("replay_retention = \"5s\"\n{listen}"),
     );
     let mut relay = Relay::start_streaming(&config).await?;
     let (created, _) = slot_positions(&env, "relay_slot").await?.expect("slot");
@@ -158,6 +159,12 @@ async fn the_slot_trails_the_checkpoint_and_a_restart_sends_nothing_of_the_windo
     );
     assert!(restart <= confirmed);
     assert!(confirmed >= created);
+    // /metrics: the window is the checkpoint minus what was confirmed to the slot.
+    let window = metric(&addr, "outbox_relay_replay_window_bytes").await?;
+    assert!(
+        window >= (checkpoint - first) as f64,
+        "replay window gauge {window}"
+    );
 
     // A restart inside the window: resumes at the checkpoint, sends nothing again.
     relay.signal(nix::sys::signal::Signal::SIGTERM);

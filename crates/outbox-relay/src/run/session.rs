@@ -127,6 +127,10 @@ impl Supervisor<'_> {
         let source = PgSource::start(&server, start, ack)
             .await
             .map_err(|e| boundary(e, None))?;
+        self.telemetry
+            .stats
+            .slot_confirmed_lsn
+            .store(ack.min(start).0, Ordering::Relaxed);
         self.telemetry.streaming.store(true, Ordering::Relaxed);
         self.telemetry.set_last_error(None);
         // systemd (Type=notify): ready once replication streams; repeated READY=1 is harmless.
