@@ -376,6 +376,19 @@ async fn a_killed_restore_completes_when_run_again_and_never_moves_the_slot() ->
 
     js.get_stream(STREAM).await?.purge().await?;
     tokio::time::sleep(Duration::from_millis(1500)).await;
+    // A dry run decodes and routes the window, publishes nothing.
+    let out = relay_cmd(
+        &config,
+        &["restore", "--from-lsn", &evs[0].lsn_text, "--dry-run"],
+    );
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("would publish 2000 "),
+        "{}",
+        describe(&out)
+    );
+    assert_eq!(stream_count(&js).await?, 0, "a dry run publishes nothing");
+    assert_eq!(slot_positions(&env, "relay_slot_restore").await?, None);
     // One message in flight at a time: slow enough to be killed in the middle.
     let log = env.dir.path().join("restore-killed.log");
     let mut child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
