@@ -193,6 +193,9 @@ fn print_text(config: &RelayConfig, doc: &Value) {
         Some(c) => {
             let relation = match doc["slot_minus_checkpoint_bytes"].as_i64() {
                 Some(0) => "slot at the checkpoint".to_owned(),
+                Some(d) if d < 0 && config.relay.replay_retention.is_some() => {
+                    format!("slot {} bytes behind (the replay window)", -d)
+                }
                 Some(d) if d < 0 => format!("slot {} bytes behind (confirm pending)", -d),
                 Some(d) => format!("SLOT AHEAD by {d} bytes"),
                 None => "slot position unknown".to_owned(),
