@@ -490,8 +490,30 @@ async fn a_restore_right_after_a_purge_never_counts_a_dropped_duplicate_as_resto
         "JetStream stored nothing: the ids were remembered"
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
+    // --to-lsn: only the events committed before it.
+    let out = relay_cmd(
+        &config,
+        &[
+            "restore",
+            "--from-lsn",
+            &evs[0].lsn_text,
+            "--to-lsn",
+            &evs[4].lsn_text,
+        ],
+    );
+    assert!(out.status.success(), "{}", describe(&out));
+    let stored = read_stream(&js).await?;
+    let before: Vec<String> = evs
+        .iter()
+        .filter(|e| e.lsn < evs[4].lsn)
+        .map(|e| e.id.clone())
+        .collect();
+    assert_eq!(stored.len(), before.len(), "{}", describe(&out));
+    exactly_once_in_order(&stored, &before);
     let out = relay_cmd(&config, &["restore", "--from-lsn", &evs[0].lsn_text]);
     assert!(out.status.success(), "{}", describe(&out));
-    exactly_once_in_order(&read_stream(&js).await?, &window);
+    let stored = read_stream(&js).await?;
+    assert_eq!(stored.len(), window.len());
+    exactly_once_in_order(&stored, &window);
     Ok(())
 }
