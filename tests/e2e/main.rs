@@ -24,6 +24,7 @@ mod pause;
 mod publication_order;
 mod replay;
 mod restart;
+mod restore;
 mod security;
 mod security_nats;
 mod security_roles;

@@ -12,6 +12,8 @@ use relay_nats::NatsSettings;
 use relay_postgres::PostgresSettings;
 use serde::{Deserialize, Serialize};
 
+pub mod replay_retention;
+
 /// Prefix of environment overrides; `__` separates section and key.
 pub const ENV_PREFIX: &str = "RELAY_";
 
@@ -394,6 +396,11 @@ pub struct PipelineSettings {
     /// positions by searching the stream instead. Default `7d`.
     #[serde(with = "humantime_serde")]
     pub position_retention: Duration,
+    /// Opt-in: the position confirmed to the slot trails the stored checkpoint by this window,
+    /// a duration (`"6h"`) or a WAL size (`"2GB"`), so PostgreSQL keeps that WAL for
+    /// `outbox-relay restore`. Restarts still resume at the checkpoint. See docs/replay.md.
+    #[serde(skip_serializing_if = "Option::is_none", with = "replay_retention")]
+    pub replay_retention: Option<relay_core::trail::ReplayRetention>,
 }
 
 fn default_takeover_budget() -> Duration {
@@ -423,11 +430,20 @@ impl Default for PipelineSettings {
             publication_check_interval: default_publication_check_interval(),
             takeover_budget: default_takeover_budget(),
             position_retention: relay_postgres::checkpoint::DEFAULT_RETENTION,
+            replay_retention: None,
         }
     }
 }
 
 impl PipelineSettings {
+    /// `replay_retention` when given as a WAL size.
+    pub fn replay_retention_bytes(&self) -> Option<u64> {
+        match self.replay_retention? {
+            relay_core::trail::ReplayRetention::Bytes(b) => Some(b),
+            relay_core::trail::ReplayRetention::Time(_) => None,
+        }
+    }
+
     /// The core loop's configuration.
     pub fn pipeline_config(&self) -> PipelineConfig {
         PipelineConfig {

@@ -126,6 +126,11 @@ enum Command {
     /// committed from a commit LSN or time, so they are delivered again; --dry-run prints the
     /// range and its size. See docs/replay.md.
     Replay(commands::replay::ReplayArgs),
+    /// Publish again, from the WAL the slot still keeps ([relay] replay_retention), the events
+    /// committed from a commit LSN that the stream no longer holds (purged, re-created, lost),
+    /// with the same Nats-Msg-Id; ids still in the stream are skipped. Decodes from a copy of
+    /// the slot; never moves the slot or the stored checkpoint. See docs/replay.md.
+    Restore(commands::restore::RestoreArgs),
     /// Print messages from the JetStream stream: subject, headers and payload.
     Tail {
         /// Stop after this many messages.
@@ -235,6 +240,7 @@ fn try_main(cli: Cli) -> Result<(), Exit> {
                 commands::position::position(&config, &at, &search, json).await
             }
             Command::Replay(args) => commands::replay::replay(&config, &args).await,
+            Command::Restore(args) => commands::restore::restore(&config, args).await,
             Command::Config { .. } => Ok(()),
         }
     })

@@ -48,6 +48,9 @@ pub const OUTSTANDING_ACKS: &str = "outbox_relay_outstanding_acks";
 pub const COMMIT_TO_ACK: &str = "outbox_relay_commit_to_ack_seconds";
 /// Gauge: the stored and confirmed LSN, as a number.
 pub const CHECKPOINT_LSN: &str = "outbox_relay_checkpoint_lsn";
+/// Gauge: bytes between the stored checkpoint and the position the relay confirmed to the slot:
+/// the WAL kept for `outbox-relay restore` (`[relay] replay_retention`; 0 without it).
+pub const REPLAY_WINDOW_BYTES: &str = "outbox_relay_replay_window_bytes";
 /// Gauge: `pg_current_wal_lsn() - confirmed_flush_lsn` of the slot, bytes.
 pub const SLOT_LAG_BYTES: &str = "outbox_relay_slot_lag_bytes";
 /// Gauge: WAL the slot keeps on disk (`pg_current_wal_lsn() - restart_lsn`), bytes.
@@ -506,6 +509,18 @@ impl Collector for MetricsCollector {
             CHECKPOINT_LSN,
             "Stored and confirmed LSN as a number",
             load(&s.confirmed_lsn) as i64,
+        )?;
+        // 0 until the first confirmation, and without a replay retention.
+        let slot_confirmed = load(&s.slot_confirmed_lsn);
+        gauge(
+            &mut enc,
+            REPLAY_WINDOW_BYTES,
+            "Bytes between the stored checkpoint and the position confirmed to the slot ([relay] replay_retention)",
+            if slot_confirmed == 0 {
+                0
+            } else {
+                load(&s.confirmed_lsn).saturating_sub(slot_confirmed) as i64
+            },
         )?;
         let age = age_seconds(load(&s.last_acked_commit_unix_micros));
         let g = ConstGauge::new(age);

@@ -21,6 +21,7 @@ pub mod route;
 pub mod secret;
 pub mod stage;
 pub mod subject;
+pub mod trail;
 pub mod value;
 
 pub use pgoutput::Lsn;

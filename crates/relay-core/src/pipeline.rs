@@ -32,6 +32,7 @@ use crate::stage::{
     ChangeSource, CheckpointStore, PublishError, PublishErrorKind, Publisher, SourceError,
     SourceEvent, StoreError,
 };
+use crate::trail::SlotTrail;
 use deliver::{Delivery, RetryPolicy, deliver};
 use positions::Positions;
 pub use stats::PipelineStats;
@@ -174,6 +175,8 @@ pub struct Pipeline<S, P, C> {
     recent: RecentIds,
     /// Where the events not yet behind the stored checkpoint are in the stream.
     positions: Positions,
+    /// `[relay] replay_retention`: the slot is confirmed this far behind the checkpoint.
+    trail: Option<SlotTrail>,
 }
 
 /// Why the loop leaves its reading phase.
@@ -227,7 +230,14 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
             already_published: HashMap::new(),
             recent,
             positions,
+            trail: None,
         }
+    }
+
+    /// Confirms to the source the position `trail` gives for each stored checkpoint instead
+    /// of the checkpoint itself (`[relay] replay_retention`): the source keeps that WAL.
+    pub fn trail_slot(&mut self, trail: SlotTrail) {
+        self.trail = Some(trail);
     }
 
     /// Event ids found in the stream past the start position, with the stream sequence of
@@ -501,9 +511,17 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
         self.stored = lsn;
         self.stored_at = Instant::now();
         crate::failpoint::hit("after_store_before_confirm");
-        self.source.confirm(lsn);
+        // With a replay retention the slot trails the checkpoint (never passes it).
+        let slot_lsn = match &mut self.trail {
+            Some(trail) => trail.slot_position(lsn, Instant::now()),
+            None => lsn,
+        };
+        self.source.confirm(slot_lsn);
         self.stats.confirmed_lsn.store(lsn.0, Ordering::Relaxed);
-        tracing::debug!(lsn = %lsn, "checkpoint stored and confirmed");
+        self.stats
+            .slot_confirmed_lsn
+            .store(slot_lsn.0, Ordering::Relaxed);
+        tracing::debug!(lsn = %lsn, slot_lsn = %slot_lsn, "checkpoint stored and confirmed");
         Ok(())
     }
 }

@@ -28,7 +28,7 @@ pub use durability::{
     Aspect, Durability, DurabilityCheck, LazyServer, SYNC_PROBE_SUBJECT, ServerSync, Storage,
     assess_durability,
 };
-pub use published::{StreamState, published_since, scan_headers};
+pub use published::{StreamState, published_between, published_since, scan_headers};
 pub use publisher::JetStreamPublisher;
 pub use settings::{NatsSettings, PublishMode};
 pub use stream::{StreamReport, prepare_stream, subject_matches};

@@ -119,3 +119,33 @@ pub async fn published_since(
     .await?;
     Ok(ids)
 }
+
+/// Event ids of every message in `stream` whose transaction committed in `[from, to)`, or that
+/// carries no commit position (`0/0`: a backfilled copy), each with its stream sequence: what
+/// `outbox-relay restore` leaves alone. Reads the whole stream's headers (an ordered consumer).
+pub async fn published_between(
+    jetstream: &JetStream,
+    stream: &str,
+    from: Lsn,
+    to: Lsn,
+) -> Result<HashMap<String, u64>, NatsError> {
+    let mut ids = HashMap::new();
+    scan_headers(
+        jetstream,
+        stream,
+        true,
+        |state| Some(state.first_sequence),
+        |seq, headers| {
+            let lsn = headers
+                .get(HEADER_COMMIT_LSN)
+                .and_then(|l| Lsn::from_str(l.as_str()).ok());
+            let in_window = lsn.is_some_and(|lsn| lsn == Lsn(0) || (lsn >= from && lsn < to));
+            if in_window && let Some(id) = headers.get(HEADER_MSG_ID) {
+                ids.entry(id.as_str().to_owned())
+                    .or_insert(seq.unwrap_or(0));
+            }
+        },
+    )
+    .await?;
+    Ok(ids)
+}

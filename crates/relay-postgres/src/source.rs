@@ -95,10 +95,17 @@ pub fn classify(slot: &str, error: PgWireError, phase: ReplicationPhase) -> Sour
 
 impl PgSource {
     /// Starts streaming `slot` from `start`, which must be a position the relay stored (the
-    /// server starts at the later of it and the slot's confirmed_flush_lsn). The settings are
+    /// server starts at the later of it and the slot's confirmed_flush_lsn, skipping every
+    /// transaction committed before it), reporting `ack` as the confirmed position until the
+    /// first [`ChangeSource::confirm`]: `start`, or a position behind it to keep that WAL
+    /// (`[relay] replay_retention`; the slot never moves backwards). The settings are
     /// those a session already connected with ([`crate::connect`] validates them and probes
     /// the login, once per session).
-    pub async fn start(settings: &PostgresSettings, start: Lsn) -> Result<Self, SourceError> {
+    pub async fn start(
+        settings: &PostgresSettings,
+        start: Lsn,
+        ack: Lsn,
+    ) -> Result<Self, SourceError> {
         let setup = |e: PgError| {
             let class = if e.is_transient() {
                 ErrorClass::Transient
@@ -123,7 +130,7 @@ impl PgSource {
         .with_port(parts.port)
         .with_tls(tls)
         .with_start_lsn(to_wire(start))
-        .with_ack_lsn(to_wire(start))
+        .with_ack_lsn(to_wire(ack.min(start)))
         .with_status_interval(settings.status_interval)
         .with_wakeup_interval(Duration::from_secs(1))
         .with_options(SESSION_OPTIONS)
@@ -148,7 +155,7 @@ impl PgSource {
                 ));
             }
         }
-        tracing::info!(slot = %slot, start = %start, "replication started");
+        tracing::info!(slot = %slot, start = %start, ack = %ack.min(start), "replication started");
         Ok(Self { client, slot })
     }
 

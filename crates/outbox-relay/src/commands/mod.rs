@@ -5,6 +5,7 @@ pub mod backfill;
 pub mod config_print;
 pub mod position;
 pub mod replay;
+pub mod restore;
 pub mod setup;
 pub mod status;
 pub mod validate;

@@ -58,6 +58,11 @@ pub async fn status(
         Err(e) => json!({ "error": format!("cannot read the retention window: {e}") }),
     };
 
+    let replay_window = match retention::replay::replay_window(&client, &pg.slot).await {
+        Ok(window) => window.to_json(config.relay.replay_retention_bytes()),
+        Err(e) => json!({ "error": format!("cannot read the replay window: {e}") }),
+    };
+
     let tables = tables_state(
         config,
         &client,
@@ -85,6 +90,7 @@ pub async fn status(
         })),
         "slot_minus_checkpoint_bytes": behind.map(|d| d as i64),
         "retention": retention,
+        "replay_window": replay_window,
         "failover": failover,
         "stream": config.nats.stream,
         "stream_state": stream,
@@ -179,6 +185,7 @@ fn print_text(config: &RelayConfig, doc: &Value) {
         );
     }
     print_retention(&doc["retention"]);
+    print_replay_window(config, &doc["replay_window"]);
     print_tables(&doc["tables"]);
     print_failover(&doc["failover"]);
     match doc["checkpoint"].as_object() {
@@ -186,6 +193,9 @@ fn print_text(config: &RelayConfig, doc: &Value) {
         Some(c) => {
             let relation = match doc["slot_minus_checkpoint_bytes"].as_i64() {
                 Some(0) => "slot at the checkpoint".to_owned(),
+                Some(d) if d < 0 && config.relay.replay_retention.is_some() => {
+                    format!("slot {} bytes behind (the replay window)", -d)
+                }
                 Some(d) if d < 0 => format!("slot {} bytes behind (confirm pending)", -d),
                 Some(d) => format!("SLOT AHEAD by {d} bytes"),
                 None => "slot position unknown".to_owned(),
@@ -264,6 +274,24 @@ fn print_durability(d: &Value) {
             );
             println!("        hint: {}", text(&check["hint"]));
         }
+    }
+}
+
+/// The WAL kept behind the checkpoint for `outbox-relay restore`.
+fn print_replay_window(config: &RelayConfig, w: &Value) {
+    let setting = config
+        .relay
+        .replay_retention
+        .map_or_else(|| "not set".to_owned(), |r| r.to_string());
+    match w.get("error") {
+        Some(e) => println!("replay window (replay_retention {setting}): {}", text(e)),
+        None => println!(
+            "replay window (replay_retention {setting}): {}",
+            text(&w["summary"])
+        ),
+    }
+    if let Some(warning) = w["warning"].as_str() {
+        println!("  WARN {warning}: {}", text(&w["hint"]));
     }
 }
 

@@ -12,6 +12,7 @@ use relay_core::Lsn;
 use relay_core::pipeline::{Pipeline, PipelineError};
 use relay_core::route::Router;
 use relay_core::stage::{BoundaryError, CheckpointStore, ErrorClass};
+use relay_core::trail::{ReplayRetention, SlotTrail};
 use relay_nats::JetStreamPublisher;
 use relay_postgres::PgError;
 use relay_postgres::bootstrap::{self, SlotState};
@@ -120,10 +121,16 @@ impl Supervisor<'_> {
             );
         }
         let router = self.router(&store).await?;
+        let trail = self.slot_trail(&store, &state, start).await;
+        let ack = trail.as_ref().map_or(start, |(_, floor)| *floor);
         failpoint::pause("before_start_replication").await;
-        let source = PgSource::start(&server, start)
+        let source = PgSource::start(&server, start, ack)
             .await
             .map_err(|e| boundary(e, None))?;
+        self.telemetry
+            .stats
+            .slot_confirmed_lsn
+            .store(ack.min(start).0, Ordering::Relaxed);
         self.telemetry.streaming.store(true, Ordering::Relaxed);
         self.telemetry.set_last_error(None);
         // systemd (Type=notify): ready once replication streams; repeated READY=1 is harmless.
@@ -139,6 +146,9 @@ impl Supervisor<'_> {
             self.telemetry.stats.clone(),
         );
         pipeline.skip_published(already_published);
+        if let Some((trail, _)) = trail {
+            pipeline.trail_slot(trail);
+        }
         let result = pipeline.run(self.stop.cancelled()).await;
         let (source, _, _) = pipeline.into_parts();
         self.ended(source, result).await
@@ -238,6 +248,47 @@ impl Supervisor<'_> {
             );
         }
         Ok(start)
+    }
+
+    /// With `[relay] replay_retention`: the trail of the slot behind the checkpoint `start`, and
+    /// where it starts (the position reported to the slot until the first checkpoint). The
+    /// session still streams from `start`: the server skips the retained window.
+    async fn slot_trail(
+        &self,
+        store: &PgCheckpointStore,
+        state: &SlotState,
+        start: Lsn,
+    ) -> Option<(SlotTrail, Lsn)> {
+        let retention = self.config.relay.replay_retention?;
+        let slot = self.config.postgres.slot.as_str();
+        // Already confirmed: the slot never goes back. A window in time: the newest anchor of
+        // the position map committed that long ago is old enough to confirm now.
+        let mut floor = state.confirmed_flush_lsn;
+        match retention {
+            ReplayRetention::Time(window) => {
+                match relay_postgres::checkpoint::anchor_older_than(store.client(), slot, window)
+                    .await
+                {
+                    Ok(Some(anchor)) => floor = floor.max(anchor),
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::debug!(slot, error = %e, "cannot read the position map for the replay retention");
+                    }
+                }
+            }
+            ReplayRetention::Bytes(bytes) => floor = floor.max(Lsn(start.0.saturating_sub(bytes))),
+        }
+        let floor = floor.min(start);
+        tracing::info!(
+            slot,
+            replay_retention = %retention,
+            checkpoint = %start,
+            slot_confirmed = %floor,
+            retained_bytes = start.0 - floor.0,
+            "replay retention: the slot is confirmed behind the checkpoint, so PostgreSQL keeps that WAL for `outbox-relay restore`; streaming resumes at the checkpoint"
+        );
+        let trail = SlotTrail::new(retention, floor, start, tokio::time::Instant::now());
+        Some((trail, floor))
     }
 
     /// The router, with the outbox tables bound to the OIDs the catalog gives them now.

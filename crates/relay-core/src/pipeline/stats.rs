@@ -26,6 +26,9 @@ pub struct PipelineStats {
     pub messages_skipped: AtomicU64,
     /// Last stored and confirmed LSN.
     pub confirmed_lsn: AtomicU64,
+    /// Last position confirmed to the slot: the stored checkpoint, or behind it with
+    /// `[relay] replay_retention` (0 until the first checkpoint of the process).
+    pub slot_confirmed_lsn: AtomicU64,
     /// Events awaiting an ack now.
     pub in_flight: AtomicU64,
     /// Failed publish attempts whose outcome was unknown (timeout, connection lost).

@@ -34,6 +34,7 @@ use tokio_postgres::Client;
 mod facts;
 mod format;
 mod rate;
+pub mod replay;
 #[cfg(test)]
 mod tests;
 

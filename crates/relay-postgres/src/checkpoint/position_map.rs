@@ -303,3 +303,48 @@ pub async fn map_summary(
         range,
     })
 }
+
+/// The commit LSN of the newest anchor of `slot` (any stream) committed at least `age` ago by
+/// the server's clock: every event committed since has a commit LSN at or after it. Where a
+/// relay with `[relay] replay_retention` may confirm its slot to when it starts (it knows no
+/// checkpoint of its own that old yet). `None` without such an anchor.
+pub async fn anchor_older_than(
+    client: &impl GenericClient,
+    slot: &str,
+    age: Duration,
+) -> Result<Option<Lsn>, tokio_postgres::Error> {
+    let micros = i64::try_from(age.as_micros()).unwrap_or(i64::MAX);
+    let row = client
+        .query_opt(
+            "SELECT commit_lsn::text FROM outbox_relay.position_map \
+             WHERE slot_name = $1 AND commit_time <= now() - $2::bigint * interval '1 microsecond' \
+             ORDER BY commit_lsn DESC LIMIT 1",
+            &[&slot, &micros],
+        )
+        .await?;
+    Ok(row.and_then(|r| Lsn::from_str(&r.get::<_, String>(0)).ok()))
+}
+
+/// The newest anchor of `slot` (any stream) committed at or before `lsn`: when the slot's
+/// confirmed position was committed, for `status`. `None` without one.
+pub async fn anchor_at_or_before(
+    client: &impl GenericClient,
+    slot: &str,
+    lsn: Lsn,
+) -> Result<Option<StoredAnchor>, tokio_postgres::Error> {
+    let row = client
+        .query_opt(
+            "SELECT commit_lsn::text, commit_time, stream_seq FROM outbox_relay.position_map \
+             WHERE slot_name = $1 AND commit_lsn <= $2::text::pg_lsn \
+             ORDER BY commit_lsn DESC LIMIT 1",
+            &[&slot, &lsn.to_string()],
+        )
+        .await?;
+    Ok(row.and_then(|row| {
+        Some(StoredAnchor {
+            commit_lsn: Lsn::from_str(&row.get::<_, String>(0)).ok()?,
+            commit_time: row.get(1),
+            stream_seq: u64::try_from(row.get::<_, i64>(2)).unwrap_or(0),
+        })
+    }))
+}

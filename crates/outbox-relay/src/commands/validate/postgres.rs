@@ -167,6 +167,24 @@ async fn retention_checks(
             Some(hint) => r.hinted(Verdict::Warn, check.aspect.name(), check.detail, hint),
         }
     }
+    // The WAL kept for `outbox-relay restore` ([relay] replay_retention).
+    let replay = retention::replay::replay_window(client, &config.postgres.slot).await?;
+    let setting = config
+        .relay
+        .replay_retention
+        .map_or_else(|| "not set".to_owned(), |r| r.to_string());
+    match replay.warning(config.relay.replay_retention_bytes()) {
+        None => r.pass(
+            "replay window",
+            format!("replay_retention {setting}; {}", replay.summary()),
+        ),
+        Some((detail, hint)) => r.hinted(
+            Verdict::Warn,
+            "replay window",
+            format!("{detail}; {}", replay.summary()),
+            hint,
+        ),
+    }
     Ok(())
 }
 

@@ -287,6 +287,19 @@ pub(super) async fn run_script_skipping_at(
     then_fail: bool,
     already_published: HashMap<String, u64>,
 ) -> (Result<RunOutcome, PipelineError>, Harness) {
+    run_script_with(events, broker, config, then_fail, already_published, None).await
+}
+
+/// As [`run_script_skipping_at`], confirming to the source what `trail` gives (`[relay]
+/// replay_retention`).
+pub(super) async fn run_script_with(
+    events: Vec<SourceEvent>,
+    broker: FakeBroker,
+    config: PipelineConfig,
+    then_fail: bool,
+    already_published: HashMap<String, u64>,
+    trail: Option<crate::trail::SlotTrail>,
+) -> (Result<RunOutcome, PipelineError>, Harness) {
     // Work out each transaction's events for the checking store.
     let mut txs = Vec::new();
     let mut current = Vec::new();
@@ -340,6 +353,9 @@ pub(super) async fn run_script_skipping_at(
         .ids
         .extend(already_published.keys().cloned());
     pipeline.skip_published(already_published);
+    if let Some(trail) = trail {
+        pipeline.trail_slot(trail);
+    }
     let result = pipeline.run(std::future::pending()).await;
     (
         result,

@@ -6,6 +6,7 @@ mod anchors;
 mod fakes;
 mod messages;
 mod shutdown;
+mod trail;
 
 use pgoutput::{Insert, Update};
 

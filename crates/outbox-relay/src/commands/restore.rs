@@ -1,0 +1,490 @@
+//! `outbox-relay restore --from-lsn X [--to-lsn Y] [--dry-run]`: publishes again, from the WAL
+//! PostgreSQL still keeps for the relay's slot (`[relay] replay_retention`), the events
+//! committed from `X` that the stream no longer holds (purged, deleted and re-created, lost
+//! with a broker volume).
+//!
+//! It decodes from a copy of the slot (`<slot>_restore`, `pg_copy_logical_replication_slot`),
+//! started at `X`: the server skips every transaction committed before it. The events go
+//! through the relay's own pipeline (route, limits, dead letters, publish with retries), so
+//! each message is the one the live relay built (`Nats-Msg-Id`, headers, payload). Ids the
+//! stream still holds for the window are skipped. It stops before the first transaction
+//! committed at or after the stored checkpoint (or `--to-lsn`): what comes later is the live
+//! relay's. The main slot and the stored checkpoint are never touched; the copy is dropped at
+//! the end, and a copy a killed restore left is dropped at the next start. See docs/replay.md.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use anyhow::anyhow;
+use relay_core::Lsn;
+use relay_core::pipeline::{Pipeline, PipelineError, PipelineStats, RunOutcome};
+use relay_core::route::Router;
+use relay_core::stage::{ErrorClass, Publisher};
+use relay_nats::JetStreamPublisher;
+use relay_postgres::catalog::{self, restore_slot};
+use relay_postgres::source::PgSource;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::RelayConfig;
+use crate::exit::{Exit, ExitKind};
+use crate::run::{nats_exit, pg_exit};
+
+mod stages;
+
+/// How long dropping the copy waits for the walsender that streamed it to let go.
+const DROP_WAIT: Duration = Duration::from_secs(10);
+
+use stages::{DryRunPublisher, NoStore, RestorePublisher, WindowSource};
+
+/// `outbox-relay restore`'s options.
+#[derive(Debug, clap::Args)]
+pub struct RestoreArgs {
+    /// Restore the events committed at or after this commit LSN (e.g. 0/195D570). It must be
+    /// at or after the slot's confirmed position: older WAL is no longer kept.
+    #[arg(long, value_parser = super::position::parse_lsn)]
+    pub from_lsn: Lsn,
+    /// Stop before the events committed at or after this commit LSN (default and at most: the
+    /// relay's stored checkpoint).
+    #[arg(long, value_parser = super::position::parse_lsn)]
+    pub to_lsn: Option<Lsn>,
+    /// Decode and route the window, print what would be published; publish nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Messages published and not yet acknowledged by JetStream, at most.
+    #[arg(long, default_value_t = 256)]
+    pub max_in_flight: usize,
+    /// How often to print progress on stderr.
+    #[arg(long, default_value = "5s", value_parser = crate::humantime_duration)]
+    pub progress_interval: Duration,
+}
+
+fn query_exit(what: String) -> impl FnOnce(tokio_postgres::Error) -> Exit {
+    move |e| {
+        let kind = if relay_postgres::is_transient_query_error(&e) {
+            ExitKind::Unavailable
+        } else {
+            ExitKind::Internal
+        };
+        Exit::new(kind, anyhow::Error::new(e).context(what))
+    }
+}
+
+/// The window and where restore can start at all.
+struct Window {
+    from: Lsn,
+    end: Lsn,
+    copy: String,
+}
+
+/// Progress, shared with the ticker.
+struct Report {
+    window: (Lsn, Lsn),
+    started: Instant,
+    reached: Arc<AtomicU64>,
+    stats: Arc<PipelineStats>,
+    dry_run: bool,
+}
+
+impl Report {
+    fn line(&self, what: &str) -> String {
+        let (from, end) = self.window;
+        let reached = Lsn(self.reached.load(Ordering::Relaxed).max(from.0));
+        let span = end.0.saturating_sub(from.0).max(1);
+        let pct = (reached.0.saturating_sub(from.0) as f64 * 100.0 / span as f64).min(100.0);
+        let published = self.stats.events_published.load(Ordering::Relaxed);
+        let duplicates = self.stats.duplicates.load(Ordering::Relaxed);
+        let skipped = self.stats.already_published.load(Ordering::Relaxed);
+        let dead = self.stats.dead_lettered.load(Ordering::Relaxed);
+        let secs = self.started.elapsed().as_secs_f64().max(0.001);
+        let verb = if self.dry_run {
+            "would publish"
+        } else {
+            "published"
+        };
+        format!(
+            "restore {from}..{end} {what}: at commit LSN {reached} ({pct:.0}% of the window's WAL), {verb} {published} ({duplicates} dropped by JetStream as duplicates, {dead} dead-lettered), skipped {skipped} still in the stream; {secs:.1}s ({:.0} events/s)",
+            (published + skipped) as f64 / secs
+        )
+    }
+}
+
+/// Runs one restore.
+pub async fn restore(config: &RelayConfig, args: RestoreArgs) -> Result<(), Exit> {
+    if args.max_in_flight == 0 {
+        return Err(Exit::config(anyhow!("--max-in-flight must be at least 1")));
+    }
+    let shutdown = CancellationToken::new();
+    crate::signals::spawn_handler(
+        shutdown.clone(),
+        "stop requested: waiting for outstanding acks, then dropping the copy of the slot",
+        "second signal: exiting now; the next restore drops the copy of the slot this one leaves",
+    );
+    let pg = &config.postgres;
+    let (client, server) = relay_postgres::connect_primary(pg).await.map_err(pg_exit)?;
+    let window = prepare(&client, config, &args).await?;
+    let Some(window) = window else {
+        return Ok(());
+    };
+    let result = run_window(config, &args, &server, &client, &window, &shutdown).await;
+    // The copy pins WAL: drop it whatever happened (a kill leaves it to the next run).
+    match restore_slot::drop_slot(&client, &window.copy, DROP_WAIT).await {
+        Ok(()) => tracing::info!(copy = %window.copy, "dropped the restore's copy of the slot"),
+        Err(e) => {
+            tracing::warn!(copy = %window.copy, error = %e, "cannot drop the restore's copy of the slot; it keeps WAL until dropped: SELECT pg_drop_replication_slot('{}') (the next restore drops it too)", window.copy)
+        }
+    }
+    result
+}
+
+/// Checks the slot and the window, drops a copy a killed restore left, and makes the copy.
+/// `None`: nothing to restore.
+async fn prepare(
+    client: &tokio_postgres::Client,
+    config: &RelayConfig,
+    args: &RestoreArgs,
+) -> Result<Option<Window>, Exit> {
+    let slot = config.postgres.slot.as_str();
+    let main = catalog::slot(client, slot)
+        .await
+        .map_err(query_exit(format!(
+            "cannot look up replication slot {slot}"
+        )))?
+        .ok_or_else(|| {
+            Exit::config(anyhow!(
+                "replication slot `{slot}` does not exist: restore decodes the WAL its slot keeps"
+            ))
+        })?;
+    if main.is_lost() {
+        return Err(Exit::new(
+            ExitKind::DataSafety,
+            anyhow!(
+                "replication slot `{slot}` was invalidated: the WAL it kept is gone, nothing can be restored from it"
+            ),
+        ));
+    }
+    let (checkpoint, _) = catalog::stored_checkpoint(client, slot)
+        .await
+        .map_err(query_exit(format!("cannot read the checkpoint of slot {slot}")))?
+        .ok_or_else(|| {
+            Exit::config(anyhow!(
+                "slot `{slot}` has no stored checkpoint (outbox_relay.checkpoint): the relay never ran with it, so it published nothing to restore"
+            ))
+        })?;
+    let end = match args.to_lsn {
+        Some(to) if to > checkpoint => {
+            eprintln!(
+                "--to-lsn {to} is past the relay's stored checkpoint {checkpoint}: restoring up to the checkpoint (later events are the live relay's)"
+            );
+            checkpoint
+        }
+        Some(to) => to,
+        None => checkpoint,
+    };
+    let from = args.from_lsn;
+    if from >= end {
+        eprintln!(
+            "nothing to restore: --from-lsn {from} is not before {end} (the end of the window)"
+        );
+        return Ok(None);
+    }
+    let copy = restore_slot::copy_name(slot);
+    if catalog::slot(client, &copy)
+        .await
+        .map_err(query_exit(format!(
+            "cannot look up replication slot {copy}"
+        )))?
+        .is_some()
+    {
+        tracing::warn!(copy = %copy, "a previous restore left its copy of the slot (it was killed?): dropping it");
+        // A walsender of a killed restore lets go a moment later; one still streaming after
+        // the wait belongs to a restore that runs.
+        restore_slot::drop_slot(client, &copy, DROP_WAIT)
+            .await
+            .map_err(|e| {
+                let in_use = e.code().is_some_and(|c| {
+                    relay_postgres::sqlstate::SqlStateKind::of(c.code())
+                        == relay_postgres::sqlstate::SqlStateKind::ObjectInUse
+                });
+                if in_use {
+                    Exit::new(
+                        ExitKind::Unavailable,
+                        anyhow!("slot `{copy}` (the restore's copy of `{slot}`) is being streamed: another restore is running; wait for it, or stop it"),
+                    )
+                } else {
+                    query_exit(format!("cannot drop the leftover slot {copy}"))(e)
+                }
+            })?;
+    }
+    restore_slot::copy_slot(client, slot, &copy)
+        .await
+        .map_err(query_exit(format!(
+            "cannot copy replication slot {slot} to {copy} (pg_copy_logical_replication_slot: PostgreSQL 12+, the REPLICATION attribute)"
+        )))?;
+    tracing::info!(slot, copy = %copy, "copied the slot; the copy is dropped at the end (a killed restore leaves it: the next restore drops it)");
+    let copied = catalog::slot(client, &copy)
+        .await
+        .map_err(query_exit(format!(
+            "cannot look up replication slot {copy}"
+        )))?;
+    let kept_from = copied.as_ref().and_then(|c| c.confirmed_flush_lsn);
+    match kept_from {
+        Some(kept) if from >= kept => {}
+        other => {
+            let _ = restore_slot::drop_slot(client, &copy, DROP_WAIT).await;
+            let kept = other.map_or_else(|| "?".to_owned(), |l| l.to_string());
+            let when = match other {
+                Some(l) => relay_postgres::checkpoint::anchor_at_or_before(client, slot, l)
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(|a| {
+                        format!(
+                            " (events committed since about {})",
+                            humantime::format_rfc3339_seconds(a.commit_time)
+                        )
+                    })
+                    .unwrap_or_default(),
+                None => String::new(),
+            };
+            let setting = config
+                .relay
+                .replay_retention
+                .map_or_else(|| "not set".to_owned(), |r| format!("`{r}`"));
+            return Err(Exit::new(
+                ExitKind::DataSafety,
+                anyhow!(
+                    "cannot restore from {from}: slot `{slot}` keeps the WAL from commit LSN {kept} on{when}, not before. Restore can go back to --from-lsn {kept}; events committed before it are gone from WAL. [relay] replay_retention ({setting}) sets how much WAL the slot keeps behind the checkpoint (docs/replay.md)"
+                ),
+            ));
+        }
+    }
+    eprintln!(
+        "restore of the events committed in [{from}, {end}) of slot {slot} (stored checkpoint {checkpoint}), decoded from its copy {copy}{}",
+        if args.dry_run {
+            "; dry run: nothing is published"
+        } else {
+            ""
+        }
+    );
+    Ok(Some(Window { from, end, copy }))
+}
+
+/// Decodes the window from the copy and publishes what the stream lacks.
+async fn run_window(
+    config: &RelayConfig,
+    args: &RestoreArgs,
+    server: &relay_postgres::PostgresSettings,
+    client: &tokio_postgres::Client,
+    window: &Window,
+    shutdown: &CancellationToken,
+) -> Result<(), Exit> {
+    let nats = relay_nats::connect(&config.nats).await.map_err(nats_exit)?;
+    let publisher = JetStreamPublisher::new(
+        &nats,
+        &config.nats.stream,
+        config.nats.ack_timeout,
+        args.max_in_flight,
+    );
+    let stream_report = relay_nats::prepare_stream(
+        publisher.jetstream(),
+        &config.nats,
+        &config.sample_subjects(),
+    )
+    .await
+    .map_err(nats_exit)?;
+    let in_stream = relay_nats::published_between(
+        publisher.jetstream(),
+        &config.nats.stream,
+        window.from,
+        window.end,
+    )
+    .await
+    .map_err(nats_exit)?;
+    eprintln!(
+        "stream {} still holds {} events of the window: they are skipped",
+        config.nats.stream,
+        in_stream.len()
+    );
+
+    let mut router = config.router().map_err(Exit::config)?;
+    let oids = catalog::outbox_table_oids(client, &config.tables())
+        .await
+        .map_err(pg_exit)?;
+    router.bind_catalog(&oids.tables, oids.read_at);
+    catalog::partitions::bind(client, &config.tables(), &mut router)
+        .await
+        .map_err(pg_exit)?;
+
+    let mut copy_settings = server.clone();
+    copy_settings.slot.clone_from(&window.copy);
+    let reached = Arc::new(AtomicU64::new(window.from.0));
+    let inner = PgSource::start(&copy_settings, window.from, Lsn(0))
+        .await
+        .map_err(|e| Exit::new(class_kind(e.class), e))?;
+    let source = WindowSource {
+        inner,
+        end: window.end,
+        in_tx: false,
+        reached: reached.clone(),
+    };
+    let stats = Arc::new(PipelineStats::default());
+    let report = Arc::new(Report {
+        window: (window.from, window.end),
+        started: Instant::now(),
+        reached,
+        stats: stats.clone(),
+        dry_run: args.dry_run,
+    });
+    let not_stored = Arc::new(Mutex::new(Vec::new()));
+    let ticker = {
+        let report = report.clone();
+        let every = args.progress_interval.max(Duration::from_millis(100));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                eprintln!("{}", report.line("in progress"));
+            }
+        })
+    };
+    let result = if args.dry_run {
+        let dry = DryRunPublisher {
+            limits: publisher.limits(),
+        };
+        pipeline_run(
+            config, args, source, dry, router, window, in_stream, &stats, shutdown,
+        )
+        .await
+    } else {
+        let restoring = RestorePublisher {
+            jetstream: publisher.jetstream().clone(),
+            stream: config.nats.stream.clone(),
+            inner: publisher,
+            not_stored: not_stored.clone(),
+        };
+        pipeline_run(
+            config, args, source, restoring, router, window, in_stream, &stats, shutdown,
+        )
+        .await
+    };
+    ticker.abort();
+    let not_stored =
+        std::mem::take(&mut *not_stored.lock().unwrap_or_else(PoisonError::into_inner));
+    finish(
+        &report,
+        result,
+        shutdown,
+        &not_stored,
+        (&config.nats.stream, stream_report.duplicate_window),
+    )
+}
+
+/// The relay's pipeline over the window: source, publisher and a store that keeps nothing.
+#[allow(clippy::too_many_arguments)]
+async fn pipeline_run<P: Publisher>(
+    config: &RelayConfig,
+    args: &RestoreArgs,
+    source: WindowSource,
+    publisher: P,
+    router: Router,
+    window: &Window,
+    in_stream: HashMap<String, u64>,
+    stats: &Arc<PipelineStats>,
+    shutdown: &CancellationToken,
+) -> Result<RunOutcome, PipelineError> {
+    let mut pipeline_config = config.relay.pipeline_config();
+    pipeline_config.max_in_flight = args.max_in_flight;
+    let mut pipeline = Pipeline::new(
+        source,
+        publisher,
+        NoStore,
+        router,
+        window.from,
+        pipeline_config,
+        stats.clone(),
+    );
+    pipeline.skip_published(in_stream);
+    let result = pipeline.run(shutdown.cancelled()).await;
+    let (source, _, _) = pipeline.into_parts();
+    source.inner.stop(Duration::from_secs(1)).await;
+    result
+}
+
+fn class_kind(class: ErrorClass) -> ExitKind {
+    match class {
+        ErrorClass::Transient => ExitKind::Unavailable,
+        ErrorClass::Fatal => ExitKind::Config,
+        ErrorClass::SlotLost => ExitKind::DataSafety,
+    }
+}
+
+/// The summary line and the exit.
+fn finish(
+    report: &Report,
+    result: Result<RunOutcome, PipelineError>,
+    shutdown: &CancellationToken,
+    not_stored: &[String],
+    (stream, duplicate_window): (&str, Duration),
+) -> Result<(), Exit> {
+    let (from, end) = report.window;
+    let again =
+        "run the same command again: events it already restored are in the stream and are skipped";
+    match result {
+        Ok(outcome) if shutdown.is_cancelled() => {
+            eprintln!("{}", report.line("stopped"));
+            Err(Exit::new(
+                ExitKind::Interrupted,
+                anyhow!(
+                    "restore of [{from}, {end}) stopped on request ({} unacknowledged messages abandoned); {again}",
+                    outcome.abandoned
+                ),
+            ))
+        }
+        Ok(outcome) if outcome.abandoned > 0 => {
+            eprintln!("{}", report.line("incomplete"));
+            Err(Exit::new(
+                ExitKind::Unavailable,
+                anyhow!(
+                    "restore of [{from}, {end}) ended with {} messages unacknowledged; {again}",
+                    outcome.abandoned
+                ),
+            ))
+        }
+        Ok(_) if !not_stored.is_empty() => {
+            eprintln!("{}", report.line("incomplete"));
+            Err(Exit::new(
+                ExitKind::DataSafety,
+                anyhow!(
+                    "JetStream dropped {} events as duplicates of messages stream {stream} no longer holds (e.g. event {}): after a purge it still remembers their ids for its duplicate_window ({}). They are not restored: run the same command again in {} (it publishes only what the stream lacks)",
+                    not_stored.len(),
+                    not_stored[0],
+                    humantime::format_duration(duplicate_window),
+                    humantime::format_duration(duplicate_window)
+                ),
+            ))
+        }
+        Ok(_) => {
+            eprintln!("{}", report.line("finished"));
+            Ok(())
+        }
+        Err(error) => {
+            eprintln!("{}", report.line("failed"));
+            let kind = match &error {
+                PipelineError::Route { .. } | PipelineError::Publish { .. } => ExitKind::DataSafety,
+                PipelineError::Schema { .. } => ExitKind::Config,
+                PipelineError::Source(e) => class_kind(e.class),
+                PipelineError::Store { error, .. } => class_kind(error.class),
+                PipelineError::Protocol(_) => ExitKind::Internal,
+            };
+            Err(Exit::new(
+                kind,
+                anyhow::Error::new(error).context(format!(
+                    "restore of [{from}, {end}) stopped; the main slot and the stored checkpoint are untouched. Fix the cause and {again}"
+                )),
+            ))
+        }
+    }
+}
