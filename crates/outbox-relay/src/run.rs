@@ -91,6 +91,7 @@ pub async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), 
         publisher.jetstream(),
         &config.nats,
         &config.sample_subjects(),
+        &config.broker_needs(),
     )
     .await
     .map_err(nats_exit)?;
