@@ -402,3 +402,74 @@ async fn cloudevents_headers_are_exact_and_a_bad_time_is_a_bad_row() -> Result<(
     );
     Ok(())
 }
+
+/// `[otlp]`: an event whose row has a sampled `traceparent` gets one span, a child of that
+/// context, from its commit to its ack, with the event id, subject and stream sequence; events
+/// without one, or with an unsampled one, get none. The last spans are flushed at shutdown.
+#[tokio::test(flavor = "multi_thread")]
+async fn otlp_spans_are_children_of_the_rows_traceparent() -> Result<()> {
+    let env = Env::start().await?;
+    let receiver = relay_testkit::OtlpReceiver::start().await?;
+    let config = env.config(&format!(
+        "\n[otlp]\nendpoint = \"{}\"\nservice_name = \"relay-test\"\n",
+        receiver.url()
+    ));
+    let mut relay = Relay::start_streaming(&config).await?;
+    let js = env.jetstream().await?;
+    let db = env.db().await?;
+    let (trace, parent) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
+    let insert = "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, tracingspancontext) \
+                  VALUES ($1::text::uuid, 'Order', '7', 'Traced', '{}', $2)";
+    let traced = uuid::Uuid::new_v4().to_string();
+    db.execute(insert, &[&traced, &format!("00-{trace}-{parent}-01")])
+        .await?;
+    let unsampled = uuid::Uuid::new_v4().to_string();
+    db.execute(insert, &[&unsampled, &format!("00-{trace}-{parent}-00")])
+        .await?;
+    insert_event(&db, "Order", "Untraced", "{}").await?;
+    let got = wait_for_messages(&js, 3, WAIT, Some(&relay)).await?;
+    assert_eq!(got[0].id(), traced);
+    relay.signal(nix::sys::signal::Signal::SIGTERM);
+    let status = relay.wait_exit(WAIT).await?;
+    assert_eq!(status.code(), Some(0), "{}", relay.log());
+
+    let spans = receiver.wait_for(1, WAIT).await?;
+    assert_eq!(
+        spans.len(),
+        1,
+        "one span, for the sampled event only: {spans:?}"
+    );
+    let span = &spans[0];
+    assert_eq!(span.name, "outbox-relay publish");
+    assert_eq!(span.service, "relay-test");
+    assert_eq!(
+        (span.trace_id.as_str(), span.parent_span_id.as_str()),
+        (trace, parent)
+    );
+    assert_ne!(span.span_id, parent);
+    assert_eq!(
+        span.attribute("messaging.message.id"),
+        Some(traced.as_str())
+    );
+    assert_eq!(
+        span.attribute("messaging.destination.name"),
+        Some("outbox.Order.Traced")
+    );
+    assert_eq!(span.attribute("nats.stream"), Some(STREAM));
+    let seq = got[0].seq.to_string();
+    assert_eq!(span.attribute("nats.stream.sequence"), Some(seq.as_str()));
+    assert_eq!(
+        span.attribute("outbox.commit_lsn"),
+        Some(got[0].header("Outbox-Commit-Lsn"))
+    );
+    assert_eq!(span.events, ["published"]);
+    let commit = humantime::parse_rfc3339(got[0].header("Outbox-Commit-Time"))?
+        .duration_since(SystemTime::UNIX_EPOCH)?
+        .as_nanos() as u64;
+    assert_eq!(
+        span.start_unix_nanos, commit,
+        "the span starts at the commit"
+    );
+    assert!(span.end_unix_nanos >= span.start_unix_nanos);
+    Ok(())
+}

@@ -39,6 +39,9 @@ pub struct RelayConfig {
     /// Health, metrics and status endpoints.
     #[serde(default)]
     pub http: HttpSettings,
+    /// OpenTelemetry spans over OTLP/HTTP. Default: off.
+    #[serde(default)]
+    pub otlp: crate::otlp::OtlpSettings,
 }
 
 /// The `[http]` section: `/livez`, `/readyz`, `/metrics`, `/status`.
