@@ -18,6 +18,7 @@ mod hostile;
 mod limits;
 mod localized;
 mod messages;
+mod native_headers;
 mod ops;
 mod partitions;
 mod pause;

@@ -127,7 +127,11 @@ impl Event {
                 .filter(|v| !v.is_empty())
         };
         let owned = |name: &str| get(name).map(str::to_owned);
-        let id = owned(HEADER_MSG_ID).ok_or(EventError::MissingEventId)?;
+        // A scheduled event's delivered copy has no `Nats-Msg-Id` (JetStream strips it): its
+        // id is in `Outbox-Event-Id`.
+        let id = owned(HEADER_MSG_ID)
+            .or_else(|| owned(outbox_contract::HEADER_EVENT_ID))
+            .ok_or(EventError::MissingEventId)?;
         Ok(Self {
             id,
             subject: subject.to_owned(),
@@ -171,6 +175,16 @@ mod tests {
             h.insert(*k, *v);
         }
         h
+    }
+
+    #[test]
+    fn a_scheduled_events_delivered_copy_is_known_by_outbox_event_id() {
+        let h = headers(&[("Outbox-Event-Id", "42"), ("Nats-Scheduler", "s.42")]);
+        let ev = Event::from_parts("outbox.a", Some(&h), Bytes::new(), 9, 1).unwrap();
+        assert_eq!(ev.id, "42");
+        let both = headers(&[("Nats-Msg-Id", "41"), ("Outbox-Event-Id", "42")]);
+        let ev = Event::from_parts("outbox.a", Some(&both), Bytes::new(), 9, 1).unwrap();
+        assert_eq!(ev.id, "41");
     }
 
     #[test]

@@ -70,6 +70,54 @@ pub const HEADER_EVENT_TYPE: &str = "Outbox-Event-Type";
 /// W3C trace context (default mapping, optional column `tracingspancontext`).
 pub const HEADER_TRACEPARENT: &str = "traceparent";
 
+// --- Broker-native headers mapped from optional outbox columns (docs/message-format.md) -----
+
+/// Per-message TTL (nats-server 2.11+, a stream with `allow_msg_ttl`): whole seconds after
+/// which JetStream removes the message.
+pub const HEADER_NATS_TTL: &str = "Nats-TTL";
+/// Delayed delivery (nats-server 2.12+, a stream with `allow_msg_schedules`): `@at <RFC 3339>`.
+/// The message is stored on a schedule subject of its own and JetStream publishes a copy to
+/// [`HEADER_SCHEDULE_TARGET`] at that time, then removes the schedule.
+pub const HEADER_SCHEDULE: &str = "Nats-Schedule";
+/// The subject a scheduled message is delivered to (the event's subject).
+pub const HEADER_SCHEDULE_TARGET: &str = "Nats-Schedule-Target";
+/// The TTL the delivered copy of a scheduled message gets (`Nats-TTL` on the schedule itself
+/// would expire the schedule).
+pub const HEADER_SCHEDULE_TTL: &str = "Nats-Schedule-TTL";
+/// The event id, on scheduled messages only: JetStream strips `Nats-Msg-Id` from the copy it
+/// delivers, so consumers (and the relay's start-up scan) read the id from here instead.
+pub const HEADER_EVENT_ID: &str = "Outbox-Event-Id";
+
+/// The broker-native headers the relay sets from `ttl_column` / `schedule_column`; a mapping
+/// may not set them through `headers` (that would skip the server and stream checks).
+pub const NATIVE_HEADERS: [&str; 5] = [
+    HEADER_NATS_TTL,
+    HEADER_SCHEDULE,
+    HEADER_SCHEDULE_TARGET,
+    HEADER_SCHEDULE_TTL,
+    HEADER_EVENT_ID,
+];
+
+// --- CloudEvents binary content mode (CloudEvents NATS protocol binding, `[outbox.cloudevents]`)
+
+/// CloudEvents `id`: the event id.
+pub const HEADER_CE_ID: &str = "ce-id";
+/// CloudEvents `source`: configured per table.
+pub const HEADER_CE_SOURCE: &str = "ce-source";
+/// CloudEvents `type`: from the type column.
+pub const HEADER_CE_TYPE: &str = "ce-type";
+/// CloudEvents `time`: the commit time, or a configured column, RFC 3339 UTC.
+pub const HEADER_CE_TIME: &str = "ce-time";
+/// CloudEvents `specversion`: always [`CE_SPECVERSION`].
+pub const HEADER_CE_SPECVERSION: &str = "ce-specversion";
+/// CloudEvents `subject`: from a configured column, when set.
+pub const HEADER_CE_SUBJECT: &str = "ce-subject";
+/// The CloudEvents version the headers follow.
+pub const CE_SPECVERSION: &str = "1.0";
+/// Every CloudEvents header name prefix (`ce-`): a table with CloudEvents on may not map
+/// another `ce-*` header through `headers`.
+pub const CE_PREFIX: &str = "ce-";
+
 // --- Dead letters ---------------------------------------------------------------------------
 
 /// Why the message is a dead letter. Set by the relay on a row it cannot route (with
@@ -83,6 +131,7 @@ pub fn is_relay_owned(name: &str) -> bool {
     RELAY_HEADERS
         .iter()
         .chain(&[HEADER_BACKFILL, HEADER_MESSAGE_PREFIX, HEADER_DLQ_REASON])
+        .chain(&NATIVE_HEADERS)
         .any(|own| own.eq_ignore_ascii_case(name))
 }
 /// Consumer dead letter: the subject the message was delivered on.
@@ -108,6 +157,7 @@ mod tests {
         ] {
             assert!(is_relay_owned(own), "{own}");
         }
+        assert!(is_relay_owned("nats-ttl") && is_relay_owned("Outbox-Event-Id"));
         assert!(!is_relay_owned("Outbox-Event-Type"));
         assert!(!is_relay_owned("traceparent"));
     }

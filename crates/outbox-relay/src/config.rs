@@ -41,6 +41,9 @@ pub struct RelayConfig {
     /// Health, metrics and status endpoints.
     #[serde(default)]
     pub http: HttpSettings,
+    /// OpenTelemetry spans over OTLP/HTTP. Default: off.
+    #[serde(default)]
+    pub otlp: crate::otlp::OtlpSettings,
 }
 
 /// The `[http]` section: `/livez`, `/readyz`, `/metrics`, `/status`.
@@ -599,6 +602,11 @@ impl RelayConfig {
             .iter()
             .filter_map(|o| o.validate().ok().map(|t| (o.table.clone(), t.sample("x"))))
             .collect();
+        for o in self.outbox.iter() {
+            if let Some(sample) = o.schedule_sample() {
+                samples.push((format!("{} schedule_subject", o.table), sample));
+            }
+        }
         for m in &self.messages {
             for sample in m.sample_subjects() {
                 samples.push((format!("[[messages]] prefix \"{}\"", m.prefix), sample));
@@ -608,6 +616,11 @@ impl RelayConfig {
             samples.push(("[relay] dead_letter_subject".into(), dlq.clone()));
         }
         samples
+    }
+
+    /// What the mappings' broker-native headers need from the server and stream.
+    pub fn broker_needs(&self) -> Vec<relay_core::route::BrokerNeed> {
+        self.outbox.iter().flat_map(|o| o.broker_needs()).collect()
     }
 
     /// `(schema, table)` of every outbox table.

@@ -8,6 +8,7 @@ mod config;
 mod exit;
 mod http;
 mod inspect;
+mod otlp;
 mod run;
 mod signals;
 mod tail;

@@ -91,6 +91,7 @@ pub async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), 
         publisher.jetstream(),
         &config.nats,
         &config.sample_subjects(),
+        &config.broker_needs(),
     )
     .await
     .map_err(nats_exit)?;
@@ -102,6 +103,9 @@ pub async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), 
         report.allow_atomic,
         config.relay.max_in_flight,
     );
+    // Held until `run` returns: dropping it flushes the last spans.
+    let spans = config.otlp.start().map_err(Exit::config)?;
+    let publisher = crate::otlp::TracedPublisher::new(publisher, spans, &config.nats.stream);
     tracing::info!(
         stream = %config.nats.stream,
         subjects = ?report.subjects,
@@ -118,7 +122,7 @@ pub async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), 
         spawn_sampler(
             config.clone(),
             telemetry.clone(),
-            publisher.context().clone(),
+            publisher.inner().context().clone(),
             shutdown.clone(),
         );
     }

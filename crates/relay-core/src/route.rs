@@ -19,6 +19,7 @@ mod dead_letter;
 mod error;
 mod limits;
 mod messages;
+mod native;
 mod relations;
 
 use config::OPTIONAL_SUFFIX;
@@ -30,6 +31,7 @@ pub use messages::{
     HEADER_MESSAGE_PREFIX, MessageConfigError, MessagePolicy, MessageRouteConfig,
     non_transactional_context, non_transactional_end,
 };
+pub use native::{BrokerFeature, BrokerNeed, CloudEventsConfig};
 
 /// Where a message's payload comes from.
 #[derive(Debug, Clone)]
@@ -51,6 +53,9 @@ struct CompiledRoute {
     subject: Vec<SubjectPart>,
     payload: PayloadPlan,
     headers: Vec<(Arc<str>, usize)>,
+    /// `ttl_column`, `schedule_column`, `[outbox.cloudevents]`; `None` (the usual case) costs
+    /// nothing per row.
+    native: Option<Box<native::NativePlan>>,
 }
 
 #[derive(Debug, Clone)]
@@ -208,8 +213,10 @@ fn compile(table: &TableRoute, relation: Arc<Relation>) -> Result<CompiledRoute,
             Err(e) => return Err(e),
         }
     }
+    let native = native::compile(config, &name, &relation)?.map(Box::new);
     Ok(CompiledRoute {
         table: name,
+        native,
         relation,
         event_id,
         subject,

@@ -30,6 +30,10 @@ pub mod oid {
     pub const FLOAT8: u32 = 701;
     /// `jsonb`
     pub const JSONB: u32 = 3802;
+    /// `timestamptz`
+    pub const TIMESTAMPTZ: u32 = 1184;
+    /// `interval`
+    pub const INTERVAL: u32 = 1186;
 }
 
 /// A `bytea` text value that is not `\x` + hex.

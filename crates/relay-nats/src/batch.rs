@@ -358,16 +358,7 @@ async fn settle(
 /// Whether a server of version `version` (INFO) takes `Nats-Msg-Id` inside atomic batches:
 /// 2.12.1 or later.
 pub(crate) fn supports_atomic_batches(version: &str) -> bool {
-    let mut parts = version
-        .trim_start_matches('v')
-        .split(['.', '-', '+'])
-        .map(|p| p.parse::<u64>().unwrap_or(0));
-    let (major, minor, patch) = (
-        parts.next().unwrap_or(0),
-        parts.next().unwrap_or(0),
-        parts.next().unwrap_or(0),
-    );
-    (major, minor, patch) >= (2, 12, 1)
+    crate::native::version_triple(version) >= (2, 12, 1)
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ mod batch;
 mod closes;
 mod connection;
 mod durability;
+mod native;
 mod published;
 mod publisher;
 mod settings;
@@ -28,6 +29,7 @@ pub use durability::{
     Aspect, Durability, DurabilityCheck, LazyServer, SYNC_PROBE_SUBJECT, ServerSync, Storage,
     assess_durability,
 };
+pub use native::check_broker_needs;
 pub use published::{StreamState, published_between, published_since, scan_headers};
 pub use publisher::JetStreamPublisher;
 pub use settings::{NatsSettings, PublishMode};
@@ -78,6 +80,15 @@ pub enum NatsError {
         /// The JetStream API permission the server refused this connection, when that is why
         /// (a refused request otherwise only times out), with the fix; else empty.
         hint: String,
+    },
+    /// A mapping's broker-native header (`Nats-TTL`, `Nats-Schedule`) that the server or the
+    /// stream cannot honour.
+    #[error("{problem}: {fix}")]
+    BrokerFeature {
+        /// What is needed and missing, naming the table, column, header and setting.
+        problem: String,
+        /// How to fix it.
+        fix: String,
     },
     /// A subject the mappings produce is not captured by the stream.
     #[error(

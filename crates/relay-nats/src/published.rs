@@ -16,7 +16,7 @@ use async_nats::jetstream::consumer;
 pub use async_nats::jetstream::stream::State as StreamState;
 use futures::StreamExt as _;
 use relay_core::Lsn;
-use relay_core::message::{HEADER_COMMIT_LSN, HEADER_MSG_ID};
+use relay_core::message::{HEADER_COMMIT_LSN, HEADER_EVENT_ID, HEADER_MSG_ID};
 
 use crate::{JetStream, NatsError};
 
@@ -109,7 +109,12 @@ pub async fn published_since(
                 .get(HEADER_COMMIT_LSN)
                 .and_then(|l| Lsn::from_str(l.as_str()).ok())
                 .is_some_and(|lsn| lsn >= since);
-            if at_or_after && let Some(id) = headers.get(HEADER_MSG_ID) {
+            // A scheduled event's delivered copy carries its id as `Outbox-Event-Id` (JetStream
+            // strips `Nats-Msg-Id`, and removes the schedule once it has fired).
+            let id = headers
+                .get(HEADER_MSG_ID)
+                .or_else(|| headers.get(HEADER_EVENT_ID));
+            if at_or_after && let Some(id) = id {
                 // 0: not known (the pipeline then uses no position for it).
                 ids.entry(id.as_str().to_owned())
                     .or_insert(seq.unwrap_or(0));

@@ -1,6 +1,7 @@
 //! Start-up checks of the target stream.
 
 use relay_core::check::CheckAspect as _;
+use relay_core::route::BrokerNeed;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
@@ -31,15 +32,18 @@ pub struct StreamReport {
 
 pub use relay_core::subject::subject_matches;
 
-/// Ensures the stream exists (creating it only when allowed) and captures every sample
-/// subject `(table, subject)`; reports durability warnings (asking the servers for their sync
-/// setting, up to 2 s).
+/// Ensures the stream exists (creating it only when allowed, with the settings `needs` ask
+/// for) and captures every sample subject `(table, subject)`; refuses broker-native headers
+/// (`needs`) the server or stream cannot honour; reports durability warnings (asking the
+/// servers for their sync setting, up to 2 s).
 pub async fn prepare_stream(
     jetstream: &JetStream,
     settings: &NatsSettings,
     samples: &[(String, String)],
+    needs: &[BrokerNeed],
 ) -> Result<StreamReport, NatsError> {
     let context = jetstream.context();
+    let version = context.client().server_info().version;
     let name = settings.stream.as_str();
     let lookup = context.get_stream(name).await;
     let (info, created) = match lookup {
@@ -63,8 +67,12 @@ pub async fn prepare_stream(
                     subjects: settings.stream_subjects.join(","),
                 });
             }
+            let (allow_message_ttl, allow_message_schedules) =
+                crate::native::creation_flags(&version, needs);
             let config = stream::Config {
                 name: name.into(),
+                allow_message_ttl,
+                allow_message_schedules,
                 subjects: settings.stream_subjects.clone(),
                 storage: stream::StorageType::File,
                 duplicate_window: settings.duplicate_window,
@@ -97,6 +105,7 @@ pub async fn prepare_stream(
         }
     };
     let config = &info.config;
+    crate::check_broker_needs(&version, config, needs)?;
     for (table, subject) in samples {
         if !config.subjects.iter().any(|f| subject_matches(f, subject)) {
             return Err(NatsError::SubjectNotCaptured {

@@ -29,7 +29,7 @@ pub const BACKFILL_MIGRATION: &str = include_str!("../../../migrations/0003_rela
 /// written (a `--where` filter cannot change data).
 const READ_SESSION: &str = "SET application_name = 'outbox-relay backfill'; \
      SET bytea_output = hex; SET DateStyle = ISO; SET TimeZone = UTC; \
-     SET extra_float_digits = 3; SET default_transaction_read_only = on";
+     SET IntervalStyle = postgres; SET extra_float_digits = 3; SET default_transaction_read_only = on";
 
 /// Failures of the backfill's SQL.
 #[derive(Debug, thiserror::Error)]

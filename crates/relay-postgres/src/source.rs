@@ -22,9 +22,10 @@ use relay_core::stage::{ChangeSource, ErrorClass, SourceError, SourceEvent};
 use crate::sqlstate::{ReplicationErrorKind, ReplicationPhase, replication_error_kind};
 use crate::{PgError, PostgresSettings};
 
-/// Session settings that make text output deterministic: hex bytea, ISO dates, UTC.
-const SESSION_OPTIONS: &str =
-    "-c bytea_output=hex -c DateStyle=ISO -c TimeZone=UTC -c extra_float_digits=3";
+/// Session settings that make text output deterministic: hex bytea, ISO dates, UTC, and the
+/// `postgres` interval form (what `ttl_column` parses).
+const SESSION_OPTIONS: &str = "-c bytea_output=hex -c DateStyle=ISO -c TimeZone=UTC \
+     -c IntervalStyle=postgres -c extra_float_digits=3";
 
 /// A running replication session.
 pub struct PgSource {

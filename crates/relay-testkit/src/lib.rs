@@ -34,6 +34,7 @@
 mod nats;
 mod nats_cluster;
 mod nats_jwt;
+mod otlp;
 mod postgres;
 mod procs;
 mod proxy;
@@ -48,6 +49,7 @@ pub use nats_cluster::{
     CLUSTER_READY_TIMEOUT, NatsCluster, nats_request, stream_leader, stream_leader_stepdown,
 };
 pub use nats_jwt::{NatsOperator, UserPermissions};
+pub use otlp::{OtlpReceiver, ReceivedSpan};
 pub use postgres::{PgOptions, PgSecurity, PostgresServer, StandbyOptions, multi_host_url};
 pub use proxy::FaultProxy;
 pub use tls::{IssuedCert, TestCa};

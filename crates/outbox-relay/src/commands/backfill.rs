@@ -321,6 +321,7 @@ pub async fn backfill(config: &RelayConfig, args: BackfillArgs) -> Result<(), Ex
         publisher.jetstream(),
         &config.nats,
         &config.sample_subjects(),
+        &config.broker_needs(),
     )
     .await
     .map_err(nats_exit)?;

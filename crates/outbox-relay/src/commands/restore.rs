@@ -291,6 +291,7 @@ async fn run_window(
         publisher.jetstream(),
         &config.nats,
         &config.sample_subjects(),
+        &config.broker_needs(),
     )
     .await
     .map_err(nats_exit)?;

@@ -62,7 +62,14 @@ pub async fn setup(config: &RelayConfig, create_stream: bool) -> Result<(), Exit
     let mut nats = config.nats.clone();
     nats.create_stream = create_stream || nats.create_stream;
     let jetstream = connection.jetstream();
-    match relay_nats::prepare_stream(&jetstream, &nats, &config.sample_subjects()).await {
+    match relay_nats::prepare_stream(
+        &jetstream,
+        &nats,
+        &config.sample_subjects(),
+        &config.broker_needs(),
+    )
+    .await
+    {
         Ok(report) => {
             println!(
                 "{}  stream {} subjects [{}]",

@@ -13,7 +13,6 @@ use relay_core::pipeline::{Pipeline, PipelineError};
 use relay_core::route::Router;
 use relay_core::stage::{BoundaryError, CheckpointStore, ErrorClass};
 use relay_core::trail::{ReplayRetention, SlotTrail};
-use relay_nats::JetStreamPublisher;
 use relay_postgres::PgError;
 use relay_postgres::bootstrap::{self, SlotState};
 use relay_postgres::checkpoint::PgCheckpointStore;
@@ -74,7 +73,7 @@ fn postgres(error: PgError) -> Stop {
 /// Runs sessions for [`super::run`]: what one session learns that the next must know.
 pub(super) struct Supervisor<'a> {
     pub(super) config: &'a RelayConfig,
-    pub(super) publisher: &'a JetStreamPublisher,
+    pub(super) publisher: &'a crate::otlp::TracedPublisher,
     /// Ends the session: a shutdown, or the publication check finding drift.
     pub(super) stop: &'a CancellationToken,
     pub(super) telemetry: &'a Arc<Telemetry>,
@@ -106,7 +105,7 @@ impl Supervisor<'_> {
         let state = self.prepare(&mut store).await?;
         let start = self.resume_position(&mut store, &state).await?;
         let already_published = relay_nats::published_since(
-            self.publisher.jetstream(),
+            self.publisher.inner().jetstream(),
             &self.config.nats.stream,
             start,
             self.config.relay.max_in_flight as u64 * 2,

@@ -46,6 +46,9 @@ impl CompiledRoute {
         for (_, i) in &self.headers {
             push(*i, "header");
         }
+        for (i, role) in self.native.iter().flat_map(|n| n.columns()) {
+            push(i, role);
+        }
         out
     }
 
@@ -203,6 +206,25 @@ impl CompiledRoute {
                 });
             }
             headers.push((header.clone(), value.as_ref().into()));
+        }
+        if let Some(native) = &self.native {
+            let bad = |index: usize, header: &'static str, reason: String| {
+                RouteError::InvalidNativeValue {
+                    table: self.table.to_string(),
+                    event_id: event_id.clone(),
+                    column: self.column_name(index),
+                    header,
+                    reason,
+                }
+            };
+            native.apply(
+                &|index| text(index, &event_id),
+                &bad,
+                &event_id,
+                &tx.commit_time_text,
+                &mut subject,
+                &mut headers,
+            )?;
         }
 
         Ok(OutboundMessage {

@@ -37,6 +37,21 @@ pub struct OutboxTableConfig {
     /// valid UTF-8 JSON, else the row fails closed or goes to the dead-letter subject).
     #[serde(default, skip_serializing_if = "PayloadFormat::is_raw")]
     pub payload_format: PayloadFormat,
+    /// Column holding a per-message TTL (`smallint`/`integer`/`bigint` seconds, or `interval`),
+    /// sent as `Nats-TTL` (nats-server 2.11+, a stream with `allow_msg_ttl`); NULL: no TTL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_column: Option<String>,
+    /// A `timestamptz` column: the event is delivered at that time (`Nats-Schedule: @at …`,
+    /// nats-server 2.12+, a stream with `allow_msg_schedules`); NULL: delivered now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule_column: Option<String>,
+    /// Subject prefix a scheduled event is held under until due, as
+    /// `<schedule_subject>.<event id>` (required with `schedule_column`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule_subject: Option<String>,
+    /// CloudEvents binary-mode headers (`ce-*`) on every event of the table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloudevents: Option<super::native::CloudEventsConfig>,
 }
 
 /// Validation applied to the payload column.
@@ -87,6 +102,10 @@ impl OutboxTableConfig {
             payload: default_payload(),
             headers: default_headers(),
             payload_format: PayloadFormat::Raw,
+            ttl_column: None,
+            schedule_column: None,
+            schedule_subject: None,
+            cloudevents: None,
         }
     }
 
@@ -115,6 +134,10 @@ impl OutboxTableConfig {
                 return Err(ConfigError::ReservedHeader(name.clone()));
             }
         }
+        super::native::validate(self).map_err(|reason| ConfigError::Native {
+            table: self.table.clone(),
+            reason,
+        })?;
         SubjectTemplate::parse(&self.subject).map_err(|source| ConfigError::Subject {
             table: self.table.clone(),
             source,
@@ -145,6 +168,14 @@ pub enum ConfigError {
         /// Why.
         #[source]
         source: TemplateError,
+    },
+    /// `ttl_column`, `schedule_column`/`schedule_subject` or `[outbox.cloudevents]` refused.
+    #[error("outbox table `{table}`: {reason}")]
+    Native {
+        /// The table.
+        table: String,
+        /// Why.
+        reason: String,
     },
     /// Two mappings for one table.
     #[error("outbox table `{0}` is configured twice")]

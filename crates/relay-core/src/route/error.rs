@@ -64,6 +64,38 @@ pub enum RouteError {
         /// Type OID now.
         now: u32,
     },
+    /// A column mapped to a native header has a type the header cannot come from.
+    #[error(
+        "outbox table `{table}`: column `{column}` (mapped as {role}) has type oid {type_oid}, expected {expected}; change the column's type or the mapping"
+    )]
+    ColumnType {
+        /// The table.
+        table: String,
+        /// The column.
+        column: String,
+        /// What the mapping uses it for.
+        role: &'static str,
+        /// Its type OID.
+        type_oid: u32,
+        /// The types that work.
+        expected: &'static str,
+    },
+    /// A value of a column mapped to a native or CloudEvents header cannot be that header.
+    #[error(
+        "event {event_id} in `{table}`: column `{column}` cannot be header `{header}`: {reason}"
+    )]
+    InvalidNativeValue {
+        /// The table.
+        table: String,
+        /// The event id.
+        event_id: String,
+        /// The column.
+        column: String,
+        /// The header.
+        header: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
     /// The payload is not what `payload_format` declares.
     #[error("event {event_id} in `{table}`: payload column `{column}` is not valid JSON: {reason}")]
     InvalidPayload {
@@ -183,6 +215,7 @@ impl RouteError {
                 | Self::ColumnRenamed { .. }
                 | Self::MissingColumn { .. }
                 | Self::ColumnTypeChanged { .. }
+                | Self::ColumnType { .. }
         )
     }
 }

@@ -67,6 +67,14 @@ pub(super) async fn nats_checks(config: &RelayConfig, r: &mut Report) {
     let info = match inspect::stream(jetstream.context(), &nats.stream).await {
         StreamLookup::Found(info) => info,
         StreamLookup::NotFound if nats.create_stream => {
+            // Created with the settings the mappings need: only the server's version can fail.
+            let created = stream::Config {
+                name: nats.stream.clone(),
+                allow_message_ttl: true,
+                allow_message_schedules: true,
+                ..Default::default()
+            };
+            native_header_checks(config, &connection, &created, &name, r);
             r.pass(
                 name,
                 "missing; will be created at start (create_stream = true) or by `outbox-relay setup --create-stream`",
@@ -118,6 +126,7 @@ pub(super) async fn nats_checks(config: &RelayConfig, r: &mut Report) {
             );
         }
     }
+    native_header_checks(config, &connection, c, &name, r);
     // Storage, replicas, persist mode and the servers' disk sync: one assessment (shared with
     // `status` and the start-up log).
     let durability = relay_nats::assess_durability(&jetstream, &info).await;
@@ -172,5 +181,39 @@ pub(super) async fn nats_checks(config: &RelayConfig, r: &mut Report) {
             format!("{name} duplicate_window"),
             humantime_serde::re::humantime::format_duration(window).to_string(),
         );
+    }
+}
+
+/// `ttl_column` / `schedule_column`: the server's version and the stream's settings, as the
+/// relay checks them at start.
+fn native_header_checks(
+    config: &RelayConfig,
+    connection: &relay_nats::NatsConnection,
+    stream_config: &stream::Config,
+    name: &str,
+    r: &mut Report,
+) {
+    let needs = config.broker_needs();
+    if needs.is_empty() {
+        return;
+    }
+    let version = connection.client().server_info().version;
+    let check = format!("{name} native headers");
+    match relay_nats::check_broker_needs(&version, stream_config, &needs) {
+        Ok(()) => {
+            let columns: Vec<String> = needs
+                .iter()
+                .map(|n| format!("{} {}", n.table, n.column))
+                .collect();
+            r.pass(
+                check,
+                format!(
+                    "nats-server {version} and the stream honour them ({})",
+                    columns.join(", ")
+                ),
+            );
+        }
+        Err(NatsError::BrokerFeature { problem, fix }) => r.fail(check, problem, fix),
+        Err(e) => r.fail(check, e.to_string(), "see the error"),
     }
 }

@@ -162,6 +162,10 @@ fn notification_outbox_works_by_configuration_alone() {
         payload: PAYLOAD_WHOLE_ROW.into(),
         headers: [("Tenant-Id".to_owned(), "tenant_id".to_owned())].into(),
         payload_format: PayloadFormat::Raw,
+        ttl_column: None,
+        schedule_column: None,
+        schedule_subject: None,
+        cloudevents: None,
     };
     let mut router = Router::new(&[config]).unwrap();
     router
@@ -465,6 +469,7 @@ fn a_mapped_column_type_change_is_refused_by_name() {
     assert!(v["extra"].is_null());
 }
 
+mod native;
 mod relations;
 
 #[test]
