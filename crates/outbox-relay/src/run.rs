@@ -19,6 +19,7 @@ use crate::telemetry::{StreamSample, Telemetry};
 
 mod background;
 mod failpoint;
+mod on_create;
 mod session;
 
 use background::{spawn_progress_log, spawn_publication_check, spawn_sampler};

@@ -22,8 +22,14 @@ use tokio_postgres::{Client, SimpleQueryMessage};
 
 use crate::catalog;
 
+pub mod on_create;
+
 /// The migration that creates the cursor table (also shipped in `migrations/`).
 pub const BACKFILL_MIGRATION: &str = include_str!("../../../migrations/0003_relay_backfill.sql");
+
+/// The migration that adds the on-create backfill's columns (also shipped in `migrations/`).
+pub const BACKFILL_ON_CREATE_MIGRATION: &str =
+    include_str!("../../../migrations/0007_backfill_on_create.sql");
 
 /// Session settings of the read session: the replication session's text forms, and nothing
 /// written (a `--where` filter cannot change data).
@@ -608,6 +614,8 @@ pub struct Cursor {
     pub started_at: String,
     /// When it finished, RFC 3339.
     pub finished_at: Option<String>,
+    /// The relay's backfill at slot creation (`backfill = "on-create"`), not the command's.
+    pub on_create: bool,
 }
 
 /// The cursor table's key columns for `id`, as statement parameters.
@@ -636,6 +644,24 @@ pub async fn prepare_cursor_session(client: &Client) -> Result<(), BackfillError
             "outbox_relay.backfill does not exist and cannot be created: apply migrations/0003_relay_backfill.sql as an administrator, and GRANT SELECT, INSERT, UPDATE ON outbox_relay.backfill to the relay's role",
         ))?;
     }
+    let on_create_columns: bool = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute \
+               WHERE attrelid = 'outbox_relay.backfill'::regclass AND attname = 'on_create' \
+                 AND NOT attisdropped)",
+            &[],
+        )
+        .await
+        .map_err(query_err("cannot look up outbox_relay.backfill"))?
+        .get(0);
+    if !on_create_columns {
+        client
+            .batch_execute(BACKFILL_ON_CREATE_MIGRATION)
+            .await
+            .map_err(query_err(
+                "outbox_relay.backfill lacks the on-create columns and the relay's role cannot add them: apply migrations/0007_backfill_on_create.sql as an administrator",
+            ))?;
+    }
     client
         .batch_execute("SET application_name = 'outbox-relay backfill'")
         .await
@@ -649,7 +675,8 @@ pub async fn load_cursor(client: &Client, id: &CursorId) -> Result<Option<Cursor
             &format!(
                 "SELECT key_column, end_key, last_key, rows_done, rows_estimate, \
                         to_char(started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
-                        to_char(finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') \
+                        to_char(finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
+                        on_create \
                  FROM outbox_relay.backfill WHERE {CURSOR_KEY}"
             ),
             &key_params(id),
@@ -664,6 +691,7 @@ pub async fn load_cursor(client: &Client, id: &CursorId) -> Result<Option<Cursor
         rows_estimate: r.get(4),
         started_at: r.get(5),
         finished_at: r.get(6),
+        on_create: r.get(7),
     }))
 }
 
@@ -684,7 +712,7 @@ pub async fn start_cursor(
                filter = EXCLUDED.filter, key_column = EXCLUDED.key_column, \
                end_key = EXCLUDED.end_key, last_key = NULL, rows_done = 0, \
                rows_estimate = EXCLUDED.rows_estimate, started_at = now(), updated_at = now(), \
-               finished_at = NULL",
+               finished_at = NULL, on_create = false, snapshot = NULL, consistent_lsn = NULL",
             &[
                 &id.slot,
                 &id.table,
