@@ -112,9 +112,10 @@ async fn check_split(
     rows: &HashMap<String, bool>,
     consistent: u64,
     exact: bool,
+    within: Duration,
 ) -> Result<Vec<Received>> {
     let js = env.jetstream().await?;
-    wait_for_messages(&js, rows.len(), Duration::from_secs(60), Some(relay)).await?;
+    wait_for_messages(&js, rows.len(), within, Some(relay)).await?;
     // A second copy would come with the last ones: give it a moment to show.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let messages = read_stream(&js).await?;
@@ -195,14 +196,35 @@ async fn check_split(
 /// splits them into backfilled and streamed, every row exactly once, existing rows first.
 #[tokio::test(flavor = "multi_thread")]
 async fn existing_rows_then_the_stream_each_once() -> Result<()> {
+    existing_rows_then_the_stream(10_000, Duration::from_secs(60)).await
+}
+
+/// `scripts/soak.sh` with BACKFILL_SOAK=1: the same with BACKFILL_ROWS (1,000,000) rows.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "minutes: scripts/soak.sh runs it with BACKFILL_SOAK=1"]
+async fn soak_backfill_at_slot_creation() -> Result<()> {
+    let rows = std::env::var("BACKFILL_ROWS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1_000_000);
+    existing_rows_then_the_stream(rows, Duration::from_secs(1800)).await
+}
+
+async fn existing_rows_then_the_stream(seeded: i64, within: Duration) -> Result<()> {
     let env = Env::start().await?;
     let db = env.db().await?;
-    let old = seed(&db, 10_000).await?;
+    let old = seed(&db, seeded).await?;
     let stop = Arc::new(AtomicBool::new(false));
     let inserter = spawn_inserter(&env, stop.clone()).await?;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let config = config(&env, "");
-    let relay = Relay::start_streaming(&config).await?;
+    let started = Instant::now();
+    let relay = Relay::start(&config)?;
+    relay.wait_log("replication started", within).await?;
+    eprintln!(
+        "{seeded} rows backfilled at slot creation, streaming after {:?}",
+        started.elapsed()
+    );
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, Ordering::Relaxed);
     let live = inserter.await??;
@@ -221,7 +243,7 @@ async fn existing_rows_then_the_stream_each_once() -> Result<()> {
         live.len()
     );
     ensure!(done as usize == old.len() + live_before, "rows done {done}");
-    check_split(&env, &relay, &rows, consistent, true).await?;
+    check_split(&env, &relay, &rows, consistent, true, within).await?;
     assert!(relay.log().contains("from its exported snapshot"));
     Ok(())
 }
@@ -274,6 +296,17 @@ async fn killed_backfill_at_slot_creation_resumes() -> Result<()> {
     ensure!(env.slot_confirmed().await? == Some(consistent));
     ensure!(env.checkpoint().await? == Some(consistent));
 
+    // The on-demand command leaves an unfinished backfill at slot creation alone (78): it
+    // would read the table outside the slot's snapshot.
+    let mut command = Relay::start_with_args(&config, &["backfill", "--table", "outbox"])?;
+    expect_exit(
+        &mut command,
+        78,
+        Duration::from_secs(20),
+        &["at slot creation", "is under way"],
+    )
+    .await?;
+
     // Rows committed while the relay is down (after the consistent point; with random keys,
     // many inside the rest of the backfill's key range).
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -286,7 +319,15 @@ async fn killed_backfill_at_slot_creation_resumes() -> Result<()> {
     ensure!(rows.len() == old.len() + live.len());
     let after = live.iter().filter(|id| !rows[id.as_str()]).count();
     ensure!(after > 0, "rows committed after the consistent point");
-    check_split(&env, &relay, &rows, consistent, false).await?;
+    check_split(
+        &env,
+        &relay,
+        &rows,
+        consistent,
+        false,
+        Duration::from_secs(60),
+    )
+    .await?;
     let log = relay.log();
     ensure!(
         log.contains("resuming the backfill at slot creation"),
@@ -304,5 +345,46 @@ async fn killed_backfill_at_slot_creation_resumes() -> Result<()> {
         done_at_end > done,
         "rows done went on from {done} to {done_at_end}"
     );
+    Ok(())
+}
+
+/// `outbox-relay setup` leaves the slot to the relay's first start (whose backfill needs the
+/// snapshot the slot exports), which then publishes the existing rows.
+#[tokio::test(flavor = "multi_thread")]
+async fn setup_defers_the_slot_to_the_first_start() -> Result<()> {
+    let env = Env::start().await?;
+    let db = env.db().await?;
+    let old = seed(&db, 300).await?;
+    let config = config(&env, "");
+    let mut setup = Relay::start_with_args(&config, &["setup", "--create-stream"])?;
+    // (Its report, "deferred slot relay_slot", is on stdout, which the harness drops.)
+    expect_exit(
+        &mut setup,
+        0,
+        Duration::from_secs(30),
+        &["created publication"],
+    )
+    .await?;
+    ensure!(env.slot_confirmed().await?.is_none(), "no slot after setup");
+    ensure!(
+        env.checkpoint().await?.is_none(),
+        "no checkpoint after setup"
+    );
+    let relay = Relay::start_streaming(&config).await?;
+    ensure!(
+        relay.log().contains("exported_snapshot=true"),
+        "{}",
+        relay.log()
+    );
+    let js = env.jetstream().await?;
+    let messages = wait_for_messages(&js, old.len(), Duration::from_secs(30), Some(&relay)).await?;
+    let backfilled: HashSet<&str> = messages
+        .iter()
+        .filter(|m| m.header("Outbox-Backfill") == "true")
+        .map(|m| m.id())
+        .collect();
+    ensure!(backfilled.len() == old.len() && old.iter().all(|id| backfilled.contains(id.as_str())));
+    let (_, consistent, ..) = cursor(&db).await?.context("cursor")?;
+    ensure!(env.checkpoint().await? >= consistent && consistent.is_some());
     Ok(())
 }

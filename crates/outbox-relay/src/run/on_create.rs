@@ -120,7 +120,11 @@ pub(super) async fn before_prepare(config: &RelayConfig, client: &Client) -> Ste
         on_create::mark_pending(client, slot, &tables)
             .await
             .map_err(cursor_error)?;
-    } else {
+    } else if on_create::unfinished(client, slot)
+        .await
+        .map_err(cursor_error)?
+        .is_empty()
+    {
         tracing::info!(
             slot,
             "backfill = \"on-create\" applies when the relay creates the slot; slot {slot} exists already: publish older rows with `outbox-relay backfill --table …`"
