@@ -310,7 +310,11 @@ async fn killed_backfill_at_slot_creation_resumes() -> Result<()> {
     // Rows committed while the relay is down (after the consistent point; with random keys,
     // many inside the rest of the backfill's key range).
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let relay = Relay::start_streaming(&config).await?;
+    // The rest of the backfill (about 18,000 rows at 4,000 rows/s), then the stream.
+    let relay = Relay::start(&config)?;
+    relay
+        .wait_log("replication started", Duration::from_secs(90))
+        .await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.store(true, Ordering::Relaxed);
     let live = inserter.await??;
