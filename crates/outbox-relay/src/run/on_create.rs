@@ -66,13 +66,9 @@ pub(super) async fn before_prepare(config: &RelayConfig, client: &Client) -> Ste
         return Ok(false);
     }
     let slot = config.postgres.slot.as_str();
-    sql::prepare_cursor_session(client)
+    sql::ensure_cursor_table(client)
         .await
         .map_err(cursor_error)?;
-    // Back to the checkpoint session's own name (prepare_cursor_session sets the backfill's).
-    let _ = client
-        .batch_execute("SET application_name = 'outbox-relay'")
-        .await;
     if !on_create::try_lock(client, slot)
         .await
         .map_err(cursor_error)?

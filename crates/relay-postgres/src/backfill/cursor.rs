@@ -44,10 +44,20 @@ fn key_params(id: &CursorId) -> [&(dyn tokio_postgres::types::ToSql + Sync); 3] 
 
 const CURSOR_KEY: &str = "slot_name = $1 AND table_name = $2 AND filter_hash = md5($3)";
 
-/// Creates `outbox_relay.backfill` when it is missing (a role without CREATE works once an
-/// administrator applied the migration). A cursor write that a server crash loses only makes
-/// the next run repeat rows (deduplicated by event id): the cursor is never ahead of the acks.
+/// Sets up a session for the cursor: [`ensure_cursor_table`], and the backfill's application
+/// name. A cursor write that a server crash loses only makes the next run repeat rows
+/// (deduplicated by event id): the cursor is never ahead of the acks.
 pub async fn prepare_cursor_session(client: &Client) -> Result<(), BackfillError> {
+    ensure_cursor_table(client).await?;
+    client
+        .batch_execute("SET application_name = 'outbox-relay backfill'")
+        .await
+        .map_err(query_err("cannot set up the backfill's cursor session"))
+}
+
+/// Creates `outbox_relay.backfill` (and adds its on-create columns) when missing (a role
+/// without CREATE works once an administrator applied the migrations).
+pub async fn ensure_cursor_table(client: &Client) -> Result<(), BackfillError> {
     let exists: bool = client
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c \
@@ -81,10 +91,7 @@ pub async fn prepare_cursor_session(client: &Client) -> Result<(), BackfillError
                 "outbox_relay.backfill lacks the on-create columns and the relay's role cannot add them: apply migrations/0007_backfill_on_create.sql as an administrator",
             ))?;
     }
-    client
-        .batch_execute("SET application_name = 'outbox-relay backfill'")
-        .await
-        .map_err(query_err("cannot set up the backfill's cursor session"))
+    Ok(())
 }
 
 /// The stored cursor of `id`, if any.
