@@ -138,6 +138,7 @@ pub async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), 
         accept_slot_position,
         ever_connected: false,
         refused_logins: 0,
+        backfilled_streamed_ids: Default::default(),
     };
     let mut backoff = Duration::from_millis(250);
     let mut sessions = 0u64;

@@ -83,6 +83,9 @@ pub(super) struct Supervisor<'a> {
     pub(super) ever_connected: bool,
     /// Logins refused in a row after the relay had run.
     pub(super) refused_logins: u32,
+    /// Event ids a resumed backfill at slot creation published that the slot streams too
+    /// (`on_create::run`): the live pipeline does not publish them again.
+    pub(super) backfilled_streamed_ids: std::collections::HashMap<String, u64>,
 }
 
 impl Supervisor<'_> {
@@ -133,8 +136,11 @@ impl Supervisor<'_> {
                 "events past the checkpoint are already in the stream; they will not be published again"
             );
         }
-        for (id, seq) in streamed {
-            already_published.entry(id).or_insert(seq);
+        // Kept for later sessions too: a reconnect before the stream passed those rows would
+        // otherwise publish them again.
+        self.backfilled_streamed_ids.extend(streamed);
+        for (id, seq) in &self.backfilled_streamed_ids {
+            already_published.entry(id.clone()).or_insert(*seq);
         }
         let router = self.router(&store).await?;
         failpoint::pause("before_start_replication").await;
