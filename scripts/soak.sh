@@ -11,5 +11,7 @@ scripts/fault-table.sh "$FAULT_REPORT"
 # Opt-in (BACKFILL_SOAK=1): backfill a 1,000,000-row outbox table (BACKFILL_ROWS) beside the live relay.
 if [ "${BACKFILL_SOAK:-0}" = 1 ]; then
   cargo test --locked -p outbox-relay --all-features --test e2e backfill::soak -- --ignored --nocapture || status=$?
+  # The same number of rows published by the backfill at slot creation, then streamed.
+  cargo test --locked -p outbox-relay --all-features --test e2e backfill_on_create::soak -- --ignored --nocapture || status=$?
 fi
 exit "${status:-0}"

@@ -3,6 +3,7 @@
 
 mod alerts;
 mod backfill;
+mod backfill_on_create;
 mod bad_config;
 mod batches;
 mod cleanup;

@@ -82,12 +82,32 @@ fn default_outbox() -> OutboxTables {
 pub struct OutboxTables {
     tables: Vec<OutboxTableConfig>,
     cleanup: Vec<Option<CleanupSettings>>,
+    backfill: Vec<BackfillSetting>,
+}
+
+/// `[[outbox]] backfill`: whether the rows a table already holds when the relay creates its
+/// slot are published (docs/replay.md, "Backfill at slot creation").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackfillSetting {
+    /// Only rows committed after the slot's creation are published (`outbox-relay backfill`
+    /// publishes older ones on demand).
+    #[default]
+    Off,
+    /// When the relay creates the slot, it publishes the rows committed before the slot's
+    /// consistent point from the slot's exported snapshot, then streams.
+    OnCreate,
 }
 
 impl From<Vec<OutboxTableConfig>> for OutboxTables {
     fn from(tables: Vec<OutboxTableConfig>) -> Self {
         let cleanup = vec![None; tables.len()];
-        Self { tables, cleanup }
+        let backfill = vec![BackfillSetting::Off; tables.len()];
+        Self {
+            tables,
+            cleanup,
+            backfill,
+        }
     }
 }
 
@@ -108,6 +128,15 @@ impl OutboxTables {
             .filter_map(|(t, c)| c.as_ref().map(|c| (t, c)))
     }
 
+    /// The tables with `backfill = "on-create"`.
+    pub fn backfill_on_create(&self) -> impl Iterator<Item = &OutboxTableConfig> {
+        self.tables
+            .iter()
+            .zip(&self.backfill)
+            .filter(|(_, b)| **b == BackfillSetting::OnCreate)
+            .map(|(t, _)| t)
+    }
+
     /// The `[outbox.cleanup]` of `table` (`schema.table`), if any.
     pub fn cleanup_of(&self, schema: &str, table: &str) -> Option<&CleanupSettings> {
         self.cleanup()
@@ -123,8 +152,16 @@ impl Serialize for OutboxTables {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::{Error as _, SerializeSeq as _};
         let mut seq = serializer.serialize_seq(Some(self.tables.len()))?;
-        for (table, cleanup) in self.tables.iter().zip(&self.cleanup) {
+        for ((table, cleanup), backfill) in
+            self.tables.iter().zip(&self.cleanup).zip(&self.backfill)
+        {
             let mut entry = serde_json::to_value(table).map_err(S::Error::custom)?;
+            if let (BackfillSetting::OnCreate, Some(map)) = (backfill, entry.as_object_mut()) {
+                map.insert(
+                    "backfill".into(),
+                    serde_json::to_value(backfill).map_err(S::Error::custom)?,
+                );
+            }
             if let (Some(cleanup), Some(map)) = (cleanup, entry.as_object_mut()) {
                 map.insert(
                     "cleanup".into(),
@@ -155,10 +192,21 @@ impl<'de> Deserialize<'de> for OutboxTables {
                 .map_err(|e| {
                     D::Error::custom(format!("[[outbox]] table `{table}`: [outbox.cleanup]: {e}"))
                 })?;
+            let backfill = entry
+                .remove("backfill")
+                .map(serde_json::from_value::<BackfillSetting>)
+                .transpose()
+                .map_err(|e| {
+                    D::Error::custom(format!(
+                        "[[outbox]] table `{table}`: backfill: {e} (\"off\" or \"on-create\")"
+                    ))
+                })?
+                .unwrap_or_default();
             let mapping = serde_json::from_value(serde_json::Value::Object(entry))
                 .map_err(|e| D::Error::custom(format!("[[outbox]] table `{table}`: {e}")))?;
             out.tables.push(mapping);
             out.cleanup.push(cleanup);
+            out.backfill.push(backfill);
         }
         Ok(out)
     }
@@ -404,6 +452,10 @@ pub struct PipelineSettings {
     /// `outbox-relay restore`. Restarts still resume at the checkpoint. See docs/replay.md.
     #[serde(skip_serializing_if = "Option::is_none", with = "replay_retention")]
     pub replay_retention: Option<relay_core::trail::ReplayRetention>,
+    /// Rows per second at most for the backfill at slot creation (`[[outbox]] backfill =
+    /// "on-create"`), to spare the database and the broker on the first start; 0: as fast as
+    /// JetStream acknowledges. Default 0.
+    pub backfill_rate: u64,
 }
 
 fn default_takeover_budget() -> Duration {
@@ -434,6 +486,7 @@ impl Default for PipelineSettings {
             takeover_budget: default_takeover_budget(),
             position_retention: relay_postgres::checkpoint::DEFAULT_RETENTION,
             replay_retention: None,
+            backfill_rate: 0,
         }
     }
 }

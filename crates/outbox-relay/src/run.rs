@@ -19,6 +19,7 @@ use crate::telemetry::{StreamSample, Telemetry};
 
 mod background;
 mod failpoint;
+mod on_create;
 mod session;
 
 use background::{spawn_progress_log, spawn_publication_check, spawn_sampler};
@@ -141,6 +142,7 @@ pub async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), 
         accept_slot_position,
         ever_connected: false,
         refused_logins: 0,
+        backfilled_streamed_ids: Default::default(),
     };
     let mut backoff = Duration::from_millis(250);
     let mut sessions = 0u64;

@@ -16,6 +16,10 @@ use crate::catalog::{self, SlotInfo};
 use crate::sqlstate::SqlStateKind;
 use crate::{PgError, PostgresSettings};
 
+mod export;
+
+pub use export::ExportedSlot;
+
 /// The options of a publication the relay creates: inserts only, and a partitioned table's
 /// rows as the table's own, not as their partitions' (`publish_via_partition_root`, PostgreSQL
 /// 13+): the relay knows outbox tables by their relation OID and name.
@@ -203,6 +207,20 @@ pub async fn prepare(
     tables: &[(String, String)],
     checkpoint: Option<Lsn>,
 ) -> Result<SlotState, PgError> {
+    prepare_slot(client, settings, tables, checkpoint, false)
+        .await
+        .map(|(state, _)| state)
+}
+
+/// [`prepare`]; with `export`, a slot created now is created on a replication connection
+/// with an exported snapshot, returned alive (`backfill = "on-create"`).
+pub async fn prepare_slot(
+    client: &Client,
+    settings: &PostgresSettings,
+    tables: &[(String, String)],
+    checkpoint: Option<Lsn>,
+    export: bool,
+) -> Result<(SlotState, Option<ExportedSlot>), PgError> {
     // `client` came from `crate::connect`, which validated `settings` for this session.
     let server = catalog::server(client)
         .await
@@ -317,35 +335,24 @@ pub async fn prepare(
         if !settings.create_slot {
             return Err(PgError::SlotMissing { slot: slot.clone() });
         }
-        // pg_create_logical_replication_slot(slot, plugin, temporary, twophase, failover):
-        // the fifth argument exists since PostgreSQL 17 (18 has the same signature).
-        let sql = if failover {
-            "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)"
+        let (lsn, exported) = if export {
+            let exported = export::create(settings, failover, server.version_num).await?;
+            (exported.consistent_point, Some(exported))
         } else {
-            "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')"
+            (create_slot(client, slot, failover).await?, None)
         };
-        let created = client.query_one(sql, &[slot]).await;
-        if let Err(e) = &created
-            && e.code()
-                .is_some_and(|c| SqlStateKind::of(c.code()) == SqlStateKind::DuplicateObject)
-        {
-            // Another relay of the pair created it a moment ago: start over and wait as its
-            // standby (a transient error), instead of stopping for good.
-            return Err(PgError::SlotCreatedConcurrently { slot: slot.clone() });
-        }
-        let row = created.map_err(query_err(format!("cannot create replication slot {slot}")))?;
-        let lsn = parse_lsn(row.get(0)).unwrap_or_default();
-        tracing::info!(slot = %slot, lsn = %lsn, failover, "created replication slot");
+        tracing::info!(slot = %slot, lsn = %lsn, failover, exported_snapshot = exported.is_some(), "created replication slot");
         let info = lookup(slot)
             .await?
             .ok_or_else(|| PgError::SlotMissing { slot: slot.clone() })?;
-        return Ok(SlotState {
+        let state = SlotState {
             confirmed_flush_lsn: lsn,
             slot: info,
             created: true,
             publication_created,
             checkpoint,
-        });
+        };
+        return Ok((state, exported));
     };
     let unusable = |reason: String| PgError::SlotUnusable {
         slot: slot.clone(),
@@ -404,13 +411,38 @@ pub async fn prepare(
         }
         other => other,
     };
-    Ok(SlotState {
+    let state = SlotState {
         confirmed_flush_lsn,
         slot: info,
         created: false,
         publication_created,
         checkpoint,
-    })
+    };
+    Ok((state, None))
+}
+
+/// Creates `slot` with SQL; returns its position.
+async fn create_slot(client: &Client, slot: &str, failover: bool) -> Result<Lsn, PgError> {
+    // pg_create_logical_replication_slot(slot, plugin, temporary, twophase, failover):
+    // the fifth argument exists since PostgreSQL 17 (18 has the same signature).
+    let sql = if failover {
+        "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)"
+    } else {
+        "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')"
+    };
+    let created = client.query_one(sql, &[&slot]).await;
+    if let Err(e) = &created
+        && e.code()
+            .is_some_and(|c| SqlStateKind::of(c.code()) == SqlStateKind::DuplicateObject)
+    {
+        // Another relay of the pair created it a moment ago: start over and wait as its
+        // standby (a transient error), instead of stopping for good.
+        return Err(PgError::SlotCreatedConcurrently {
+            slot: slot.to_owned(),
+        });
+    }
+    let row = created.map_err(query_err(format!("cannot create replication slot {slot}")))?;
+    Ok(parse_lsn(row.get(0)).unwrap_or_default())
 }
 
 /// The publication's row filter on `schema.table` against `[postgres] shard` (see

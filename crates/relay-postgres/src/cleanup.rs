@@ -51,7 +51,7 @@ mod ahead;
 mod partitions;
 mod rows;
 
-use access::after_fence;
+pub(crate) use access::after_fence;
 pub use access::{
     PrivilegeNeed, cleanup_tables_access, cleanup_tables_grants, ensure_tables, fence,
     privilege_problem,

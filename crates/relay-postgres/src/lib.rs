@@ -196,6 +196,16 @@ pub enum PgError {
         /// The slot.
         slot: String,
     },
+    /// Creating the slot with an exported snapshot (`backfill = "on-create"`) failed.
+    #[error("cannot create replication slot `{slot}` with an exported snapshot: {detail}")]
+    SlotExport {
+        /// The slot.
+        slot: String,
+        /// Why.
+        detail: String,
+        /// Whether the connection failed (retrying can help) rather than the server refusing.
+        transient: bool,
+    },
     /// The publication is newer than the slot's position: rows committed in between cannot be
     /// read through the slot.
     #[error(
@@ -247,7 +257,10 @@ impl PgError {
         match self {
             PgError::Unreachable { .. }
             | PgError::SlotCreatedConcurrently { .. }
-            | PgError::NoPrimary { .. } => true,
+            | PgError::NoPrimary { .. }
+            | PgError::SlotExport {
+                transient: true, ..
+            } => true,
             // A wrong password, a refused role or database, or a TLS failure needs an operator.
             PgError::Connect { source, .. } => !is_login_refusal(source),
             PgError::Query { source, .. } => is_transient_query_error(source),

@@ -94,6 +94,37 @@ pub fn classify(slot: &str, error: PgWireError, phase: ReplicationPhase) -> Sour
     SourceError::new(class, message).with_source(error)
 }
 
+/// The replication session's configuration for `settings`' slot and publication, starting
+/// (and reporting) at `start`. No validation or login probe here: the session validated the
+/// settings and probed the login once, in `crate::connect`, moments before (a logical
+/// replication connection matches the same pg_hba.conf lines as a plain one).
+pub(crate) fn replication_config(
+    settings: &PostgresSettings,
+    start: Lsn,
+) -> Result<ReplicationConfig, PgError> {
+    let parts = settings.parts()?;
+    let tls = crate::tls::replication_tls(settings, &parts.host)?;
+    Ok(ReplicationConfig::new(
+        parts.host,
+        parts.user,
+        parts.password,
+        parts.database,
+        settings.slot.clone(),
+        settings.publication.clone(),
+    )
+    .with_port(parts.port)
+    .with_tls(tls)
+    .with_start_lsn(to_wire(start))
+    .with_ack_lsn(to_wire(start))
+    .with_status_interval(settings.status_interval)
+    .with_wakeup_interval(Duration::from_secs(1))
+    .with_options(SESSION_OPTIONS)
+    .with_application_name("outbox-relay")
+    // Observing feedback makes `feedback_pending_since` report unsent confirmations, so a
+    // clean stop can wait until the final position reached the server.
+    .with_feedback_observer(pgwire_replication::FeedbackObserver::new(|_| {})))
+}
+
 impl PgSource {
     /// Starts streaming `slot` from `start`, which must be a position the relay stored (the
     /// server starts at the later of it and the slot's confirmed_flush_lsn, skipping every
@@ -107,38 +138,16 @@ impl PgSource {
         start: Lsn,
         ack: Lsn,
     ) -> Result<Self, SourceError> {
-        let setup = |e: PgError| {
-            let class = if e.is_transient() {
-                ErrorClass::Transient
-            } else {
-                ErrorClass::Fatal
-            };
-            SourceError::new(class, e.to_string())
-        };
-        // No validation or login probe here: the session validated the settings and probed
-        // the login once, in `crate::connect`, moments before (a logical replication
-        // connection matches the same pg_hba.conf lines as a plain one).
-        let parts = settings.parts().map_err(setup)?;
-        let tls = crate::tls::replication_tls(settings, &parts.host).map_err(setup)?;
-        let config = ReplicationConfig::new(
-            parts.host,
-            parts.user,
-            parts.password,
-            parts.database,
-            settings.slot.clone(),
-            settings.publication.clone(),
-        )
-        .with_port(parts.port)
-        .with_tls(tls)
-        .with_start_lsn(to_wire(start))
-        .with_ack_lsn(to_wire(ack.min(start)))
-        .with_status_interval(settings.status_interval)
-        .with_wakeup_interval(Duration::from_secs(1))
-        .with_options(SESSION_OPTIONS)
-        .with_application_name("outbox-relay")
-        // Observing feedback makes `feedback_pending_since` report unsent confirmations, so a
-        // clean stop can wait until the final position reached the server.
-        .with_feedback_observer(pgwire_replication::FeedbackObserver::new(|_| {}));
+        let config = replication_config(settings, start)
+            .map_err(|e| {
+                let class = if e.is_transient() {
+                    ErrorClass::Transient
+                } else {
+                    ErrorClass::Fatal
+                };
+                SourceError::new(class, e.to_string())
+            })?
+            .with_ack_lsn(to_wire(ack.min(start)));
         let slot = settings.slot.clone();
         let mut client = ReplicationClient::connect(config)
             .await

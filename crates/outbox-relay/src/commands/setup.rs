@@ -25,10 +25,23 @@ pub async fn setup(config: &RelayConfig, create_stream: bool) -> Result<(), Exit
         .map_err(|e| Exit::new(ExitKind::Unavailable, e))?;
     let mut settings = pg.clone();
     settings.create_publication = true;
-    settings.create_slot = true;
-    let state = bootstrap::prepare(store.client(), &settings, &config.tables(), checkpoint)
+    // With `backfill = "on-create"` the relay's first start creates the slot: the backfill
+    // reads the snapshot the slot exports, which lives only as long as that start's session.
+    let on_create = config.outbox.backfill_on_create().next().is_some();
+    settings.create_slot = !on_create;
+    let state = match bootstrap::prepare(store.client(), &settings, &config.tables(), checkpoint)
         .await
-        .map_err(pg_exit)?;
+    {
+        Err(relay_postgres::PgError::SlotMissing { .. }) if on_create && checkpoint.is_none() => {
+            println!(
+                "deferred slot {}: [[outbox]] backfill = \"on-create\", so the relay's first start creates it and publishes the rows already in the tables from its snapshot",
+                pg.slot
+            );
+            println!("ok       publication {}", pg.publication);
+            return setup_stream(config, create_stream).await;
+        }
+        other => other.map_err(pg_exit)?,
+    };
     println!(
         "{}  publication {}",
         if state.publication_created {
@@ -57,7 +70,11 @@ pub async fn setup(config: &RelayConfig, create_stream: bool) -> Result<(), Exit
     } else if let Some(c) = checkpoint {
         println!("ok       checkpoint {c} for slot {}", pg.slot);
     }
+    setup_stream(config, create_stream).await
+}
 
+/// The stream part of setup.
+async fn setup_stream(config: &RelayConfig, create_stream: bool) -> Result<(), Exit> {
     let connection = relay_nats::connect(&config.nats).await.map_err(nats_exit)?;
     let mut nats = config.nats.clone();
     nats.create_stream = create_stream || nats.create_stream;

@@ -14,7 +14,7 @@ use relay_core::route::Router;
 use relay_core::stage::{BoundaryError, CheckpointStore, ErrorClass};
 use relay_core::trail::{ReplayRetention, SlotTrail};
 use relay_postgres::PgError;
-use relay_postgres::bootstrap::{self, SlotState};
+use relay_postgres::bootstrap::{self, ExportedSlot, SlotState};
 use relay_postgres::checkpoint::PgCheckpointStore;
 use relay_postgres::source::PgSource;
 use tokio_util::sync::CancellationToken;
@@ -28,7 +28,7 @@ use crate::telemetry::Telemetry;
 const MAX_REFUSED_LOGINS: u32 = 3;
 
 /// Why a step ended the session.
-enum Stop {
+pub(super) enum Stop {
     /// Retry after a backoff (or, for a clean shutdown, stop).
     End(SessionEnd),
     /// Exit the process.
@@ -41,9 +41,9 @@ impl From<Exit> for Stop {
     }
 }
 
-type Step<T> = Result<T, Stop>;
+pub(super) type Step<T> = Result<T, Stop>;
 
-fn retry(error: impl Into<anyhow::Error>) -> Stop {
+pub(super) fn retry(error: impl Into<anyhow::Error>) -> Stop {
     Stop::End(SessionEnd::Retry(error.into()))
 }
 
@@ -62,7 +62,7 @@ fn boundary(error: BoundaryError, context: Option<String>) -> Stop {
 }
 
 /// A PostgreSQL failure outside the stream: retried when transient, else an exit.
-fn postgres(error: PgError) -> Stop {
+pub(super) fn postgres(error: PgError) -> Stop {
     if error.is_transient() {
         retry(error)
     } else {
@@ -83,6 +83,9 @@ pub(super) struct Supervisor<'a> {
     pub(super) ever_connected: bool,
     /// Logins refused in a row after the relay had run.
     pub(super) refused_logins: u32,
+    /// Event ids a resumed backfill at slot creation published that the slot streams too
+    /// (`on_create::run`): the live pipeline does not publish them again.
+    pub(super) backfilled_streamed_ids: std::collections::HashMap<String, u64>,
 }
 
 impl Supervisor<'_> {
@@ -102,9 +105,23 @@ impl Supervisor<'_> {
             .await
             .map_err(|e| boundary(e, None))?
             .with_position_retention(self.config.relay.position_retention);
-        let state = self.prepare(&mut store).await?;
+        let export = super::on_create::before_prepare(self.config, store.client()).await?;
+        let (state, exported) = self.prepare(&mut store, export).await?;
+        let backfills = if export {
+            super::on_create::prepare(self.config, &server, store.client(), exported).await?
+        } else {
+            None
+        };
         let start = self.resume_position(&mut store, &state).await?;
-        let already_published = relay_nats::published_since(
+        // Rows from before the slot first (backfill = "on-create"): streaming waits for them.
+        let streamed = match backfills {
+            Some(backfills) => {
+                super::on_create::run(self.config, &server, store.client(), backfills, self.stop)
+                    .await?
+            }
+            None => Default::default(),
+        };
+        let mut already_published = relay_nats::published_since(
             self.publisher.inner().jetstream(),
             &self.config.nats.stream,
             start,
@@ -118,6 +135,12 @@ impl Supervisor<'_> {
                 checkpoint = %start,
                 "events past the checkpoint are already in the stream; they will not be published again"
             );
+        }
+        // Kept for later sessions too: a reconnect before the stream passed those rows would
+        // otherwise publish them again.
+        self.backfilled_streamed_ids.extend(streamed);
+        for (id, seq) in &self.backfilled_streamed_ids {
+            already_published.entry(id.clone()).or_insert(*seq);
         }
         let router = self.router(&store).await?;
         let trail = self.slot_trail(&store, &state, start).await;
@@ -189,13 +212,25 @@ impl Supervisor<'_> {
 
     /// The start-up checks against the stored checkpoint; with `--accept-slot-position`, a
     /// slot ahead of the checkpoint moves the checkpoint there once (then the session retries).
-    async fn prepare(&mut self, store: &mut PgCheckpointStore) -> Step<SlotState> {
+    async fn prepare(
+        &mut self,
+        store: &mut PgCheckpointStore,
+        export: bool,
+    ) -> Step<(SlotState, Option<ExportedSlot>)> {
         let slot = self.config.postgres.slot.as_str();
         let checkpoint = store.load().await.map_err(|e| boundary(e, None))?;
         failpoint::pause("after_checkpoint_read").await;
         let tables = self.config.tables();
-        match bootstrap::prepare(store.client(), &self.config.postgres, &tables, checkpoint).await {
-            Ok(state) => Ok(state),
+        match bootstrap::prepare_slot(
+            store.client(),
+            &self.config.postgres,
+            &tables,
+            checkpoint,
+            export,
+        )
+        .await
+        {
+            Ok(prepared) => Ok(prepared),
             Err(PgError::SlotAhead {
                 slot_lsn,
                 checkpoint,

@@ -62,7 +62,7 @@ pub async fn ensure_tables(client: &Client) -> Result<(), String> {
 /// (32 bits) is widened against the current snapshot's `xmax`: a committed row's `xmin` is
 /// below it and, short of 2^32 transactions ago, that many transactions back at most; a value
 /// that cannot be widened (a special xid) counts as before the fence.
-pub(super) fn after_fence(fence_param: &str) -> String {
+pub(crate) fn after_fence(fence_param: &str) -> String {
     let next = "pg_snapshot_xmax(pg_current_snapshot())::text::bigint";
     format!(
         "NOT pg_visible_in_snapshot(GREATEST({next} - (({next} % 4294967296) - xmin::text::bigint + 4294967296) % 4294967296, 3)::text::xid8, {fence_param}::text::pg_snapshot)"

@@ -70,7 +70,7 @@ impl Progress {
 
 /// What the page reader needs.
 pub(super) struct PageReader {
-    pub(super) client: tokio_postgres::Client,
+    pub(super) client: Arc<tokio_postgres::Client>,
     pub(super) shape: TableShape,
     pub(super) filter: Option<String>,
     pub(super) after: Option<String>,
