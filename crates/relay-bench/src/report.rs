@@ -170,7 +170,7 @@ pub fn render(args: &Args, res: &Results) -> String {
     if let Some(p) = &res.position {
         replay::position_rows(&mut out, p);
     }
-    cleanup::rows(&mut out, &res.cleanup);
+    cleanup::rows(&mut out, &res.cleanup, &res.cleanup_failed);
     let all_runs: Vec<_> = res
         .scenarios
         .iter()

@@ -53,6 +53,8 @@ pub struct Results {
     pub position: Option<PositionRun>,
     /// `[outbox.cleanup]` beside a steady load, per mode (issue 14).
     pub cleanup: Vec<CleanupRun>,
+    /// Cleanup modes whose run failed: `mode: error`.
+    pub cleanup_failed: Vec<String>,
 }
 
 /// One backlog shape.
@@ -140,7 +142,7 @@ pub async fn run_all(args: &Args, relay_bin: &Path) -> Result<Results> {
     }
     results.debezium = status;
     if args.soak_cleanup {
-        results.cleanup = cleanup::cleanup(&env, args).await?;
+        (results.cleanup, results.cleanup_failed) = cleanup::cleanup(&env, args).await?;
         return Ok(results);
     }
     let rows = args.rows();
@@ -176,7 +178,7 @@ pub async fn run_all(args: &Args, relay_bin: &Path) -> Result<Results> {
     // Issue 12's restore row (`outbox-relay restore --from-lsn`, 200,000-event window against
     // the catch-up rate) goes here once that command exists.
     if args.cleanup_secs() > 0 {
-        results.cleanup = cleanup::cleanup(&env, args).await?;
+        (results.cleanup, results.cleanup_failed) = cleanup::cleanup(&env, args).await?;
     }
     Ok(results)
 }

@@ -28,7 +28,11 @@ fn settings(r: &CleanupRun) -> String {
     }
 }
 
-pub(super) fn rows(out: &mut String, runs: &[CleanupRun]) {
+pub(super) fn rows(out: &mut String, runs: &[CleanupRun], failed: &[String]) {
+    for f in failed {
+        let f = f.lines().next().unwrap_or("").replace('|', "/");
+        let _ = writeln!(out, "| **Cleanup {f}** | failed | | | | FAIL |");
+    }
     for r in runs {
         let base = runs.iter().find(|b| {
             b.mode.is_off() && b.mode.partitioned() == r.mode.partitioned() && !r.mode.is_off()

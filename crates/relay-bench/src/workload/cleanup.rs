@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::{Context as _, Result, anyhow};
+use anyhow::{Context as _, Result};
 
 use crate::Args;
 use crate::measure::quantile;
@@ -385,7 +385,9 @@ async fn run_mode(env: &Env, args: &Args, mode: CleanupMode, secs: u64) -> Resul
     Ok(run)
 }
 
-pub(super) async fn cleanup(env: &Env, args: &Args) -> Result<Vec<CleanupRun>> {
+/// Every mode of `--cleanup-modes`; a mode that fails is reported (`mode: error`) and the next
+/// one runs.
+pub(super) async fn cleanup(env: &Env, args: &Args) -> Result<(Vec<CleanupRun>, Vec<String>)> {
     let secs = args.cleanup_secs();
     each(
         env,
@@ -393,20 +395,20 @@ pub(super) async fn cleanup(env: &Env, args: &Args) -> Result<Vec<CleanupRun>> {
     )
     .await?;
     autovacuum(env, true).await?;
-    let mut runs = Vec::new();
-    let mut failure = None;
+    let (mut runs, mut failed) = (Vec::new(), Vec::new());
     for &mode in &args.cleanup_modes {
         match run_mode(env, args, mode, secs).await {
             Ok(run) => runs.push(run),
             Err(e) => {
-                failure = Some(e.context(format!("cleanup {}", mode.as_str())));
-                break;
+                let e = format!("{}: {e:#}", mode.as_str());
+                say(format!("   cleanup {e}"));
+                failed.push(e);
+                if mode.partitioned() {
+                    let _ = drop_partitioned(env).await;
+                }
             }
         }
     }
     autovacuum(env, false).await?;
-    match failure {
-        Some(e) => Err(anyhow!("{e:#}")),
-        None => Ok(runs),
-    }
+    Ok((runs, failed))
 }
