@@ -6,8 +6,12 @@
 # latency, peak RSS and CPU, Debezium's embedded engine (optional), with the targets of issue 5
 # and PASS/FAIL.
 #
-#   scripts/bench.sh                 # full run: 200,000-row backlogs, 1,000,000-row tx (~10 min)
-#   scripts/bench.sh --quick         # 20,000-row backlogs, no 1M-row tx (< 2 min)
+#   scripts/bench.sh                 # full run: 200,000-row backlogs, 1,000,000-row tx, backfill
+#                                    # of 1,000,000 rows, position on 10,000,000 messages, cleanup
+#                                    # modes 60 s each (~25 min)
+#   scripts/bench.sh --quick         # 20,000-row backlogs, no 1M-row tx, 200,000-row backfill
+#                                    # (< 3 min on a quiet machine; --backfill-rows 0 skips it)
+#   scripts/bench.sh --soak-cleanup --no-debezium   # only cleanup, 10 min per mode (issue 14)
 #   scripts/bench.sh --rows 50000    # any relay-bench option (see `--help`)
 #   BENCH_MICRO=1 scripts/bench.sh   # also the criterion decode/route micro-benchmarks
 #   scripts/bench.sh --no-debezium   # without Debezium (on by default, off with --quick;

@@ -14,4 +14,11 @@ if [ "${BACKFILL_SOAK:-0}" = 1 ]; then
   # The same number of rows published by the backfill at slot creation, then streamed.
   cargo test --locked -p outbox-relay --all-features --test e2e backfill_on_create::soak -- --ignored --nocapture || status=$?
 fi
+# Opt-in (CLEANUP_SOAK=1): relay-bench's cleanup rows for 10 minutes per [outbox.cleanup] mode
+# beside a 10,000 events/s load (issue 14: table size flat); CLEANUP_SOAK_ARGS adds options,
+# e.g. "--cleanup-secs 300 --cleanup-modes off,delete".
+if [ "${CLEANUP_SOAK:-0}" = 1 ]; then
+  # shellcheck disable=SC2086 # CLEANUP_SOAK_ARGS is a list of options
+  scripts/bench.sh --soak-cleanup --no-debezium ${CLEANUP_SOAK_ARGS:-} || status=$?
+fi
 exit "${status:-0}"

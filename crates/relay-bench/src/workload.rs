@@ -2,10 +2,13 @@
 //!
 //! This module holds the results and drives the run; the pieces live in the submodules.
 
+mod backfill;
+mod cleanup;
 mod debezium;
 mod latency;
 mod limits;
 mod polling;
+mod position;
 mod relay;
 mod setup;
 
@@ -15,7 +18,10 @@ use anyhow::{Context as _, Result};
 
 use crate::Args;
 
+pub use self::backfill::BackfillRun;
+pub use self::cleanup::{CleanupMode, CleanupRun};
 pub use self::debezium::{DebeziumRun, DebeziumStatus};
+pub use self::position::PositionRun;
 
 use self::debezium::{Debezium, debezium_catch_up};
 use self::latency::latency;
@@ -41,6 +47,14 @@ pub struct Results {
     pub nats_version: String,
     pub machine: String,
     pub debezium: DebeziumStatus,
+    /// `outbox-relay backfill` beside a live load (issue 12).
+    pub backfill: Option<BackfillRun>,
+    /// `outbox-relay position` on a large stream (issue 12).
+    pub position: Option<PositionRun>,
+    /// `[outbox.cleanup]` beside a steady load, per mode (issue 14).
+    pub cleanup: Vec<CleanupRun>,
+    /// Cleanup modes whose run failed: `mode: error`.
+    pub cleanup_failed: Vec<String>,
 }
 
 /// One backlog shape.
@@ -127,6 +141,10 @@ pub async fn run_all(args: &Args, relay_bin: &Path) -> Result<Results> {
         DebeziumStatus::Off => {}
     }
     results.debezium = status;
+    if args.soak_cleanup {
+        (results.cleanup, results.cleanup_failed) = cleanup::cleanup(&env, args).await?;
+        return Ok(results);
+    }
     let rows = args.rows();
     for size in &args.tx_sizes {
         let per_tx = match size.as_str() {
@@ -150,6 +168,17 @@ pub async fn run_all(args: &Args, relay_bin: &Path) -> Result<Results> {
         let label = format!("1 tx of {big} rows");
         let mif = [args.max_in_flight.first().copied().unwrap_or(1024)];
         results.big = Some(scenario(&env, args, &label, big, big, false, &mif, None).await?);
+    }
+    if args.backfill_rows() > 0 {
+        results.backfill = Some(backfill::backfill(&env, args).await?);
+    }
+    if args.position_messages() > 0 {
+        results.position = Some(position::position(&env, args).await?);
+    }
+    // Issue 12's restore row (`outbox-relay restore --from-lsn`, 200,000-event window against
+    // the catch-up rate) goes here once that command exists.
+    if args.cleanup_secs() > 0 {
+        (results.cleanup, results.cleanup_failed) = cleanup::cleanup(&env, args).await?;
     }
     Ok(results)
 }

@@ -1,37 +1,73 @@
-//! Commit-to-ack latency at steady rates.
+//! Commit-to-ack latency at steady rates, and the steady load and the stamp reader the other
+//! rows under load (backfill, cleanup) measure with.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::{Context as _, Result, bail};
 use async_nats::jetstream::consumer;
 use futures::StreamExt as _;
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::task::JoinHandle;
 
 use crate::Args;
 use crate::measure::{peak_rss, quantile};
 
 use super::relay::{RelayProc, tail};
-use super::setup::{Env, copy_slot, drop_slot, insert_sql, reset, stream_messages};
+use super::setup::{Env, copy_slot, drop_slot, insert_sql_into, reset, stream_messages};
 use super::{DB, LatencyRun, STREAM, say};
 
 /// (row insert time, stream store time), µs since the Unix epoch.
-type Stamp = (i64, i64);
+pub(super) type Stamp = (i64, i64);
+
+/// A steady load: 1-row autocommit transactions into `table` with aggregate type `aggregate`,
+/// at `rate` per second over `conns` connections, for `secs` or until `stop` is set.
+pub(super) struct Load {
+    pub(super) rate: u64,
+    pub(super) conns: usize,
+    pub(super) table: &'static str,
+    pub(super) aggregate: &'static str,
+    pub(super) secs: u64,
+    pub(super) stop: Option<Arc<AtomicBool>>,
+}
+
+impl Load {
+    /// Rows of `outbox`, aggregate `Order`, for `secs`.
+    pub(super) fn steady(rate: u64, secs: u64, conns: usize) -> Self {
+        Self {
+            rate,
+            conns,
+            table: "outbox",
+            aggregate: "Order",
+            secs,
+            stop: None,
+        }
+    }
+}
 
 async fn produce(env: &Env, rate: u64, secs: u64, conns: usize) -> Result<(u64, f64)> {
-    let per_conn = rate as f64 / conns as f64;
+    produce_load(env, Load::steady(rate, secs, conns)).await
+}
+
+/// Runs `load`; returns (transactions committed, their rate).
+pub(super) async fn produce_load(env: &Env, load: Load) -> Result<(u64, f64)> {
+    let per_conn = load.rate as f64 / load.conns as f64;
     let started = Instant::now();
     let mut tasks = Vec::new();
-    for c in 0..conns {
+    for c in 0..load.conns {
         let client = env.pg.connect(DB).await?;
+        let (table, aggregate, stop) = (load.table, load.aggregate, load.stop.clone());
+        let end = Duration::from_secs(load.secs);
         tasks.push(tokio::spawn(async move {
             let mut sent = 0_u64;
             let mut tick = tokio::time::interval(Duration::from_millis(1));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-            let end = Duration::from_secs(secs);
             let base = (c as u64) << 40;
             loop {
                 tick.tick().await;
                 let elapsed = started.elapsed();
-                if elapsed >= end {
+                if elapsed >= end || stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed)) {
                     break;
                 }
                 let due = (elapsed.as_secs_f64() * per_conn) as u64;
@@ -42,7 +78,7 @@ async fn produce(env: &Env, rate: u64, secs: u64, conns: usize) -> Result<(u64, 
                 for k in sent..due {
                     let g = base + k + 1;
                     sql.push_str("BEGIN;");
-                    sql.push_str(&insert_sql(g, g));
+                    sql.push_str(&insert_sql_into(table, aggregate, g, g));
                     sql.push_str(";COMMIT;");
                 }
                 client.batch_execute(&sql).await?;
@@ -58,22 +94,24 @@ async fn produce(env: &Env, rate: u64, secs: u64, conns: usize) -> Result<(u64, 
     Ok((total, total as f64 / started.elapsed().as_secs_f64()))
 }
 
-pub(super) async fn latency(env: &Env, args: &Args) -> Result<Vec<LatencyRun>> {
-    say("== latency: commit to ack at steady rates");
-    reset(env).await?;
-    let slot = "relay_latency";
-    copy_slot(env, slot).await?;
-    let mut relay = RelayProc::start(
-        env,
-        slot,
-        args.max_in_flight.first().copied().unwrap_or(1024),
-    )?;
-    // Wait until the relay created the stream and delivers a warm-up row.
-    let (warm, _) = produce(env, 100, 1, 1).await?;
+/// Writes 100 rows of `table` (aggregate `aggregate`) in a second and waits until the relay
+/// stored them (and so created the stream): returns how many it wrote.
+pub(super) async fn warm_up(
+    env: &Env,
+    relay: &mut RelayProc,
+    table: &'static str,
+    aggregate: &'static str,
+) -> Result<u64> {
+    let load = Load {
+        table,
+        aggregate,
+        ..Load::steady(100, 1, 1)
+    };
+    let (warm, _) = produce_load(env, load).await?;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if stream_messages(env, STREAM).await.unwrap_or(0) >= warm {
-            break;
+            return Ok(warm);
         }
         relay.check_alive()?;
         if Instant::now() > deadline {
@@ -84,15 +122,24 @@ pub(super) async fn latency(env: &Env, args: &Args) -> Result<Vec<LatencyRun>> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Reads every message stored from now on whose subject matches `filter` and sends its
+/// [`Stamp`]: the `ts` of its payload and the stream's store time (the ack time).
+pub(super) async fn stamps(
+    env: &Env,
+    filter: &str,
+) -> Result<(JoinHandle<()>, UnboundedReceiver<Stamp>)> {
     let stream = env.js.get_stream(STREAM).await?;
     let consumer = stream
         .create_consumer(consumer::pull::OrderedConfig {
             deliver_policy: consumer::DeliverPolicy::New,
+            filter_subject: filter.to_owned(),
             ..Default::default()
         })
         .await?;
     let mut messages = consumer.messages().await?;
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Stamp>();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Stamp>();
     let reader = tokio::spawn(async move {
         while let Some(Ok(m)) = messages.next().await {
             let Ok(info) = m.info() else { continue };
@@ -107,20 +154,57 @@ pub(super) async fn latency(env: &Env, args: &Args) -> Result<Vec<LatencyRun>> {
             }
         }
     });
+    Ok((reader, rx))
+}
+
+/// The next `count` stamps from `rx`, waiting at most `wait` in all.
+pub(super) async fn collect(
+    rx: &mut UnboundedReceiver<Stamp>,
+    count: u64,
+    wait: Duration,
+) -> Result<Vec<Stamp>> {
+    let mut out = Vec::with_capacity(count as usize);
+    let deadline = Instant::now() + wait;
+    while (out.len() as u64) < count {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, rx.recv()).await {
+            Ok(Some(stamp)) => out.push(stamp),
+            _ => bail!("received {} of {count} events within {wait:?}", out.len()),
+        }
+    }
+    Ok(out)
+}
+
+/// Commit-to-ack milliseconds of `stamps`, sorted.
+pub(super) fn latencies_ms<'a>(stamps: impl IntoIterator<Item = &'a Stamp>) -> Vec<f64> {
+    let mut lat: Vec<f64> = stamps
+        .into_iter()
+        .map(|(ts, stored)| (stored - ts) as f64 / 1000.0)
+        .collect();
+    lat.sort_by(f64::total_cmp);
+    lat
+}
+
+pub(super) async fn latency(env: &Env, args: &Args) -> Result<Vec<LatencyRun>> {
+    say("== latency: commit to ack at steady rates");
+    reset(env).await?;
+    let slot = "relay_latency";
+    copy_slot(env, slot).await?;
+    let mut relay = RelayProc::start(
+        env,
+        slot,
+        args.max_in_flight.first().copied().unwrap_or(1024),
+    )?;
+    warm_up(env, &mut relay, "outbox", "Order").await?;
+    let (reader, mut rx) = stamps(env, ">").await?;
     let mut runs = Vec::new();
     for rate in [1_000_u64, 10_000] {
         let conns = if rate > 2_000 { 2 } else { 1 };
         let (sent, achieved) = produce(env, rate, args.latency_secs(), conns).await?;
-        let mut lat = Vec::with_capacity(sent as usize);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while (lat.len() as u64) < sent {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match tokio::time::timeout(left, rx.recv()).await {
-                Ok(Some((ts, stored))) => lat.push((stored - ts) as f64 / 1000.0),
-                _ => bail!("latency run at {rate}/s: received {} of {sent}", lat.len()),
-            }
-        }
-        lat.sort_by(f64::total_cmp);
+        let got = collect(&mut rx, sent, Duration::from_secs(60))
+            .await
+            .with_context(|| format!("latency run at {rate}/s"))?;
+        let lat = latencies_ms(&got);
         let run = LatencyRun {
             target_rate: rate,
             achieved_rate: achieved,

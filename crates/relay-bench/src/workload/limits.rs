@@ -5,12 +5,12 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Instant;
 
-use anyhow::{Context as _, Result, anyhow, bail};
-use async_nats::jetstream::{self, message::PublishMessage};
-use futures::StreamExt as _;
-use futures::stream::FuturesUnordered;
+use anyhow::{Context as _, Result, bail};
+use async_nats::jetstream::message::PublishMessage;
 
-use super::setup::{Env, copy_slot, create_stream, drop_slot, headers, stream_messages};
+use super::setup::{
+    Env, copy_slot, create_stream, drop_slot, headers, publish_pipelined, stream_messages,
+};
 use super::{BROKER_WINDOW, DB, PUBLICATION, STREAM};
 
 fn lsn_text(lsn: u64) -> String {
@@ -83,30 +83,15 @@ pub(super) async fn broker_limit(env: &Env, rows: u64) -> Result<f64> {
     let payload = bytes::Bytes::from(row.get::<_, String>(0));
     create_stream(env, STREAM, "outbox.>").await?;
     let started = Instant::now();
-    let mut acks = FuturesUnordered::new();
-    type Ack = Result<jetstream::publish::PublishAck, jetstream::context::PublishError>;
-    for i in 0..rows {
-        if acks.len() >= BROKER_WINDOW
-            && let Some(r) = acks.next().await
-        {
-            let r: Ack = r;
-            r.map_err(|e: jetstream::context::PublishError| anyhow!("broker ack: {e}"))?;
-        }
+    publish_pipelined(&env.js, rows, BROKER_WINDOW, |i| {
         let id = format!("00000000-0000-4000-8000-{i:012x}");
         let msg = PublishMessage::build()
             .headers(headers(&id, &i.to_string()))
             .payload(payload.clone());
-        let ack = env
-            .js
-            .send_publish("outbox.Order.OrderCreated", msg)
-            .await
-            .map_err(|e| anyhow!("broker publish: {e}"))?;
-        acks.push(ack.into_future());
-    }
-    while let Some(r) = acks.next().await {
-        let r: Ack = r;
-        r.map_err(|e: jetstream::context::PublishError| anyhow!("broker ack: {e}"))?;
-    }
+        ("outbox.Order.OrderCreated", msg)
+    })
+    .await
+    .context("broker limit run")?;
     let secs = started.elapsed().as_secs_f64();
     let stored = stream_messages(env, STREAM).await?;
     if stored != rows {

@@ -12,7 +12,17 @@ use super::setup::{Env, copy_slot, drop_slot, stream_messages};
 use super::{DB, PUBLICATION, RelayRun, STREAM};
 
 fn relay_config(env: &Env, slot: &str, max_in_flight: usize) -> Result<PathBuf> {
-    let text = format!(
+    relay_config_with(env, slot, max_in_flight, "")
+}
+
+/// The bench's relay config for `slot`, with `extra` TOML (e.g. `[[outbox]]` entries) appended.
+pub(super) fn relay_config_with(
+    env: &Env,
+    slot: &str,
+    max_in_flight: usize,
+    extra: &str,
+) -> Result<PathBuf> {
+    let mut text = format!(
         r#"[postgres]
 url = "{pg}"
 slot = "{slot}"
@@ -33,6 +43,7 @@ checkpoint_interval = "100ms"
         pg = env.pg.url(DB),
         nats = env.nats.url(),
     );
+    text.push_str(extra);
     let path = env.log_dir.join(format!("relay-{slot}.toml"));
     std::fs::write(&path, text)?;
     Ok(path)
@@ -55,10 +66,15 @@ impl RelayProc {
         max_in_flight: usize,
     ) -> Result<Self> {
         let config = relay_config(env, slot, max_in_flight)?;
-        let log = env.log_dir.join(format!("relay-{slot}.log"));
+        Self::start_config(env, bin, &config, slot)
+    }
+
+    /// `bin run` with the config file `config`; its log is `relay-{name}.log`.
+    pub(super) fn start_config(env: &Env, bin: &Path, config: &Path, name: &str) -> Result<Self> {
+        let log = env.log_dir.join(format!("relay-{name}.log"));
         let child = std::process::Command::new(bin)
             .arg("--config")
-            .arg(&config)
+            .arg(config)
             .arg("run")
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())

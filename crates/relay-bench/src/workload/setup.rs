@@ -5,7 +5,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow};
 use async_nats::HeaderMap;
-use async_nats::jetstream::{self, stream};
+use async_nats::jetstream::{self, message::PublishMessage, stream};
+use futures::StreamExt as _;
+use futures::stream::FuturesUnordered;
 use relay_testkit::{NatsServer, PgOptions, PostgresServer};
 use tokio_postgres::Client;
 
@@ -138,9 +140,15 @@ pub(super) async fn insert_lsn(client: &impl tokio_postgres::GenericClient) -> R
 /// INSERT of rows `from..=to`, each with a ~300-byte jsonb payload stamped with the
 /// row's insert time (`clock_timestamp()`, µs since the Unix epoch) in `ts`.
 pub(super) fn insert_sql(from: u64, to: u64) -> String {
+    insert_sql_into("outbox", "Order", from, to)
+}
+
+/// [`insert_sql`] into `table`, with `aggregate` as the aggregate type (the subject's second
+/// token: `outbox.{aggregate}.OrderCreated`), so a consumer can tell one load from another.
+pub(super) fn insert_sql_into(table: &str, aggregate: &str, from: u64, to: u64) -> String {
     format!(
-        "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
-         SELECT gen_random_uuid(), 'Order', g::text, 'OrderCreated', jsonb_build_object(\
+        "INSERT INTO {table} (id, aggregatetype, aggregateid, type, payload) \
+         SELECT gen_random_uuid(), '{aggregate}', g::text, 'OrderCreated', jsonb_build_object(\
            'ts', (extract(epoch from clock_timestamp()) * 1000000)::bigint, \
            'order_id', g, 'customer', 'customer-' || (g % 1000), 'currency', 'EUR', 'amount', 1999, \
            'items', jsonb_build_array(jsonb_build_object('sku', 'SKU-' || (g % 97), 'qty', 1, 'price', 1999)), \
@@ -209,4 +217,35 @@ pub(super) fn headers(id: &str, aggregate_id: &str) -> HeaderMap {
     h.insert("Outbox-Aggregate-Id", aggregate_id);
     h.insert("Outbox-Event-Type", "OrderCreated");
     h
+}
+
+/// Publishes messages `0..count` (`message(i)`: subject and message) with at most `window` acks
+/// outstanding; every ack must be positive.
+pub(super) async fn publish_pipelined<S: async_nats::subject::ToSubject>(
+    js: &jetstream::Context,
+    count: u64,
+    window: usize,
+    mut message: impl FnMut(u64) -> (S, PublishMessage),
+) -> Result<()> {
+    type Ack = Result<jetstream::publish::PublishAck, jetstream::context::PublishError>;
+    let mut acks = FuturesUnordered::new();
+    for i in 0..count {
+        if acks.len() >= window
+            && let Some(r) = acks.next().await
+        {
+            let r: Ack = r;
+            r.map_err(|e| anyhow!("JetStream ack: {e}"))?;
+        }
+        let (subject, msg) = message(i);
+        let ack = js
+            .send_publish(subject, msg)
+            .await
+            .map_err(|e| anyhow!("JetStream publish: {e}"))?;
+        acks.push(ack.into_future());
+    }
+    while let Some(r) = acks.next().await {
+        let r: Ack = r;
+        r.map_err(|e| anyhow!("JetStream ack: {e}"))?;
+    }
+    Ok(())
 }
