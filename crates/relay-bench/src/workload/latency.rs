@@ -7,7 +7,7 @@ use async_nats::jetstream::consumer;
 use futures::StreamExt as _;
 
 use crate::Args;
-use crate::measure::{peak_rss, quantile};
+use crate::measure::{cpu_seconds, micros_per_event, peak_rss, quantile};
 
 use super::relay::{RelayProc, tail};
 use super::setup::{Env, copy_slot, drop_slot, insert_sql, reset, stream_messages};
@@ -58,7 +58,9 @@ async fn produce(env: &Env, rate: u64, secs: u64, conns: usize) -> Result<(u64, 
     Ok((total, total as f64 / started.elapsed().as_secs_f64()))
 }
 
-pub(super) async fn latency(env: &Env, args: &Args) -> Result<Vec<LatencyRun>> {
+/// Commit-to-ack latency at each steady rate, and the relay's CPU seconds from its start until
+/// it delivered the warm-up rows (start-up, for the catch-up rows' CPU per event).
+pub(super) async fn latency(env: &Env, args: &Args) -> Result<(Vec<LatencyRun>, f64)> {
     say("== latency: commit to ack at steady rates");
     reset(env).await?;
     let slot = "relay_latency";
@@ -84,6 +86,7 @@ pub(super) async fn latency(env: &Env, args: &Args) -> Result<Vec<LatencyRun>> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let startup_cpu = cpu_seconds(&relay.pid().to_string()).unwrap_or(f64::NAN);
     let stream = env.js.get_stream(STREAM).await?;
     let consumer = stream
         .create_consumer(consumer::pull::OrderedConfig {
@@ -110,6 +113,8 @@ pub(super) async fn latency(env: &Env, args: &Args) -> Result<Vec<LatencyRun>> {
     let mut runs = Vec::new();
     for rate in [1_000_u64, 10_000] {
         let conns = if rate > 2_000 { 2 } else { 1 };
+        let relay_pid = relay.pid().to_string();
+        let cpu_before = cpu_seconds(&relay_pid).unwrap_or(f64::NAN);
         let (sent, achieved) = produce(env, rate, args.latency_secs(), conns).await?;
         let mut lat = Vec::with_capacity(sent as usize);
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -120,6 +125,7 @@ pub(super) async fn latency(env: &Env, args: &Args) -> Result<Vec<LatencyRun>> {
                 _ => bail!("latency run at {rate}/s: received {} of {sent}", lat.len()),
             }
         }
+        let relay_cpu_secs = cpu_seconds(&relay_pid).unwrap_or(f64::NAN) - cpu_before;
         lat.sort_by(f64::total_cmp);
         let run = LatencyRun {
             target_rate: rate,
@@ -130,15 +136,21 @@ pub(super) async fn latency(env: &Env, args: &Args) -> Result<Vec<LatencyRun>> {
             p999_ms: quantile(&lat, 0.999),
             max_ms: lat.last().copied().unwrap_or(f64::NAN),
             relay_rss: peak_rss(relay.pid()).unwrap_or(0),
+            relay_cpu_secs,
         };
         say(format!(
-            "   {rate}/s (achieved {achieved:.0}/s, {} samples): p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms, max {:.1} ms",
-            run.samples, run.p50_ms, run.p99_ms, run.p999_ms, run.max_ms
+            "   {rate}/s (achieved {achieved:.0}/s, {} samples): p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms, max {:.1} ms; relay {:.1} CPU µs/event",
+            run.samples,
+            run.p50_ms,
+            run.p99_ms,
+            run.p999_ms,
+            run.max_ms,
+            micros_per_event(relay_cpu_secs, sent)
         ));
         runs.push(run);
     }
     reader.abort();
     relay.stop().await?;
     drop_slot(env, slot).await;
-    Ok(runs)
+    Ok((runs, startup_cpu))
 }
