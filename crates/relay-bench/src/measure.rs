@@ -21,6 +21,22 @@ pub fn cpu_seconds(pid: &str) -> Option<f64> {
     Some((utime + stime) as f64 / clock_ticks())
 }
 
+/// User + system CPU seconds of this process's children that have exited and been waited for
+/// (`getrusage(RUSAGE_CHILDREN)`): the difference around one child's run is that child's CPU,
+/// as long as no other child is reaped meanwhile.
+pub fn children_cpu_seconds() -> f64 {
+    use nix::sys::resource::{UsageWho, getrusage};
+    getrusage(UsageWho::RUSAGE_CHILDREN).map_or(f64::NAN, |u| {
+        let secs = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+        secs(u.user_time()) + secs(u.system_time())
+    })
+}
+
+/// CPU seconds per event as microseconds.
+pub fn micros_per_event(cpu_secs: f64, events: u64) -> f64 {
+    cpu_secs * 1e6 / events.max(1) as f64
+}
+
 fn clock_ticks() -> f64 {
     static TICKS: OnceLock<f64> = OnceLock::new();
     *TICKS.get_or_init(|| {

@@ -17,6 +17,7 @@ use std::path::Path;
 use anyhow::{Context as _, Result};
 
 use crate::Args;
+use crate::measure::micros_per_event;
 
 pub use self::backfill::BackfillRun;
 pub use self::cleanup::{CleanupMode, CleanupRun};
@@ -55,6 +56,9 @@ pub struct Results {
     pub cleanup: Vec<CleanupRun>,
     /// Cleanup modes whose run failed: `mode: error`.
     pub cleanup_failed: Vec<String>,
+    /// CPU seconds the relay used from its start until it delivered its first 100 rows (the
+    /// latency run's warm-up): the start-up part of each catch-up's CPU.
+    pub relay_startup_cpu_secs: Option<f64>,
 }
 
 /// One backlog shape.
@@ -62,10 +66,14 @@ pub struct Results {
 pub struct Scenario {
     pub label: String,
     pub rows: u64,
+    /// Rows per transaction.
+    pub per_tx: u64,
     pub write_secs: f64,
     pub wal_bytes: u64,
     /// Rows/s of pg_recvlogical.
     pub decode: Option<f64>,
+    /// CPU seconds (utime + stime) pg_recvlogical used for the whole backlog.
+    pub decode_cpu_secs: Option<f64>,
     /// Msgs/s of raw pipelined publishes.
     pub broker: Option<f64>,
     pub relays: Vec<RelayRun>,
@@ -112,6 +120,8 @@ pub struct LatencyRun {
     pub p999_ms: f64,
     pub max_ms: f64,
     pub relay_rss: u64,
+    /// The relay's CPU seconds from the first to the last event of this rate.
+    pub relay_cpu_secs: f64,
 }
 
 fn say(msg: impl AsRef<str>) {
@@ -162,7 +172,9 @@ pub async fn run_all(args: &Args, relay_bin: &Path) -> Result<Results> {
         let sc = scenario(&env, args, &label, rows, per_tx, true, mifs, dbz.as_ref()).await?;
         results.scenarios.push(sc);
     }
-    results.latency = latency(&env, args).await?;
+    let (latency, startup_cpu) = latency(&env, args).await?;
+    results.latency = latency;
+    results.relay_startup_cpu_secs = Some(startup_cpu);
     let big = args.big_rows();
     if big > 0 {
         let label = format!("1 tx of {big} rows");
@@ -231,6 +243,7 @@ async fn scenario(
     let mut sc = Scenario {
         label: label.to_owned(),
         rows,
+        per_tx,
         write_secs,
         wal_bytes: end - before,
         ..Default::default()
@@ -239,11 +252,13 @@ async fn scenario(
         "   written in {write_secs:.1} s, {:.0} MB of WAL",
         sc.wal_bytes as f64 / 1e6
     ));
-    let secs = decode_limit(env, end).await?;
+    let (secs, cpu) = decode_limit(env, end).await?;
     sc.decode = Some(rows as f64 / secs);
+    sc.decode_cpu_secs = Some(cpu);
     say(format!(
-        "   decode limit (pg_recvlogical): {:.0} rows/s ({secs:.2} s)",
-        rows as f64 / secs
+        "   decode limit (pg_recvlogical): {:.0} rows/s ({secs:.2} s, {:.2} CPU µs/row)",
+        rows as f64 / secs,
+        micros_per_event(cpu, rows)
     ));
     if with_broker_and_polling {
         let secs = broker_limit(env, rows).await?;
@@ -261,7 +276,7 @@ async fn scenario(
         for (variant, bin) in &variants {
             let run = relay_catch_up(env, bin, variant, mif, rows, inside_last).await?;
             say(format!(
-                "   relay{} max_in_flight={mif}: {:.0} events/s ({:.2} s), peak RSS {:.1} MB, {:.2} CPU s",
+                "   relay{} max_in_flight={mif}: {:.0} events/s ({:.2} s), peak RSS {:.1} MB, {:.2} CPU s ({:.2} µs/event)",
                 if variant.is_empty() {
                     String::new()
                 } else {
@@ -270,7 +285,8 @@ async fn scenario(
                 run.events_per_s,
                 run.secs,
                 run.peak_rss as f64 / 1048576.0,
-                run.cpu_secs
+                run.cpu_secs,
+                micros_per_event(run.cpu_secs, rows)
             ));
             sc.relays.push(run);
         }

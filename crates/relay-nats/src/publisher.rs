@@ -4,12 +4,11 @@
 use std::error::Error as _;
 use std::sync::{Arc, Mutex};
 
-use async_nats::HeaderMap;
 use async_nats::jetstream::context::PublishErrorKind as NatsKind;
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::{self, ErrorCode};
 use futures::future::BoxFuture;
-use relay_core::message::{HEADER_EXPECTED_STREAM, HEADER_MSG_ID, OutboundMessage};
+use relay_core::message::{HEADER_EXPECTED_STREAM, OutboundMessage};
 use relay_core::route::MessageLimits;
 use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind, Publisher};
 
@@ -17,6 +16,9 @@ use crate::batch::{Batcher, supports_atomic_batches};
 use crate::closes::{self, Quarantine};
 use crate::connection::{JetStream, NatsConnection};
 use crate::settings::PublishMode;
+
+mod headers;
+use headers::HeaderState;
 
 /// Publishes outbound messages into one JetStream stream.
 #[derive(Clone)]
@@ -26,8 +28,9 @@ pub struct JetStreamPublisher {
     stream: Arc<str>,
     /// The same context, shared with ack futures by reference count (no per-event clone).
     shared: Arc<jetstream::Context>,
-    /// The headers of the current transaction, prepared once (see [`HeaderTemplate`]).
-    template: Arc<Mutex<Option<HeaderTemplate>>>,
+    /// The headers of the current transaction, prepared once (see `headers::HeaderTemplate`), and
+    /// the header names seen.
+    template: Arc<Mutex<HeaderState>>,
     /// For the server's `max_payload` (a relaxed atomic load).
     client: async_nats::Client,
     /// Length of the reply subject async-nats adds to each publish: `<inbox>.<id>.<token>`.
@@ -36,25 +39,6 @@ pub struct JetStreamPublisher {
     quarantine: Arc<Quarantine>,
     /// `publish_mode = "atomic-batch"` on a server and stream that take it: the framing task.
     batch: Option<Arc<Batcher>>,
-}
-
-/// `Nats-Expected-Stream` plus a message's shared headers (`OutboundMessage::shared_headers`)
-/// as a ready `HeaderMap`: cloning it skips hashing and growing the map for every event, which
-/// was a tenth of the relay's CPU. Valid while the next message shares the same `Arc`s.
-struct HeaderTemplate {
-    values: Vec<Arc<str>>,
-    headers: HeaderMap,
-}
-
-impl HeaderTemplate {
-    fn matches(&self, shared: &[(Arc<str>, Arc<str>)]) -> bool {
-        self.values.len() == shared.len()
-            && self
-                .values
-                .iter()
-                .zip(shared)
-                .all(|(value, (_, next))| Arc::ptr_eq(value, next))
-    }
 }
 
 /// A duplicate PubAck means JetStream already holds a message with this `Nats-Msg-Id`: a
@@ -234,40 +218,6 @@ impl JetStreamPublisher {
         )
     }
 
-    /// The headers of `msg`: its shared headers from the transaction's template, then its own.
-    /// Exactly what [`Publisher::send`] puts on the wire; public so consumer tests publish (and
-    /// compare against) the relay's real header set instead of a hand-written copy.
-    pub fn headers(&self, msg: &OutboundMessage) -> HeaderMap {
-        let split = msg.shared_headers.min(msg.headers.len());
-        let (shared, own) = msg.headers.split_at(split);
-        // A poisoned lock only means a panic elsewhere mid-update: rebuild the template.
-        let mut template = self
-            .template
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut headers = match template.as_ref() {
-            Some(t) if t.matches(shared) => t.headers.clone(),
-            _ => {
-                let mut headers = HeaderMap::new();
-                headers.insert(HEADER_EXPECTED_STREAM, self.stream.as_ref());
-                for (name, value) in shared {
-                    headers.insert(name.as_ref(), value.as_ref());
-                }
-                *template = Some(HeaderTemplate {
-                    values: shared.iter().map(|(_, v)| v.clone()).collect(),
-                    headers: headers.clone(),
-                });
-                headers
-            }
-        };
-        drop(template);
-        headers.insert(HEADER_MSG_ID, msg.event_id.as_str());
-        for (name, value) in own {
-            headers.insert(name.as_ref(), value.as_ref());
-        }
-        headers
-    }
-
     /// The JetStream context, for stream checks.
     pub fn context(&self) -> &jetstream::Context {
         self.jetstream.context()
@@ -443,6 +393,7 @@ mod tests {
     use super::*;
     use bytes::Bytes;
     use relay_core::Lsn;
+    use relay_core::message::HEADER_MSG_ID;
 
     fn event(id: &str, tx: &[(Arc<str>, Arc<str>)], index: &str) -> OutboundMessage {
         let mut headers = tx.to_vec();
@@ -503,10 +454,17 @@ mod tests {
             "ack future is {} bytes",
             std::mem::size_of_val(&*ack)
         );
-        let template = publisher.template.lock().expect("not poisoned");
+        let state = publisher.template.lock().expect("not poisoned");
         assert!(
-            template.as_ref().is_some_and(|t| t.matches(&second_tx)),
+            state
+                .template
+                .as_ref()
+                .is_some_and(|t| t.matches(&second_tx)),
             "the template follows the transaction"
+        );
+        assert!(
+            state.names.iter().any(|(n, _)| &**n == "Outbox-Tx-Index"),
+            "header names are converted once"
         );
     }
 }

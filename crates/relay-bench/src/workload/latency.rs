@@ -12,7 +12,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::task::JoinHandle;
 
 use crate::Args;
-use crate::measure::{peak_rss, quantile};
+use crate::measure::{cpu_seconds, micros_per_event, peak_rss, quantile};
 
 use super::relay::{RelayProc, tail};
 use super::setup::{Env, copy_slot, drop_slot, insert_sql_into, reset, stream_messages};
@@ -185,7 +185,9 @@ pub(super) fn latencies_ms<'a>(stamps: impl IntoIterator<Item = &'a Stamp>) -> V
     lat
 }
 
-pub(super) async fn latency(env: &Env, args: &Args) -> Result<Vec<LatencyRun>> {
+/// Commit-to-ack latency at each steady rate, and the relay's CPU seconds from its start until
+/// it delivered the warm-up rows (start-up, for the catch-up rows' CPU per event).
+pub(super) async fn latency(env: &Env, args: &Args) -> Result<(Vec<LatencyRun>, f64)> {
     say("== latency: commit to ack at steady rates");
     reset(env).await?;
     let slot = "relay_latency";
@@ -196,15 +198,19 @@ pub(super) async fn latency(env: &Env, args: &Args) -> Result<Vec<LatencyRun>> {
         args.max_in_flight.first().copied().unwrap_or(1024),
     )?;
     warm_up(env, &mut relay, "outbox", "Order").await?;
+    let startup_cpu = cpu_seconds(&relay.pid().to_string()).unwrap_or(f64::NAN);
     let (reader, mut rx) = stamps(env, ">").await?;
     let mut runs = Vec::new();
     for rate in [1_000_u64, 10_000] {
         let conns = if rate > 2_000 { 2 } else { 1 };
+        let relay_pid = relay.pid().to_string();
+        let cpu_before = cpu_seconds(&relay_pid).unwrap_or(f64::NAN);
         let (sent, achieved) = produce(env, rate, args.latency_secs(), conns).await?;
         let got = collect(&mut rx, sent, Duration::from_secs(60))
             .await
             .with_context(|| format!("latency run at {rate}/s"))?;
         let lat = latencies_ms(&got);
+        let relay_cpu_secs = cpu_seconds(&relay_pid).unwrap_or(f64::NAN) - cpu_before;
         let run = LatencyRun {
             target_rate: rate,
             achieved_rate: achieved,
@@ -214,15 +220,21 @@ pub(super) async fn latency(env: &Env, args: &Args) -> Result<Vec<LatencyRun>> {
             p999_ms: quantile(&lat, 0.999),
             max_ms: lat.last().copied().unwrap_or(f64::NAN),
             relay_rss: peak_rss(relay.pid()).unwrap_or(0),
+            relay_cpu_secs,
         };
         say(format!(
-            "   {rate}/s (achieved {achieved:.0}/s, {} samples): p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms, max {:.1} ms",
-            run.samples, run.p50_ms, run.p99_ms, run.p999_ms, run.max_ms
+            "   {rate}/s (achieved {achieved:.0}/s, {} samples): p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms, max {:.1} ms; relay {:.1} CPU µs/event",
+            run.samples,
+            run.p50_ms,
+            run.p99_ms,
+            run.p999_ms,
+            run.max_ms,
+            micros_per_event(relay_cpu_secs, sent)
         ));
         runs.push(run);
     }
     reader.abort();
     relay.stop().await?;
     drop_slot(env, slot).await;
-    Ok(runs)
+    Ok((runs, startup_cpu))
 }

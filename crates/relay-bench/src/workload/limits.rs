@@ -8,6 +8,8 @@ use std::time::Instant;
 use anyhow::{Context as _, Result, bail};
 use async_nats::jetstream::message::PublishMessage;
 
+use crate::measure::children_cpu_seconds;
+
 use super::setup::{
     Env, copy_slot, create_stream, drop_slot, headers, publish_pipelined, stream_messages,
 };
@@ -33,8 +35,9 @@ fn recvlogical_bin(env: &Env) -> PathBuf {
     PathBuf::from("pg_recvlogical")
 }
 
-/// pg_recvlogical on a copy of the base slot until `end`: seconds.
-pub(super) async fn decode_limit(env: &Env, end: u64) -> Result<f64> {
+/// pg_recvlogical on a copy of the base slot until `end`: seconds, and its CPU seconds
+/// (utime + stime, from `getrusage` of the waited-for child).
+pub(super) async fn decode_limit(env: &Env, end: u64) -> Result<(f64, f64)> {
     let slot = "bench_recvlogical";
     copy_slot(env, slot).await?;
     let conn = format!(
@@ -43,6 +46,7 @@ pub(super) async fn decode_limit(env: &Env, end: u64) -> Result<f64> {
         env.pg.port()
     );
     let started = Instant::now();
+    let cpu_before = children_cpu_seconds();
     let out = tokio::process::Command::new(recvlogical_bin(env))
         .env("PGPASSWORD", "postgres")
         .args([
@@ -63,6 +67,7 @@ pub(super) async fn decode_limit(env: &Env, end: u64) -> Result<f64> {
         .await
         .context("running pg_recvlogical")?;
     let secs = started.elapsed().as_secs_f64();
+    let cpu = children_cpu_seconds() - cpu_before;
     drop_slot(env, slot).await;
     if !out.status.success() {
         bail!(
@@ -71,7 +76,7 @@ pub(super) async fn decode_limit(env: &Env, end: u64) -> Result<f64> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    Ok(secs)
+    Ok((secs, cpu))
 }
 
 /// Raw pipelined publishes of `rows` messages shaped like the relay's: seconds.
