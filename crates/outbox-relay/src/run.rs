@@ -40,6 +40,38 @@ pub(crate) fn nats_exit(error: NatsError) -> Exit {
     Exit::new(kind, error)
 }
 
+/// Connects to NATS and prepares the relay's stream (its checks, created when allowed, what
+/// the mappings need of the broker), with a publisher of `max_in_flight`: the same for the
+/// relay and for every command that publishes as it does (backfill, restore).
+pub(crate) async fn connect_publisher(
+    config: &RelayConfig,
+    max_in_flight: usize,
+) -> Result<
+    (
+        relay_nats::NatsConnection,
+        JetStreamPublisher,
+        relay_nats::StreamReport,
+    ),
+    Exit,
+> {
+    let nats = relay_nats::connect(&config.nats).await.map_err(nats_exit)?;
+    let publisher = JetStreamPublisher::new(
+        &nats,
+        &config.nats.stream,
+        config.nats.ack_timeout,
+        max_in_flight,
+    );
+    let report = relay_nats::prepare_stream(
+        publisher.jetstream(),
+        &config.nats,
+        &config.sample_subjects(),
+        &config.broker_needs(),
+    )
+    .await
+    .map_err(nats_exit)?;
+    Ok((nats, publisher, report))
+}
+
 pub(crate) fn pg_exit(error: PgError) -> Exit {
     let kind = if error.is_data_safety_stop() {
         ExitKind::DataSafety
@@ -80,22 +112,8 @@ pub async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), 
         None => false,
     };
 
-    let nats = relay_nats::connect(&config.nats).await.map_err(nats_exit)?;
+    let (nats, publisher, report) = connect_publisher(&config, config.relay.max_in_flight).await?;
     telemetry.set_nats(nats.client().clone());
-    let publisher = JetStreamPublisher::new(
-        &nats,
-        &config.nats.stream,
-        config.nats.ack_timeout,
-        config.relay.max_in_flight,
-    );
-    let report = relay_nats::prepare_stream(
-        publisher.jetstream(),
-        &config.nats,
-        &config.sample_subjects(),
-        &config.broker_needs(),
-    )
-    .await
-    .map_err(nats_exit)?;
     for warning in &report.warnings {
         tracing::warn!(stream = %config.nats.stream, "{warning}");
     }

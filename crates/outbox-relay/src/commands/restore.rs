@@ -22,7 +22,6 @@ use relay_core::Lsn;
 use relay_core::pipeline::{Pipeline, PipelineError, PipelineStats, RunOutcome};
 use relay_core::route::Router;
 use relay_core::stage::{ErrorClass, Publisher};
-use relay_nats::JetStreamPublisher;
 use relay_postgres::catalog::{self, restore_slot};
 use relay_postgres::source::PgSource;
 use tokio_util::sync::CancellationToken;
@@ -280,21 +279,8 @@ async fn run_window(
     window: &Window,
     shutdown: &CancellationToken,
 ) -> Result<(), Exit> {
-    let nats = relay_nats::connect(&config.nats).await.map_err(nats_exit)?;
-    let publisher = JetStreamPublisher::new(
-        &nats,
-        &config.nats.stream,
-        config.nats.ack_timeout,
-        args.max_in_flight,
-    );
-    let stream_report = relay_nats::prepare_stream(
-        publisher.jetstream(),
-        &config.nats,
-        &config.sample_subjects(),
-        &config.broker_needs(),
-    )
-    .await
-    .map_err(nats_exit)?;
+    let (_nats, publisher, stream_report) =
+        crate::run::connect_publisher(config, args.max_in_flight).await?;
     let in_stream = relay_nats::published_between(
         publisher.jetstream(),
         &config.nats.stream,

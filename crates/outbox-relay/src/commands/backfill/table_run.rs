@@ -10,7 +10,6 @@ use anyhow::anyhow;
 use relay_core::Lsn;
 use relay_core::pipeline::{Pipeline, PipelineError, PipelineStats};
 use relay_core::route::{OutboxTableConfig, Router};
-use relay_nats::JetStreamPublisher;
 use relay_postgres::backfill::{self as sql, CursorId, TableShape};
 use tokio_util::sync::CancellationToken;
 
@@ -19,7 +18,6 @@ use super::publish::{BackfillPublisher, StreamIds, stream_ids, watch_live};
 use super::{backfill_exit, class_kind};
 use crate::config::RelayConfig;
 use crate::exit::{Exit, ExitKind};
-use crate::run::nats_exit;
 
 /// How a run reads and publishes.
 #[derive(Debug, Clone)]
@@ -127,21 +125,8 @@ pub(crate) async fn run_pages(
         estimate,
     } = run;
     // JetStream: the relay's stream checks, then what the stream holds already.
-    let nats = relay_nats::connect(&config.nats).await.map_err(nats_exit)?;
-    let publisher = JetStreamPublisher::new(
-        &nats,
-        &config.nats.stream,
-        config.nats.ack_timeout,
-        opts.max_in_flight,
-    );
-    let report = relay_nats::prepare_stream(
-        publisher.jetstream(),
-        &config.nats,
-        &config.sample_subjects(),
-        &config.broker_needs(),
-    )
-    .await
-    .map_err(nats_exit)?;
+    let (nats, publisher, report) =
+        crate::run::connect_publisher(config, opts.max_in_flight).await?;
     // First the watch of the relay's live messages, then the stream's ids: no gap between.
     let (live, watchers) = if opts.skip_check_limit == 0 {
         Default::default()
