@@ -20,6 +20,9 @@ use tokio::time::Instant;
 
 use crate::Lsn;
 
+/// Samples of the checkpoint kept over one window, at most (about).
+const MAX_SAMPLES: u32 = 4096;
+
 /// How much WAL behind the stored checkpoint the slot keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReplayRetention {
@@ -83,7 +86,13 @@ impl SlotTrail {
         let candidate = match self.retention {
             ReplayRetention::Bytes(bytes) => Lsn(checkpoint.0.saturating_sub(bytes)),
             ReplayRetention::Time(window) => {
-                if self.samples.back().is_none_or(|(_, l)| *l < checkpoint) {
+                // One sample per 1/MAX_SAMPLES of the window at most (a week at a checkpoint a
+                // second would be 600,000): skipping one only keeps a little more WAL.
+                let spacing = window / MAX_SAMPLES;
+                let due = self.samples.back().is_none_or(|(at, l)| {
+                    *l < checkpoint && now.saturating_duration_since(*at) >= spacing
+                });
+                if due {
                     self.samples.push_back((now, checkpoint));
                 }
                 let old_enough = |at: &Instant| now.saturating_duration_since(*at) >= window;
@@ -151,6 +160,33 @@ mod tests {
             trail.slot_position(Lsn(500), start + Duration::from_secs(1000)),
             Lsn(500)
         );
+    }
+
+    #[test]
+    fn samples_stay_bounded_over_a_long_window() {
+        let start = Instant::now();
+        let window = Duration::from_secs(3600);
+        let mut trail = SlotTrail::new(ReplayRetention::Time(window), Lsn(0), Lsn(1), start);
+        // A checkpoint every 100 ms for two windows.
+        let mut last = Lsn(0);
+        for i in 1..=72_000u64 {
+            let now = start + Duration::from_millis(100 * i);
+            let at = trail.slot_position(Lsn(i * 10), now);
+            assert!(at >= last && at <= Lsn(i * 10));
+            // Never confirms a checkpoint stored less than a window ago.
+            assert!(
+                at.0 <= (i * 10).saturating_sub(36_000 * 10).max(1),
+                "at {at} after {i}"
+            );
+            last = at;
+        }
+        assert!(
+            trail.samples.len() <= MAX_SAMPLES as usize + 2,
+            "{}",
+            trail.samples.len()
+        );
+        // And it keeps up: at most one sample spacing (and one window) behind.
+        assert!(last.0 >= (72_000 - 36_000 - 10) * 10, "{last}");
     }
 
     #[test]
