@@ -107,6 +107,10 @@ pub struct Args {
     /// The load beside cleanup, events/s.
     #[arg(long, default_value_t = 10_000)]
     pub cleanup_rate: u64,
+    /// Rows per transaction of the load beside cleanup: 10 keeps 10,000 events/s within what a
+    /// 2-core machine commits, so the runs compare cleanup, not a saturated machine.
+    #[arg(long, default_value_t = 10)]
+    pub cleanup_rows_per_tx: u64,
     /// Cleanup modes to run (`off` and `off-partitioned` are the runs without cleanup).
     #[arg(long, value_delimiter = ',', default_values = ["off", "delete", "mark", "off-partitioned", "drop-partitions"])]
     pub cleanup_modes: Vec<workload::CleanupMode>,

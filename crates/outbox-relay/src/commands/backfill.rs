@@ -41,10 +41,10 @@ pub struct BackfillArgs {
     #[arg(long = "where", value_name = "CONDITION")]
     pub filter: Option<String>,
     /// Rows per page (one SELECT each, on a connection of the backfill's own).
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = 1000)]
     pub page_size: usize,
     /// Messages published and not yet acknowledged by JetStream, at most.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 512)]
     pub max_in_flight: usize,
     /// Rows per second at most; 0: as fast as JetStream acknowledges.
     #[arg(long, default_value_t = 0)]

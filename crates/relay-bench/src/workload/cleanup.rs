@@ -93,7 +93,9 @@ pub struct Timing {
 impl Timing {
     fn for_run(secs: u64) -> Self {
         Self {
-            retain_secs: (secs / 10).max(10),
+            // Generous: drop-partitions must not detach a partition a slow writer still inserts into
+            // (docs/configuration.md: retain outlasts the longest writing transaction).
+            retain_secs: (secs / 4).max(30),
             interval_secs: (secs / 60).max(5),
             partition_secs: (secs / 30).max(10),
             batch_size: 2000,
@@ -105,6 +107,8 @@ impl Timing {
 #[derive(Debug, Clone)]
 pub struct CleanupRun {
     pub mode: CleanupMode,
+    /// Rows per transaction of the load.
+    pub rows_per_tx: u64,
     pub timing: Timing,
     pub secs: u64,
     pub target_rate: u64,
@@ -306,6 +310,7 @@ async fn run_mode(env: &Env, args: &Args, mode: CleanupMode, secs: u64) -> Resul
     let conns = if rate > 2_000 { 2 } else { 1 };
     let load = Load {
         table: mode.table(),
+        rows_per_tx: args.cleanup_rows_per_tx,
         ..Load::steady(rate, secs, conns)
     };
     let every = Duration::from_secs_f64((secs as f64 / 60.0).clamp(1.0, 10.0));
@@ -353,6 +358,7 @@ async fn run_mode(env: &Env, args: &Args, mode: CleanupMode, secs: u64) -> Resul
     }
     let run = CleanupRun {
         mode,
+        rows_per_tx: args.cleanup_rows_per_tx,
         timing,
         secs,
         target_rate: rate,

@@ -30,6 +30,8 @@ pub(super) struct Load {
     pub(super) aggregate: &'static str,
     pub(super) secs: u64,
     pub(super) stop: Option<Arc<AtomicBool>>,
+    /// Rows per transaction (the rate counts rows).
+    pub(super) rows_per_tx: u64,
 }
 
 impl Load {
@@ -42,6 +44,7 @@ impl Load {
             aggregate: "Order",
             secs,
             stop: None,
+            rows_per_tx: 1,
         }
     }
 }
@@ -50,7 +53,7 @@ async fn produce(env: &Env, rate: u64, secs: u64, conns: usize) -> Result<(u64, 
     produce_load(env, Load::steady(rate, secs, conns)).await
 }
 
-/// Runs `load`; returns (transactions committed, their rate).
+/// Runs `load`; returns (rows committed, their rate).
 pub(super) async fn produce_load(env: &Env, load: Load) -> Result<(u64, f64)> {
     let per_conn = load.rate as f64 / load.conns as f64;
     let started = Instant::now();
@@ -58,6 +61,7 @@ pub(super) async fn produce_load(env: &Env, load: Load) -> Result<(u64, f64)> {
     for c in 0..load.conns {
         let client = env.pg.connect(DB).await?;
         let (table, aggregate, stop) = (load.table, load.aggregate, load.stop.clone());
+        let rows_per_tx = load.rows_per_tx.max(1);
         let end = Duration::from_secs(load.secs);
         tasks.push(tokio::spawn(async move {
             let mut sent = 0_u64;
@@ -75,11 +79,17 @@ pub(super) async fn produce_load(env: &Env, load: Load) -> Result<(u64, f64)> {
                     continue;
                 }
                 let mut sql = String::new();
-                for k in sent..due {
-                    let g = base + k + 1;
+                let mut k = sent;
+                while k < due {
+                    let upto = (k + rows_per_tx).min(due);
                     sql.push_str("BEGIN;");
-                    sql.push_str(&insert_sql_into(table, aggregate, g, g));
-                    sql.push_str(";COMMIT;");
+                    for j in k..upto {
+                        let g = base + j + 1;
+                        sql.push_str(&insert_sql_into(table, aggregate, g, g));
+                        sql.push(';');
+                    }
+                    sql.push_str("COMMIT;");
+                    k = upto;
                 }
                 client.batch_execute(&sql).await?;
                 sent = due;

@@ -86,10 +86,16 @@ pub(super) struct PageReader {
     pub(super) live: super::publish::LiveIds,
 }
 
+/// Pages read ahead of the one being published: the next SELECT runs while JetStream
+/// acknowledges the current page, so neither waits for the other.
+const PAGES_AHEAD: usize = 2;
+
 /// The table's rows as pgoutput transactions, one per page.
 #[derive(Debug)]
 pub(super) struct PageSource {
-    rx: mpsc::Receiver<Result<SourceEvent, SourceError>>,
+    rx: mpsc::Receiver<Result<Vec<SourceEvent>, SourceError>>,
+    /// The rest of the page being handed out.
+    current: std::vec::IntoIter<SourceEvent>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -119,9 +125,13 @@ fn pg_now_micros() -> i64 {
 
 impl PageSource {
     pub(super) fn start(reader: PageReader, progress: Arc<Progress>) -> Self {
-        let (tx, rx) = mpsc::channel(reader.page_size + 4);
+        let (tx, rx) = mpsc::channel(PAGES_AHEAD);
         let task = tokio::spawn(read_pages(reader, progress, tx));
-        Self { rx, task }
+        Self {
+            rx,
+            current: Vec::new().into_iter(),
+            task,
+        }
     }
 }
 
@@ -130,7 +140,7 @@ impl PageSource {
 async fn read_pages(
     mut reader: PageReader,
     progress: Arc<Progress>,
-    tx: mpsc::Sender<Result<SourceEvent, SourceError>>,
+    tx: mpsc::Sender<Result<Vec<SourceEvent>, SourceError>>,
 ) {
     let started = Instant::now();
     let mut rows_done = reader.rows_done;
@@ -189,14 +199,13 @@ async fn read_pages(
         let events = reader
             .shape
             .page_transaction(page_no, inserts, page_no == 1, pg_now_micros());
-        for event in events {
-            if tx.send(Ok(event)).await.is_err() {
-                return;
-            }
+        // Before the hand-over: the frontier cannot reach a page `last_page` does not count.
+        progress.last_page.store(page_no, Ordering::Relaxed);
+        if tx.send(Ok(events)).await.is_err() {
+            return;
         }
         read += count;
         progress.read.fetch_add(count, Ordering::Relaxed);
-        progress.last_page.store(page_no, Ordering::Relaxed);
         reader.after = Some(last_key);
         if !full {
             progress.exhausted.store(true, Ordering::Relaxed);
@@ -211,10 +220,15 @@ async fn read_pages(
 
 impl ChangeSource for PageSource {
     async fn next(&mut self) -> Result<Option<SourceEvent>, SourceError> {
-        match self.rx.recv().await {
-            Some(Ok(event)) => Ok(Some(event)),
-            Some(Err(e)) => Err(e),
-            None => Ok(None),
+        loop {
+            if let Some(event) = self.current.next() {
+                return Ok(Some(event));
+            }
+            match self.rx.recv().await {
+                Some(Ok(page)) => self.current = page.into_iter(),
+                Some(Err(e)) => return Err(e),
+                None => return Ok(None),
+            }
         }
     }
 
