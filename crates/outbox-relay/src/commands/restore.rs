@@ -327,14 +327,8 @@ async fn run_window(
     let not_stored = Arc::new(Mutex::new(Vec::new()));
     let ticker = {
         let report = report.clone();
-        let every = args.progress_interval.max(Duration::from_millis(100));
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                eprintln!("{}", report.line("in progress"));
-            }
+        super::spawn_progress(args.progress_interval, move || {
+            eprintln!("{}", report.line("in progress"));
         })
     };
     let result = if args.dry_run {

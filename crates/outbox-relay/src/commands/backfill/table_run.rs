@@ -222,14 +222,8 @@ pub(crate) async fn run_pages(
     let ticker = {
         let report = report.clone();
         let log_progress = opts.log_progress;
-        let every = opts.progress_interval.max(Duration::from_millis(100));
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                say(log_progress, &report.line("in progress"));
-            }
+        crate::commands::spawn_progress(opts.progress_interval, move || {
+            say(log_progress, &report.line("in progress"));
         })
     };
     let result = pipeline.run(shutdown.cancelled()).await;
