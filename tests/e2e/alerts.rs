@@ -18,21 +18,6 @@ use crate::support::*;
 
 const MB: f64 = 1048576.0;
 
-/// Runs the binary with `args` (after `--config`) off the async runtime.
-async fn relay_cmd(config: &Path, args: &[&str]) -> Result<Output> {
-    let config = config.to_owned();
-    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-    Ok(tokio::task::spawn_blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-            .arg("--config")
-            .arg(&config)
-            .args(&args)
-            .env("RUST_LOG", "warn")
-            .output()
-    })
-    .await??)
-}
-
 fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }

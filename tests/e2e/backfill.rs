@@ -375,6 +375,15 @@ async fn killed_backfill_resumes_at_its_cursor() -> Result<()> {
         !finished && done_after < rows,
         "stopped before the end: {done_after}"
     );
+    // `status` shows where the stopped backfill is.
+    let shown = backfill_status(&config).await?;
+    ensure!(
+        shown["table"] == "public.outbox"
+            && shown["state"] == "running"
+            && shown["rows_done"].as_i64() == Some(done_after)
+            && shown["finished_at"].is_null(),
+        "status while stopped at {done_after}: {shown}"
+    );
 
     // The third run resumes (without reading the stream's ids, which would hide a restart
     // from scratch) and reads only what was left.
@@ -394,6 +403,11 @@ async fn killed_backfill_resumes_at_its_cursor() -> Result<()> {
     expect_each_once(&env, &old, &relay).await?;
     let (_, _, _, finished) = cursor(&db).await?.context("cursor row")?;
     assert!(finished);
+    let shown = backfill_status(&config).await?;
+    ensure!(
+        shown["state"] == "finished" && shown["rows_done"].as_i64() >= Some(rows),
+        "status once finished: {shown}"
+    );
     // Finished: another run does nothing.
     backfill(
         &config,
@@ -404,6 +418,16 @@ async fn killed_backfill_resumes_at_its_cursor() -> Result<()> {
     )
     .await?;
     Ok(())
+}
+
+/// The one backfill `status --json` reports.
+async fn backfill_status(config: &std::path::Path) -> Result<serde_json::Value> {
+    let out = relay_cmd(config, &["status", "--json"]).await?;
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("status --json: {}", String::from_utf8_lossy(&out.stderr)))?;
+    let backfills = doc["backfills"].as_array().context("status: backfills")?;
+    ensure!(backfills.len() == 1, "status: {}", doc["backfills"]);
+    Ok(backfills[0].clone())
 }
 
 /// `--where` backfills only the rows it matches, under a cursor of its own; an unconfigured

@@ -134,21 +134,6 @@ impl Pair {
     }
 }
 
-/// Runs the relay binary with `args` (e.g. `validate --connect`) and waits for it.
-pub(crate) async fn relay_cmd(config: &Path, args: &[&str]) -> Result<Output> {
-    let config = config.to_owned();
-    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-    Ok(tokio::task::spawn_blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-            .arg("--config")
-            .arg(&config)
-            .args(&args)
-            .env("RUST_LOG", "warn")
-            .output()
-    })
-    .await??)
-}
-
 pub(crate) fn describe(out: &Output) -> String {
     format!(
         "exit {:?}\nstdout:\n{}\nstderr:\n{}",

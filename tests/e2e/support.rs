@@ -3,7 +3,7 @@
 //! read the stream back.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -506,4 +506,19 @@ pub async fn wait_metric(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Runs the relay binary with `args` (e.g. `validate --connect`) and waits for it.
+pub async fn relay_cmd(config: &Path, args: &[&str]) -> Result<Output> {
+    let config = config.to_owned();
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    Ok(tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+            .arg("--config")
+            .arg(&config)
+            .args(&args)
+            .env("RUST_LOG", "warn")
+            .output()
+    })
+    .await??)
 }

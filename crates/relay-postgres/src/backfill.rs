@@ -26,8 +26,8 @@ mod cursor;
 pub mod on_create;
 
 pub use cursor::{
-    Cursor, CursorId, ensure_cursor_table, finish_cursor, load_cursor, prepare_cursor_session,
-    save_cursor, start_cursor,
+    Cursor, CursorId, CursorStatus, ensure_cursor_table, finish_cursor, list_cursors, load_cursor,
+    prepare_cursor_session, save_cursor, start_cursor,
 };
 
 /// The migration that creates the cursor table (also shipped in `migrations/`).

@@ -1,10 +1,12 @@
 //! `outbox-relay status`: where the slot, the stored checkpoint and the stream are, how long a
 //! stopped relay has before the slot is invalidated (the retention window, at the WAL rate of a
-//! short sample), and what a running relay says about itself (from its `/status`, when
+//! short sample), where each backfill is, and what a running relay says about itself (from its `/status`, when
 //! `[http] listen` is set or `--relay` names it).
 //!
 //! Exit code: 0; 65 when the slot is lost or ahead of the checkpoint; 69 when PostgreSQL cannot
 //! be reached.
+
+mod backfills;
 
 use std::time::Duration;
 
@@ -63,6 +65,7 @@ pub async fn status(
         Err(e) => json!({ "error": format!("cannot read the replay window: {e}") }),
     };
 
+    let backfills = backfills::backfills_state(&client, &pg.slot).await;
     let tables = tables_state(
         config,
         &client,
@@ -97,6 +100,7 @@ pub async fn status(
         "relay": relay_addr,
         "relay_status": relay_status,
         "tables": tables,
+        "backfills": backfills,
     });
     if json_out {
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
@@ -187,6 +191,7 @@ fn print_text(config: &RelayConfig, doc: &Value) {
     print_retention(&doc["retention"]);
     print_replay_window(config, &doc["replay_window"]);
     print_tables(&doc["tables"]);
+    backfills::print_backfills(&doc["backfills"]);
     print_failover(&doc["failover"]);
     match doc["checkpoint"].as_object() {
         None => println!("checkpoint: none stored"),

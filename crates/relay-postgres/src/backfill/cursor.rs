@@ -37,6 +37,78 @@ pub struct Cursor {
     pub on_create: bool,
 }
 
+/// A stored cursor as `status` shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CursorStatus {
+    /// Which backfill.
+    pub id: CursorId,
+    /// Where it is.
+    pub cursor: Cursor,
+    /// Seconds since the cursor last moved (or the backfill started or finished).
+    pub updated_secs_ago: f64,
+}
+
+/// Every backfill cursor of `slot`, oldest first; empty when no backfill ever ran (no table).
+pub async fn list_cursors(client: &Client, slot: &str) -> Result<Vec<CursorStatus>, BackfillError> {
+    let exists: bool = client
+        .query_one(
+            "SELECT to_regclass('outbox_relay.backfill') IS NOT NULL",
+            &[],
+        )
+        .await
+        .map_err(query_err("cannot look up outbox_relay.backfill"))?
+        .get(0);
+    if !exists {
+        return Ok(Vec::new());
+    }
+    // `on_create` came with migration 0007: a table without it holds no on-create cursors.
+    let on_create: bool = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute \
+               WHERE attrelid = 'outbox_relay.backfill'::regclass AND attname = 'on_create' \
+                 AND NOT attisdropped)",
+            &[],
+        )
+        .await
+        .map_err(query_err("cannot look up outbox_relay.backfill"))?
+        .get(0);
+    let rows = client
+        .query(
+            &format!(
+                "SELECT table_name, filter, key_column, end_key, last_key, rows_done, rows_estimate, \
+                        to_char(started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
+                        to_char(finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
+                        {}, extract(epoch FROM now() - updated_at)::float8 \
+                 FROM outbox_relay.backfill WHERE slot_name = $1 ORDER BY started_at",
+                if on_create { "on_create" } else { "false" }
+            ),
+            &[&slot],
+        )
+        .await
+        .map_err(query_err("cannot read outbox_relay.backfill"))?;
+    Ok(rows
+        .iter()
+        .map(|r| CursorStatus {
+            id: CursorId {
+                slot: slot.to_owned(),
+                table: r.get(0),
+                filter: r.get(1),
+            },
+            cursor: Cursor {
+                key_column: r.get(2),
+                end_key: r.get(3),
+                last_key: r.get(4),
+                rows_done: r.get(5),
+                rows_estimate: r.get(6),
+                started_at: r.get(7),
+                finished_at: r.get(8),
+                on_create: r.get(9),
+            },
+            updated_secs_ago: r.get(10),
+        })
+        .collect())
+}
+
 /// The cursor table's key columns for `id`, as statement parameters.
 fn key_params(id: &CursorId) -> [&(dyn tokio_postgres::types::ToSql + Sync); 3] {
     [&id.slot, &id.table, &id.filter]
