@@ -7,10 +7,11 @@
 # and PASS/FAIL.
 #
 #   scripts/bench.sh                 # full run: 200,000-row backlogs, 1,000,000-row tx, backfill
-#                                    # of 1,000,000 rows, position on 10,000,000 messages, cleanup
-#                                    # modes 60 s each (~25 min)
-#   scripts/bench.sh --quick         # 20,000-row backlogs, no 1M-row tx, 200,000-row backfill
-#                                    # (< 3 min on a quiet machine; --backfill-rows 0 skips it)
+#                                    # of 1,000,000 rows, position on 10,000,000 messages, restore
+#                                    # of 200,000 events, cleanup modes 60 s each (~25 min)
+#   scripts/bench.sh --quick         # 20,000-row backlogs, no 1M-row tx, 200,000-row backfill,
+#                                    # 20,000-event restore (< 3 min on a quiet machine;
+#                                    # --backfill-rows 0 / --restore-events 0 skip them)
 #   scripts/bench.sh --soak-cleanup --no-debezium   # only cleanup, 10 min per mode (issue 14)
 #   scripts/bench.sh --rows 50000    # any relay-bench option (see `--help`)
 #   BENCH_MICRO=1 scripts/bench.sh   # also the criterion decode/route micro-benchmarks
@@ -24,7 +25,8 @@
 # The table is also written to target/bench/table.md, relay logs to target/bench/logs/.
 # Environment: RELAY_TEST_PG_BIN (PostgreSQL bin dir, default /usr/lib/postgresql/15/bin),
 # RELAY_TEST_NATS_SERVER, RELAY_BIN (a prebuilt outbox-relay), CARGO_TARGET_DIR,
-# RELAY_BENCH_PERF_DIR (attach `perf record -g` to every catch-up run, files land there).
+# RELAY_BENCH_PERF_DIR (attach `perf record -g` to every catch-up run and the restore, files
+# land there).
 # Not run by CI: it takes minutes and wants a quiet machine.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -14,8 +14,9 @@
 //!
 //! Then commit-to-ack latency at steady 1,000 and 10,000 events/s, and (full run) peak RSS
 //! during a 1,000,000-row transaction; then `outbox-relay backfill` beside a live load,
-//! `outbox-relay position` on a 10,000,000-message stream, and `[outbox.cleanup]` beside a
-//! 10,000 events/s load per mode. Prints one table; see docs/benchmarks.md.
+//! `outbox-relay position` on a 10,000,000-message stream, `outbox-relay restore` of a purged
+//! 200,000-event window against the catch-up of the same backlog, and `[outbox.cleanup]` beside
+//! a 10,000 events/s load per mode. Prints one table; see docs/benchmarks.md.
 
 mod measure;
 mod report;
@@ -35,7 +36,8 @@ use clap::Parser;
 )]
 pub struct Args {
     /// Smaller sizes; finishes in under 3 minutes (20,000 rows, 3 s latency runs, no 1M row
-    /// run, a 200,000-row backfill, no position or cleanup rows unless asked for).
+    /// run, a 200,000-row backfill, a 20,000-event restore, no position or cleanup rows unless
+    /// asked for).
     #[arg(long)]
     pub quick: bool,
     /// Backlog rows per transaction size (default 200,000; 20,000 with --quick).
@@ -100,6 +102,11 @@ pub struct Args {
     /// checkpoint: 10,000 is one a second at 10,000 events/s).
     #[arg(long, default_value_t = 10_000)]
     pub position_anchor_every: u64,
+    /// Events of the restore row (`outbox-relay restore` of a purged window, 100-row
+    /// transactions, against the relay's catch-up of the same backlog): default 200,000; 20,000
+    /// with --quick; 0 skips it.
+    #[arg(long)]
+    pub restore_events: Option<u64>,
     /// Seconds of load per `[outbox.cleanup]` mode: default 60; 0 (skipped) with --quick; 600
     /// with --soak-cleanup.
     #[arg(long)]
@@ -142,6 +149,10 @@ impl Args {
     fn position_messages(&self) -> u64 {
         self.position_messages
             .unwrap_or(if self.quick { 0 } else { 10_000_000 })
+    }
+    fn restore_events(&self) -> u64 {
+        self.restore_events
+            .unwrap_or(if self.quick { 20_000 } else { 200_000 })
     }
     fn cleanup_secs(&self) -> u64 {
         self.cleanup_secs.unwrap_or(if self.soak_cleanup {

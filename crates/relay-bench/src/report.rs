@@ -2,6 +2,7 @@
 
 mod cleanup;
 mod replay;
+mod restore;
 
 use std::fmt::Write as _;
 
@@ -219,6 +220,9 @@ pub fn render(args: &Args, res: &Results) -> String {
     if let Some(p) = &res.position {
         replay::position_rows(&mut out, p);
     }
+    if let Some(r) = &res.restore {
+        restore::row(&mut out, r);
+    }
     cleanup::rows(&mut out, &res.cleanup, &res.cleanup_failed);
     let all_runs: Vec<_> = res
         .scenarios
@@ -314,6 +318,7 @@ pub fn render(args: &Args, res: &Results) -> String {
         )
     );
     replay::notes(&mut out, res.backfill.as_ref(), res.position.as_ref());
+    restore::note(&mut out, res.restore.as_ref());
     cleanup::note(&mut out, &res.cleanup);
     if let Some(note) = res.debezium.note() {
         let _ = writeln!(out, "{note}");

@@ -1,4 +1,5 @@
-//! The measurements: servers, backlog, decode limit, broker limit, relay, polling, latency.
+//! The measurements: servers, backlog, decode limit, broker limit, relay, polling, latency,
+//! and the commands of issues 12 and 14 (backfill, position, restore, cleanup).
 //!
 //! This module holds the results and drives the run; the pieces live in the submodules.
 
@@ -10,6 +11,7 @@ mod limits;
 mod polling;
 mod position;
 mod relay;
+mod restore;
 mod setup;
 
 use std::path::Path;
@@ -23,6 +25,7 @@ pub use self::backfill::BackfillRun;
 pub use self::cleanup::{CleanupMode, CleanupRun};
 pub use self::debezium::{DebeziumRun, DebeziumStatus};
 pub use self::position::PositionRun;
+pub use self::restore::RestoreRun;
 
 use self::debezium::{Debezium, debezium_catch_up};
 use self::latency::latency;
@@ -52,6 +55,8 @@ pub struct Results {
     pub backfill: Option<BackfillRun>,
     /// `outbox-relay position` on a large stream (issue 12).
     pub position: Option<PositionRun>,
+    /// `outbox-relay restore` of a purged window against the catch-up rate (issue 12).
+    pub restore: Option<RestoreRun>,
     /// `[outbox.cleanup]` beside a steady load, per mode (issue 14).
     pub cleanup: Vec<CleanupRun>,
     /// Cleanup modes whose run failed: `mode: error`.
@@ -187,8 +192,9 @@ pub async fn run_all(args: &Args, relay_bin: &Path) -> Result<Results> {
     if args.position_messages() > 0 {
         results.position = Some(position::position(&env, args).await?);
     }
-    // Issue 12's restore row (`outbox-relay restore --from-lsn`, 200,000-event window against
-    // the catch-up rate) goes here once that command exists.
+    if args.restore_events() > 0 {
+        results.restore = Some(restore::restore(&env, args).await?);
+    }
     if args.cleanup_secs() > 0 {
         (results.cleanup, results.cleanup_failed) = cleanup::cleanup(&env, args).await?;
     }

@@ -22,6 +22,17 @@ pub(super) fn relay_config_with(
     max_in_flight: usize,
     extra: &str,
 ) -> Result<PathBuf> {
+    relay_config_full(env, slot, max_in_flight, "", extra)
+}
+
+/// [`relay_config_with`] with `nats_extra` (keys of `[nats]`, e.g. `duplicate_window`) too.
+pub(super) fn relay_config_full(
+    env: &Env,
+    slot: &str,
+    max_in_flight: usize,
+    nats_extra: &str,
+    extra: &str,
+) -> Result<PathBuf> {
     let mut text = format!(
         r#"[postgres]
 url = "{pg}"
@@ -35,6 +46,7 @@ status_interval = "1s"
 url = "{nats}"
 stream = "{STREAM}"
 create_stream = true
+{nats_extra}
 
 [relay]
 max_in_flight = {max_in_flight}
@@ -131,7 +143,7 @@ pub(super) fn tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(30)..].join("\n")
 }
 
-async fn checkpoint_of(env: &Env, slot: &str) -> Result<Option<u64>> {
+pub(super) async fn checkpoint_of(env: &Env, slot: &str) -> Result<Option<u64>> {
     let row = env
         .client
         .query_opt(
@@ -140,6 +152,59 @@ async fn checkpoint_of(env: &Env, slot: &str) -> Result<Option<u64>> {
         )
         .await?;
     Ok(row.map(|r| r.get::<_, i64>(0) as u64))
+}
+
+/// An optional profile of one run: `perf record` attached to a process when
+/// `RELAY_BENCH_PERF_DIR` is set (see docs/benchmarks.md).
+pub(super) struct Perf(Option<std::process::Child>);
+
+impl Perf {
+    /// Attaches to `pid`; the profile is `perf-{name}.data` in `RELAY_BENCH_PERF_DIR`.
+    pub(super) fn attach(pid: u32, name: &str) -> Result<Self> {
+        let Some(dir) = std::env::var_os("RELAY_BENCH_PERF_DIR") else {
+            return Ok(Self(None));
+        };
+        let child = std::process::Command::new("perf")
+            // RELAY_BENCH_PERF_CALL_GRAPH=dwarf when the binary has no frame pointers.
+            .args(["record", "-F", "1999", "-q", "--call-graph"])
+            .arg(std::env::var("RELAY_BENCH_PERF_CALL_GRAPH").unwrap_or_else(|_| "fp".into()))
+            .arg("-o")
+            .arg(PathBuf::from(dir).join(format!("perf-{name}.data")))
+            .args(["-p", &pid.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting perf record")?;
+        Ok(Self(Some(child)))
+    }
+
+    /// Stops the recording (it also ends by itself when the process exits) and waits for it.
+    pub(super) fn finish(self) {
+        if let Some(mut perf) = self.0 {
+            let pid = nix::unistd::Pid::from_raw(perf.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+            let _ = perf.wait();
+        }
+    }
+}
+
+/// A catch-up run's settings beyond the bench's defaults.
+#[derive(Debug, Default)]
+pub(super) struct CatchUpConfig<'a> {
+    /// Keys of the relay's `[nats]` table (e.g. a short `duplicate_window`).
+    pub(super) nats: &'a str,
+    /// Keys of its `[relay]` table (e.g. `replay_retention`).
+    pub(super) relay: &'a str,
+    /// Leave the slot in place (and the stream as the relay filled it) after the run, for a
+    /// command that decodes the slot's WAL again (`restore`).
+    pub(super) keep_slot: bool,
+}
+
+/// What [`relay_catch_up_with`] leaves for the next step when it keeps the slot.
+pub(super) struct CaughtUp {
+    pub(super) run: RelayRun,
+    pub(super) slot: String,
+    pub(super) config: PathBuf,
 }
 
 /// The real relay on a copy of the base slot, from start until the checkpoint passed the last
@@ -152,29 +217,30 @@ pub(super) async fn relay_catch_up(
     rows: u64,
     inside_last: u64,
 ) -> Result<RelayRun> {
+    let default = CatchUpConfig::default();
+    let caught_up =
+        relay_catch_up_with(env, bin, variant, mif, rows, inside_last, &default).await?;
+    Ok(caught_up.run)
+}
+
+/// [`relay_catch_up`] with settings of its own (`extra`).
+pub(super) async fn relay_catch_up_with(
+    env: &Env,
+    bin: &Path,
+    variant: &'static str,
+    mif: usize,
+    rows: u64,
+    inside_last: u64,
+    extra: &CatchUpConfig<'_>,
+) -> Result<CaughtUp> {
     let slot = format!("relay_m{mif}{variant}");
     copy_slot(env, &slot).await?;
     let _ = env.js.delete_stream(STREAM).await;
+    let config = relay_config_full(env, &slot, mif, extra.nats, extra.relay)?;
     let timeout = Duration::from_secs(120 + rows / 2_000);
     let started = Instant::now();
-    let mut relay = RelayProc::start_bin(env, bin, &slot, mif)?;
-    // Optional profile of this run: `perf record` attached to the relay (see docs/benchmarks.md).
-    let perf = match std::env::var_os("RELAY_BENCH_PERF_DIR") {
-        Some(dir) => Some(
-            std::process::Command::new("perf")
-                // RELAY_BENCH_PERF_CALL_GRAPH=dwarf when the binary has no frame pointers.
-                .args(["record", "-F", "1999", "-q", "--call-graph"])
-                .arg(std::env::var("RELAY_BENCH_PERF_CALL_GRAPH").unwrap_or_else(|_| "fp".into()))
-                .arg("-o")
-                .arg(PathBuf::from(dir).join(format!("perf-{slot}-{rows}.data")))
-                .args(["-p", &relay.pid().to_string()])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .context("starting perf record")?,
-        ),
-        None => None,
-    };
+    let mut relay = RelayProc::start_config(env, bin, &config, &slot)?;
+    let perf = Perf::attach(relay.pid(), &format!("{slot}-{rows}"))?;
     loop {
         if checkpoint_of(env, &slot)
             .await?
@@ -196,22 +262,21 @@ pub(super) async fn relay_catch_up(
     let rss = peak_rss(pid).unwrap_or(0);
     let cpu = cpu_seconds(&pid.to_string()).unwrap_or(f64::NAN);
     let messages = stream_messages(env, STREAM).await?;
-    if let Some(mut perf) = perf {
-        let pid = nix::unistd::Pid::from_raw(perf.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
-        let _ = perf.wait();
-    }
+    perf.finish();
     relay.stop().await?;
-    drop_slot(env, &slot).await;
+    if !extra.keep_slot {
+        drop_slot(env, &slot).await;
+    }
     if messages != rows {
         bail!("relay run stored {messages} messages, expected {rows}");
     }
-    Ok(RelayRun {
+    let run = RelayRun {
         variant,
         max_in_flight: mif,
         secs,
         events_per_s: rows as f64 / secs,
         peak_rss: rss,
         cpu_secs: cpu,
-    })
+    };
+    Ok(CaughtUp { run, slot, config })
 }

@@ -1,5 +1,6 @@
 //! The servers, their reset between runs, the backlog writer and shared JetStream helpers.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -192,6 +193,45 @@ pub(super) async fn write_backlog(env: &Env, rows: u64, per_tx: u64) -> Result<(
 pub(super) async fn stream_messages(env: &Env, name: &str) -> Result<u64> {
     let mut s = env.js.get_stream(name).await?;
     Ok(s.info().await?.state.messages)
+}
+
+/// How many copies of each `Nats-Msg-Id` the stream holds (every message's headers, read with
+/// an ordered consumer). A message without the header counts under `""`.
+pub(super) async fn stream_id_copies(env: &Env, name: &str) -> Result<HashMap<String, u32>> {
+    let mut stream = env.js.get_stream(name).await?;
+    let state = stream.info().await?.state.clone();
+    let mut copies = HashMap::new();
+    if state.messages == 0 {
+        return Ok(copies);
+    }
+    let reader = stream
+        .create_consumer(jetstream::consumer::pull::OrderedConfig {
+            headers_only: true,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| anyhow!("reading stream {name}: {e}"))?;
+    let mut messages = reader
+        .messages()
+        .await
+        .map_err(|e| anyhow!("reading stream {name}: {e}"))?;
+    while let Some(msg) = tokio::time::timeout(Duration::from_secs(10), messages.next())
+        .await
+        .with_context(|| format!("reading stream {name}: nothing for 10 s"))?
+    {
+        let msg = msg.map_err(|e| anyhow!("reading stream {name}: {e}"))?;
+        let id = msg
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(outbox_contract::HEADER_MSG_ID))
+            .map_or("", |v| v.as_str());
+        *copies.entry(id.to_owned()).or_default() += 1;
+        let seq = msg.info().map_err(|e| anyhow!("{e}"))?.stream_sequence;
+        if seq >= state.last_sequence {
+            break;
+        }
+    }
+    Ok(copies)
 }
 
 pub(super) async fn create_stream(env: &Env, name: &str, subjects: &str) -> Result<()> {
