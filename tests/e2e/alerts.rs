@@ -5,7 +5,7 @@
 //! WAL is written behind a pinned slot. (`deploy.rs` checks the alert rules and the dashboard.)
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};

@@ -7,8 +7,8 @@
 //! Failover slots exist since PostgreSQL 17: tests that need them print a note and pass on an
 //! older server (CI runs the e2e suite again on PostgreSQL 18, `scripts/test.sh`).
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::PathBuf;
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
