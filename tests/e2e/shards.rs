@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 
 use crate::support::*;
 
@@ -225,5 +225,95 @@ async fn two_shards_deliver_every_event_once_in_aggregate_order() -> Result<()> 
     let hand = Relay::start_streaming(&path).await?;
     hand.wait_log("rows it does not keep are never relayed", WAIT)
         .await?;
+    Ok(())
+}
+
+/// Waits until `slot`'s stored checkpoint is at or past `lsn`.
+async fn wait_checkpoint(db: &tokio_postgres::Client, slot: &str, lsn: u64) -> Result<()> {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let stored = lsn_of(
+            db,
+            "SELECT (confirmed_lsn - '0/0')::bigint FROM outbox_relay.checkpoint WHERE slot_name = $1",
+            slot,
+        )
+        .await?;
+        if stored.is_some_and(|c| c >= lsn) {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "{slot}: checkpoint {stored:?} never reached {lsn}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `position` with shards reads every shard's position map: a shard that was down publishes
+/// its part of a window after the other shard did, so one shard's map alone starts the replay
+/// after events the other shard stored earlier (events replay would skip).
+#[tokio::test(flavor = "multi_thread")]
+async fn position_with_shards_starts_at_the_earliest_shards_event() -> Result<()> {
+    let env = Env::start().await?;
+    let mut db = env.db().await?;
+    let js = env.jetstream().await?;
+    let mut next = HashMap::new();
+    let config0 = shard_config(&env, 0, 0, "")?;
+    let config1 = shard_config(&env, 1, 1, "")?;
+    let mut shard0 = Relay::start_streaming(&config0).await?;
+    let shard1 = Relay::start_streaming(&config1).await?;
+    // Anchors of both shards before the target.
+    write(&mut db, 10, 10, &mut next).await?;
+    let before = env.current_wal().await?;
+    wait_checkpoint(&db, "relay_slot_0", before).await?;
+    wait_checkpoint(&db, "relay_slot_1", before).await?;
+
+    // Shard 0 down over two batches, one committed before the target and one after: shard 1
+    // stores its parts of both first; shard 0, restarted, stores its part of the first batch
+    // (its last anchor before the target) after every event shard 1 stored.
+    shard0.kill9();
+    write(&mut db, 10, 10, &mut next).await?;
+    let target = env.current_wal().await?;
+    write(&mut db, 10, 10, &mut next).await?;
+    let after = env.current_wal().await?;
+    wait_checkpoint(&db, "relay_slot_1", after).await?;
+    let _shard0 = Relay::start_streaming(&config0).await?;
+    wait_checkpoint(&db, "relay_slot_0", after).await?;
+
+    let messages = read_stream(&js).await?;
+    let first = messages
+        .iter()
+        .find(|m| parse_lsn(m.header("Outbox-Commit-Lsn")).is_some_and(|l| l >= target))
+        .context("no event after the target")?;
+    // Precondition: shard 0's map alone starts after that event.
+    let shard0_only = relay_postgres::checkpoint::map_start(
+        &db,
+        "relay_slot_0",
+        STREAM,
+        relay_postgres::checkpoint::MapTarget::Lsn(relay_core::Lsn(target)),
+    )
+    .await?
+    .context("shard 0's map has an anchor before the target")?;
+    anyhow::ensure!(
+        shard0_only.start_seq > first.seq,
+        "precondition: shard 0's map starts at {} , after the first event at or after the target ({})",
+        shard0_only.start_seq,
+        first.seq
+    );
+    let target_text = format!("{:X}/{:X}", target >> 32, target & 0xFFFF_FFFF);
+    for config in [&config0, &config1] {
+        let out = relay_cmd(config, &["position", "--lsn", &target_text, "--json"]).await?;
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .with_context(|| format!("position: {}", String::from_utf8_lossy(&out.stderr)))?;
+        anyhow::ensure!(
+            doc["sequence"].as_u64() == Some(first.seq)
+                && doc["method"] == "position_map"
+                && doc["position_map_slots"].as_array().map(Vec::len) == Some(2),
+            "position --lsn {target_text} with {}: expected sequence {} (the first event at or after it, shard 1's); got {doc}",
+            config.display(),
+            first.seq
+        );
+    }
+    drop(shard1);
     Ok(())
 }

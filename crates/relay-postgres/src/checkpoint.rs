@@ -20,8 +20,8 @@ pub mod position_map;
 use position_map::MapWriter;
 pub use position_map::{
     DEFAULT_RETENTION, MapStart, MapSummary, MapTarget, POSITION_MAP_MIGRATION, StoredAnchor,
-    anchor_at_or_before, anchor_older_than, map_start, map_summary, position_map_access,
-    position_map_grants,
+    anchor_at_or_before, anchor_older_than, map_start, map_start_all_slots, map_summary,
+    position_map_access, position_map_grants,
 };
 
 /// The migration that creates the checkpoint table (also shipped in `migrations/`).

@@ -8,7 +8,9 @@ use std::time::{Duration, SystemTime};
 
 use outbox_position::{Hint, Limits, Method, Position, Target};
 use relay_core::Lsn;
-use relay_postgres::checkpoint::{MapStart, MapSummary, MapTarget, map_start, map_summary};
+use relay_postgres::checkpoint::{
+    MapStart, MapSummary, MapTarget, map_start, map_start_all_slots, map_summary,
+};
 use serde_json::json;
 
 use crate::config::RelayConfig;
@@ -127,9 +129,13 @@ async fn read_map(
         Target::Lsn(lsn) => MapTarget::Lsn(lsn),
         Target::Time(t) => MapTarget::Time(t),
     };
-    let start = map_start(&client, slot, stream, map_target)
-        .await
-        .map_err(|e| format!("reading outbox_relay.position_map: {e}"))?;
+    // Shards share the stream: every shard's map, or none (see `map_start_all_slots`).
+    let start = if config.postgres.shard.is_some() {
+        map_start_all_slots(&client, stream, map_target).await
+    } else {
+        map_start(&client, slot, stream, map_target).await
+    }
+    .map_err(|e| format!("reading outbox_relay.position_map: {e}"))?;
     let summary = map_summary(&client, slot, stream)
         .await
         .map_err(|e| format!("reading outbox_relay.position_map: {e}"))?;
@@ -193,10 +199,15 @@ impl Lookup {
         );
         match &p.method {
             Method::Map(h) => format!(
-                "found via position map anchor ({}, {}, sequence {}) + {scanned}",
+                "found via position map anchor ({}, {}, sequence {}{}) + {scanned}",
                 h.anchor_lsn,
                 rfc3339(h.anchor_time),
-                h.start_seq
+                h.start_seq,
+                match &self.map {
+                    MapUse::Used(start) if start.slots.len() > 1 =>
+                        format!("; the lowest of slots {}", start.slots.join(", ")),
+                    _ => String::new(),
+                }
             ),
             Method::Bisect { below, from_time } => {
                 let why = match &self.map {
@@ -256,6 +267,10 @@ impl Lookup {
             "truncated": p.truncated,
             "notes": p.notes,
             "position_map_rows": self.summary.as_ref().map(|s| s.rows),
+            "position_map_slots": match &self.map {
+                MapUse::Used(start) => Some(&start.slots),
+                _ => None,
+            },
             "checkpoint": self.checkpoint.map(|c| c.to_string()),
         })
     }

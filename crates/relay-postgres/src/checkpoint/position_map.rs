@@ -197,6 +197,8 @@ pub struct MapStart {
     /// The lowest sequence of that anchor and every later one: every event committed at or
     /// after the anchor has a copy at or after it.
     pub start_seq: u64,
+    /// The slots whose maps it combines (one, or every shard's: [`map_start_all_slots`]).
+    pub slots: Vec<String>,
 }
 
 /// Where the lookup for `target` starts: the anchor with the largest commit LSN below it (for a
@@ -240,8 +242,53 @@ pub async fn map_start(
             anchor_lsn: lsn,
             anchor_time: row.get(1),
             start_seq: u64::try_from(start).unwrap_or(0),
+            slots: vec![slot.to_owned()],
         })
     }))
+}
+
+/// [`map_start`] over every slot of this database that records anchors for `stream`: shards
+/// (`[postgres] shard`) publish into one stream and each records its own anchors, so one shard's
+/// map says nothing of the events another shard stored earlier in the stream (a shard that was
+/// down publishes its part of a window after the others). The start is the lowest of every
+/// slot's; `None` unless every such slot has an anchor before the target (then the stream
+/// search answers, which holds whatever the order between shards). Slots that no longer exist
+/// are left out: their anchors are never pruned, and they publish nothing any more.
+pub async fn map_start_all_slots(
+    client: &impl GenericClient,
+    stream: &str,
+    target: MapTarget,
+) -> Result<Option<MapStart>, tokio_postgres::Error> {
+    let slots: Vec<String> = client
+        .query(
+            "SELECT DISTINCT m.slot_name FROM outbox_relay.position_map m \
+             JOIN pg_catalog.pg_replication_slots s \
+               ON s.slot_name = m.slot_name AND s.database = current_database() \
+             WHERE m.stream = $1 ORDER BY 1",
+            &[&stream],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut combined: Option<MapStart> = None;
+    for slot in &slots {
+        let Some(start) = map_start(client, slot, stream, target).await? else {
+            return Ok(None);
+        };
+        combined = Some(match combined {
+            None => start,
+            Some(mut c) => {
+                c.slots.push(slot.clone());
+                if start.start_seq < c.start_seq {
+                    (c.anchor_lsn, c.anchor_time, c.start_seq) =
+                        (start.anchor_lsn, start.anchor_time, start.start_seq);
+                }
+                c
+            }
+        });
+    }
+    Ok(combined)
 }
 
 /// One row of the map.
