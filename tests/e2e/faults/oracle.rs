@@ -27,9 +27,14 @@ pub struct Verdict {
 impl Verdict {
     /// Appends the row to the suite's report and prints it.
     pub fn report(&self) {
+        // A run in another publish mode names it on every row.
+        let scenario = match super::scenarios::publish_mode() {
+            Some(mode) => format!("{} [{mode}]", self.scenario),
+            None => self.scenario.clone(),
+        };
         let line = format!(
             "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
-            self.scenario,
+            scenario,
             self.written,
             self.ok,
             self.dup,

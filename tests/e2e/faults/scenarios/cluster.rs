@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use super::{config_via, settle, started};
+use super::{config_via, in_mode, publish_mode, settle, started};
 use crate::faults::oracle::*;
 use crate::support::*;
 
@@ -30,12 +30,13 @@ async fn s15_three_node_cluster_with_leader_stepdowns_and_a_node_kill() -> Resul
         subjects: vec!["outbox.>".into()],
         num_replicas: 3,
         storage: async_nats::jetstream::stream::StorageType::File,
+        allow_atomic_publish: publish_mode().as_deref() == Some("atomic-batch"),
         ..Default::default()
     })
     .await?;
     let config = config_via(
         &env,
-        &env.config_full("", ""),
+        &in_mode(env.config_full("", "")),
         env.pg.port(),
         &cluster.url(),
     )?;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Result;
 use nix::sys::signal::Signal;
 
-use super::{settle, soak, started};
+use super::{fault_config, settle, soak, started};
 use crate::faults::oracle::*;
 use crate::support::*;
 
@@ -30,7 +30,7 @@ async fn events_past(env: &Env, checkpoint: u64) -> Result<usize> {
 async fn s01_crash_at_each_checkpoint_failpoint() -> Result<()> {
     for point in ["after_ack_before_store", "after_store_before_confirm"] {
         let env = Env::start().await?;
-        let config = env.config("");
+        let config = fault_config(&env, "");
         let spec = format!("{point}:4");
         let mut relay = started(&config, &[("RELAY_FAILPOINT", &spec)]).await?;
         let load = Load::start(&env, 2, 20, Duration::from_millis(20)).await?;
@@ -86,7 +86,7 @@ async fn s01_crash_at_each_checkpoint_failpoint() -> Result<()> {
 async fn s01_kill9_with_1000_publishes_outstanding() -> Result<()> {
     let env = Env::start().await?;
     let (http, addr) = http_listen();
-    let config = env.config(&format!("max_in_flight = 2048\n{http}"));
+    let config = fault_config(&env, &format!("max_in_flight = 2048\n{http}"));
     let mut relay = started(&config, &[]).await?;
     // Make sure the stream exists before the pause.
     let db = env.db().await?;
@@ -130,7 +130,7 @@ async fn s01_kill9_with_1000_publishes_outstanding() -> Result<()> {
 async fn s02_restart_storm() -> Result<()> {
     let env = Env::start().await?;
     let (http, addr) = http_listen();
-    let config = env.config(&http);
+    let config = fault_config(&env, &http);
     // The slot must exist before the first write: rows committed before it are not in its WAL.
     started(&config, &[]).await?.kill9();
     let load = if soak() {
@@ -196,7 +196,7 @@ async fn s02_restart_storm() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn s03_kill9_mid_10000_row_transaction() -> Result<()> {
     let env = Env::start().await?;
-    let config = env.config("");
+    let config = fault_config(&env, "");
     let mut relay = started(&config, &[]).await?;
     env.db()
         .await?
@@ -257,7 +257,7 @@ async fn s03_kill9_mid_10000_row_transaction() -> Result<()> {
 #[ignore = "four minutes: run by scripts/test.sh and scripts/soak.sh"]
 async fn s14_one_million_row_transaction() -> Result<()> {
     let env = Env::start().await?;
-    let config = env.config("");
+    let config = fault_config(&env, "");
     let mut relay = started(&config, &[]).await?;
     let rows = 1_000_000;
     env.db()
@@ -333,7 +333,7 @@ async fn s14_one_million_row_transaction() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn s16_restart_while_a_transaction_older_than_the_checkpoint_is_open() -> Result<()> {
     let env = Env::start().await?;
-    let config = env.config("");
+    let config = fault_config(&env, "");
     let mut relay = started(&config, &[]).await?;
     let db = env.db().await?;
     let mut open = env.db().await?;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use relay_testkit::{PgOptions, StandbyOptions};
 
-use super::settle;
+use super::{in_mode, settle};
 use crate::failover::*;
 use crate::faults::oracle::*;
 use crate::support::*;
@@ -51,7 +51,7 @@ async fn s17_failover_slot_survives_kill9_of_the_primary_and_promotion() -> Resu
     }
     pair.synchronize_standby_slots().await?;
     let (http, addr) = http_listen();
-    let config = pair.config("", &http)?;
+    let config = in_mode(pair.config("", &http)?);
     let mut relay = Relay::start_streaming(&config).await?;
     let writers = Writers::start(&pair.url(), 2, Duration::from_millis(10));
     let js = pair.env.jetstream().await?;
@@ -119,7 +119,7 @@ async fn s18_without_synchronized_standby_slots() -> Result<()> {
     if !failover_slots_or_skip(&pair.env.pg, "s18") {
         return Ok(());
     }
-    let config = pair.config("", "")?;
+    let config = in_mode(pair.config("", "")?);
     let out = relay_cmd(&config, &["validate", "--connect"]).await?;
     let preflight = String::from_utf8_lossy(&out.stdout).into_owned();
     let warned = line(&preflight, "WARN", "failover synchronized_standby_slots").is_some_and(|l| {
@@ -255,7 +255,7 @@ async fn s19_without_a_failover_slot_the_relay_stops_and_backfill_recovers() -> 
     } else {
         ""
     };
-    let config = pair.config(postgres_extra, "")?;
+    let config = in_mode(pair.config(postgres_extra, "")?);
     let mut relay = Relay::start_streaming(&config).await?;
     let js = pair.env.jetstream().await?;
     let primary = pair.env.db().await?;

@@ -34,11 +34,53 @@ fn settle() -> Duration {
     }
 }
 
+/// `FAULT_PUBLISH_MODE` (e.g. `atomic-batch`; scripts/soak.sh with `FAULT_MODES`): every
+/// scenario's relay publishes in that `[nats] publish_mode`, and the report names it.
+pub(crate) fn publish_mode() -> Option<String> {
+    std::env::var("FAULT_PUBLISH_MODE")
+        .ok()
+        .filter(|m| !m.is_empty() && m != "per-message")
+}
+
+/// `path`, a relay config, in the publish mode of [`publish_mode`] (`publish_mode` added to its
+/// `[nats]` section).
+fn in_mode(path: std::path::PathBuf) -> std::path::PathBuf {
+    if let Some(mode) = publish_mode() {
+        let text = std::fs::read_to_string(&path).expect("reading a test config");
+        let text = text.replacen(
+            "[nats]\n",
+            &format!("[nats]\npublish_mode = \"{mode}\"\n"),
+            1,
+        );
+        std::fs::write(&path, text).expect("writing a test config");
+    }
+    path
+}
+
+/// [`Env::config_full`] with stream creation on, in the publish mode of [`publish_mode`].
+fn config_in_mode(env: &Env, nats_extra: &str, extra: &str) -> std::path::PathBuf {
+    in_mode(env.config_full(&format!("create_stream = true\n{nats_extra}"), extra))
+}
+
+/// `env.config(extra)` in the publish mode of [`publish_mode`].
+fn fault_config(env: &Env, extra: &str) -> std::path::PathBuf {
+    in_mode(env.config(extra))
+}
+
 async fn started(config: &std::path::Path, env: &[(&str, &str)]) -> Result<Relay> {
     let relay = Relay::start_with_env(config, &["run"], env)?;
     relay
         .wait_log("replication started", Duration::from_secs(30))
         .await?;
+    // A run in a publish mode proves the relay took it (it falls back where it cannot).
+    if publish_mode().as_deref() == Some("atomic-batch") {
+        relay
+            .wait_log(
+                "publishing each transaction as one atomic batch",
+                Duration::from_secs(5),
+            )
+            .await?;
+    }
     Ok(relay)
 }
 

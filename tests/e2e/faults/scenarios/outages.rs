@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use super::{config_via, settle, started};
+use super::{config_via, fault_config, settle, started};
 use crate::faults::oracle::*;
 use crate::support::*;
 
@@ -17,7 +17,7 @@ const OUTSTANDING: &str = "outbox_relay_outstanding_acks";
 async fn s04_nats_down_30s_under_load() -> Result<()> {
     let mut env = Env::start().await?;
     let (http, addr) = http_listen();
-    let config = env.config(&http);
+    let config = fault_config(&env, &http);
     let relay = started(&config, &[]).await?;
     let load = Load::start(&env, 2, 20, Duration::from_millis(20)).await?;
     wait_stream_count(&env, 300, Duration::from_secs(30)).await?;
@@ -74,7 +74,7 @@ async fn s04_nats_down_30s_under_load() -> Result<()> {
 async fn s05_nats_kill9_with_publishes_outstanding() -> Result<()> {
     let mut env = Env::start().await?;
     let (http, addr) = http_listen();
-    let config = env.config(&http);
+    let config = fault_config(&env, &http);
     let relay = started(&config, &[]).await?;
     let load = Load::start(&env, 2, 20, Duration::from_millis(20)).await?;
     wait_stream_count(&env, 500, Duration::from_secs(30)).await?;
@@ -111,7 +111,7 @@ async fn s05_nats_kill9_with_publishes_outstanding() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn s06_postgres_restart_and_crash_under_load() -> Result<()> {
     let mut env = Env::start().await?;
-    let config = env.config("");
+    let config = fault_config(&env, "");
     let relay = started(&config, &[]).await?;
     let load = Load::start(&env, 2, 20, Duration::from_millis(20)).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -151,7 +151,7 @@ async fn s07_network_blackholes_to_postgres_and_nats() -> Result<()> {
         relay_testkit::FaultProxy::start(([127, 0, 0, 1], env.nats.port()).into()).await?;
     let config = config_via(
         &env,
-        &env.config(""),
+        &fault_config(&env, ""),
         pg_proxy.port(),
         &format!("nats://127.0.0.1:{}", nats_proxy.port()),
     )?;

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use nix::sys::signal::Signal;
 
-use super::{settle, started};
+use super::{config_in_mode, fault_config, settle, started};
 use crate::faults::oracle::*;
 use crate::support::*;
 
@@ -16,7 +16,7 @@ use crate::support::*;
 async fn s08_idle_outbox_lag_bounded_and_no_keepalive_past_an_unacked_event() -> Result<()> {
     let env = Env::start().await?;
     let (http, addr) = http_listen();
-    let config = env.config(&http);
+    let config = fault_config(&env, &http);
     let mut relay = started(&config, &[]).await?;
     let db = env.db().await?;
     db.batch_execute("CREATE TABLE filler (pad text)").await?;
@@ -107,7 +107,7 @@ async fn s08_idle_outbox_lag_bounded_and_no_keepalive_past_an_unacked_event() ->
 #[tokio::test(flavor = "multi_thread")]
 async fn s09_standby_takes_over_after_the_active_relay_dies() -> Result<()> {
     let env = Env::start().await?;
-    let config = env.config("");
+    let config = fault_config(&env, "");
     let mut active = started(&config, &[]).await?;
     let standby = Relay::start(&config)?;
     standby
@@ -139,7 +139,7 @@ async fn s10_lost_slot_is_refused() -> Result<()> {
         ..Default::default()
     })
     .await?;
-    let config = env.config("");
+    let config = fault_config(&env, "");
     let db = env.db().await?;
 
     // Dropped while the relay was stopped.
@@ -225,7 +225,7 @@ async fn s10_lost_slot_is_refused() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn s11_slot_ahead_of_checkpoint_is_refused() -> Result<()> {
     let env = Env::start().await?;
-    let config = env.config("");
+    let config = fault_config(&env, "");
     let db = env.db().await?;
     let mut relay = started(&config, &[]).await?;
     insert_event(&db, "Before", "Gap", "{}").await?;
@@ -285,7 +285,7 @@ async fn s11_slot_ahead_of_checkpoint_is_refused() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn s12_resend_after_the_duplicate_window_is_skipped() -> Result<()> {
     let env = Env::start().await?;
-    let config = env.config_full("create_stream = true\nduplicate_window = \"500ms\"", "");
+    let config = config_in_mode(&env, "duplicate_window = \"500ms\"", "");
     let mut relay = started(&config, &[("RELAY_FAILPOINT", "after_ack_before_store:3")]).await?;
     let load = Load::start(&env, 2, 20, Duration::from_millis(20)).await?;
     let status = relay.wait_exit(Duration::from_secs(60)).await?;
@@ -324,7 +324,7 @@ async fn s13_aborts_savepoints_prepared_and_long_open_transactions() -> Result<(
         ..Default::default()
     })
     .await?;
-    let config = env.config("");
+    let config = fault_config(&env, "");
     let _relay = started(&config, &[]).await?;
     let js = env.jetstream().await?;
 
