@@ -659,7 +659,7 @@ headers = { "Outbox-Event-Type" = "kind", "Outbox-Flag" = "flag" }
 /// 200,000 rows at 20,000 rows/s, 1,000,000 far slower). The read session must not take it.
 #[tokio::test(flavor = "multi_thread")]
 async fn pages_walk_the_key_index_not_the_whole_table() -> Result<()> {
-    use relay_postgres::backfill::{connect_reader, table_shape};
+    use relay_postgres::backfill::{connect_reader, table_shape, walk_index};
     let env = Env::start().await?;
     let db = env.db().await?;
     // Not analyzed, as a table loaded just before (the benchmark's): the planner's default
@@ -696,12 +696,18 @@ async fn pages_walk_the_key_index_not_the_whole_table() -> Result<()> {
             .collect::<Vec<_>>()
             .join("\n")
     };
-    // The precondition: a default session takes the whole-table plan for this query.
-    let default_plan = plan(db.simple_query(&sql).await?);
-    let reader_plan = plan(reader.simple_query(&sql).await?);
+    // The precondition: the query alone takes the whole-table plan.
+    let default_plan = plan(reader.simple_query(&sql).await?);
+    let reader_plan = plan(reader.simple_query(&walk_index(&sql)).await?);
+    // And only the page is planned that way: the session is as it was.
+    let after_page = plan(reader.simple_query(&sql).await?);
+    ensure!(
+        after_page == default_plan,
+        "the page's settings outlived it:\n{after_page}"
+    );
     ensure!(
         !default_plan.contains("Index Scan using outbox_pkey"),
-        "precondition: a default session reads the whole table for a page; plan:\n{default_plan}"
+        "precondition: without walk_index a page reads the whole table; plan:\n{default_plan}"
     );
     ensure!(
         reader_plan.contains("Index Scan using outbox_pkey") && !reader_plan.contains("Seq Scan"),

@@ -39,16 +39,24 @@ pub const BACKFILL_ON_CREATE_MIGRATION: &str =
 
 /// Session settings of the read session: the replication session's text forms, and nothing
 /// written (a `--where` filter cannot change data).
-///
-/// And pages walk the key's index. With random keys (UUIDs) and no statistics yet (a table just
-/// loaded), the planner prices an index scan above a sequential scan plus a top-N sort for
-/// `key > last ORDER BY key LIMIT n`, and that plan reads the whole table for every page: quadratic (a 200,000-row table read at 20,000 rows/s,
-/// a 1,000,000-row one far slower). Walking the index is linear over the whole backfill,
-/// whatever `--where` adds. The session runs only the backfill's own reads.
 const READ_SESSION: &str = "SET application_name = 'outbox-relay backfill'; \
      SET bytea_output = hex; SET DateStyle = ISO; SET TimeZone = UTC; \
-     SET IntervalStyle = postgres; SET extra_float_digits = 3; SET default_transaction_read_only = on; \
-     SET enable_seqscan = off; SET enable_bitmapscan = off; SET enable_sort = off";
+     SET IntervalStyle = postgres; SET extra_float_digits = 3; SET default_transaction_read_only = on";
+
+/// `sql` (one page's SELECT) run so that it walks the page key's index: sequential scans, bitmap
+/// scans and sorts off for that statement only (set before, reset after, in the same round
+/// trip). With random keys (UUIDs) and no statistics yet (a table just loaded), the planner
+/// prices a sequential scan plus a top-N sort below the index scan for `key > last ORDER BY key
+/// LIMIT n`, and that plan reads the whole table for every page: quadratic (a 200,000-row table
+/// read at 20,000 rows/s, a 1,000,000-row one far slower). Walking the index is linear over the
+/// whole backfill, whatever `--where` adds. Only the pages: a `count(*)` walking the index of a
+/// table never vacuumed visits the heap row by row.
+pub fn walk_index(sql: &str) -> String {
+    format!(
+        "SET enable_seqscan = off; SET enable_bitmapscan = off; SET enable_sort = off; {sql}; \
+         RESET enable_seqscan; RESET enable_bitmapscan; RESET enable_sort"
+    )
+}
 
 /// Failures of the backfill's SQL.
 #[derive(Debug, thiserror::Error)]
@@ -481,7 +489,7 @@ impl TableShape {
         upto: &str,
         limit: usize,
     ) -> Result<Vec<(String, Insert)>, BackfillError> {
-        let sql = self.page_sql(filter, after, upto, limit);
+        let sql = walk_index(&self.page_sql(filter, after, upto, limit));
         let rows = simple_rows(client, &sql)
             .await
             .map_err(query_err(format!("cannot read a page of {}", self.table)))?;
