@@ -35,7 +35,7 @@ mod stages;
 /// How long dropping the copy waits for the walsender that streamed it to let go.
 const DROP_WAIT: Duration = Duration::from_secs(10);
 
-use stages::{DryRunPublisher, NoStore, RestorePublisher, WindowSource};
+use stages::{DryRunPublisher, DuplicateCheck, NoStore, RestorePublisher, WindowSource};
 
 /// `outbox-relay restore`'s options.
 #[derive(Debug, clap::Args)]
@@ -341,10 +341,12 @@ async fn run_window(
         .await
     } else {
         let restoring = RestorePublisher {
-            jetstream: publisher.jetstream().clone(),
-            stream: config.nats.stream.clone(),
+            duplicates: Arc::new(DuplicateCheck {
+                jetstream: publisher.jetstream().clone(),
+                stream: config.nats.stream.clone(),
+                not_stored: not_stored.clone(),
+            }),
             inner: publisher,
-            not_stored: not_stored.clone(),
         };
         pipeline_run(
             config, args, source, restoring, router, window, in_stream, &stats, shutdown,

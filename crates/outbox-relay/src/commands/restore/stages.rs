@@ -78,6 +78,12 @@ impl CheckpointStore for NoStore {
 #[derive(Clone)]
 pub(super) struct RestorePublisher {
     pub(super) inner: JetStreamPublisher,
+    /// Shared by every ack future: one reference count per message, not a copy of each part.
+    pub(super) duplicates: Arc<DuplicateCheck>,
+}
+
+/// What an ack future needs to tell a duplicate the stream still holds from one it does not.
+pub(super) struct DuplicateCheck {
     pub(super) jetstream: JetStream,
     pub(super) stream: String,
     pub(super) not_stored: Arc<Mutex<Vec<String>>>,
@@ -86,7 +92,7 @@ pub(super) struct RestorePublisher {
 impl std::fmt::Debug for RestorePublisher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RestorePublisher")
-            .field("stream", &self.stream)
+            .field("stream", &self.duplicates.stream)
             .finish_non_exhaustive()
     }
 }
@@ -111,19 +117,23 @@ impl Publisher for RestorePublisher {
 
     async fn send(&self, msg: &Arc<OutboundMessage>) -> Result<Self::Ack, PublishError> {
         let ack = self.inner.send(msg).await?;
-        let (jetstream, stream, not_stored) = (
-            self.jetstream.clone(),
-            self.stream.clone(),
-            self.not_stored.clone(),
-        );
-        let id = msg.event_id.clone();
+        let (check, msg) = (self.duplicates.clone(), msg.clone());
         Ok(async move {
             let receipt = ack.await?;
-            if receipt.duplicate && !holds(&jetstream, &stream, receipt.stream_seq, &id).await {
-                not_stored
+            if receipt.duplicate
+                && !holds(
+                    &check.jetstream,
+                    &check.stream,
+                    receipt.stream_seq,
+                    &msg.event_id,
+                )
+                .await
+            {
+                check
+                    .not_stored
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .push(id);
+                    .push(msg.event_id.clone());
             }
             Ok(receipt)
         }
