@@ -134,7 +134,8 @@ pub struct Args {
     /// --mode-rows is one transaction).
     #[arg(long, value_delimiter = ',', num_args = 0.., default_values_t = vec![1_u64, 100, 10_000])]
     pub mode_tx_sizes: Vec<u64>,
-    /// The steady rate of the latency row of each publish mode, events/s (0 skips them).
+    /// The steady rate of the latency row of each publish mode, events/s (0, or --mode-rows 0,
+    /// skips them).
     #[arg(long, default_value_t = 1000)]
     pub mode_latency_rate: u64,
     /// Events per transaction of the emit-message rows (`pg_logical_emit_message` through a

@@ -172,7 +172,7 @@ pub(super) async fn modes(
     }
     let mut latency = Vec::new();
     let rate = args.mode_latency_rate;
-    if rate > 0 {
+    if rate > 0 && rows > 0 {
         for &mode in &args.publish_modes {
             say(format!(
                 "== latency, publish_mode {}: commit to ack at {rate}/s",
