@@ -3,8 +3,8 @@
 # relay and the bench in release, then runs `relay-bench`, which starts its own PostgreSQL
 # (wal_level=logical) and nats-server (-js, file storage) on free ports and prints one table:
 # decode limit (pg_recvlogical), broker limit (raw JetStream), relay catch-up, polling relay,
-# latency, peak RSS and CPU, Debezium's embedded engine (optional), with the targets of issue 5
-# and PASS/FAIL.
+# latency, peak RSS and CPU, Debezium's embedded engine (optional), publish modes, the
+# emit-message outbox and sharded slots (issue 15), with the targets and PASS/FAIL.
 #
 #   scripts/bench.sh                 # full run: 200,000-row backlogs, 1,000,000-row tx, backfill
 #                                    # of 1,000,000 rows, position on 10,000,000 messages, restore
@@ -14,6 +14,16 @@
 #                                    # --backfill-rows 0 / --restore-events 0 skip them)
 #   scripts/bench.sh --soak-cleanup --no-debezium   # only cleanup, 10 min per mode (issue 14)
 #   scripts/bench.sh --rows 50000    # any relay-bench option (see `--help`)
+#   scripts/bench.sh --mode-rows 0   # without issue 15's rows: catch-up per publish mode
+#                                    # (--publish-modes per-message,atomic-batch, tx sizes
+#                                    # --mode-tx-sizes 1,100,10000, backlogs of --mode-rows
+#                                    # 100,000; 10,000 with --quick) and latency per mode at
+#                                    # --mode-latency-rate 1000/s (p99 <= 10 ms); the emit-message
+#                                    # outbox beside the table outbox (--message-tx-sizes 1,100);
+#                                    # 1/2/4 sharded slots (--slot-counts 1,2,4). Each list option
+#                                    # given without a value skips its part. Atomic batches need
+#                                    # nats-server >= 2.12.1 (`eval "$(scripts/ensure-deps.sh
+#                                    # --new-servers)"`), else their rows say "not run"
 #   BENCH_MICRO=1 scripts/bench.sh   # also the criterion decode/route micro-benchmarks
 #   scripts/bench.sh --no-debezium   # without Debezium (on by default, off with --quick;
 #                                    # `--quick --debezium` runs it)

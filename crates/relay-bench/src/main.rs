@@ -121,6 +121,31 @@ pub struct Args {
     /// Cleanup modes to run (`off` and `off-partitioned` are the runs without cleanup).
     #[arg(long, value_delimiter = ',', default_values = ["off", "delete", "mark", "off-partitioned", "drop-partitions"])]
     pub cleanup_modes: Vec<workload::CleanupMode>,
+    /// Issue 15: the `[nats] publish_mode`s whose catch-up and latency rows are run, side by
+    /// side (`--publish-modes` with no value: none). A mode the nats-server cannot do gets a row
+    /// saying why.
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_values = ["per-message", "atomic-batch"])]
+    pub publish_modes: Vec<workload::PublishModeArg>,
+    /// Events of each backlog of the publish-mode, emit-message and slots rows: default 100,000;
+    /// 10,000 with --quick; 0 skips those rows.
+    #[arg(long)]
+    pub mode_rows: Option<u64>,
+    /// Rows per transaction of the publish-mode catch-up backlogs (a size of at least
+    /// --mode-rows is one transaction).
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_values_t = vec![1_u64, 100, 10_000])]
+    pub mode_tx_sizes: Vec<u64>,
+    /// The steady rate of the latency row of each publish mode, events/s (0, or --mode-rows 0,
+    /// skips them).
+    #[arg(long, default_value_t = 1000)]
+    pub mode_latency_rate: u64,
+    /// Events per transaction of the emit-message rows (`pg_logical_emit_message` through a
+    /// `[[messages]]` entry, beside the table outbox); no value skips them.
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_values_t = vec![1_u64, 100])]
+    pub message_tx_sizes: Vec<u64>,
+    /// Numbers of sharded relays (slots) of the slots rows, each catching up one backlog of
+    /// 100-row transactions; no value skips them.
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_values_t = vec![1_u32, 2, 4])]
+    pub slot_counts: Vec<u32>,
     /// Only the cleanup rows, 10 minutes per mode unless --cleanup-secs says otherwise (the
     /// issue's table-size soak; scripts/soak.sh runs it with CLEANUP_SOAK=1).
     #[arg(long)]
@@ -153,6 +178,10 @@ impl Args {
     fn restore_events(&self) -> u64 {
         self.restore_events
             .unwrap_or(if self.quick { 20_000 } else { 200_000 })
+    }
+    fn mode_rows(&self) -> u64 {
+        self.mode_rows
+            .unwrap_or(if self.quick { 10_000 } else { 100_000 })
     }
     fn cleanup_secs(&self) -> u64 {
         self.cleanup_secs.unwrap_or(if self.soak_cleanup {

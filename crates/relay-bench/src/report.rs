@@ -1,6 +1,7 @@
 //! The side-by-side table.
 
 mod cleanup;
+mod modes;
 mod replay;
 mod restore;
 
@@ -214,6 +215,7 @@ pub fn render(args: &Args, res: &Results) -> String {
             verdict(cpu <= 40.0)
         );
     }
+    modes::rows(&mut out, res);
     if let Some(b) = &res.backfill {
         replay::backfill_rows(&mut out, b);
     }
@@ -320,6 +322,7 @@ pub fn render(args: &Args, res: &Results) -> String {
     replay::notes(&mut out, res.backfill.as_ref(), res.position.as_ref());
     restore::note(&mut out, res.restore.as_ref());
     cleanup::note(&mut out, &res.cleanup);
+    modes::note(&mut out, res);
     if let Some(note) = res.debezium.note() {
         let _ = writeln!(out, "{note}");
     }

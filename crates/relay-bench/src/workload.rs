@@ -8,11 +8,14 @@ mod cleanup;
 mod debezium;
 mod latency;
 mod limits;
+mod messages;
+mod modes;
 mod polling;
 mod position;
 mod relay;
 mod restore;
 mod setup;
+mod slots;
 
 use std::path::Path;
 
@@ -24,8 +27,11 @@ use crate::measure::micros_per_event;
 pub use self::backfill::BackfillRun;
 pub use self::cleanup::{CleanupMode, CleanupRun};
 pub use self::debezium::{DebeziumRun, DebeziumStatus};
+pub use self::messages::MessagesRun;
+pub use self::modes::{ModeOutcome, ModeScenario, PublishModeArg};
 pub use self::position::PositionRun;
 pub use self::restore::RestoreRun;
+pub use self::slots::{SLOTS_PER_TX, SlotsRun};
 
 use self::debezium::{Debezium, debezium_catch_up};
 use self::latency::latency;
@@ -64,6 +70,14 @@ pub struct Results {
     /// CPU seconds the relay used from its start until it delivered its first 100 rows (the
     /// latency run's warm-up): the start-up part of each catch-up's CPU.
     pub relay_startup_cpu_secs: Option<f64>,
+    /// Issue 15: catch-up of each backlog per `[nats] publish_mode`.
+    pub modes: Vec<ModeScenario>,
+    /// Issue 15: commit-to-ack latency per `[nats] publish_mode`.
+    pub mode_latency: Vec<(PublishModeArg, ModeOutcome<LatencyRun>)>,
+    /// Issue 15: the emit-message outbox beside the table outbox.
+    pub messages: Vec<MessagesRun>,
+    /// Issue 15: 1, 2, 4 … sharded relays (slots) on one backlog.
+    pub slots: Vec<SlotsRun>,
 }
 
 /// One backlog shape.
@@ -186,6 +200,9 @@ pub async fn run_all(args: &Args, relay_bin: &Path) -> Result<Results> {
         let mif = [args.max_in_flight.first().copied().unwrap_or(1024)];
         results.big = Some(scenario(&env, args, &label, big, big, false, &mif, None).await?);
     }
+    (results.modes, results.mode_latency) = modes::modes(&env, args).await?;
+    results.messages = messages::messages(&env, args).await?;
+    results.slots = slots::slots(&env, args).await?;
     if args.backfill_rows() > 0 {
         results.backfill = Some(backfill::backfill(&env, args).await?);
     }

@@ -14,7 +14,8 @@ use tokio::task::JoinHandle;
 use crate::Args;
 use crate::measure::{cpu_seconds, micros_per_event, peak_rss, quantile};
 
-use super::relay::{RelayProc, tail};
+use super::modes::PublishModeArg;
+use super::relay::{RelayProc, relay_config_full, tail};
 use super::setup::{Env, copy_slot, drop_slot, insert_sql_into, reset, stream_messages};
 use super::{DB, LatencyRun, STREAM, say};
 
@@ -199,19 +200,28 @@ pub(super) fn latencies_ms<'a>(stamps: impl IntoIterator<Item = &'a Stamp>) -> V
 /// it delivered the warm-up rows (start-up, for the catch-up rows' CPU per event).
 pub(super) async fn latency(env: &Env, args: &Args) -> Result<(Vec<LatencyRun>, f64)> {
     say("== latency: commit to ack at steady rates");
+    latency_in_mode(env, args, PublishModeArg::PerMessage, &[1_000, 10_000]).await
+}
+
+/// [`latency`] of a relay publishing in `mode`, at each of `rates` events/s.
+pub(super) async fn latency_in_mode(
+    env: &Env,
+    args: &Args,
+    mode: PublishModeArg,
+    rates: &[u64],
+) -> Result<(Vec<LatencyRun>, f64)> {
     reset(env).await?;
-    let slot = "relay_latency";
+    let slot = format!("relay_latency{}", mode.variant());
+    let slot = slot.as_str();
     copy_slot(env, slot).await?;
-    let mut relay = RelayProc::start(
-        env,
-        slot,
-        args.max_in_flight.first().copied().unwrap_or(1024),
-    )?;
+    let mif = args.max_in_flight.first().copied().unwrap_or(1024);
+    let config = relay_config_full(env, slot, mif, &mode.nats_keys(), "")?;
+    let mut relay = RelayProc::start_config(env, &env.relay_bin, &config, slot)?;
     warm_up(env, &mut relay, "outbox", "Order").await?;
     let startup_cpu = cpu_seconds(&relay.pid().to_string()).unwrap_or(f64::NAN);
     let (reader, mut rx) = stamps(env, ">").await?;
     let mut runs = Vec::new();
-    for rate in [1_000_u64, 10_000] {
+    for &rate in rates {
         let conns = if rate > 2_000 { 2 } else { 1 };
         let relay_pid = relay.pid().to_string();
         let cpu_before = cpu_seconds(&relay_pid).unwrap_or(f64::NAN);

@@ -11,10 +11,6 @@ use crate::measure::{cpu_seconds, peak_rss};
 use super::setup::{Env, copy_slot, drop_slot, stream_messages};
 use super::{DB, PUBLICATION, RelayRun, STREAM};
 
-fn relay_config(env: &Env, slot: &str, max_in_flight: usize) -> Result<PathBuf> {
-    relay_config_with(env, slot, max_in_flight, "")
-}
-
 /// The bench's relay config for `slot`, with `extra` TOML (e.g. `[[outbox]]` entries) appended.
 pub(super) fn relay_config_with(
     env: &Env,
@@ -67,23 +63,9 @@ pub(super) struct RelayProc {
 }
 
 impl RelayProc {
-    pub(super) fn start(env: &Env, slot: &str, max_in_flight: usize) -> Result<Self> {
-        Self::start_bin(env, &env.relay_bin, slot, max_in_flight)
-    }
-
-    pub(super) fn start_bin(
-        env: &Env,
-        bin: &Path,
-        slot: &str,
-        max_in_flight: usize,
-    ) -> Result<Self> {
-        let config = relay_config(env, slot, max_in_flight)?;
-        Self::start_config(env, bin, &config, slot)
-    }
-
     /// `bin run` with the config file `config`; its log is `relay-{name}.log`.
     pub(super) fn start_config(env: &Env, bin: &Path, config: &Path, name: &str) -> Result<Self> {
-        let log = env.log_dir.join(format!("relay-{name}.log"));
+        let log = relay_log(env, name);
         let child = std::process::Command::new(bin)
             .arg("--config")
             .arg(config)
@@ -135,6 +117,11 @@ impl Drop for RelayProc {
             let _ = self.child.wait();
         }
     }
+}
+
+/// The log file of the relay run named `name` (its slot, for most runs).
+pub(super) fn relay_log(env: &Env, name: &str) -> PathBuf {
+    env.log_dir.join(format!("relay-{name}.log"))
 }
 
 pub(super) fn tail(path: &Path) -> String {
@@ -193,7 +180,8 @@ impl Perf {
 pub(super) struct CatchUpConfig<'a> {
     /// Keys of the relay's `[nats]` table (e.g. a short `duplicate_window`).
     pub(super) nats: &'a str,
-    /// Keys of its `[relay]` table (e.g. `replay_retention`).
+    /// Keys of its `[relay]` table (e.g. `replay_retention`), and after them any tables
+    /// (e.g. a `[[messages]]` entry): the config's last lines.
     pub(super) relay: &'a str,
     /// Leave the slot in place (and the stream as the relay filled it) after the run, for a
     /// command that decodes the slot's WAL again (`restore`).

@@ -149,18 +149,33 @@ pub(super) fn insert_sql(from: u64, to: u64) -> String {
 pub(super) fn insert_sql_into(table: &str, aggregate: &str, from: u64, to: u64) -> String {
     format!(
         "INSERT INTO {table} (id, aggregatetype, aggregateid, type, payload) \
-         SELECT gen_random_uuid(), '{aggregate}', g::text, 'OrderCreated', jsonb_build_object(\
-           'ts', (extract(epoch from clock_timestamp()) * 1000000)::bigint, \
-           'order_id', g, 'customer', 'customer-' || (g % 1000), 'currency', 'EUR', 'amount', 1999, \
-           'items', jsonb_build_array(jsonb_build_object('sku', 'SKU-' || (g % 97), 'qty', 1, 'price', 1999)), \
-           'note', repeat('x', 120)) \
+         SELECT gen_random_uuid(), '{aggregate}', g::text, 'OrderCreated', {PAYLOAD_SQL} \
          FROM generate_series({from}, {to}) g"
     )
 }
 
+/// The ~300-byte jsonb payload of event `g` (a column of `generate_series(…) g`), stamped with
+/// its write time in `ts`: the same for the table outbox and the emit-message outbox.
+pub(super) const PAYLOAD_SQL: &str = "jsonb_build_object(\
+           'ts', (extract(epoch from clock_timestamp()) * 1000000)::bigint, \
+           'order_id', g, 'customer', 'customer-' || (g % 1000), 'currency', 'EUR', 'amount', 1999, \
+           'items', jsonb_build_array(jsonb_build_object('sku', 'SKU-' || (g % 97), 'qty', 1, 'price', 1999)), \
+           'note', repeat('x', 120))";
+
 /// Writes `rows` rows in transactions of `per_tx`; returns (an LSN inside the last transaction,
 /// the WAL insert position after it, seconds).
 pub(super) async fn write_backlog(env: &Env, rows: u64, per_tx: u64) -> Result<(u64, u64, f64)> {
+    write_backlog_with(env, rows, per_tx, insert_sql).await
+}
+
+/// [`write_backlog`] with `rows_sql(from, to)`, the statement that writes events `from..=to`
+/// (an INSERT, or the emit-message outbox's `SELECT outbox_relay.emit_event(…)`).
+pub(super) async fn write_backlog_with(
+    env: &Env,
+    rows: u64,
+    per_tx: u64,
+    rows_sql: impl Fn(u64, u64) -> String,
+) -> Result<(u64, u64, f64)> {
     let started = Instant::now();
     let per_tx = per_tx.clamp(1, rows);
     let txs = rows.div_ceil(per_tx);
@@ -174,7 +189,7 @@ pub(super) async fn write_backlog(env: &Env, rows: u64, per_tx: u64) -> Result<(
         for _ in 0..n {
             let to = (next + per_tx - 1).min(rows);
             sql.push_str("BEGIN;");
-            sql.push_str(&insert_sql(next, to));
+            sql.push_str(&rows_sql(next, to));
             sql.push_str(";COMMIT;");
             next = to + 1;
         }
@@ -183,7 +198,7 @@ pub(super) async fn write_backlog(env: &Env, rows: u64, per_tx: u64) -> Result<(
     }
     let mut client = env.pg.connect(DB).await?;
     let tx = client.transaction().await?;
-    tx.batch_execute(&insert_sql(next, rows)).await?;
+    tx.batch_execute(&rows_sql(next, rows)).await?;
     let inside = insert_lsn(&tx).await?;
     tx.commit().await?;
     let end = insert_lsn(&client).await?;
