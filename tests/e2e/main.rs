@@ -14,6 +14,7 @@ mod deploy;
 mod drift;
 mod durable_checkpoint;
 mod failover;
+mod fast_batch;
 mod faults;
 mod hostile;
 mod limits;

@@ -119,7 +119,7 @@ pub async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), 
     }
     let publisher = publisher.with_publish_mode(
         config.nats.publish_mode,
-        report.allow_atomic,
+        report.allows(config.nats.publish_mode),
         config.relay.max_in_flight,
     );
     // Held until `run` returns: dropping it flushes the last spans.

@@ -14,6 +14,7 @@ mod batch;
 mod closes;
 mod connection;
 mod durability;
+mod fast_batch;
 mod native;
 mod published;
 mod publisher;

@@ -15,6 +15,7 @@ use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind, Publisher};
 use crate::batch::{Batcher, supports_atomic_batches};
 use crate::closes::{self, Quarantine};
 use crate::connection::{JetStream, NatsConnection};
+use crate::fast_batch::{FastBatcher, supports_fast_batches};
 use crate::settings::PublishMode;
 
 mod headers;
@@ -39,6 +40,10 @@ pub struct JetStreamPublisher {
     quarantine: Arc<Quarantine>,
     /// `publish_mode = "atomic-batch"` on a server and stream that take it: the framing task.
     batch: Option<Arc<Batcher>>,
+    /// `publish_mode = "fast-batch"` on a server and stream that take it: the framing task.
+    fast_batch: Option<Arc<FastBatcher>>,
+    /// How long to wait for an answer before an outcome counts as unknown.
+    ack_timeout: std::time::Duration,
 }
 
 /// A duplicate PubAck means JetStream already holds a message with this `Nats-Msg-Id`: a
@@ -116,53 +121,82 @@ impl JetStreamPublisher {
             reply_len,
             quarantine: Arc::default(),
             batch: None,
+            fast_batch: None,
+            ack_timeout,
         }
     }
 
     /// This publisher in `mode`. `atomic-batch` needs a server that takes `Nats-Msg-Id` inside
-    /// atomic batches (2.12.1+, from its INFO) and a stream with `allow_atomic` (`allow_atomic`
-    /// from [`crate::prepare_stream`]'s report); otherwise one warning says which is missing
-    /// and every message is published on its own. `max_in_flight` bounds a batch: the pipeline
-    /// stops reading at that many outstanding events, so a larger batch could never commit.
+    /// atomic batches (2.12.1+, from its INFO) and a stream with `allow_atomic`; `fast-batch` a
+    /// server with fast batches (2.14.0+) and a stream with `allow_batched`. `stream_allows` is
+    /// the stream's setting for `mode` ([`crate::StreamReport::allows`]). Otherwise one warning
+    /// says which is missing and every message is published on its own. `max_in_flight` bounds
+    /// a batch: the pipeline stops reading at that many outstanding events, so a larger atomic
+    /// batch could never commit, and a fast batch needs its flow acks more often than that.
     #[must_use]
     pub fn with_publish_mode(
         mut self,
         mode: PublishMode,
-        allow_atomic: bool,
+        stream_allows: bool,
         max_in_flight: usize,
     ) -> Self {
-        if mode == PublishMode::PerMessage {
-            return self;
-        }
+        let (name, supported, needs_server, setting, edit) = match mode {
+            PublishMode::PerMessage => return self,
+            PublishMode::AtomicBatch => (
+                "atomic-batch",
+                supports_atomic_batches as fn(&str) -> bool,
+                "2.12.1 (Nats-Msg-Id inside atomic batches)",
+                "allow_atomic",
+                "--allow-batch",
+            ),
+            PublishMode::FastBatch => (
+                "fast-batch",
+                supports_fast_batches as fn(&str) -> bool,
+                "2.14.0 (fast batch publishing)",
+                "allow_batched",
+                "--allow-batched",
+            ),
+        };
         let version = self.client.server_info().version;
-        if !supports_atomic_batches(&version) {
+        if !supported(&version) {
             tracing::warn!(
                 server_version = %version,
-                "[nats] publish_mode = \"atomic-batch\" needs nats-server 2.12.1 or later (Nats-Msg-Id inside atomic batches); publishing each message on its own"
+                "[nats] publish_mode = \"{name}\" needs nats-server {needs_server} or later; publishing each message on its own"
             );
             return self;
         }
-        if !allow_atomic {
+        if !stream_allows {
             tracing::warn!(
                 stream = %self.stream,
-                "[nats] publish_mode = \"atomic-batch\" needs the stream's allow_atomic (nats stream edit {} --allow-batch, or create_stream); publishing each message on its own",
+                "[nats] publish_mode = \"{name}\" needs the stream's {setting} (nats stream edit {} {edit}, or create_stream); publishing each message on its own",
                 self.stream
             );
             return self;
         }
         let plain = self.clone();
-        self.batch = Some(Arc::new(Batcher::start(plain, max_in_flight)));
-        tracing::info!(
-            stream = %self.stream,
-            server_version = %version,
+        let how = if mode == PublishMode::FastBatch {
+            self.fast_batch = Some(Arc::new(FastBatcher::start(
+                plain,
+                max_in_flight,
+                self.ack_timeout,
+            )));
+            "publishing in fast batches (one flow ack for many messages)"
+        } else {
+            self.batch = Some(Arc::new(Batcher::start(plain, max_in_flight)));
             "publishing each transaction as one atomic batch"
-        );
+        };
+        tracing::info!(stream = %self.stream, server_version = %version, "{how}");
         self
     }
 
     /// Whether transactions are published as atomic batches.
     pub fn batches(&self) -> bool {
         self.batch.is_some()
+    }
+
+    /// Whether messages are published in fast batches.
+    pub fn fast_batches(&self) -> bool {
+        self.fast_batch.is_some()
     }
 
     /// The client the publisher publishes on.
@@ -339,6 +373,9 @@ impl Publisher for JetStreamPublisher {
         if let Some(batch) = &self.batch {
             return Ok(batch.send(msg));
         }
+        if let Some(fast) = &self.fast_batch {
+            return Ok(fast.send(msg));
+        }
         self.send_alone(msg).await
     }
 
@@ -346,11 +383,17 @@ impl Publisher for JetStreamPublisher {
         if let Some(batch) = &self.batch {
             batch.begin(commit_lsn);
         }
+        if let Some(fast) = &self.fast_batch {
+            fast.begin(commit_lsn);
+        }
     }
 
     fn end_transaction(&self) {
         if let Some(batch) = &self.batch {
             batch.end();
+        }
+        if let Some(fast) = &self.fast_batch {
+            fast.end();
         }
     }
 

@@ -54,7 +54,9 @@ pub struct NatsSettings {
     pub max_server_closes: u32,
     /// `per-message` (default): every message on its own. `atomic-batch`: each transaction as
     /// one JetStream atomic batch (nats-server 2.12.1+, a stream with `allow_atomic`), falling
-    /// back to per-message with one warning where the server or stream cannot.
+    /// back to per-message with one warning where the server or stream cannot. `fast-batch`:
+    /// JetStream fast batches, one flow ack for many messages (nats-server 2.14+, a stream with
+    /// `allow_batched`), with the same fallback.
     #[serde(default)]
     pub publish_mode: PublishMode,
     /// NATS `.creds` file (JWT + NKey seed).
@@ -180,6 +182,9 @@ pub enum PublishMode {
     PerMessage,
     /// Each PostgreSQL transaction as one JetStream atomic batch (ADR-50).
     AtomicBatch,
+    /// JetStream fast batches: non-atomic, flow-controlled, acknowledged many messages at a
+    /// time (ADR-50 fast ingest).
+    FastBatch,
 }
 
 impl Default for NatsSettings {

@@ -21,6 +21,8 @@ pub struct StreamReport {
     pub duplicate_window: Duration,
     /// Whether the stream takes atomic batches (`allow_atomic`).
     pub allow_atomic: bool,
+    /// Whether the stream takes fast batches (`allow_batched`).
+    pub allow_batched: bool,
     /// Whether the relay created the stream just now.
     pub created: bool,
     /// How durable its acknowledgements are (storage, replicas, the servers' disk sync).
@@ -28,6 +30,17 @@ pub struct StreamReport {
     /// Human-readable warnings about settings that can lose acknowledged events or store
     /// re-sends twice: the durability warnings with their hints, then the stream's limits.
     pub warnings: Vec<String>,
+}
+
+impl StreamReport {
+    /// Whether the stream has the setting `mode` needs (`per-message` needs none).
+    pub fn allows(&self, mode: crate::PublishMode) -> bool {
+        match mode {
+            crate::PublishMode::PerMessage => true,
+            crate::PublishMode::AtomicBatch => self.allow_atomic,
+            crate::PublishMode::FastBatch => self.allow_batched,
+        }
+    }
 }
 
 pub use relay_core::subject::subject_matches;
@@ -77,6 +90,9 @@ pub async fn prepare_stream(
                 storage: stream::StorageType::File,
                 duplicate_window: settings.duplicate_window,
                 allow_atomic_publish: settings.publish_mode == crate::PublishMode::AtomicBatch,
+                // Only where the server knows the setting (2.14+).
+                allow_batch_publish: settings.publish_mode == crate::PublishMode::FastBatch
+                    && crate::fast_batch::supports_fast_batches(&version),
                 ..Default::default()
             };
             let info = context
@@ -145,6 +161,7 @@ pub async fn prepare_stream(
         subjects: config.subjects.clone(),
         duplicate_window: config.duplicate_window,
         allow_atomic: config.allow_atomic_publish,
+        allow_batched: config.allow_batch_publish,
         created,
         durability,
         warnings,

@@ -1,0 +1,555 @@
+//! `[nats] publish_mode = "fast-batch"`: messages go out as JetStream fast (flow-controlled,
+//! non-atomic) batches (ADR-50 "Fast-ingest Batch Publishing", nats-server 2.14+, a stream with
+//! `allow_batched`; see `docs/message-format.md`, "Batch publishing").
+//!
+//! A fast batch carries its control state in each message's reply subject,
+//! `<inbox>.<flow>.fail.<batch sequence>.<operation>.$FI` (the inbox's last token is the batch
+//! id), not in headers: the message itself is sent exactly as in `per-message` mode, with its
+//! `Nats-Msg-Id`. The server answers on that subject with a flow ack every `msgs` messages
+//! (`{"type":"ack","seq":S}`: in gap mode `fail`, every message up to batch sequence `S` is
+//! stored or was a duplicate the stream's deduplication dropped) and with a PubAck carrying the
+//! number of messages the batch stored in order when it ends. So one answer acknowledges many
+//! messages, instead of one PubAck each.
+//!
+//! One task frames the batches, in the order the pipeline hands messages over; a task per batch
+//! reads its answers and hands each message its outcome. A message counts as acknowledged only
+//! when a flow ack or the final PubAck covers it. Messages a batch did not store (it ended early
+//! on an error or a gap) are re-sent on their own, where JetStream answers for each; when no
+//! answer comes within `ack_timeout` the outstanding messages' outcomes are unknown and the
+//! pipeline re-sends them (deduplicated by `Nats-Msg-Id`).
+//!
+//! A batch starts with a transaction's second message (a 1-row transaction is published on its
+//! own) and stays open across transactions while the pipeline keeps handing messages over; it
+//! is committed (end-of-batch, nothing stored) when a transaction ends and no other one begins
+//! within [`LINGER`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use relay_core::Lsn;
+use relay_core::message::OutboundMessage;
+use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind};
+use serde::Deserialize;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::publisher::JetStreamPublisher;
+
+/// The oldest nats-server with fast batches.
+const MIN_SERVER: (u64, u64, u64) = (2, 14, 0);
+/// 10205: the stream does not allow fast batches (`allow_batched`).
+const FAST_BATCH_DISABLED: u64 = 10205;
+/// The most messages the server may let pass between two flow acks (it starts lower when other
+/// fast publishers share the stream, and never goes above this).
+const MAX_FLOW: usize = 500;
+/// How long an open batch waits after a transaction for the next one before it is committed:
+/// the most a multi-row transaction's acks wait for it (1-row transactions go on their own at
+/// once).
+const LINGER: Duration = Duration::from_millis(1);
+
+type Reply = oneshot::Sender<Result<PubReceipt, PublishError>>;
+
+enum Command {
+    Begin(Lsn),
+    Send(Arc<OutboundMessage>, Reply),
+    End,
+}
+
+/// The handle the publisher keeps: commands go to the framing task in call order.
+#[derive(Debug)]
+pub(crate) struct FastBatcher {
+    commands: mpsc::UnboundedSender<Command>,
+}
+
+impl FastBatcher {
+    /// Starts the framing task over `plain`, a publisher that sends each message on its own.
+    /// The server acks at least every `max_in_flight / 4` messages, so the pipeline's window
+    /// (which stops reading at `max_in_flight` outstanding events) never waits for a flow ack
+    /// that cannot come.
+    pub(crate) fn start(
+        plain: JetStreamPublisher,
+        max_in_flight: usize,
+        ack_timeout: Duration,
+    ) -> Self {
+        let (commands, receiver) = mpsc::unbounded_channel();
+        let worker = Worker {
+            plain,
+            flow: (max_in_flight / 4).clamp(1, MAX_FLOW),
+            ack_timeout,
+            current: None,
+            held: None,
+            open: None,
+            disabled: Arc::new(AtomicBool::new(false)),
+        };
+        tokio::spawn(worker.run(receiver));
+        Self { commands }
+    }
+
+    pub(crate) fn begin(&self, commit_lsn: Lsn) {
+        let _ = self.commands.send(Command::Begin(commit_lsn));
+    }
+
+    pub(crate) fn end(&self) {
+        let _ = self.commands.send(Command::End);
+    }
+
+    /// Hands `msg` to the framing task; the future resolves with its ack.
+    pub(crate) fn send(
+        &self,
+        msg: &Arc<OutboundMessage>,
+    ) -> futures::future::BoxFuture<'static, Result<PubReceipt, PublishError>> {
+        let (reply, outcome) = oneshot::channel();
+        let sent = self.commands.send(Command::Send(msg.clone(), reply));
+        Box::pin(async move {
+            if sent.is_err() {
+                return Err(unknown("the fast batch publisher stopped"));
+            }
+            outcome
+                .await
+                .unwrap_or_else(|_| Err(unknown("its fast batch was abandoned")))
+        })
+    }
+}
+
+fn unknown(why: &str) -> PublishError {
+    PublishError::new(PublishErrorKind::Unknown, why.to_owned())
+}
+
+/// Whether a server of version `version` (INFO) has fast batches: 2.14.0 or later.
+pub(crate) fn supports_fast_batches(version: &str) -> bool {
+    crate::native::version_triple(version) >= MIN_SERVER
+}
+
+/// A message of a batch, by its batch sequence.
+struct Member {
+    seq: u64,
+    msg: Arc<OutboundMessage>,
+    reply: Reply,
+}
+
+/// A fast batch being published.
+struct OpenBatch {
+    /// `<inbox>.<flow>.fail`: every reply subject of the batch starts so.
+    base: String,
+    /// Batch sequence of the next message.
+    next: u64,
+    /// Subject of the newest message: the end-of-batch message goes there (a stream subject).
+    last_subject: String,
+    /// To the batch's reader, before each message is sent.
+    members: mpsc::UnboundedSender<Member>,
+    /// Set by the reader once the server ended the batch (or stopped answering).
+    ended: Arc<AtomicBool>,
+}
+
+struct Worker {
+    plain: JetStreamPublisher,
+    flow: usize,
+    ack_timeout: Duration,
+    /// Commit LSN of the open transaction.
+    current: Option<Lsn>,
+    /// A transaction's first message, held until a second one makes a batch worth starting.
+    held: Option<(Arc<OutboundMessage>, Reply)>,
+    open: Option<OpenBatch>,
+    /// Set once the server showed it cannot take fast batches: everything goes on its own.
+    disabled: Arc<AtomicBool>,
+}
+
+impl Worker {
+    async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
+        let mut next = None;
+        loop {
+            let command = match next.take() {
+                Some(command) => command,
+                None => match commands.recv().await {
+                    Some(command) => command,
+                    None => break,
+                },
+            };
+            match command {
+                Command::Begin(lsn) => self.current = Some(lsn),
+                Command::Send(msg, reply) => {
+                    let batched = !self.disabled.load(Ordering::Relaxed)
+                        && self.current == Some(msg.commit_lsn);
+                    if batched {
+                        self.add(msg, reply).await;
+                    } else {
+                        // Re-sends, dead letters, non-transactional messages: after what
+                        // came before them, on their own.
+                        self.finish().await;
+                        self.alone(msg, reply).await;
+                    }
+                }
+                Command::End => {
+                    self.current = None;
+                    if !commands.is_empty() {
+                        // More waiting (catch-up): the batch goes on into the next transaction.
+                        continue;
+                    }
+                    if self.open.is_some() {
+                        // In catch-up the next transaction follows within microseconds: a new
+                        // batch per transaction would cost a round trip and slow flow acks.
+                        if let Ok(Some(command)) =
+                            tokio::time::timeout(LINGER, commands.recv()).await
+                        {
+                            next = Some(command);
+                            continue;
+                        }
+                    }
+                    self.finish().await;
+                }
+            }
+        }
+    }
+
+    /// Publishes `msg` on its own; its ack goes to `reply`.
+    async fn alone(&self, msg: Arc<OutboundMessage>, reply: Reply) {
+        match self.plain.send_alone(&msg).await {
+            Ok(ack) => {
+                tokio::spawn(async move {
+                    let _ = reply.send(ack.await);
+                });
+            }
+            Err(e) => {
+                let _ = reply.send(Err(e));
+            }
+        }
+    }
+
+    async fn add(&mut self, msg: Arc<OutboundMessage>, reply: Reply) {
+        if self
+            .open
+            .as_ref()
+            .is_some_and(|open| open.ended.load(Ordering::Relaxed))
+        {
+            self.open = None;
+        }
+        if self.open.is_none() {
+            let Some(first) = self.held.take() else {
+                self.held = Some((msg, reply));
+                return;
+            };
+            self.open = self.start(first).await;
+            if self.open.is_none() {
+                // The batch ended at its first message (refused, a duplicate, no answer):
+                // this one waits for the next.
+                self.held = Some((msg, reply));
+                return;
+            }
+        }
+        if let Some(open) = self.open.as_mut() {
+            send_member(&self.plain, open, msg, reply, 1).await;
+        }
+    }
+
+    /// Starts a batch with `first` and waits for the server's first answer, as ADR-50 asks (it
+    /// says whether the server takes the batch, and the flow to start at). `None` when the batch
+    /// ended there; its reader then settles `first`.
+    async fn start(&self, (msg, reply): (Arc<OutboundMessage>, Reply)) -> Option<OpenBatch> {
+        let client = self.plain.client();
+        let inbox = client.new_inbox();
+        let subscriber = match client.subscribe(format!("{inbox}.>")).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot subscribe to a fast batch's replies; publishing on its own");
+                self.alone(msg, reply).await;
+                return None;
+            }
+        };
+        let (members, receiver) = mpsc::unbounded_channel();
+        let (started, is_started) = oneshot::channel();
+        let ended = Arc::new(AtomicBool::new(false));
+        let reader = Reader {
+            plain: self.plain.clone(),
+            disabled: self.disabled.clone(),
+            ended: ended.clone(),
+            ack_timeout: self.ack_timeout,
+            started: Some(started),
+            pending: std::collections::VecDeque::new(),
+            flow_acks: 0,
+        };
+        tokio::spawn(reader.run(subscriber, receiver));
+        let mut open = OpenBatch {
+            base: format!("{inbox}.{}.fail", self.flow),
+            next: 1,
+            last_subject: msg.subject.clone(),
+            members,
+            ended,
+        };
+        send_member(&self.plain, &mut open, msg, reply, 0).await;
+        match tokio::time::timeout(self.ack_timeout, is_started).await {
+            Ok(Ok(true)) => Some(open),
+            _ => None,
+        }
+    }
+
+    /// Sends the held message on its own and commits the open batch (end-of-batch: the server
+    /// stores nothing more and answers with the batch's PubAck).
+    async fn finish(&mut self) {
+        if let Some(open) = self.open.take()
+            && !open.ended.load(Ordering::Relaxed)
+        {
+            let reply = format!("{}.{}.3.$FI", open.base, open.next);
+            if let Err(e) = self
+                .plain
+                .client()
+                .publish_with_reply(open.last_subject.clone(), reply, bytes::Bytes::new())
+                .await
+            {
+                // The reader sees no answer and the outstanding messages are re-sent.
+                tracing::debug!(error = %e, "cannot send a fast batch's commit");
+            }
+        }
+        if let Some((msg, reply)) = self.held.take() {
+            self.alone(msg, reply).await;
+        }
+    }
+}
+
+/// Publishes `msg` as the next message of `open` with `operation` (0 start, 1 append).
+async fn send_member(
+    plain: &JetStreamPublisher,
+    open: &mut OpenBatch,
+    msg: Arc<OutboundMessage>,
+    reply: Reply,
+    operation: u8,
+) {
+    let seq = open.next;
+    open.next += 1;
+    open.last_subject = msg.subject.clone();
+    let subject = msg.subject.clone();
+    let payload = msg.payload.clone();
+    let headers = plain.headers(&msg);
+    // Registered before it is sent, so no answer can come for a message the reader lacks.
+    let _ = open.members.send(Member { seq, msg, reply });
+    let reply_to = format!("{}.{seq}.{operation}.$FI", open.base);
+    if let Err(e) = plain
+        .client()
+        .publish_with_reply_and_headers(subject, reply_to, headers, payload)
+        .await
+    {
+        // No answer will cover it: the reader's timeout makes its outcome unknown.
+        tracing::debug!(error = %e, "cannot publish a fast batch message");
+    }
+}
+
+/// One answer on a batch's reply subjects: a flow ack, gap or error (`type`), or the PubAck
+/// that ends the batch (no `type`).
+#[derive(Debug, Default, Deserialize)]
+struct Answer {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    seq: Option<u64>,
+    count: Option<u64>,
+    batch: Option<String>,
+    #[serde(default)]
+    duplicate: bool,
+    error: Option<ApiError>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ApiError {
+    #[serde(default)]
+    err_code: u64,
+    #[serde(default)]
+    description: String,
+}
+
+/// Reads one batch's answers and settles its members.
+struct Reader {
+    plain: JetStreamPublisher,
+    disabled: Arc<AtomicBool>,
+    ended: Arc<AtomicBool>,
+    ack_timeout: Duration,
+    /// Told the first answer: whether the batch goes on.
+    started: Option<oneshot::Sender<bool>>,
+    /// Sent, not yet covered by an answer, in batch order.
+    pending: std::collections::VecDeque<Member>,
+    /// Flow acks received (for the batch's debug line).
+    flow_acks: u64,
+}
+
+impl Reader {
+    async fn run(
+        mut self,
+        mut subscriber: async_nats::Subscriber,
+        mut members: mpsc::UnboundedReceiver<Member>,
+    ) {
+        let mut deadline = tokio::time::Instant::now() + self.ack_timeout;
+        let mut more = true;
+        while !self.ended.load(Ordering::Relaxed) {
+            tokio::select! {
+                member = members.recv(), if more => match member {
+                    Some(member) => {
+                        if self.pending.is_empty() {
+                            deadline = tokio::time::Instant::now() + self.ack_timeout;
+                        }
+                        self.pending.push_back(member);
+                    }
+                    None => more = false,
+                },
+                answer = subscriber.next() => {
+                    let Some(answer) = answer else { break };
+                    deadline = tokio::time::Instant::now() + self.ack_timeout;
+                    self.on_answer(&answer.payload).await;
+                }
+                () = tokio::time::sleep_until(deadline), if !self.pending.is_empty() || self.started.is_some() => {
+                    tracing::debug!(outstanding = self.pending.len(), "no answer to a fast batch within ack_timeout; re-sending its outstanding messages");
+                    self.end(false);
+                    for member in self.pending.drain(..) {
+                        let _ = member.reply.send(Err(unknown("no flow ack or PubAck came for its fast batch")));
+                    }
+                }
+                else => break,
+            }
+        }
+        self.end(false);
+        let _ = subscriber.unsubscribe().await;
+        // Whatever was handed over after the end (or never answered): on its own, in order.
+        members.close();
+        while let Some(member) = members.recv().await {
+            self.pending.push_back(member);
+        }
+        self.resend_alone(0).await;
+    }
+
+    fn end(&mut self, going_on: bool) {
+        if !going_on {
+            self.ended.store(true, Ordering::Relaxed);
+        }
+        if let Some(started) = self.started.take() {
+            let _ = started.send(going_on);
+        }
+    }
+
+    async fn on_answer(&mut self, payload: &[u8]) {
+        let answer: Answer = match serde_json::from_slice(payload) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::debug!(error = %e, "unreadable fast batch answer");
+                return;
+            }
+        };
+        match answer.kind.as_deref() {
+            Some("ack") => {
+                self.flow_acks += 1;
+                self.end(true);
+                self.acknowledge(answer.seq.unwrap_or(0), None);
+            }
+            Some(kind) => {
+                // `gap` and `err` announce the batch's early end; its PubAck follows.
+                let error = answer.error.map(|e| e.description).unwrap_or_default();
+                tracing::debug!(kind, seq = answer.seq, error, "fast batch ends early");
+            }
+            None => self.on_pub_ack(answer).await,
+        }
+    }
+
+    /// The batch's PubAck: the messages it stored are acknowledged, the rest go on their own.
+    async fn on_pub_ack(&mut self, answer: Answer) {
+        self.end(false);
+        if let Some(error) = answer.error {
+            if error.err_code == FAST_BATCH_DISABLED && !self.disabled.swap(true, Ordering::Relaxed)
+            {
+                tracing::warn!(
+                    error = %error.description,
+                    "JetStream refuses fast batches here (the stream lacks allow_batched); publishing each message on its own from now on"
+                );
+            } else {
+                tracing::debug!(code = error.err_code, error = %error.description, "fast batch refused; publishing its messages on their own");
+            }
+            self.resend_alone(0).await;
+            return;
+        }
+        if answer.batch.is_none() {
+            // A plain PubAck: the server stored the first message as an ordinary publish.
+            if !self.disabled.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    "a NATS server answered a fast batch with a plain PubAck (before 2.14); publishing each message on its own from now on"
+                );
+            }
+        }
+        let count = answer.count.unwrap_or(1);
+        tracing::debug!(
+            stored = count,
+            flow_acks = self.flow_acks,
+            unstored = self.pending.iter().filter(|m| m.seq > count).count(),
+            "fast batch committed"
+        );
+        let last = (answer.seq.unwrap_or(0), answer.duplicate);
+        self.acknowledge(count, Some(last));
+        self.resend_alone(count).await;
+    }
+
+    /// Every pending member up to batch sequence `upto` is stored; `last` is the stream
+    /// sequence (and duplicate flag) of member `upto` when the answer names it. Flow acks carry
+    /// no stream sequence: those members report 0, which the pipeline's positions skip.
+    fn acknowledge(&mut self, upto: u64, last: Option<(u64, bool)>) {
+        while self.pending.front().is_some_and(|m| m.seq <= upto) {
+            let Some(member) = self.pending.pop_front() else {
+                break;
+            };
+            let (stream_seq, duplicate) = match last {
+                Some(last) if member.seq == upto => last,
+                _ => (0, false),
+            };
+            let _ = member.reply.send(Ok(PubReceipt {
+                stream_seq,
+                duplicate,
+            }));
+        }
+    }
+
+    /// Publishes the pending members past batch sequence `stored` on their own, in order, and
+    /// hands each its own ack (JetStream's deduplication answers for any it already holds).
+    async fn resend_alone(&mut self, stored: u64) {
+        for member in self.pending.drain(..) {
+            if member.seq <= stored {
+                continue;
+            }
+            let outcome = match self.plain.send_alone(&member.msg).await {
+                Ok(ack) => ack.await,
+                Err(e) => Err(e),
+            };
+            let _ = member.reply.send(outcome);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_batches_need_2_14() {
+        for yes in ["2.14.0", "v2.14.5", "2.15.1", "3.0.0"] {
+            assert!(supports_fast_batches(yes), "{yes}");
+        }
+        for no in ["2.12.1", "2.13.9", "2.9.10", "", "garbage"] {
+            assert!(!supports_fast_batches(no), "{no}");
+        }
+    }
+
+    #[test]
+    fn answers_of_every_kind_parse() {
+        let flow: Answer = serde_json::from_slice(br#"{"type":"ack","seq":40,"msgs":10}"#).unwrap();
+        assert_eq!((flow.kind.as_deref(), flow.seq), (Some("ack"), Some(40)));
+        let ack: Answer =
+            serde_json::from_slice(br#"{"stream":"OUTBOX","seq":1200,"batch":"abc","count":37}"#)
+                .unwrap();
+        assert_eq!(
+            (ack.kind, ack.seq, ack.count, ack.batch.as_deref()),
+            (None, Some(1200), Some(37), Some("abc"))
+        );
+        let dup: Answer = serde_json::from_slice(
+            br#"{"stream":"OUTBOX","seq":7,"duplicate": true,"batch":"abc","count":1}"#,
+        )
+        .unwrap();
+        assert!(dup.duplicate);
+        let refused: Answer = serde_json::from_slice(
+            br#"{"error":{"code":400,"err_code":10205,"description":"batch publish is disabled"},"stream":"OUTBOX","seq":0}"#,
+        )
+        .unwrap();
+        assert_eq!(refused.error.unwrap().err_code, FAST_BATCH_DISABLED);
+    }
+}
