@@ -15,7 +15,7 @@
 #   scripts/bench.sh --soak-cleanup --no-debezium   # only cleanup, 10 min per mode (issue 14)
 #   scripts/bench.sh --rows 50000    # any relay-bench option (see `--help`)
 #   scripts/bench.sh --mode-rows 0   # without issue 15's rows: catch-up per publish mode
-#                                    # (--publish-modes per-message,atomic-batch, tx sizes
+#                                    # (--publish-modes per-message,atomic-batch,fast-batch, tx sizes
 #                                    # --mode-tx-sizes 1,100,10000, backlogs of --mode-rows
 #                                    # 100,000; 10,000 with --quick) and latency per mode at
 #                                    # --mode-latency-rate 1000/s (p99 <= 10 ms); the emit-message

@@ -124,7 +124,7 @@ pub struct Args {
     /// Issue 15: the `[nats] publish_mode`s whose catch-up and latency rows are run, side by
     /// side (`--publish-modes` with no value: none). A mode the nats-server cannot do gets a row
     /// saying why.
-    #[arg(long, value_delimiter = ',', num_args = 0.., default_values = ["per-message", "atomic-batch"])]
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_values = ["per-message", "atomic-batch", "fast-batch"])]
     pub publish_modes: Vec<workload::PublishModeArg>,
     /// Events of each backlog of the publish-mode, emit-message and slots rows: default 100,000;
     /// 10,000 with --quick; 0 skips those rows.

@@ -21,6 +21,8 @@ pub enum PublishModeArg {
     PerMessage,
     /// Each transaction as one JetStream atomic batch.
     AtomicBatch,
+    /// Fast-ingest batches with flow-controlled acks.
+    FastBatch,
 }
 
 /// What the relay logs when it cannot publish in the configured batch mode and publishes each
@@ -33,6 +35,7 @@ impl PublishModeArg {
         match self {
             Self::PerMessage => "per-message",
             Self::AtomicBatch => "atomic-batch",
+            Self::FastBatch => "fast-batch",
         }
     }
 
@@ -42,6 +45,8 @@ impl PublishModeArg {
             Self::PerMessage => None,
             // Nats-Msg-Id inside atomic batches (docs/message-format.md, "Batch publishing").
             Self::AtomicBatch => Some((2, 12, 1)),
+            // Fast-ingest batches (docs/message-format.md, "Fast batches").
+            Self::FastBatch => Some((2, 14, 0)),
         }
     }
 
@@ -67,6 +72,7 @@ impl PublishModeArg {
         match self {
             Self::PerMessage => "",
             Self::AtomicBatch => "_atomic_batch",
+            Self::FastBatch => "_fast_batch",
         }
     }
 }
@@ -232,7 +238,11 @@ mod tests {
         let default = crate::Args::try_parse_from(["relay-bench"]).unwrap();
         assert_eq!(
             default.publish_modes,
-            [PublishModeArg::PerMessage, PublishModeArg::AtomicBatch]
+            [
+                PublishModeArg::PerMessage,
+                PublishModeArg::AtomicBatch,
+                PublishModeArg::FastBatch
+            ]
         );
         assert_eq!(default.mode_tx_sizes, [1, 100, 10_000]);
         assert_eq!(default.message_tx_sizes, [1, 100]);
