@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use anyhow::anyhow;
 use relay_core::route::{OutboxTableConfig, Router};
-use relay_core::stage::ErrorClass;
 use relay_postgres::backfill::{self as sql, BackfillError, CursorId, KeySource, TableShape};
 use tokio_util::sync::CancellationToken;
 
@@ -70,14 +69,6 @@ fn backfill_exit(error: BackfillError) -> Exit {
         _ => ExitKind::Config,
     };
     Exit::new(kind, error)
-}
-
-fn class_kind(class: ErrorClass) -> ExitKind {
-    match class {
-        ErrorClass::Transient => ExitKind::Unavailable,
-        ErrorClass::Fatal => ExitKind::Config,
-        ErrorClass::SlotLost => ExitKind::DataSafety,
-    }
 }
 
 /// The `[[outbox]]` mapping of `table` (`schema.table` or `table`).

@@ -21,11 +21,12 @@ use anyhow::anyhow;
 use relay_core::Lsn;
 use relay_core::pipeline::{Pipeline, PipelineError, PipelineStats, RunOutcome};
 use relay_core::route::Router;
-use relay_core::stage::{ErrorClass, Publisher};
+use relay_core::stage::Publisher;
 use relay_postgres::catalog::{self, restore_slot};
 use relay_postgres::source::PgSource;
 use tokio_util::sync::CancellationToken;
 
+use super::class_kind;
 use crate::config::RelayConfig;
 use crate::exit::{Exit, ExitKind};
 use crate::run::{nats_exit, pg_exit};
@@ -396,14 +397,6 @@ async fn pipeline_run<P: Publisher>(
     result
 }
 
-fn class_kind(class: ErrorClass) -> ExitKind {
-    match class {
-        ErrorClass::Transient => ExitKind::Unavailable,
-        ErrorClass::Fatal => ExitKind::Config,
-        ErrorClass::SlotLost => ExitKind::DataSafety,
-    }
-}
-
 /// The summary line and the exit.
 fn finish(
     report: &Report,
@@ -455,13 +448,7 @@ fn finish(
         }
         Err(error) => {
             eprintln!("{}", report.line("failed"));
-            let kind = match &error {
-                PipelineError::Route { .. } | PipelineError::Publish { .. } => ExitKind::DataSafety,
-                PipelineError::Schema { .. } => ExitKind::Config,
-                PipelineError::Source(e) => class_kind(e.class),
-                PipelineError::Store { error, .. } => class_kind(error.class),
-                PipelineError::Protocol(_) => ExitKind::Internal,
-            };
+            let kind = super::pipeline_exit_kind(&error);
             Err(Exit::new(
                 kind,
                 anyhow::Error::new(error).context(format!(

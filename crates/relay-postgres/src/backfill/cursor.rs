@@ -62,16 +62,7 @@ pub async fn list_cursors(client: &Client, slot: &str) -> Result<Vec<CursorStatu
         return Ok(Vec::new());
     }
     // `on_create` came with migration 0007: a table without it holds no on-create cursors.
-    let on_create: bool = client
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute \
-               WHERE attrelid = 'outbox_relay.backfill'::regclass AND attname = 'on_create' \
-                 AND NOT attisdropped)",
-            &[],
-        )
-        .await
-        .map_err(query_err("cannot look up outbox_relay.backfill"))?
-        .get(0);
+    let on_create = has_on_create_columns(client).await?;
     let rows = client
         .query(
             &format!(
@@ -107,6 +98,20 @@ pub async fn list_cursors(client: &Client, slot: &str) -> Result<Vec<CursorStatu
             updated_secs_ago: r.get(10),
         })
         .collect())
+}
+
+/// Whether `outbox_relay.backfill` has the on-create columns (migration 0007).
+async fn has_on_create_columns(client: &Client) -> Result<bool, BackfillError> {
+    Ok(client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute \
+               WHERE attrelid = 'outbox_relay.backfill'::regclass AND attname = 'on_create' \
+                 AND NOT attisdropped)",
+            &[],
+        )
+        .await
+        .map_err(query_err("cannot look up outbox_relay.backfill"))?
+        .get(0))
 }
 
 /// The cursor table's key columns for `id`, as statement parameters.
@@ -145,16 +150,7 @@ pub async fn ensure_cursor_table(client: &Client) -> Result<(), BackfillError> {
             "outbox_relay.backfill does not exist and cannot be created: apply migrations/0003_relay_backfill.sql as an administrator, and GRANT SELECT, INSERT, UPDATE ON outbox_relay.backfill to the relay's role",
         ))?;
     }
-    let on_create_columns: bool = client
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute \
-               WHERE attrelid = 'outbox_relay.backfill'::regclass AND attname = 'on_create' \
-                 AND NOT attisdropped)",
-            &[],
-        )
-        .await
-        .map_err(query_err("cannot look up outbox_relay.backfill"))?
-        .get(0);
+    let on_create_columns = has_on_create_columns(client).await?;
     if !on_create_columns {
         client
             .batch_execute(BACKFILL_ON_CREATE_MIGRATION)

@@ -8,14 +8,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::anyhow;
 use relay_core::Lsn;
-use relay_core::pipeline::{Pipeline, PipelineError, PipelineStats};
+use relay_core::pipeline::{Pipeline, PipelineStats};
 use relay_core::route::{OutboxTableConfig, Router};
 use relay_postgres::backfill::{self as sql, CursorId, TableShape};
 use tokio_util::sync::CancellationToken;
 
+use super::backfill_exit;
 use super::pages::{CursorStore, PageReader, PageSource, Progress};
 use super::publish::{BackfillPublisher, StreamIds, stream_ids, watch_live};
-use super::{backfill_exit, class_kind};
 use crate::config::RelayConfig;
 use crate::exit::{Exit, ExitKind};
 
@@ -268,13 +268,7 @@ pub(crate) async fn run_pages(
         }
         Err(error) => {
             say(opts.log_progress, &report.line("failed"));
-            let kind = match &error {
-                PipelineError::Route { .. } | PipelineError::Publish { .. } => ExitKind::DataSafety,
-                PipelineError::Schema { .. } => ExitKind::Config,
-                PipelineError::Source(e) => class_kind(e.class),
-                PipelineError::Store { error, .. } => class_kind(error.class),
-                PipelineError::Protocol(_) => ExitKind::Internal,
-            };
+            let kind = crate::commands::pipeline_exit_kind(&error);
             let advice = if kind == ExitKind::DataSafety {
                 "before this row. Fix the row or the mapping (or set [relay] dead_letter_subject) and run the same command again: it resumes there"
             } else {
