@@ -461,6 +461,81 @@ async fn mark_sets_the_status_once_confirmed() -> Result<()> {
     Ok(())
 }
 
+/// `mode = "mark"` with `delete_after` (what a polling relay's cleanup job did after marking):
+/// rows are marked once confirmed and deleted once also older than `delete_after`; rows written
+/// during a broker outage are neither marked nor deleted until the relay confirmed them, and
+/// younger marked rows stay.
+#[tokio::test(flavor = "multi_thread")]
+async fn mark_then_delete_after_touches_only_confirmed_rows() -> Result<()> {
+    let env = Env::start().await?;
+    let db = env.db().await?;
+    let mut writer = env.db().await?;
+    let js = env.jetstream().await?;
+    db.batch_execute("ALTER TABLE outbox ADD COLUMN sent_at timestamptz")
+        .await?;
+    audit(&db).await?;
+    let config = cleanup_config(
+        &env,
+        "mode = \"mark\"\nsent_at_column = \"sent_at\"\ndelete_after = \"1h\"\ninterval = \"200ms\"",
+        "",
+    );
+    let relay = Relay::start_streaming(&config).await?;
+    wait_for_fence(&db, &relay).await?;
+    let old = insert_aged(&mut writer, 20, "2 hours").await?;
+    let young = insert_aged(&mut writer, 20, "1 minute").await?;
+    wait_for_messages(&js, 40, WAIT, Some(&relay)).await?;
+    let marked = async |ids: &[String]| -> Result<i64> {
+        Ok(db
+            .query_one(
+                "SELECT count(*) FROM outbox WHERE id::text = ANY($1) AND sent_at IS NOT NULL",
+                &[&ids],
+            )
+            .await?
+            .get(0))
+    };
+    wait_until(
+        "the old rows deleted, the young marked",
+        &relay,
+        async || Ok(count_of(&db, &old).await? == 0 && marked(&young).await? == 20),
+    )
+    .await?;
+
+    env.nats.pause()?;
+    let during = insert_aged(&mut writer, 20, "2 hours").await?;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        (count_of(&db, &during).await?, marked(&during).await?),
+        (20, 0),
+        "rows written while NATS was down were touched before the relay confirmed them"
+    );
+    env.nats.resume()?;
+    wait_until("the outage rows deleted", &relay, async || {
+        Ok(count_of(&db, &during).await? == 0)
+    })
+    .await?;
+    let ops: Vec<(String, i64)> = db
+        .query(
+            "SELECT op, count(*) FROM cleanup_audit GROUP BY op ORDER BY op",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    // The old rows may be deleted before a round marked them: either way each is deleted once
+    // and every row is marked at most once.
+    let deletes = ops.iter().find(|(op, _)| op == "DELETE").map_or(0, |o| o.1);
+    let updates = ops.iter().find(|(op, _)| op == "UPDATE").map_or(0, |o| o.1);
+    assert_eq!(deletes, 40, "{ops:?}");
+    assert!((20..=60).contains(&updates), "{ops:?}");
+    assert_eq!(
+        nothing_cleaned_ahead(&db, &js).await?,
+        (deletes + updates) as usize
+    );
+    assert_eq!(count_of(&db, &young).await?, 20, "young rows are kept");
+    Ok(())
+}
+
 /// `mode = "drop-partitions"` on a table partitioned by day: partitions whose range ended more
 /// than `retain` ago are detached (`CONCURRENTLY` without a default partition, plainly with
 /// one), and dropped only once the checkpoint is past every row they held: rows written into
@@ -755,6 +830,14 @@ async fn validate_connect_names_the_grant_each_mode_needs() -> Result<()> {
         out.contains(
             "hint: GRANT UPDATE (\"status\", \"sent_at\") ON \"public\".\"outbox\" TO relay_min"
         ),
+        "{out}"
+    );
+    let (_, out) = validate(&with(
+        "mode = \"mark\"\nstatus_column = \"status\"\nsent_at_column = \"sent_at\"\ndelete_after = \"7d\"",
+    ));
+    assert!(
+        out.contains("mode = \"mark\" with delete_after needs privileges the role lacks")
+            && out.contains("GRANT UPDATE (\"status\", \"sent_at\") ON \"public\".\"outbox\" TO relay_min; GRANT SELECT, DELETE ON \"public\".\"outbox\" TO relay_min"),
         "{out}"
     );
     let (_, out) = validate(&with("mode = \"drop-partitions\""));

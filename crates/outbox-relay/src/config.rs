@@ -268,6 +268,14 @@ pub struct CleanupSettings {
     /// `mark`: a timestamp column set to `now()`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sent_at_column: Option<String>,
+    /// `mark`: also delete confirmed rows once `age_column` is older than this (what a polling
+    /// relay's cleanup job did after marking). Off unless set; at least `retain`.
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub delete_after: Option<Duration>,
     /// `drop-partitions`: create the partitions after the newest one, each as wide as it, so
     /// that they cover at least this far past now (e.g. `"3d"`). Off unless set.
     #[serde(
@@ -341,34 +349,52 @@ impl CleanupSettings {
             CleanupMode::DropPartitions if self.create_ahead.is_some_and(|d| d.is_zero()) => {
                 Some("create_ahead must be positive (or left out)".into())
             }
+            CleanupMode::Delete | CleanupMode::DropPartitions if self.delete_after.is_some() => {
+                Some(format!(
+                    "delete_after is for mode = \"mark\" (mode = \"{}\" removes rows after retain already)",
+                    self.mode.as_str()
+                ))
+            }
+            CleanupMode::Mark if self.delete_after.is_some_and(|d| d < self.retain()) => {
+                Some("delete_after must be at least retain: rows are kept for retain, then marked, then deleted".into())
+            }
             _ => None,
         }
     }
 
-    /// The row cleanup of `schema.table` (`delete`, `mark`); `None` for `drop-partitions`.
-    pub fn row_plan(&self, schema: &str, table: &str) -> Option<relay_postgres::cleanup::RowPlan> {
+    /// The row cleanups of `schema.table`, in the order a round runs them: `delete`; `mark`, then
+    /// with `delete_after` a delete of the rows older than that; none for `drop-partitions`.
+    pub fn row_plans(&self, schema: &str, table: &str) -> Vec<relay_postgres::cleanup::RowPlan> {
         use relay_postgres::cleanup::{CleanupAction, RowPlan};
-        let action = match self.mode {
-            CleanupMode::Delete => CleanupAction::Delete,
-            CleanupMode::Mark => CleanupAction::Mark {
-                status: self
-                    .status_column
-                    .clone()
-                    .map(|c| (c, self.status_value.clone())),
-                sent_at: self.sent_at_column.clone(),
-            },
-            CleanupMode::DropPartitions => return None,
-        };
-        Some(RowPlan {
+        let plan = |action, retain| RowPlan {
             schema: schema.to_owned(),
             table: table.to_owned(),
             action,
-            retain: self.retain(),
+            retain,
             age_column: self.age_column.clone(),
             batch_size: i64::from(self.batch_size),
             statement_timeout: self.statement_timeout,
             lock_timeout: self.lock_timeout,
-        })
+        };
+        match self.mode {
+            CleanupMode::Delete => vec![plan(CleanupAction::Delete, self.retain())],
+            CleanupMode::Mark => {
+                let mark = CleanupAction::Mark {
+                    status: self
+                        .status_column
+                        .clone()
+                        .map(|c| (c, self.status_value.clone())),
+                    sent_at: self.sent_at_column.clone(),
+                };
+                let mut plans = vec![plan(mark, self.retain())];
+                plans.extend(
+                    self.delete_after
+                        .map(|after| plan(CleanupAction::Delete, after)),
+                );
+                plans
+            }
+            CleanupMode::DropPartitions => Vec::new(),
+        }
     }
 
     /// The partition cleanup of `schema.table`; `None` unless `drop-partitions`.
@@ -914,12 +940,41 @@ mod tests {
             let zero = RelayConfig::load(Some(Path::new("zero.toml"))).expect("loads");
             let retain = zero.outbox.cleanup().map(|(_, s)| s.retain()).next();
             assert_eq!(retain, Some(Duration::ZERO));
-            let plan = c
+            let plans = c
                 .outbox
                 .cleanup_of("public", "polled")
-                .and_then(|s| s.row_plan("public", "polled"))
-                .expect("a row plan");
-            assert_eq!(plan.batch_size, 1000);
+                .map(|s| s.row_plans("public", "polled"))
+                .expect("a cleanup");
+            assert_eq!(plans.len(), 1, "mark without delete_after only marks");
+            assert_eq!(plans[0].batch_size, 1000);
+            jail.create_file(
+                "mark_delete.toml",
+                "[[outbox]]\ntable = \"t\"\n[outbox.cleanup]\nmode = \"mark\"\nsent_at_column = \"sent_at\"\nretain = \"1h\"\ndelete_after = \"2d\"\n",
+            )?;
+            let both = RelayConfig::load(Some(Path::new("mark_delete.toml"))).expect("loads");
+            let plans: Vec<_> = both
+                .outbox
+                .cleanup()
+                .flat_map(|(_, s)| s.row_plans("public", "t"))
+                .map(|p| (p.action, p.retain))
+                .collect();
+            assert_eq!(
+                plans,
+                [
+                    (
+                        relay_postgres::cleanup::CleanupAction::Mark {
+                            status: None,
+                            sent_at: Some("sent_at".into())
+                        },
+                        Duration::from_secs(3600)
+                    ),
+                    (
+                        relay_postgres::cleanup::CleanupAction::Delete,
+                        Duration::from_secs(2 * 86400)
+                    ),
+                ],
+                "marked after retain, deleted after delete_after"
+            );
             // Printed back where it was written.
             let json = serde_json::to_value(&c).expect("serializes");
             assert_eq!(json["outbox"][0]["cleanup"]["mode"], "delete");
@@ -951,6 +1006,16 @@ mod tests {
                     "delete.toml",
                     "[[outbox]]\ntable = \"t\"\n[outbox.cleanup]\nmode = \"delete\"\nstatus_column = \"s\"\n",
                     "are for mode = \"mark\"",
+                ),
+                (
+                    "delete_after.toml",
+                    "[[outbox]]\ntable = \"t\"\n[outbox.cleanup]\nmode = \"delete\"\ndelete_after = \"1d\"\n",
+                    "delete_after is for mode = \"mark\"",
+                ),
+                (
+                    "delete_before_retain.toml",
+                    "[[outbox]]\ntable = \"t\"\n[outbox.cleanup]\nmode = \"mark\"\nsent_at_column = \"s\"\nretain = \"2d\"\ndelete_after = \"1d\"\n",
+                    "delete_after must be at least retain",
                 ),
             ] {
                 jail.create_file(file, text)?;

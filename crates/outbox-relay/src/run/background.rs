@@ -278,7 +278,7 @@ pub(super) fn spawn_outbox_upkeep(
             max_wait: config.relay.idle_checkpoint_interval * 3
                 + config.relay.checkpoint_interval
                 + Duration::from_secs(10),
-            rows: cleanup.row_plan(schema, name),
+            rows: cleanup.row_plans(schema, name),
             drops: cleanup.drop_plan(schema, name),
         };
         tokio::spawn(task.run(config.postgres.clone(), telemetry.clone(), shutdown.clone()));

@@ -18,8 +18,8 @@ fn settings(r: &CleanupRun) -> String {
             t.retain_secs, t.interval_secs, t.batch_size
         ),
         CleanupMode::Mark => format!(
-            "sent_at_column published_at, retain 0s, interval {}s, batch_size {}",
-            t.interval_secs, t.batch_size
+            "sent_at_column published_at, retain 0s, delete_after {}s, interval {}s, batch_size {}",
+            t.retain_secs, t.interval_secs, t.batch_size
         ),
         CleanupMode::DropPartitions => format!(
             "partitions of {}s, retain {}s, interval {}s",

@@ -122,7 +122,7 @@ pub struct CleanupRun {
     pub max_ms: f64,
     /// (seconds since the load started, bytes).
     pub sizes: Vec<(f64, u64)>,
-    /// Rows deleted or dropped (delete, drop-partitions), or marked (mark), by the end.
+    /// Rows deleted or dropped (delete, drop-partitions), or marked and still there plus deleted (mark with delete_after), by the end.
     pub cleaned: u64,
     /// Rows in the table at the end.
     pub rows_left: u64,
@@ -241,7 +241,12 @@ fn extra_config(mode: CleanupMode, t: Timing) -> String {
     let cleanup = match mode {
         CleanupMode::Off | CleanupMode::OffPartitioned => return s,
         CleanupMode::Delete => format!("mode = \"delete\"\nretain = \"{}s\"\n", t.retain_secs),
-        CleanupMode::Mark => "mode = \"mark\"\nsent_at_column = \"published_at\"\n".into(),
+        // Marked at once, deleted after `retain` like a polling relay's cleanup job would: the
+        // table stays flat in this mode too.
+        CleanupMode::Mark => format!(
+            "mode = \"mark\"\nsent_at_column = \"published_at\"\ndelete_after = \"{}s\"\n",
+            t.retain_secs
+        ),
         CleanupMode::DropPartitions => {
             format!(
                 "mode = \"drop-partitions\"\nretain = \"{}s\"\n",
@@ -332,6 +337,9 @@ async fn run_mode(env: &Env, args: &Args, mode: CleanupMode, secs: u64) -> Resul
     relay.check_alive()?;
     let last_us = got.iter().map(|s| s.1).max().unwrap_or(load_start_us);
     let lat = latencies_ms(&got);
+    if std::env::var_os("RELAY_BENCH_TIMELINE").is_some() {
+        say_slow_seconds(&got, load_start_us);
+    }
     let counted = env
         .client
         .query_one(
@@ -368,11 +376,9 @@ async fn run_mode(env: &Env, args: &Args, mode: CleanupMode, secs: u64) -> Resul
         p50_ms: quantile(&lat, 0.5),
         p99_ms: quantile(&lat, 0.99),
         max_ms: lat.last().copied().unwrap_or(f64::NAN),
-        cleaned: if mode == CleanupMode::Mark {
-            marked
-        } else {
-            (events + warm).saturating_sub(left)
-        },
+        // Mark: rows still there and marked, plus those `delete_after` deleted.
+        cleaned: (events + warm).saturating_sub(left)
+            + if mode == CleanupMode::Mark { marked } else { 0 },
         rows_left: left,
         sizes,
     };
@@ -389,6 +395,29 @@ async fn run_mode(env: &Env, args: &Args, mode: CleanupMode, secs: u64) -> Resul
         run.rows_left
     ));
     Ok(run)
+}
+
+/// `RELAY_BENCH_TIMELINE=1`: the seconds of the load whose p99 commit-to-ack exceeded 100 ms,
+/// to tell a steady cost from stalls.
+fn say_slow_seconds(stamps: &[super::latency::Stamp], load_start_us: i64) {
+    let mut by_second: std::collections::BTreeMap<i64, Vec<f64>> = Default::default();
+    for &(ts, stored) in stamps {
+        by_second
+            .entry((ts - load_start_us) / 1_000_000)
+            .or_default()
+            .push((stored - ts) as f64 / 1000.0);
+    }
+    for (second, mut lat) in by_second {
+        lat.sort_by(f64::total_cmp);
+        let p99 = quantile(&lat, 0.99);
+        if p99 > 100.0 {
+            say(format!(
+                "   second {second}: {} events, p50 {:.1} ms, p99 {p99:.1} ms",
+                lat.len(),
+                quantile(&lat, 0.5)
+            ));
+        }
+    }
 }
 
 /// Every mode of `--cleanup-modes`; a mode that fails is reported (`mode: error`) and the next

@@ -551,19 +551,31 @@ async fn cleanup_checks(
             );
             continue;
         }
-        let need = match settings.mode {
+        let mut needs = vec![match settings.mode {
             CleanupMode::Delete => PrivilegeNeed::Delete,
             CleanupMode::Mark => PrivilegeNeed::Update(&marked),
             CleanupMode::DropPartitions => PrivilegeNeed::Own,
-        };
-        if let Some(grant) = cleanup::privilege_problem(client, schema, name, &need).await? {
+        }];
+        if settings.delete_after.is_some() {
+            needs.push(PrivilegeNeed::Delete);
+        }
+        let mut grants = Vec::new();
+        for need in &needs {
+            grants.extend(cleanup::privilege_problem(client, schema, name, need).await?);
+        }
+        if !grants.is_empty() {
             r.fail(
                 check,
                 format!(
-                    "mode = \"{}\" needs privileges the role lacks",
-                    settings.mode.as_str()
+                    "mode = \"{}\"{} needs privileges the role lacks",
+                    settings.mode.as_str(),
+                    if settings.delete_after.is_some() {
+                        " with delete_after"
+                    } else {
+                        ""
+                    }
                 ),
-                grant,
+                grants.join("; "),
             );
             continue;
         }

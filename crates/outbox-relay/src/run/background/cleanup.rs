@@ -28,7 +28,8 @@ pub(super) struct CleanupTask {
     /// How long a batch waits for the checkpoint to pass its horizon before it is dropped (and
     /// selected again next round).
     pub(super) max_wait: Duration,
-    pub(super) rows: Option<RowPlan>,
+    /// Run in this order each round (`mark`, then `delete_after`'s delete).
+    pub(super) rows: Vec<RowPlan>,
     pub(super) drops: Option<DropPlan>,
 }
 
@@ -76,12 +77,13 @@ impl CleanupTask {
                     tracing::debug!(table = %self.table, "no cleanup fence yet (the slot, its checkpoint or the table's publication is missing): nothing is cleaned");
                     return Ok(None);
                 };
-                if let Some(plan) = &self.rows
-                    && let Some(end) = self
+                for plan in &self.rows {
+                    if let Some(end) = self
                         .rows_round(c, plan, &fence, &telemetry, &shutdown)
                         .await?
-                {
-                    return Ok(Some(end));
+                    {
+                        return Ok(Some(end));
+                    }
                 }
                 if let Some(plan) = &self.drops {
                     let report = plan.round(c, &self.slot, &fence).await?;
