@@ -1,0 +1,397 @@
+use relay_core::secret::Secret;
+
+use super::*;
+
+#[test]
+fn pipeline_defaults_are_the_pipelines_own() {
+    let core = PipelineConfig::default();
+    let relay: PipelineSettings = figment::Figment::new()
+        .merge(figment::providers::Toml::string("reconnect_max = \"3s\""))
+        .extract()
+        .expect("a partial [relay]");
+    let loaded = relay.pipeline_config();
+    assert_eq!(
+        (
+            loaded.max_in_flight,
+            loaded.checkpoint_interval,
+            loaded.idle_checkpoint_interval,
+            loaded.retry_max,
+            loaded.no_stream_grace,
+            loaded.drain_timeout,
+            loaded.dead_letter_subject,
+        ),
+        (
+            core.max_in_flight,
+            core.checkpoint_interval,
+            core.idle_checkpoint_interval,
+            core.retry_max,
+            core.no_stream_grace,
+            core.drain_timeout,
+            core.dead_letter_subject,
+        )
+    );
+    assert_eq!(relay.reconnect_max, Duration::from_secs(3));
+}
+
+/// Every secret the configuration can hold, from the file and the environment: none is in
+/// `Debug` (plain or pretty) or in the serialized configuration (`validate`, `config
+/// print`).
+#[test]
+#[allow(clippy::result_large_err)] // figment's Jail API
+fn no_secret_is_printed_or_serialized() {
+    figment::Jail::expect_with(|jail| {
+        jail.create_file(
+            "relay.toml",
+            r#"
+            [postgres]
+            url = "postgres://relay:pg-url-secret@db:5432/app"
+            password = "pg-secret"
+
+            [nats]
+            url = "nats://relay:nats-url-secret@broker:4222"
+            user = "relay"
+            password = "nats-secret"
+            token = "token-secret"
+            nkey_seed = "SUAseed-secret"
+            "#,
+        )?;
+        jail.set_env("RELAY_NATS__TOKEN", "env-token-secret");
+        let c = RelayConfig::load(Some(Path::new("relay.toml"))).expect("loads");
+        assert_eq!(
+            c.nats.token.as_ref().map(Secret::expose),
+            Some("env-token-secret")
+        );
+        let shown = format!(
+            "{c:?}\n{c:#?}\n{}\n{}",
+            serde_json::to_string(&c).expect("serializes"),
+            serde_json::to_string_pretty(&c).expect("serializes"),
+        );
+        for secret in [
+            "pg-url-secret",
+            "pg-secret",
+            "nats-url-secret",
+            "nats-secret",
+            "token-secret",
+            "SUAseed-secret",
+        ] {
+            assert!(!shown.contains(secret), "{secret} in:\n{shown}");
+        }
+        let json = serde_json::to_value(&c).expect("serializes");
+        assert_eq!(
+            json["postgres"]["url"],
+            "postgres://relay:<redacted>@db:5432/app"
+        );
+        for (section, key) in [
+            ("postgres", "password"),
+            ("nats", "password"),
+            ("nats", "token"),
+            ("nats", "nkey_seed"),
+        ] {
+            assert_eq!(json[section][key], "<redacted>", "{section}.{key}");
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn defaults_need_no_file() {
+    let c = RelayConfig::default();
+    let c = RelayConfig {
+        outbox: default_outbox(),
+        ..c
+    };
+    c.validate().unwrap();
+    assert_eq!(
+        c.sample_subjects(),
+        [("public.outbox".to_owned(), "outbox.x.x".to_owned())]
+    );
+}
+
+#[test]
+#[allow(clippy::result_large_err)] // figment's Jail API
+fn messages_are_parsed_checked_and_sampled() {
+    figment::Jail::expect_with(|jail| {
+        jail.create_file(
+            "relay.toml",
+            r#"
+            [[messages]]
+            prefix = "outbox"
+
+            [[messages]]
+            prefix = "audit"
+            subject = "audit.{kind}"
+            subjects = ["audit.>"]
+            allow_non_transactional = true
+            "#,
+        )?;
+        let c = RelayConfig::load(Some(Path::new("relay.toml"))).expect("loads");
+        assert_eq!(c.messages.len(), 2);
+        assert_eq!(c.messages[0].subjects, ["outbox.>"]);
+        assert!(!c.messages[0].allow_non_transactional);
+        assert!(c.messages[1].allow_non_transactional);
+        let samples = c.sample_subjects();
+        assert!(samples.contains(&(
+            "[[messages]] prefix \"outbox\"".to_owned(),
+            "outbox.x".to_owned()
+        )));
+        assert!(samples.contains(&(
+            "[[messages]] prefix \"audit\"".to_owned(),
+            "audit.x".to_owned()
+        )));
+        c.router().expect("router");
+
+        jail.create_file(
+            "twice.toml",
+            "[[messages]]\nprefix = \"a\"\n[[messages]]\nprefix = \"a\"\n",
+        )?;
+        let err = RelayConfig::load(Some(Path::new("twice.toml"))).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("[[messages]] prefix `a` is configured twice"),
+            "{err}"
+        );
+        jail.create_file(
+            "typo.toml",
+            "[[messages]]\nprefix = \"a\"\nallow_nontransactional = true\n",
+        )?;
+        let err = RelayConfig::load(Some(Path::new("typo.toml"))).unwrap_err();
+        assert!(
+            format!("{err:?}").contains("allow_nontransactional"),
+            "{err:?}"
+        );
+        Ok(())
+    });
+}
+
+#[test]
+#[allow(clippy::result_large_err)] // figment's Jail API
+fn cleanup_is_per_table_and_strict() {
+    figment::Jail::expect_with(|jail| {
+        jail.create_file(
+            "relay.toml",
+            r#"
+            [[outbox]]
+            table = "public.outbox"
+            [outbox.cleanup]
+            mode = "delete"
+            retain = "3d"
+            batch_size = 500
+
+            [[outbox]]
+            table = "public.polled"
+            payload = "*"
+            [outbox.cleanup]
+            mode = "mark"
+            status_column = "status"
+            sent_at_column = "sent_at"
+
+            [[outbox]]
+            table = "public.plain"
+            "#,
+        )?;
+        let c = RelayConfig::load(Some(Path::new("relay.toml"))).expect("loads");
+        assert_eq!(c.outbox.len(), 3);
+        assert_eq!(c.outbox[1].payload, "*");
+        let cleanup: Vec<_> = c
+            .outbox
+            .cleanup()
+            .map(|(t, s)| (t.table.clone(), s.mode, s.retain(), s.batch_size))
+            .collect();
+        assert_eq!(
+            cleanup,
+            [
+                (
+                    "public.outbox".to_owned(),
+                    CleanupMode::Delete,
+                    Duration::from_secs(3 * 86400),
+                    500
+                ),
+                (
+                    "public.polled".to_owned(),
+                    CleanupMode::Mark,
+                    Duration::ZERO,
+                    1000
+                ),
+            ]
+        );
+        assert!(c.outbox.cleanup_of("public", "plain").is_none());
+        jail.create_file(
+            "zero.toml",
+            "[[outbox]]\ntable = \"t\"\n[outbox.cleanup]\nmode = \"delete\"\nretain = \"0s\"\n",
+        )?;
+        let zero = RelayConfig::load(Some(Path::new("zero.toml"))).expect("loads");
+        let retain = zero.outbox.cleanup().map(|(_, s)| s.retain()).next();
+        assert_eq!(retain, Some(Duration::ZERO));
+        let plans = c
+            .outbox
+            .cleanup_of("public", "polled")
+            .map(|s| s.row_plans("public", "polled"))
+            .expect("a cleanup");
+        assert_eq!(plans.len(), 1, "mark without delete_after only marks");
+        assert_eq!(plans[0].batch_size, 1000);
+        jail.create_file(
+            "mark_delete.toml",
+            "[[outbox]]\ntable = \"t\"\n[outbox.cleanup]\nmode = \"mark\"\nsent_at_column = \"sent_at\"\nretain = \"1h\"\ndelete_after = \"2d\"\n",
+        )?;
+        let both = RelayConfig::load(Some(Path::new("mark_delete.toml"))).expect("loads");
+        let plans: Vec<_> = both
+            .outbox
+            .cleanup()
+            .flat_map(|(_, s)| s.row_plans("public", "t"))
+            .map(|p| (p.action, p.retain))
+            .collect();
+        assert_eq!(
+            plans,
+            [
+                (
+                    relay_postgres::cleanup::CleanupAction::Mark {
+                        status: None,
+                        sent_at: Some("sent_at".into())
+                    },
+                    Duration::from_secs(3600)
+                ),
+                (
+                    relay_postgres::cleanup::CleanupAction::Delete,
+                    Duration::from_secs(2 * 86400)
+                ),
+            ],
+            "marked after retain, deleted after delete_after"
+        );
+        // Printed back where it was written.
+        let json = serde_json::to_value(&c).expect("serializes");
+        assert_eq!(json["outbox"][0]["cleanup"]["mode"], "delete");
+        assert_eq!(json["outbox"][0]["cleanup"]["retain"], "3days");
+        assert!(json["outbox"][2].get("cleanup").is_none());
+
+        for (file, text, needle) in [
+            (
+                "typo.toml",
+                "[[outbox]]\ntable = \"t\"\n[outbox.cleanup]\nmode = \"delete\"\nretian = \"1d\"\n",
+                "retian",
+            ),
+            (
+                "mapping.toml",
+                "[[outbox]]\ntable = \"t\"\nsubjekt = \"x\"\n",
+                "subjekt",
+            ),
+            (
+                "mode.toml",
+                "[[outbox]]\ntable = \"t\"\n[outbox.cleanup]\nmode = \"truncate\"\n",
+                "truncate",
+            ),
+            (
+                "mark.toml",
+                "[[outbox]]\ntable = \"t\"\n[outbox.cleanup]\nmode = \"mark\"\n",
+                "needs status_column",
+            ),
+            (
+                "delete.toml",
+                "[[outbox]]\ntable = \"t\"\n[outbox.cleanup]\nmode = \"delete\"\nstatus_column = \"s\"\n",
+                "are for mode = \"mark\"",
+            ),
+            (
+                "delete_after.toml",
+                "[[outbox]]\ntable = \"t\"\n[outbox.cleanup]\nmode = \"delete\"\ndelete_after = \"1d\"\n",
+                "delete_after is for mode = \"mark\"",
+            ),
+            (
+                "delete_before_retain.toml",
+                "[[outbox]]\ntable = \"t\"\n[outbox.cleanup]\nmode = \"mark\"\nsent_at_column = \"s\"\nretain = \"2d\"\ndelete_after = \"1d\"\n",
+                "delete_after must be at least retain",
+            ),
+        ] {
+            jail.create_file(file, text)?;
+            let err = RelayConfig::load(Some(Path::new(file))).unwrap_err();
+            let shown = format!("{err} {err:?}");
+            assert!(shown.contains(needle), "{file}: {shown}");
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn dead_letter_subject_is_checked_and_sampled() {
+    let mut c = RelayConfig {
+        outbox: default_outbox(),
+        ..RelayConfig::default()
+    };
+    c.relay.dead_letter_subject = Some("outbox.dlq".into());
+    c.validate().unwrap();
+    assert_eq!(
+        c.sample_subjects().last(),
+        Some(&(
+            "[relay] dead_letter_subject".to_owned(),
+            "outbox.dlq".to_owned()
+        ))
+    );
+    assert_eq!(
+        c.relay.pipeline_config().dead_letter_subject.as_deref(),
+        Some("outbox.dlq")
+    );
+    for bad in [
+        "",
+        "outbox.>",
+        "outbox.*",
+        "$JS.API.X",
+        "outbox..dlq",
+        "dlq.{id}",
+        "a b",
+    ] {
+        c.relay.dead_letter_subject = Some(bad.into());
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("dead_letter_subject"), "{bad}: {err}");
+    }
+}
+
+#[test]
+#[allow(clippy::result_large_err)] // figment's Jail API
+fn file_and_env_merge_and_unknown_keys_are_refused() {
+    figment::Jail::expect_with(|jail| {
+        jail.create_file(
+            "relay.toml",
+            r#"
+            [postgres]
+            url = "postgres://relay@db:5432/app"
+            slot = "orders_relay"
+
+            [nats]
+            stream = "ORDERS"
+
+            [[outbox]]
+            table = "public.notification_outbox"
+            subject = "notifications.{tenant_id}.{event_type}"
+            payload = "*"
+            headers = { "Tenant-Id" = "tenant_id" }
+            "#,
+        )?;
+        jail.set_env("RELAY_POSTGRES__PASSWORD", "from-env");
+        jail.set_env("RELAY_NATS__URL", "nats://broker:4222");
+        jail.set_env("RELAY_CONFIG", "relay.toml");
+        jail.set_env("RELAY_LOG_FORMAT", "json");
+        jail.set_env("RELAY_TEST_NATS_SERVER", "/usr/bin/nats-server");
+        let c = RelayConfig::load(Some(Path::new("relay.toml"))).expect("loads");
+        assert_eq!(c.postgres.slot, "orders_relay");
+        assert_eq!(
+            c.postgres.password.as_ref().map(Secret::expose),
+            Some("from-env")
+        );
+        assert_eq!(c.nats.url, "nats://broker:4222");
+        assert_eq!(c.outbox[0].payload, "*");
+        assert_eq!(c.outbox[0].event_id, "id");
+        assert!(
+            !format!("{c:?}").contains("from-env"),
+            "password redacted in Debug"
+        );
+        assert_eq!(c.relay, PipelineSettings::default(), "[relay] left out");
+
+        jail.create_file("typo.toml", "[postgres]\nslott = \"x\"\n")?;
+        let err = RelayConfig::load(Some(Path::new("typo.toml"))).unwrap_err();
+        let text = format!("{:?}", err);
+        assert!(text.contains("slott"), "{text}");
+
+        jail.create_file("badslot.toml", "[postgres]\nslot = \"Bad-Slot\"\n")?;
+        let err = RelayConfig::load(Some(Path::new("badslot.toml"))).unwrap_err();
+        assert!(err.to_string().contains("Bad-Slot"), "{err}");
+        Ok(())
+    });
+}
