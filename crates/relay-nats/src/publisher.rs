@@ -18,8 +18,10 @@ use crate::connection::{JetStream, NatsConnection};
 use crate::fast_batch::{FastBatcher, supports_fast_batches};
 use crate::settings::PublishMode;
 
-mod headers;
+pub(crate) mod headers;
 use headers::HeaderState;
+
+use crate::wire::LeanConnection;
 
 /// Publishes outbound messages into one JetStream stream.
 #[derive(Clone)]
@@ -44,6 +46,10 @@ pub struct JetStreamPublisher {
     fast_batch: Option<Arc<FastBatcher>>,
     /// How long to wait for an answer before an outcome counts as unknown.
     ack_timeout: std::time::Duration,
+    /// The lean publish path (its own connection, see [`crate::wire`]) for every message
+    /// published on its own; `None` for a client made elsewhere, which publishes through
+    /// async-nats.
+    lean: Option<Arc<LeanConnection>>,
 }
 
 /// A duplicate PubAck means JetStream already holds a message with this `Nats-Msg-Id`: a
@@ -106,7 +112,19 @@ impl JetStreamPublisher {
         // `<inbox prefix>.<token>` is a new inbox (async-nats' request multiplexer).
         let inbox = client.new_inbox();
         let token = inbox.rsplit('.').next().map_or(0, str::len);
-        let reply_len = inbox.len() + 1 + token;
+        // Messages published on their own go through the lean path when the connection was
+        // made from settings (its reply subjects are `<inbox>.<16 hex digits>`).
+        let lean = connection.lean_settings().map(|settings| {
+            Arc::new(LeanConnection::new(
+                settings,
+                connection.state().clone(),
+                ack_timeout,
+            ))
+        });
+        let reply_len = match &lean {
+            Some(lean) => lean.reply_len(),
+            None => inbox.len() + 1 + token,
+        };
         let jetstream = connection.jetstream_with(
             jetstream::ContextBuilder::new()
                 .timeout(ack_timeout)
@@ -123,6 +141,7 @@ impl JetStreamPublisher {
             batch: None,
             fast_batch: None,
             ack_timeout,
+            lean,
         }
     }
 
@@ -194,6 +213,12 @@ impl JetStreamPublisher {
         self.batch.is_some()
     }
 
+    /// Whether messages published on their own go through the lean publish path (its own
+    /// connection, see `crate::wire`) rather than async-nats.
+    pub fn publishes_lean(&self) -> bool {
+        self.lean.is_some()
+    }
+
     /// Whether messages are published in fast batches.
     pub fn fast_batches(&self) -> bool {
         self.fast_batch.is_some()
@@ -216,9 +241,20 @@ impl JetStreamPublisher {
     }
 
     /// Publishes `msg` on its own (per-message mode, re-sends, and what a batch does not take).
+    /// While the lean connection is down, waits up to `ack_timeout` for it to come back: the
+    /// callers (a delivery's re-send, the batch tasks) are not the pipeline's loop.
     pub(crate) async fn send_alone(
         &self,
         msg: &Arc<OutboundMessage>,
+    ) -> Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError> {
+        self.send_alone_waiting(msg, self.ack_timeout).await
+    }
+
+    /// [`Self::send_alone`], waiting at most `wait` for a lost lean connection.
+    async fn send_alone_waiting(
+        &self,
+        msg: &Arc<OutboundMessage>,
+        wait: std::time::Duration,
     ) -> Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError> {
         if self.quarantine.is_suspect(&msg.event_id) {
             // Re-sent alone among suspects. The wait is inside the ack future, so the caller
@@ -227,10 +263,10 @@ impl JetStreamPublisher {
             let msg = msg.clone();
             return Ok(Box::pin(async move {
                 let probe = this.quarantine.probe().await;
-                this.publish(&msg, Some(probe)).await?.await
+                this.publish(&msg, Some(probe), wait).await?.await
             }));
         }
-        self.publish(msg, None).await
+        self.publish(msg, None, wait).await
     }
 
     /// A publisher on a client made elsewhere (tests, benchmarks), with explicit defaults:
@@ -269,7 +305,11 @@ impl JetStreamPublisher {
         &self,
         msg: &Arc<OutboundMessage>,
         probe: Option<tokio::sync::OwnedMutexGuard<()>>,
+        wait: std::time::Duration,
     ) -> Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError> {
+        if let Some(lean) = &self.lean {
+            return self.publish_lean(lean, msg, probe, wait).await;
+        }
         // Before sending: a server close from now on may be this message's doing.
         let state = self.jetstream.state();
         let mut closes = state.closes.subscribe();
@@ -330,6 +370,62 @@ impl JetStreamPublisher {
     }
 }
 
+impl JetStreamPublisher {
+    /// [`Self::publish`] on the lean connection: the same outcomes, server-close and
+    /// quarantine handling, permission errors and duplicate check as through async-nats.
+    async fn publish_lean(
+        &self,
+        lean: &LeanConnection,
+        msg: &Arc<OutboundMessage>,
+        probe: Option<tokio::sync::OwnedMutexGuard<()>>,
+        wait: std::time::Duration,
+    ) -> Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError> {
+        let outcome = lean.publish(&self.stream, msg, wait).await?;
+        let context = self.shared.clone();
+        let stream = self.stream.clone();
+        let quarantine = self.quarantine.clone();
+        let msg = msg.clone();
+        Ok(Box::pin(async move {
+            // The connection resolves every outstanding publish when it goes, so a dropped
+            // sender only means the publisher itself is gone.
+            let outcome = outcome.await.unwrap_or_else(|_| {
+                Err(PublishError::new(
+                    PublishErrorKind::Unknown,
+                    "the lean publish connection was closed",
+                ))
+            });
+            let closed = matches!(&outcome, Err(e) if e.closed_by_server);
+            quarantine.outcome(&msg.event_id, closed);
+            drop(probe);
+            let stored = outcome?;
+            if stored.duplicate {
+                // Boxed, as on the async-nats path: keeps every outstanding ack small.
+                Box::pin(verify_duplicate(&context, &stream, stored.seq, &msg)).await?;
+            }
+            Ok(PubReceipt {
+                stream_seq: stored.seq,
+                duplicate: stored.duplicate,
+            })
+        }))
+    }
+}
+
+/// What a JetStream error code means for a publish: the one mapping both publish paths use.
+pub(crate) fn kind_for_error_code(code: u64) -> PublishErrorKind {
+    match ErrorCode(code) {
+        // The subject belongs to another stream, or the message exceeds the stream's limit:
+        // retrying cannot change the answer.
+        // A header block over 64 KiB (10097) is refused on every re-send too.
+        ErrorCode::STREAM_NOT_MATCH
+        | ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM
+        | ErrorCode::STREAM_HEADER_EXCEEDS_MAXIMUM
+        | ErrorCode::STREAM_WRONG_LAST_MESSAGE_ID
+        | ErrorCode::STREAM_WRONG_LAST_SEQUENCE => PublishErrorKind::Rejected,
+        // Store failures (disk full, `discard: new` limits) may clear: keep retrying, loudly.
+        _ => PublishErrorKind::Unknown,
+    }
+}
+
 /// Maps an async-nats publish error to the pipeline's classes.
 pub(crate) fn classify(error: jetstream::context::PublishError) -> PublishError {
     let server_code = error
@@ -345,18 +441,9 @@ pub(crate) fn classify(error: jetstream::context::PublishError) -> PublishError 
         NatsKind::MaxPayloadExceeded
         | NatsKind::WrongLastMessageId
         | NatsKind::WrongLastSequence => PublishErrorKind::Rejected,
-        _ => match server_code {
-            // The subject belongs to another stream, or the message exceeds the stream's limit:
-            // retrying cannot change the answer.
-            // A header block over 64 KiB (10097) is refused on every re-send too.
-            Some(
-                ErrorCode::STREAM_NOT_MATCH
-                | ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM
-                | ErrorCode::STREAM_HEADER_EXCEEDS_MAXIMUM,
-            ) => PublishErrorKind::Rejected,
-            // Store failures (disk full, `discard: new` limits) may clear: keep retrying, loudly.
-            _ => PublishErrorKind::Unknown,
-        },
+        _ => server_code.map_or(PublishErrorKind::Unknown, |code| {
+            kind_for_error_code(code.0)
+        }),
     };
     let detail = match error.source() {
         Some(source) => format!("{error}: {source}"),
@@ -376,7 +463,10 @@ impl Publisher for JetStreamPublisher {
         if let Some(fast) = &self.fast_batch {
             return Ok(fast.send(msg));
         }
-        self.send_alone(msg).await
+        // From the pipeline's loop: never wait for a lost connection here (the delivery
+        // re-sends, and its re-send waits).
+        self.send_alone_waiting(msg, std::time::Duration::ZERO)
+            .await
     }
 
     fn begin_transaction(&self, commit_lsn: relay_core::Lsn) {
@@ -405,8 +495,12 @@ impl Publisher for JetStreamPublisher {
     fn limits(&self) -> MessageLimits {
         MessageLimits {
             // 0 before the first INFO: unknown, the server decides.
-            max_payload: match self.client.max_payload() {
-                0 => usize::MAX,
+            // The lean connection's once it saw an INFO; async-nats' (same servers) before.
+            max_payload: match self.lean.as_ref().map_or(0, |lean| lean.max_payload()) {
+                0 => match self.client.max_payload() {
+                    0 => usize::MAX,
+                    n => n,
+                },
                 n => n,
             },
             max_control_line: self.jetstream.state().max_control_line,
@@ -497,6 +591,41 @@ mod tests {
             "ack future is {} bytes",
             std::mem::size_of_val(&*ack)
         );
+        // The lean path frames exactly these headers: one list feeds both.
+        for (msg, _, _) in &cases {
+            let map = publisher.headers(msg);
+            let mut from_map: Vec<(String, String)> = map
+                .iter()
+                .flat_map(|(n, vs)| vs.iter().map(move |v| (n.to_string(), v.to_string())))
+                .collect();
+            let mut framed = crate::wire::framed_header_lines("OUTBOX", msg);
+            let names = framed.len();
+            framed.sort();
+            framed.dedup_by(|a, b| a.0 == b.0);
+            assert_eq!(framed.len(), names, "no name twice on the wire");
+            from_map.sort();
+            assert_eq!(framed, from_map);
+        }
+        // A name set twice (an event header named like a shared one): the later value, once,
+        // on both paths.
+        let mut twice = event("d", &first_tx, "2");
+        twice
+            .headers
+            .push(("Outbox-Table".into(), "public.other".into()));
+        let framed = crate::wire::framed_header_lines("OUTBOX", &twice);
+        let tables: Vec<_> = framed.iter().filter(|(n, _)| n == "Outbox-Table").collect();
+        assert_eq!(tables.len(), 1, "{framed:?}");
+        assert_eq!(tables[0].1, "public.other");
+        let map = publisher.headers(&twice);
+        assert_eq!(
+            map.get("Outbox-Table")
+                .map(|v| v.as_str().to_owned())
+                .as_deref(),
+            Some("public.other")
+        );
+        assert_eq!(framed.len(), map.iter().count());
+        // Back to the last transaction, for the template check below.
+        let _ = publisher.headers(&cases[2].0);
         let state = publisher.template.lock().expect("not poisoned");
         assert!(
             state
