@@ -69,10 +69,10 @@ impl ConnectionWatch {
     pub(crate) fn on_event(&self, event: &async_nats::Event) {
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
         match event {
-            async_nats::Event::ServerError(async_nats::ServerError::Other(text)) => {
-                if is_closing_protocol_error(text) {
-                    *pending = Some(text.as_str().into());
-                }
+            async_nats::Event::ServerError(async_nats::ServerError::Other(text))
+                if is_closing_protocol_error(text) =>
+            {
+                *pending = Some(text.as_str().into());
             }
             // A reconnect also proves the disconnect, should that event have been dropped.
             async_nats::Event::Disconnected | async_nats::Event::Connected => {

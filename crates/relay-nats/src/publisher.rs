@@ -36,8 +36,11 @@ pub struct JetStreamPublisher {
     template: Arc<Mutex<HeaderState>>,
     /// For the server's `max_payload` (a relaxed atomic load).
     client: async_nats::Client,
-    /// Length of the reply subject async-nats adds to each publish: `<inbox>.<id>.<token>`.
+    /// Length of the reply subject on each publish: the lean path's `<inbox>.<16 hex digits>`,
+    /// or async-nats' `<inbox>.<id>.<token>` (also when a batch mode publishes through it).
     reply_len: usize,
+    /// async-nats' reply length, for the batch modes.
+    nats_reply_len: usize,
     /// Messages the server closed the connection on, re-sent one at a time.
     quarantine: Arc<Quarantine>,
     /// `publish_mode = "atomic-batch"` on a server and stream that take it: the framing task.
@@ -121,10 +124,10 @@ impl JetStreamPublisher {
                 ack_timeout,
             ))
         });
-        let reply_len = match &lean {
-            Some(lean) => lean.reply_len(),
-            None => inbox.len() + 1 + token,
-        };
+        let nats_reply_len = inbox.len() + 1 + token;
+        let reply_len = lean
+            .as_ref()
+            .map_or(nats_reply_len, |lean| lean.reply_len());
         let jetstream = connection.jetstream_with(
             jetstream::ContextBuilder::new()
                 .timeout(ack_timeout)
@@ -137,6 +140,7 @@ impl JetStreamPublisher {
             template: Arc::default(),
             client,
             reply_len,
+            nats_reply_len,
             quarantine: Arc::default(),
             batch: None,
             fast_batch: None,
@@ -193,6 +197,9 @@ impl JetStreamPublisher {
             return self;
         }
         let plain = self.clone();
+        // Batched messages go through async-nats, single ones through the lean path: limits
+        // must hold for the longer reply subject of the two.
+        self.reply_len = self.reply_len.max(self.nats_reply_len);
         let how = if mode == PublishMode::FastBatch {
             self.fast_batch = Some(Arc::new(FastBatcher::start(
                 plain,

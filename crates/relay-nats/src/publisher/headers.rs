@@ -33,8 +33,11 @@ pub(crate) fn own_entries<'a>(
         .chain(own.iter().map(|(name, value)| (&**name, &**value)))
 }
 
+/// One header of an [`OutboundMessage`].
+type Header = (Arc<str>, Arc<str>);
+
 /// `msg`'s headers split into the shared part and its own.
-fn split(msg: &OutboundMessage) -> (&[(Arc<str>, Arc<str>)], &[(Arc<str>, Arc<str>)]) {
+fn split(msg: &OutboundMessage) -> (&[Header], &[Header]) {
     msg.headers
         .split_at(msg.shared_headers.min(msg.headers.len()))
 }
