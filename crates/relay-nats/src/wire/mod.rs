@@ -194,3 +194,6 @@ pub(crate) fn framed_header_lines(stream: &str, msg: &OutboundMessage) -> Vec<(S
         .expect("a header length");
     proto::header_block_lines(&rest.as_bytes()[..header_len]).expect("a header block")
 }
+
+#[cfg(test)]
+mod tests;

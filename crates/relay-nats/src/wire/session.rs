@@ -94,8 +94,11 @@ pub(super) async fn supervise(inner: Arc<Inner>, mut stop: watch::Receiver<()>) 
             backoff = (backoff * 2).clamp(FIRST_BACKOFF, MAX_BACKOFF);
             continue;
         };
-        if failures > 0 {
-            tracing::info!(server = %format!("{}:{}", servers[index].host, servers[index].port), "lean publish connection to NATS restored");
+        let server = format!("{}:{}", servers[index].host, servers[index].port);
+        if !inner.ever_connected.load(Ordering::Relaxed) {
+            tracing::info!(%server, server_version = %opened.info.version, "publishing each message on the relay's own NATS connection (lean publish path)");
+        } else if failures > 0 {
+            tracing::info!(%server, "lean publish connection to NATS restored");
         }
         failures = 0;
         backoff = Duration::ZERO;
