@@ -180,6 +180,7 @@ async fn a_server_restart_resolves_outstanding_acks_and_the_resend_dedupes() -> 
         .await?;
     // Frozen: the publish goes out, no PubAck comes back.
     server.pause()?;
+    wait_stopped(server.pid().context("a pid")?).await?;
     let ack = publisher.send(&event("second", "outbox.x", b"{}")).await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     server.kill9()?;
@@ -308,4 +309,44 @@ fn tempfile_dir(name: &str) -> Result<std::path::PathBuf> {
     let dir = std::env::temp_dir().join(format!("relay-nats-lean-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
+}
+
+#[tokio::test]
+async fn a_refused_second_connection_falls_back_to_async_nats() -> Result<()> {
+    // One connection allowed: async-nats' takes it, the lean one is refused.
+    let server = NatsServer::start_with(NatsOptions {
+        config: Some("max_connections: 1\n".into()),
+        ..Default::default()
+    })
+    .await?;
+    let publisher = publisher(&settings(server.url())).await?;
+    let started = Instant::now();
+    for (i, id) in ["a", "b"].iter().enumerate() {
+        let receipt = publisher.send(&event(id, "outbox.x", b"{}")).await?.await?;
+        assert_eq!(receipt.stream_seq, i as u64 + 1);
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "no wait for a connection that cannot come: {:?}",
+        started.elapsed()
+    );
+    assert!(
+        !publisher.publishes_lean(),
+        "the lean connection was refused"
+    );
+    Ok(())
+}
+
+/// Waits until process `pid` is stopped: SIGSTOP takes effect asynchronously.
+async fn wait_stopped(pid: u32) -> Result<()> {
+    for _ in 0..100 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        // `pid (comm) state ...`: the state follows the last `)`.
+        let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start());
+        if state.is_some_and(|s| s.starts_with('T')) {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    anyhow::bail!("nats-server {pid} did not stop")
 }

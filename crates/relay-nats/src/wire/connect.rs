@@ -309,6 +309,8 @@ async fn handshake(
     let mut tcp = tcp;
     let info = match read_op(&mut tcp, &mut buf).await? {
         ServerOp::Info(text) => text.parse()?,
+        // e.g. `maximum connections exceeded`, sent on accept.
+        ServerOp::Err(text) => return Err(OpenError::Refused(text)),
         other => {
             return Err(proto::ProtocolError(format!("expected INFO, got {other:?}")).into());
         }

@@ -61,6 +61,8 @@ struct Inner {
     /// The server's `max_payload` (0 before the first `INFO`).
     max_payload: AtomicUsize,
     ever_connected: AtomicBool,
+    /// The server refused the first connection: publish through async-nats instead.
+    refused: AtomicBool,
     up: watch::Sender<bool>,
 }
 
@@ -107,6 +109,7 @@ impl LeanConnection {
                 wake_writer: Notify::new(),
                 max_payload: AtomicUsize::new(0),
                 ever_connected: AtomicBool::new(false),
+                refused: AtomicBool::new(false),
                 up: watch::Sender::new(false),
             }),
             _stop: stop_tx,
@@ -132,19 +135,15 @@ impl LeanConnection {
         }
     }
 
-    /// Queues `msg` (into `stream`) for the writer; the receiver gets its outcome. While the
-    /// connection is down, waits up to `wait` for it to come back (the first connection is
-    /// always waited for, up to `connect_timeout` per configured server), then fails as
-    /// unknown: the caller re-sends.
-    pub(crate) async fn publish(
-        &self,
-        stream: &str,
-        msg: &Arc<OutboundMessage>,
-        wait: Duration,
-    ) -> Result<oneshot::Receiver<Outcome>, PublishError> {
+    /// Whether to publish on this connection: starts it on first use and, while it is down,
+    /// waits up to `wait` for it (the first connection always, up to `connect_timeout` per
+    /// configured server). `false` only when the server refused the first connection (e.g. a
+    /// connection limit of the account) though async-nats' connection with the same
+    /// credentials is up: messages then go through async-nats (logged once).
+    pub(crate) async fn ready(&self, wait: Duration) -> bool {
         self.start();
         let inner = &self.inner;
-        if !*inner.up.borrow() {
+        if !*inner.up.borrow() && !inner.refused.load(Ordering::Relaxed) {
             let wait = if inner.ever_connected.load(Ordering::Relaxed) {
                 wait
             } else {
@@ -152,9 +151,29 @@ impl LeanConnection {
                 inner.settings.connect_timeout * servers.max(1) + Duration::from_secs(1)
             };
             let mut up = inner.up.subscribe();
-            // Timing out is fine: the check below reports it.
-            let _ = tokio::time::timeout(wait, up.wait_for(|up| *up)).await;
+            // Timing out is fine: the publish reports it.
+            let _ = tokio::time::timeout(
+                wait,
+                up.wait_for(|up| *up || inner.refused.load(Ordering::Relaxed)),
+            )
+            .await;
         }
+        !inner.refused.load(Ordering::Relaxed)
+    }
+
+    /// Whether the server refused the first connection (see [`Self::ready`]).
+    pub(crate) fn refused(&self) -> bool {
+        self.inner.refused.load(Ordering::Relaxed)
+    }
+
+    /// Queues `msg` (into `stream`) for the writer; the receiver gets its outcome. Fails as
+    /// unknown while the connection is down (the caller re-sends).
+    pub(crate) fn publish(
+        &self,
+        stream: &str,
+        msg: &Arc<OutboundMessage>,
+    ) -> Result<oneshot::Receiver<Outcome>, PublishError> {
+        let inner = &self.inner;
         let receiver = {
             let mut state = inner.lock();
             if !state.live {

@@ -78,6 +78,16 @@ pub(super) async fn supervise(inner: Arc<Inner>, mut stop: watch::Receiver<()>) 
                     opened = Some((index, o));
                     break;
                 }
+                Err(connect::OpenError::Refused(text))
+                    if !inner.ever_connected.load(Ordering::Relaxed) =>
+                {
+                    // async-nats connected with the same credentials, so this is about a
+                    // second connection (a connection limit, say): keep publishing, on it.
+                    tracing::warn!(server = %format!("{}:{}", server.host, server.port), error = %text, "publishing through async-nats: the server refused the lean publish connection (a second connection with the relay's credentials; check the account's or user's connection limit)");
+                    inner.refused.store(true, Ordering::Relaxed);
+                    inner.up.send_modify(|_| {});
+                    return;
+                }
                 Err(e) => {
                     last_error = format!("{}:{}: {e}", server.host, server.port);
                 }

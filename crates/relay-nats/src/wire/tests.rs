@@ -28,6 +28,16 @@ fn msg(id: &str) -> Arc<OutboundMessage> {
     })
 }
 
+/// Publishes event `id` as the publisher does: ready (not waiting for a lost connection), then
+/// queued.
+async fn ready_publish(
+    lean: &LeanConnection,
+    id: &str,
+) -> Result<oneshot::Receiver<Outcome>, relay_core::stage::PublishError> {
+    assert!(lean.ready(Duration::ZERO).await, "not refused");
+    lean.publish("OUTBOX", &msg(id))
+}
+
 /// Reads from `socket` until `needle` has been seen; returns all that was read.
 async fn read_until(socket: &mut TcpStream, seen: &mut BytesMut, needle: &str) -> String {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
@@ -106,10 +116,7 @@ async fn the_session_answers_pings_learns_servers_and_reports_closes() {
             .unwrap();
         drop(socket);
     });
-    let first = lean
-        .publish("OUTBOX", &msg("a"), Duration::ZERO)
-        .await
-        .unwrap();
+    let first = ready_publish(&lean, "a").await.unwrap();
     let stored = first.await.unwrap().unwrap();
     assert_eq!((stored.seq, stored.duplicate), (41, false));
     assert_eq!(lean.max_payload(), 2000, "the INFO update");
@@ -117,16 +124,10 @@ async fn the_session_answers_pings_learns_servers_and_reports_closes() {
         lean.inner.lock().discovered.iter().any(|s| s.port == 1),
         "connect_urls learned for failover"
     );
-    let second = lean
-        .publish("OUTBOX", &msg("b"), Duration::ZERO)
-        .await
-        .unwrap();
+    let second = ready_publish(&lean, "b").await.unwrap();
     let none = second.await.unwrap().unwrap_err();
     assert_eq!(none.kind, PublishErrorKind::NoStream, "{none}");
-    let third = lean
-        .publish("OUTBOX", &msg("c"), Duration::ZERO)
-        .await
-        .unwrap();
+    let third = ready_publish(&lean, "c").await.unwrap();
     let closed = third.await.unwrap().unwrap_err();
     assert!(closed.closed_by_server, "{closed}");
     assert!(
@@ -136,10 +137,7 @@ async fn the_session_answers_pings_learns_servers_and_reports_closes() {
     server.await.unwrap();
     // Down now (the scripted server is gone): a send that does not wait fails as unknown.
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let down = lean
-        .publish("OUTBOX", &msg("d"), Duration::ZERO)
-        .await
-        .unwrap_err();
+    let down = ready_publish(&lean, "d").await.unwrap_err();
     assert_eq!(down.kind, PublishErrorKind::Unknown, "{down}");
 }
 
@@ -172,10 +170,7 @@ async fn an_unanswered_publish_times_out_as_unknown_without_a_timer_of_its_own()
         let _ = done_rx.await;
     });
     let started = tokio::time::Instant::now();
-    let ack = lean
-        .publish("OUTBOX", &msg("a"), Duration::ZERO)
-        .await
-        .unwrap();
+    let ack = ready_publish(&lean, "a").await.unwrap();
     let error = ack.await.unwrap().unwrap_err();
     assert_eq!(error.kind, PublishErrorKind::Unknown, "{error}");
     assert!(
