@@ -105,26 +105,27 @@ pub(crate) fn parse_op(buf: &mut BytesMut) -> Result<Option<ServerOp>, ProtocolE
         Some(i) => (&line[..i], trim(&line[i + 1..])),
         None => (line, &[][..]),
     };
-    let op_upper = op.to_ascii_uppercase();
-    let simple = match op_upper.as_slice() {
-        b"PING" => Some(ServerOp::Ping),
-        b"PONG" => Some(ServerOp::Pong),
-        b"+OK" => Some(ServerOp::Ok),
-        b"-ERR" => {
-            let text = String::from_utf8_lossy(args);
-            let text = text.trim().trim_matches('\'').to_owned();
-            Some(ServerOp::Err(text))
-        }
-        b"INFO" => Some(ServerOp::Info(Box::new(ServerInfoText(
+    let is = |name: &[u8]| op.eq_ignore_ascii_case(name);
+    let simple = if is(b"PING") {
+        Some(ServerOp::Ping)
+    } else if is(b"PONG") {
+        Some(ServerOp::Pong)
+    } else if is(b"+OK") {
+        Some(ServerOp::Ok)
+    } else if is(b"-ERR") {
+        let text = String::from_utf8_lossy(args);
+        Some(ServerOp::Err(text.trim().trim_matches('\'').to_owned()))
+    } else if is(b"INFO") {
+        Some(ServerOp::Info(Box::new(ServerInfoText(
             String::from_utf8_lossy(args).into_owned(),
-        )))),
-        b"MSG" | b"HMSG" => None,
-        _ => {
-            return Err(ProtocolError(format!(
-                "unexpected operation `{}`",
-                String::from_utf8_lossy(&line[..line.len().min(64)])
-            )));
-        }
+        ))))
+    } else if is(b"MSG") || is(b"HMSG") {
+        None
+    } else {
+        return Err(ProtocolError(format!(
+            "unexpected operation `{}`",
+            String::from_utf8_lossy(&line[..line.len().min(64)])
+        )));
     };
     if let Some(op) = simple {
         buf.advance(end + 2);
@@ -132,12 +133,26 @@ pub(crate) fn parse_op(buf: &mut BytesMut) -> Result<Option<ServerOp>, ProtocolE
     }
     // MSG <subject> <sid> [reply-to] <#bytes>
     // HMSG <subject> <sid> [reply-to] <#header bytes> <#total bytes>
-    let with_headers = op_upper.as_slice() == b"HMSG";
-    let fields: Vec<&[u8]> = args
+    let with_headers = is(b"HMSG");
+    // Up to five fields, without allocating (this runs once per PubAck).
+    let mut fields: [&[u8]; 5] = [&[]; 5];
+    let mut count = 0;
+    for field in args
         .split(|b| *b == b' ' || *b == b'\t')
         .filter(|f| !f.is_empty())
-        .collect();
-    let (subject, header_len, total_len) = match (with_headers, fields.as_slice()) {
+    {
+        if count == fields.len() {
+            count += 1;
+            break;
+        }
+        fields[count] = field;
+        count += 1;
+    }
+    let (subject, header_len, total_len) = match (
+        with_headers,
+        // More than five fields: none of the shapes below.
+        fields.get(..count).unwrap_or_default(),
+    ) {
         (false, [subject, _sid, total] | [subject, _sid, _, total]) => {
             (*subject, 0, number(total)?)
         }
@@ -158,8 +173,11 @@ pub(crate) fn parse_op(buf: &mut BytesMut) -> Result<Option<ServerOp>, ProtocolE
     if buf.len() < frame_len {
         return Ok(None);
     }
-    let subject = Bytes::copy_from_slice(subject);
+    // The subject as a slice of the frame's bytes: no copy.
+    let subject_at = subject.as_ptr() as usize - line.as_ptr() as usize;
+    let subject_range = subject_at..subject_at + subject.len();
     let mut frame = buf.split_to(frame_len).freeze();
+    let subject = frame.slice(subject_range);
     frame.advance(end + 2);
     frame.truncate(total_len);
     let payload = frame.split_off(header_len);
@@ -171,8 +189,17 @@ pub(crate) fn parse_op(buf: &mut BytesMut) -> Result<Option<ServerOp>, ProtocolE
     }))
 }
 
+/// Where the first `\r\n` starts.
 fn find_crlf(buf: &[u8]) -> Option<usize> {
-    buf.windows(2).position(|w| w == b"\r\n")
+    let mut from = 0;
+    while let Some(at) = buf[from..].iter().position(|b| *b == b'\n') {
+        let at = from + at;
+        if at > 0 && buf[at - 1] == b'\r' {
+            return Some(at - 1);
+        }
+        from = at + 1;
+    }
+    None
 }
 
 fn trim(bytes: &[u8]) -> &[u8] {
@@ -501,6 +528,7 @@ HMSG s 1 r 12 14\r\nNATS/1.0\r\n\r\nhi\r\n";
             b"MSG a 1\r\n",
             b"MSG a 1 x\r\n",
             b"HMSG a 1 10 5\r\n",
+            b"HMSG a 1 r 2 3 4\r\n",
         ] {
             let mut buf = BytesMut::from(bad);
             assert!(
