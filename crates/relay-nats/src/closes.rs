@@ -38,6 +38,13 @@ const CLOSING_PROTOCOL_ERRORS: [&str; 3] = [
     "unknown protocol operation",
 ];
 
+/// Whether the server closes the connection after `-ERR '<text>'` because of what the client
+/// sent.
+pub(crate) fn is_closing_protocol_error(text: &str) -> bool {
+    let lower = text.to_lowercase();
+    CLOSING_PROTOCOL_ERRORS.iter().any(|e| lower.contains(e))
+}
+
 /// Default of `[nats] max_server_closes`.
 pub(crate) const DEFAULT_MAX_SERVER_CLOSES: u32 = 5;
 
@@ -62,11 +69,10 @@ impl ConnectionWatch {
     pub(crate) fn on_event(&self, event: &async_nats::Event) {
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
         match event {
-            async_nats::Event::ServerError(async_nats::ServerError::Other(text)) => {
-                let lower = text.to_lowercase();
-                if CLOSING_PROTOCOL_ERRORS.iter().any(|e| lower.contains(e)) {
-                    *pending = Some(text.as_str().into());
-                }
+            async_nats::Event::ServerError(async_nats::ServerError::Other(text))
+                if is_closing_protocol_error(text) =>
+            {
+                *pending = Some(text.as_str().into());
             }
             // A reconnect also proves the disconnect, should that event have been dropped.
             async_nats::Event::Disconnected | async_nats::Event::Connected => {

@@ -16,6 +16,7 @@ use relay_core::route::MessageLimits;
 
 use crate::NatsError;
 use crate::closes::{ConnectionWatch, DEFAULT_MAX_SERVER_CLOSES};
+use crate::wire::WireSettings;
 
 /// How many permission errors a connection remembers (most recent last).
 const DENIED_KEEP: usize = 64;
@@ -25,17 +26,44 @@ const DENIED_KEEP: usize = 64;
 pub struct NatsConnection {
     client: async_nats::Client,
     state: Arc<ConnectionState>,
+    /// How to open the lean publish path's own connection to the same servers
+    /// ([`crate::wire`]); `None` for a client made elsewhere.
+    lean: Option<Arc<WireSettings>>,
 }
 
 impl NatsConnection {
-    pub(crate) fn new(client: async_nats::Client, state: Arc<ConnectionState>) -> Self {
-        Self { client, state }
+    pub(crate) fn new(
+        client: async_nats::Client,
+        state: Arc<ConnectionState>,
+        lean: Option<Arc<WireSettings>>,
+    ) -> Self {
+        Self {
+            client,
+            state,
+            lean,
+        }
     }
 
     /// A client made elsewhere: the default limits, and no events followed (its event
     /// callback, if any, is not ours), so no server close or permission error is ever seen.
+    /// Publishers on it publish through async-nats (there are no settings to open a lean
+    /// connection from).
     pub(crate) fn unwatched(client: async_nats::Client) -> Self {
-        Self::new(client, Arc::new(ConnectionState::with_default_limits()))
+        Self::new(
+            client,
+            Arc::new(ConnectionState::with_default_limits()),
+            None,
+        )
+    }
+
+    /// The settings of the lean publish connection, if this connection was made from
+    /// [`crate::NatsSettings`].
+    pub(crate) fn lean_settings(&self) -> Option<Arc<WireSettings>> {
+        self.lean.clone()
+    }
+
+    pub(crate) fn state(&self) -> &Arc<ConnectionState> {
+        &self.state
     }
 
     /// The async-nats client.
@@ -128,7 +156,9 @@ impl ConnectionState {
         }
     }
 
-    fn record_server_error(&self, message: &str) {
+    /// Records a server `-ERR` (of this connection, or of the lean publish connection made
+    /// from the same settings).
+    pub(crate) fn record_server_error(&self, message: &str) {
         if !message.contains("Permissions Violation for Publish") {
             tracing::warn!(error = %message, "NATS server error");
             return;

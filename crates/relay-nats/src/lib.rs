@@ -20,6 +20,7 @@ mod published;
 mod publisher;
 mod settings;
 mod stream;
+mod wire;
 
 use std::sync::Arc;
 
@@ -203,5 +204,13 @@ pub async fn connect(settings: &NatsSettings) -> Result<NatsConnection, NatsErro
             url: settings.display_url(),
             source,
         })?;
-    Ok(NatsConnection::new(client, state))
+    // The lean publish path opens its own connection from the same settings, on first use.
+    let lean = match wire::WireSettings::from_settings(settings) {
+        Ok(lean) => Some(Arc::new(lean)),
+        Err(e) => {
+            tracing::info!(error = %e, "publishing through async-nats: the lean publish path cannot use these settings");
+            None
+        }
+    };
+    Ok(NatsConnection::new(client, state, lean))
 }

@@ -18,8 +18,11 @@ use crate::connection::{JetStream, NatsConnection};
 use crate::fast_batch::{FastBatcher, supports_fast_batches};
 use crate::settings::PublishMode;
 
-mod headers;
+pub(crate) mod headers;
+mod lean;
 use headers::HeaderState;
+
+use crate::wire::LeanConnection;
 
 /// Publishes outbound messages into one JetStream stream.
 #[derive(Clone)]
@@ -34,8 +37,11 @@ pub struct JetStreamPublisher {
     template: Arc<Mutex<HeaderState>>,
     /// For the server's `max_payload` (a relaxed atomic load).
     client: async_nats::Client,
-    /// Length of the reply subject async-nats adds to each publish: `<inbox>.<id>.<token>`.
+    /// Length of the reply subject on each publish: the lean path's `<inbox>.<16 hex digits>`,
+    /// or async-nats' `<inbox>.<id>.<token>` (also when a batch mode publishes through it).
     reply_len: usize,
+    /// async-nats' reply length, for the batch modes.
+    nats_reply_len: usize,
     /// Messages the server closed the connection on, re-sent one at a time.
     quarantine: Arc<Quarantine>,
     /// `publish_mode = "atomic-batch"` on a server and stream that take it: the framing task.
@@ -44,6 +50,10 @@ pub struct JetStreamPublisher {
     fast_batch: Option<Arc<FastBatcher>>,
     /// How long to wait for an answer before an outcome counts as unknown.
     ack_timeout: std::time::Duration,
+    /// The lean publish path (its own connection, see [`crate::wire`]) for every message
+    /// published on its own; `None` for a client made elsewhere, which publishes through
+    /// async-nats.
+    lean: Option<Arc<LeanConnection>>,
 }
 
 /// A duplicate PubAck means JetStream already holds a message with this `Nats-Msg-Id`: a
@@ -106,7 +116,19 @@ impl JetStreamPublisher {
         // `<inbox prefix>.<token>` is a new inbox (async-nats' request multiplexer).
         let inbox = client.new_inbox();
         let token = inbox.rsplit('.').next().map_or(0, str::len);
-        let reply_len = inbox.len() + 1 + token;
+        // Messages published on their own go through the lean path when the connection was
+        // made from settings (its reply subjects are `<inbox>.<16 hex digits>`).
+        let lean = connection.lean_settings().map(|settings| {
+            Arc::new(LeanConnection::new(
+                settings,
+                connection.state().clone(),
+                ack_timeout,
+            ))
+        });
+        let nats_reply_len = inbox.len() + 1 + token;
+        let reply_len = lean
+            .as_ref()
+            .map_or(nats_reply_len, |lean| lean.reply_len());
         let jetstream = connection.jetstream_with(
             jetstream::ContextBuilder::new()
                 .timeout(ack_timeout)
@@ -119,10 +141,12 @@ impl JetStreamPublisher {
             template: Arc::default(),
             client,
             reply_len,
+            nats_reply_len,
             quarantine: Arc::default(),
             batch: None,
             fast_batch: None,
             ack_timeout,
+            lean,
         }
     }
 
@@ -174,6 +198,9 @@ impl JetStreamPublisher {
             return self;
         }
         let plain = self.clone();
+        // Batched messages go through async-nats, single ones through the lean path: limits
+        // must hold for the longer reply subject of the two.
+        self.reply_len = self.reply_len.max(self.nats_reply_len);
         let how = if mode == PublishMode::FastBatch {
             self.fast_batch = Some(Arc::new(FastBatcher::start(
                 plain,
@@ -192,6 +219,13 @@ impl JetStreamPublisher {
     /// Whether transactions are published as atomic batches.
     pub fn batches(&self) -> bool {
         self.batch.is_some()
+    }
+
+    /// Whether messages published on their own go through the lean publish path (its own
+    /// connection, see `crate::wire`) rather than async-nats: made from settings, and not
+    /// refused by the server.
+    pub fn publishes_lean(&self) -> bool {
+        self.lean.as_ref().is_some_and(|lean| !lean.refused())
     }
 
     /// Whether messages are published in fast batches.
@@ -216,9 +250,20 @@ impl JetStreamPublisher {
     }
 
     /// Publishes `msg` on its own (per-message mode, re-sends, and what a batch does not take).
+    /// While the lean connection is down, waits up to `ack_timeout` for it to come back: the
+    /// callers (a delivery's re-send, the batch tasks) are not the pipeline's loop.
     pub(crate) async fn send_alone(
         &self,
         msg: &Arc<OutboundMessage>,
+    ) -> Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError> {
+        self.send_alone_waiting(msg, self.ack_timeout).await
+    }
+
+    /// [`Self::send_alone`], waiting at most `wait` for a lost lean connection.
+    async fn send_alone_waiting(
+        &self,
+        msg: &Arc<OutboundMessage>,
+        wait: std::time::Duration,
     ) -> Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError> {
         if self.quarantine.is_suspect(&msg.event_id) {
             // Re-sent alone among suspects. The wait is inside the ack future, so the caller
@@ -227,10 +272,10 @@ impl JetStreamPublisher {
             let msg = msg.clone();
             return Ok(Box::pin(async move {
                 let probe = this.quarantine.probe().await;
-                this.publish(&msg, Some(probe)).await?.await
+                this.publish(&msg, Some(probe), wait).await?.await
             }));
         }
-        self.publish(msg, None).await
+        self.publish(msg, None, wait).await
     }
 
     /// A publisher on a client made elsewhere (tests, benchmarks), with explicit defaults:
@@ -269,7 +314,13 @@ impl JetStreamPublisher {
         &self,
         msg: &Arc<OutboundMessage>,
         probe: Option<tokio::sync::OwnedMutexGuard<()>>,
+        wait: std::time::Duration,
     ) -> Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError> {
+        if let Some(lean) = &self.lean
+            && lean.ready(wait).await
+        {
+            return self.publish_lean(lean, msg, probe);
+        }
         // Before sending: a server close from now on may be this message's doing.
         let state = self.jetstream.state();
         let mut closes = state.closes.subscribe();
@@ -330,6 +381,22 @@ impl JetStreamPublisher {
     }
 }
 
+/// What a JetStream error code means for a publish: the one mapping both publish paths use.
+pub(crate) fn kind_for_error_code(code: u64) -> PublishErrorKind {
+    match ErrorCode(code) {
+        // The subject belongs to another stream, or the message exceeds the stream's limit:
+        // retrying cannot change the answer.
+        // A header block over 64 KiB (10097) is refused on every re-send too.
+        ErrorCode::STREAM_NOT_MATCH
+        | ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM
+        | ErrorCode::STREAM_HEADER_EXCEEDS_MAXIMUM
+        | ErrorCode::STREAM_WRONG_LAST_MESSAGE_ID
+        | ErrorCode::STREAM_WRONG_LAST_SEQUENCE => PublishErrorKind::Rejected,
+        // Store failures (disk full, `discard: new` limits) may clear: keep retrying, loudly.
+        _ => PublishErrorKind::Unknown,
+    }
+}
+
 /// Maps an async-nats publish error to the pipeline's classes.
 pub(crate) fn classify(error: jetstream::context::PublishError) -> PublishError {
     let server_code = error
@@ -345,18 +412,9 @@ pub(crate) fn classify(error: jetstream::context::PublishError) -> PublishError 
         NatsKind::MaxPayloadExceeded
         | NatsKind::WrongLastMessageId
         | NatsKind::WrongLastSequence => PublishErrorKind::Rejected,
-        _ => match server_code {
-            // The subject belongs to another stream, or the message exceeds the stream's limit:
-            // retrying cannot change the answer.
-            // A header block over 64 KiB (10097) is refused on every re-send too.
-            Some(
-                ErrorCode::STREAM_NOT_MATCH
-                | ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM
-                | ErrorCode::STREAM_HEADER_EXCEEDS_MAXIMUM,
-            ) => PublishErrorKind::Rejected,
-            // Store failures (disk full, `discard: new` limits) may clear: keep retrying, loudly.
-            _ => PublishErrorKind::Unknown,
-        },
+        _ => server_code.map_or(PublishErrorKind::Unknown, |code| {
+            kind_for_error_code(code.0)
+        }),
     };
     let detail = match error.source() {
         Some(source) => format!("{error}: {source}"),
@@ -376,7 +434,10 @@ impl Publisher for JetStreamPublisher {
         if let Some(fast) = &self.fast_batch {
             return Ok(fast.send(msg));
         }
-        self.send_alone(msg).await
+        // From the pipeline's loop: never wait for a lost connection here (the delivery
+        // re-sends, and its re-send waits).
+        self.send_alone_waiting(msg, std::time::Duration::ZERO)
+            .await
     }
 
     fn begin_transaction(&self, commit_lsn: relay_core::Lsn) {
@@ -405,8 +466,12 @@ impl Publisher for JetStreamPublisher {
     fn limits(&self) -> MessageLimits {
         MessageLimits {
             // 0 before the first INFO: unknown, the server decides.
-            max_payload: match self.client.max_payload() {
-                0 => usize::MAX,
+            // The lean connection's once it saw an INFO; async-nats' (same servers) before.
+            max_payload: match self.lean.as_ref().map_or(0, |lean| lean.max_payload()) {
+                0 => match self.client.max_payload() {
+                    0 => usize::MAX,
+                    n => n,
+                },
                 n => n,
             },
             max_control_line: self.jetstream.state().max_control_line,
@@ -430,84 +495,4 @@ impl Publisher for JetStreamPublisher {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-    use bytes::Bytes;
-    use relay_core::Lsn;
-    use relay_core::message::HEADER_MSG_ID;
-
-    fn event(id: &str, tx: &[(Arc<str>, Arc<str>)], index: &str) -> OutboundMessage {
-        let mut headers = tx.to_vec();
-        headers.push(("Outbox-Tx-Index".into(), index.into()));
-        OutboundMessage {
-            subject: "outbox.a".into(),
-            event_id: id.into(),
-            headers,
-            shared_headers: tx.len(),
-            payload: Bytes::new(),
-            table: "public.outbox".into(),
-            commit_lsn: Lsn(1),
-            commit_time_micros: 0,
-        }
-    }
-
-    fn tx(lsn: &str) -> Vec<(Arc<str>, Arc<str>)> {
-        vec![
-            ("Outbox-Commit-Lsn".into(), lsn.into()),
-            ("Outbox-Table".into(), "public.outbox".into()),
-        ]
-    }
-
-    #[tokio::test]
-    async fn headers_come_from_the_transaction_template_and_the_event() {
-        // No server needed: the client connects in the background and nothing is published.
-        let client = async_nats::ConnectOptions::new()
-            .retry_on_initial_connect()
-            .connect("127.0.0.1:1")
-            .await
-            .expect("a client that connects lazily");
-        let publisher =
-            JetStreamPublisher::with_default_limits(client, "OUTBOX", Duration::from_secs(1), 8);
-        let first_tx = tx("0/10");
-        let second_tx = tx("0/20");
-        let cases = [
-            (event("a", &first_tx, "0"), "0/10", "0"),
-            (event("b", &first_tx, "1"), "0/10", "1"),
-            (event("c", &second_tx, "0"), "0/20", "0"),
-        ];
-        for (msg, lsn, index) in &cases {
-            let headers = publisher.headers(msg);
-            let get = |name: &str| headers.get(name).map(|v| v.as_str().to_owned());
-            assert_eq!(get(HEADER_MSG_ID).as_deref(), Some(msg.event_id.as_str()));
-            assert_eq!(get(HEADER_EXPECTED_STREAM).as_deref(), Some("OUTBOX"));
-            assert_eq!(get("Outbox-Commit-Lsn").as_deref(), Some(*lsn));
-            assert_eq!(get("Outbox-Table").as_deref(), Some("public.outbox"));
-            assert_eq!(get("Outbox-Tx-Index").as_deref(), Some(*index));
-            assert_eq!(headers.iter().count(), 5, "no header of another event");
-        }
-        // Every outstanding ack holds one of these: keep it small (the rare paths are boxed).
-        let ack = publisher
-            .send(&Arc::new(cases[2].0.clone()))
-            .await
-            .expect("queued while the client connects");
-        assert!(
-            std::mem::size_of_val(&*ack) <= 512,
-            "ack future is {} bytes",
-            std::mem::size_of_val(&*ack)
-        );
-        let state = publisher.template.lock().expect("not poisoned");
-        assert!(
-            state
-                .template
-                .as_ref()
-                .is_some_and(|t| t.matches(&second_tx)),
-            "the template follows the transaction"
-        );
-        assert!(
-            state.names.iter().any(|(n, _)| &**n == "Outbox-Tx-Index"),
-            "header names are converted once"
-        );
-    }
-}
+mod tests;

@@ -5,9 +5,136 @@ use std::sync::Arc;
 
 use async_nats::HeaderMap;
 use async_nats::header::HeaderName;
+use bytes::BytesMut;
 use relay_core::message::{HEADER_EXPECTED_STREAM, HEADER_MSG_ID, OutboundMessage};
 
 use super::JetStreamPublisher;
+use crate::wire::proto;
+
+/// The headers a transaction's events share, in the order they are set:
+/// `Nats-Expected-Stream`, then `shared` (a message's first `shared_headers`). With
+/// [`own_entries`], the one list both [`JetStreamPublisher::headers`] and the lean path's
+/// frames come from; a later entry replaces an earlier one of the same name.
+pub(crate) fn shared_entries<'a>(
+    stream: &'a str,
+    shared: &'a [(Arc<str>, Arc<str>)],
+) -> impl Iterator<Item = (&'a str, &'a str)> {
+    std::iter::once((HEADER_EXPECTED_STREAM, stream))
+        .chain(shared.iter().map(|(name, value)| (&**name, &**value)))
+}
+
+/// The headers of one event after the shared ones: `Nats-Msg-Id`, then `own` (the rest of
+/// its headers).
+pub(crate) fn own_entries<'a>(
+    msg: &'a OutboundMessage,
+    own: &'a [(Arc<str>, Arc<str>)],
+) -> impl Iterator<Item = (&'a str, &'a str)> {
+    std::iter::once((HEADER_MSG_ID, msg.event_id.as_str()))
+        .chain(own.iter().map(|(name, value)| (&**name, &**value)))
+}
+
+/// One header of an [`OutboundMessage`].
+type Header = (Arc<str>, Arc<str>);
+
+/// `msg`'s headers split into the shared part and its own.
+fn split(msg: &OutboundMessage) -> (&[Header], &[Header]) {
+    msg.headers
+        .split_at(msg.shared_headers.min(msg.headers.len()))
+}
+
+/// Whether `values` are, by pointer, the values of `shared` (the same transaction and table).
+fn same_values(values: &[Arc<str>], shared: &[(Arc<str>, Arc<str>)]) -> bool {
+    values.len() == shared.len()
+        && values
+            .iter()
+            .zip(shared)
+            .all(|(value, (_, next))| Arc::ptr_eq(value, next))
+}
+
+/// The lean path's header block start for the current transaction: the version line and the
+/// [`shared_entries`] lines, serialised once and copied into each `HPUB`.
+#[derive(Default)]
+pub(crate) struct WireHeaders {
+    values: Vec<Arc<str>>,
+    stream: Option<Arc<str>>,
+    head: BytesMut,
+}
+
+impl WireHeaders {
+    /// Appends the `HPUB` of `msg` (into `stream`, replying to `reply`) to `out`.
+    pub(crate) fn write_hpub(
+        &mut self,
+        out: &mut BytesMut,
+        stream: &str,
+        msg: &OutboundMessage,
+        reply: (&str, u64),
+    ) {
+        let (shared, own) = split(msg);
+        if !self.matches(stream, shared) {
+            self.values = shared.iter().map(|(_, v)| v.clone()).collect();
+            self.stream = Some(stream.into());
+            self.head.clear();
+            self.head.extend_from_slice(proto::HEADER_VERSION_LINE);
+            for (name, value) in shared_entries(stream, shared) {
+                proto::put_header_line(&mut self.head, name, value);
+            }
+        }
+        let repeats = own_entries(msg, own).enumerate().any(|(i, (name, _))| {
+            shared_entries(stream, shared).any(|(n, _)| n == name)
+                || own_entries(msg, own).take(i).any(|(n, _)| n == name)
+        });
+        if repeats {
+            // A name set twice: the later value replaces the earlier, as in a HeaderMap.
+            let mut lines: Vec<(&str, &str)> = Vec::new();
+            for (name, value) in shared_entries(stream, shared).chain(own_entries(msg, own)) {
+                match lines.iter_mut().find(|(n, _)| *n == name) {
+                    Some(line) => line.1 = value,
+                    None => lines.push((name, value)),
+                }
+            }
+            let len = lines
+                .iter()
+                .map(|(n, v)| proto::header_line_len(n, v))
+                .sum();
+            let write = |out: &mut BytesMut| {
+                for (name, value) in &lines {
+                    proto::put_header_line(out, name, value);
+                }
+            };
+            proto::write_hpub(
+                out,
+                &msg.subject,
+                reply,
+                proto::HEADER_VERSION_LINE,
+                len,
+                write,
+                &msg.payload,
+            );
+            return;
+        }
+        let len = own_entries(msg, own)
+            .map(|(n, v)| proto::header_line_len(n, v))
+            .sum();
+        let write = |out: &mut BytesMut| {
+            for (name, value) in own_entries(msg, own) {
+                proto::put_header_line(out, name, value);
+            }
+        };
+        proto::write_hpub(
+            out,
+            &msg.subject,
+            reply,
+            &self.head,
+            len,
+            write,
+            &msg.payload,
+        );
+    }
+
+    fn matches(&self, stream: &str, shared: &[(Arc<str>, Arc<str>)]) -> bool {
+        self.stream.as_deref() == Some(stream) && same_values(&self.values, shared)
+    }
+}
 
 /// `Nats-Expected-Stream` plus a message's shared headers (`OutboundMessage::shared_headers`)
 /// as a ready `HeaderMap`: cloning it skips hashing and growing the map for every event, which
@@ -22,12 +149,7 @@ pub(super) struct HeaderTemplate {
 
 impl HeaderTemplate {
     pub(super) fn matches(&self, shared: &[(Arc<str>, Arc<str>)]) -> bool {
-        self.values.len() == shared.len()
-            && self
-                .values
-                .iter()
-                .zip(shared)
-                .all(|(value, (_, next))| Arc::ptr_eq(value, next))
+        same_values(&self.values, shared)
     }
 }
 
@@ -49,22 +171,26 @@ pub(super) struct HeaderState {
 impl HeaderState {
     /// `name` as a `HeaderName`, from the cache when it was seen before; `None` for a name
     /// async-nats refuses (the caller then inserts it as text, as before, to keep its errors).
-    fn name(&mut self, name: &Arc<str>) -> Option<HeaderName> {
-        if let Some((_, known)) = self.names.iter().find(|(n, _)| **n == **name) {
+    fn name(&mut self, name: &str) -> Option<HeaderName> {
+        if let Some((_, known)) = self.names.iter().find(|(n, _)| **n == *name) {
             return Some(known.clone());
         }
         let parsed: HeaderName = name.parse().ok()?;
         if self.names.len() < NAME_CACHE {
-            self.names.push((name.clone(), parsed.clone()));
+            self.names.push((name.into(), parsed.clone()));
         }
         Some(parsed)
     }
 
     /// Inserts `name: value` into `headers` with a cached name.
-    fn insert(&mut self, headers: &mut HeaderMap, name: &Arc<str>, value: &str) {
+    fn insert(&mut self, headers: &mut HeaderMap, name: &str, value: &str) {
+        if name == HEADER_MSG_ID {
+            headers.insert(MSG_ID, value);
+            return;
+        }
         match self.name(name) {
             Some(name) => headers.insert(name, value),
-            None => headers.insert(name.as_ref(), value),
+            None => headers.insert(name, value),
         }
     }
 }
@@ -75,8 +201,7 @@ impl JetStreamPublisher {
     /// tests publish (and compare against) the relay's real header set instead of a
     /// hand-written copy.
     pub fn headers(&self, msg: &OutboundMessage) -> HeaderMap {
-        let split = msg.shared_headers.min(msg.headers.len());
-        let (shared, own) = msg.headers.split_at(split);
+        let (shared, own) = split(msg);
         // A poisoned lock only means a panic elsewhere mid-update: rebuild the template.
         let mut state = self
             .template
@@ -122,8 +247,7 @@ impl JetStreamPublisher {
             ),
         };
         state.template = Some(template);
-        headers.insert(MSG_ID, msg.event_id.as_str());
-        for (name, value) in own {
+        for (name, value) in own_entries(msg, own) {
             state.insert(&mut headers, name, value);
         }
         headers
@@ -136,8 +260,7 @@ impl JetStreamPublisher {
         shared: &[(Arc<str>, Arc<str>)],
     ) -> HeaderMap {
         let mut headers = HeaderMap::new();
-        headers.insert(HEADER_EXPECTED_STREAM, self.stream.as_ref());
-        for (name, value) in shared {
+        for (name, value) in shared_entries(&self.stream, shared) {
             state.insert(&mut headers, name, value);
         }
         headers

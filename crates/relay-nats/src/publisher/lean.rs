@@ -1,0 +1,50 @@
+//! Publishing one message on the lean path ([`crate::wire`]): the same outcomes, server-close
+//! and quarantine handling, permission errors and duplicate check as through async-nats.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use relay_core::message::OutboundMessage;
+use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind};
+
+use super::{JetStreamPublisher, verify_duplicate};
+use crate::wire::LeanConnection;
+
+impl JetStreamPublisher {
+    /// [`Self::publish`] on the lean connection: the same outcomes, server-close and
+    /// quarantine handling, permission errors and duplicate check as through async-nats.
+    pub(super) fn publish_lean(
+        &self,
+        lean: &LeanConnection,
+        msg: &Arc<OutboundMessage>,
+        probe: Option<tokio::sync::OwnedMutexGuard<()>>,
+    ) -> Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError> {
+        let outcome = lean.publish(&self.stream, msg)?;
+        let context = self.shared.clone();
+        let stream = self.stream.clone();
+        let quarantine = self.quarantine.clone();
+        let msg = msg.clone();
+        Ok(Box::pin(async move {
+            // The connection resolves every outstanding publish when it goes, so a dropped
+            // sender only means the publisher itself is gone.
+            let outcome = outcome.await.unwrap_or_else(|_| {
+                Err(PublishError::new(
+                    PublishErrorKind::Unknown,
+                    "the lean publish connection was closed",
+                ))
+            });
+            let closed = matches!(&outcome, Err(e) if e.closed_by_server);
+            quarantine.outcome(&msg.event_id, closed);
+            drop(probe);
+            let stored = outcome?;
+            if stored.duplicate {
+                // Boxed, as on the async-nats path: keeps every outstanding ack small.
+                Box::pin(verify_duplicate(&context, &stream, stored.seq, &msg)).await?;
+            }
+            Ok(PubReceipt {
+                stream_seq: stored.seq,
+                duplicate: stored.duplicate,
+            })
+        }))
+    }
+}

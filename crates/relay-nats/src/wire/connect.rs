@@ -1,0 +1,490 @@
+//! Opening the lean path's own NATS connection: the servers and credentials from
+//! [`NatsSettings`] (resolved once), TCP, TLS (rustls), `INFO`, `CONNECT` and the first
+//! `PING`/`PONG`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use nkeys::KeyPair;
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+
+use super::proto::{self, ConnectInfo, ServerInfo, ServerOp};
+use crate::{NatsError, NatsSettings};
+
+/// The default NATS port.
+const DEFAULT_PORT: u16 = 4222;
+
+/// One server to connect to: from `[nats] url` or learned from an `INFO`'s `connect_urls`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ServerUrl {
+    pub(crate) host: String,
+    pub(crate) port: u16,
+    /// `tls://`.
+    tls: bool,
+    /// Userinfo in the URL: `user:password@` or `token@`.
+    user: Option<String>,
+    password: Option<String>,
+}
+
+impl ServerUrl {
+    /// `[scheme://][user[:password]@]host[:port]`; `nats`, `tls` (or none) as scheme.
+    pub(crate) fn parse(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        let (scheme, rest) = match text.split_once("://") {
+            Some((scheme, rest)) => (scheme.to_ascii_lowercase(), rest),
+            None => ("nats".to_owned(), text),
+        };
+        let tls = match scheme.as_str() {
+            "nats" => false,
+            "tls" => true,
+            other => {
+                return Err(format!(
+                    "unsupported URL scheme `{other}` (nats:// or tls://)"
+                ));
+            }
+        };
+        let rest = rest.trim_end_matches('/');
+        let (userinfo, hostport) = match rest.rsplit_once('@') {
+            Some((userinfo, hostport)) => (Some(userinfo), hostport),
+            None => (None, rest),
+        };
+        let (user, password) = match userinfo {
+            None => (None, None),
+            Some(info) => match info.split_once(':') {
+                Some((user, password)) => (Some(decode(user)), Some(decode(password))),
+                None => (Some(decode(info)), None),
+            },
+        };
+        let (host, port) = match hostport.rsplit_once(':') {
+            // `[::1]:4222`, `host:4222`; a bare IPv6 address has more than one colon.
+            Some((host, port)) if !host.contains(':') || host.ends_with(']') => (
+                host,
+                port.parse::<u16>()
+                    .map_err(|_| format!("bad port in `{hostport}`"))?,
+            ),
+            _ => (hostport, DEFAULT_PORT),
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() {
+            return Err("no host".into());
+        }
+        Ok(Self {
+            host: host.to_owned(),
+            port,
+            tls,
+            user,
+            password,
+        })
+    }
+
+    fn addr(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+}
+
+fn decode(text: &str) -> String {
+    percent_encoding::percent_decode_str(text)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+/// Credentials sent in `CONNECT`, as [`crate::connect`] configures async-nats.
+#[derive(Default)]
+struct Credentials {
+    user: Option<(String, String)>,
+    token: Option<String>,
+    /// `nkey_seed`: the public key goes in `CONNECT`, the seed signs the nonce.
+    nkey: Option<Arc<KeyPair>>,
+    /// `.creds`: the user JWT, and the seed that signs the nonce.
+    jwt: Option<(String, Arc<KeyPair>)>,
+}
+
+/// Everything needed to (re)connect, resolved from [`NatsSettings`] once.
+pub(crate) struct WireSettings {
+    pub(crate) servers: Vec<ServerUrl>,
+    credentials: Credentials,
+    tls: Arc<rustls::ClientConfig>,
+    tls_required: bool,
+    pub(crate) connect_timeout: Duration,
+    /// `[nats] url` with passwords replaced, for messages.
+    pub(crate) display_url: String,
+}
+
+impl std::fmt::Debug for WireSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WireSettings")
+            .field("url", &self.display_url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WireSettings {
+    /// The lean connection's settings; errors name the setting and the fix, as
+    /// [`crate::connect`]'s do.
+    pub(crate) fn from_settings(settings: &NatsSettings) -> Result<Self, NatsError> {
+        let servers = settings
+            .url
+            .split(',')
+            .map(ServerUrl::parse)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| {
+                NatsError::Settings(format!(
+                    "nats.url `{}` is not a NATS server URL list: {e}",
+                    settings.display_url()
+                ))
+            })?;
+        let mut credentials = Credentials::default();
+        if let Some(path) = &settings.credentials_file {
+            let (jwt, seed) = read_creds(path).map_err(|e| {
+                NatsError::Settings(format!(
+                    "cannot use nats.credentials_file {}: {e} (expected a .creds file with a user JWT and an NKey seed, as `nsc generate creds` writes)",
+                    path.display()
+                ))
+            })?;
+            credentials.jwt = Some((jwt, Arc::new(seed)));
+        }
+        if let Some(user) = &settings.user {
+            let password = settings.resolved_password()?.ok_or_else(|| {
+                NatsError::Settings(
+                    "nats.user is set without nats.password or nats.password_file".into(),
+                )
+            })?;
+            credentials.user = Some((user.clone(), password.expose().to_owned()));
+        }
+        if let Some(token) = settings.resolved_token()? {
+            credentials.token = Some(token.expose().to_owned());
+        }
+        if let Some(seed) = settings.resolved_nkey_seed()? {
+            let pair = KeyPair::from_seed(seed.expose()).map_err(|e| {
+                NatsError::Settings(format!(
+                    "nats.nkey_seed (or nats.nkey_seed_file) is not an NKey seed: {e} (expected a user seed starting with SU, as `nsc` or `nk -gen user` writes)"
+                ))
+            })?;
+            credentials.nkey = Some(Arc::new(pair));
+        }
+        Ok(Self {
+            servers,
+            credentials,
+            tls: Arc::new(tls_config(settings)?),
+            tls_required: settings.tls_required,
+            connect_timeout: settings.connect_timeout,
+            display_url: settings.display_url(),
+        })
+    }
+}
+
+/// The user JWT and NKey seed of a `.creds` file.
+fn read_creds(path: &std::path::Path) -> Result<(String, KeyPair), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    // Each part sits between a `-----BEGIN ...-----` line and a `------END ...------` line.
+    let section = |begin: &str| -> Option<String> {
+        let mut lines = text.lines().skip_while(|l| !l.contains(begin));
+        lines.next()?;
+        lines
+            .map(str::trim)
+            .find(|l| !l.is_empty())
+            .filter(|l| !l.starts_with("---"))
+            .map(str::to_owned)
+    };
+    let jwt = section("BEGIN NATS USER JWT").ok_or("no user JWT")?;
+    let seed = section("BEGIN USER NKEY SEED").ok_or("no NKey seed")?;
+    let pair = KeyPair::from_seed(&seed).map_err(|e| format!("bad NKey seed: {e}"))?;
+    Ok((jwt, pair))
+}
+
+fn tls_config(settings: &NatsSettings) -> Result<rustls::ClientConfig, NatsError> {
+    let err = NatsError::Settings;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| err(format!("TLS set-up failed: {e}")))?;
+    let mut roots = rustls::RootCertStore::empty();
+    match &settings.tls_ca_file {
+        Some(path) => {
+            for cert in load_certs("nats.tls_ca_file", path)? {
+                roots
+                    .add(cert)
+                    .map_err(|e| err(format!("nats.tls_ca_file {}: {e}", path.display())))?;
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    let builder = builder.with_root_certificates(roots);
+    match (&settings.tls_cert_file, &settings.tls_key_file) {
+        (Some(cert), Some(key)) => {
+            let chain = load_certs("nats.tls_cert_file", cert)?;
+            let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+                err(format!(
+                    "cannot read nats.tls_key_file {}: {e}",
+                    key.display()
+                ))
+            })?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| err(format!("nats.tls_cert_file/tls_key_file: {e}")))
+        }
+        (None, None) => Ok(builder.with_no_client_auth()),
+        _ => Err(err(
+            "nats.tls_cert_file and nats.tls_key_file must be set together".into(),
+        )),
+    }
+}
+
+fn load_certs(
+    what: &str,
+    path: &std::path::Path,
+) -> Result<Vec<CertificateDer<'static>>, NatsError> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| NatsError::Settings(format!("cannot read {what} {}: {e}", path.display())))?;
+    if certs.is_empty() {
+        return Err(NatsError::Settings(format!(
+            "{what} {} holds no PEM certificate",
+            path.display()
+        )));
+    }
+    Ok(certs)
+}
+
+/// The read half of a connection.
+pub(crate) type Reader = Box<dyn AsyncRead + Send + Unpin>;
+/// The write half of a connection.
+pub(crate) type Writer = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// An open connection after the handshake.
+pub(crate) struct Opened {
+    pub(crate) reader: Reader,
+    pub(crate) writer: Writer,
+    pub(crate) info: ServerInfo,
+    /// Bytes read past the handshake's `PONG` (the start of what follows).
+    pub(crate) leftover: BytesMut,
+}
+
+/// Why a connection attempt failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum OpenError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Protocol(#[from] proto::ProtocolError),
+    /// The server answered `CONNECT` with `-ERR` (authorization, TLS required, ...).
+    #[error("the server refused the connection: -ERR '{0}'")]
+    Refused(String),
+    #[error("no answer within nats.connect_timeout ({0:?})")]
+    TimedOut(Duration),
+    #[error("{0}")]
+    Tls(String),
+}
+
+/// Connects to `server`: `INFO`, TLS when the URL, the settings or the server ask for it,
+/// `CONNECT` with the credentials, `first` (written before the `PING`, e.g. the `SUB` for
+/// PubAcks), and waits for the `PONG` that proves the server took them.
+pub(crate) async fn open(
+    settings: &WireSettings,
+    server: &ServerUrl,
+    first: &[u8],
+) -> Result<Opened, OpenError> {
+    let timeout = settings.connect_timeout;
+    tokio::time::timeout(timeout, handshake(settings, server, first))
+        .await
+        .map_err(|_| OpenError::TimedOut(timeout))?
+}
+
+async fn handshake(
+    settings: &WireSettings,
+    server: &ServerUrl,
+    first: &[u8],
+) -> Result<Opened, OpenError> {
+    let tcp = TcpStream::connect(server.addr()).await?;
+    tcp.set_nodelay(true)?;
+    let mut buf = BytesMut::with_capacity(4096);
+    let mut tcp = tcp;
+    let info = match read_op(&mut tcp, &mut buf).await? {
+        ServerOp::Info(text) => text.parse()?,
+        // e.g. `maximum connections exceeded`, sent on accept.
+        ServerOp::Err(text) => return Err(OpenError::Refused(text)),
+        other => {
+            return Err(proto::ProtocolError(format!("expected INFO, got {other:?}")).into());
+        }
+    };
+    if !info.headers {
+        return Err(proto::ProtocolError(format!(
+            "nats-server {} does not support headers (2.2 or later needed)",
+            info.version
+        ))
+        .into());
+    }
+    let use_tls = server.tls || settings.tls_required || info.tls_required;
+    let (mut reader, mut writer): (Reader, Writer) = if use_tls {
+        if !buf.is_empty() {
+            return Err(proto::ProtocolError("data after INFO before TLS".into()).into());
+        }
+        let name = ServerName::try_from(server.host.clone())
+            .map_err(|e| OpenError::Tls(format!("`{}` as a TLS server name: {e}", server.host)))?;
+        let tls = tokio_rustls::TlsConnector::from(settings.tls.clone())
+            .connect(name, tcp)
+            .await
+            .map_err(|e| OpenError::Tls(format!("TLS handshake failed: {e}")))?;
+        let (r, w) = tokio::io::split(tls);
+        (Box::new(r), Box::new(w))
+    } else {
+        let (r, w) = tcp.into_split();
+        (Box::new(r), Box::new(w))
+    };
+    let signature = |pair: &KeyPair| -> Result<String, OpenError> {
+        let nonce = info.nonce.as_deref().unwrap_or_default();
+        let signed = pair
+            .sign(nonce.as_bytes())
+            .map_err(|e| OpenError::Refused(format!("cannot sign the server's nonce: {e}")))?;
+        Ok(data_encoding::BASE64URL_NOPAD.encode(&signed))
+    };
+    let creds = &settings.credentials;
+    let nkey_public = creds.nkey.as_ref().map(|pair| pair.public_key());
+    let sig = match (&creds.jwt, &creds.nkey) {
+        (Some((_, pair)), _) | (None, Some(pair)) => Some(signature(pair)?),
+        (None, None) => None,
+    };
+    // Settings first; the URL's userinfo when the settings name no user or token.
+    let (user, pass, token) = match (&creds.user, &creds.token) {
+        (None, None) => match (&server.user, &server.password) {
+            (Some(user), Some(password)) => (Some(user.as_str()), Some(password.as_str()), None),
+            (Some(token), None) => (None, None, Some(token.as_str())),
+            _ => (None, None, None),
+        },
+        (user, token) => (
+            user.as_ref().map(|(u, _)| u.as_str()),
+            user.as_ref().map(|(_, p)| p.as_str()),
+            token.as_deref(),
+        ),
+    };
+    let connect = ConnectInfo {
+        verbose: false,
+        pedantic: false,
+        tls_required: use_tls,
+        name: "outbox-relay (lean publish)",
+        lang: "rust",
+        version: env!("CARGO_PKG_VERSION"),
+        protocol: 1,
+        echo: true,
+        headers: true,
+        no_responders: true,
+        user,
+        pass,
+        auth_token: token,
+        jwt: creds.jwt.as_ref().map(|(jwt, _)| jwt.as_str()),
+        nkey: if creds.jwt.is_none() {
+            nkey_public.as_deref()
+        } else {
+            None
+        },
+        sig: sig.as_deref(),
+    };
+    let mut out = BytesMut::new();
+    proto::write_connect(&mut out, &connect);
+    out.extend_from_slice(first);
+    out.extend_from_slice(b"PING\r\n");
+    writer.write_all(&out).await?;
+    writer.flush().await?;
+    let mut info = info;
+    loop {
+        match read_op(&mut reader, &mut buf).await? {
+            ServerOp::Pong => break,
+            ServerOp::Err(text) => return Err(OpenError::Refused(text)),
+            ServerOp::Info(text) => info = text.parse()?,
+            ServerOp::Ping => {
+                writer.write_all(b"PONG\r\n").await?;
+            }
+            ServerOp::Ok | ServerOp::Msg { .. } => {}
+        }
+    }
+    Ok(Opened {
+        reader,
+        writer,
+        info,
+        leftover: buf,
+    })
+}
+
+/// Reads until one whole operation is in `buf` and takes it.
+async fn read_op<R: AsyncRead + Unpin + ?Sized>(
+    reader: &mut R,
+    buf: &mut BytesMut,
+) -> Result<ServerOp, OpenError> {
+    loop {
+        if let Some(op) = proto::parse_op(buf)? {
+            return Ok(op);
+        }
+        buf.reserve(4096);
+        if reader.read_buf(buf).await? == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the server closed the connection during the handshake",
+            )
+            .into());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_urls_parse() {
+        let url = ServerUrl::parse("nats://relay:p%40ss@10.0.0.1:4333").unwrap();
+        assert_eq!(
+            (url.host.as_str(), url.port, url.tls),
+            ("10.0.0.1", 4333, false)
+        );
+        assert_eq!(
+            (url.user.as_deref(), url.password.as_deref()),
+            (Some("relay"), Some("p@ss"))
+        );
+        let url = ServerUrl::parse(" tls://tok@localhost ").unwrap();
+        assert_eq!(
+            (url.host.as_str(), url.port, url.tls),
+            ("localhost", 4222, true)
+        );
+        assert_eq!((url.user.as_deref(), url.password), (Some("tok"), None));
+        let url = ServerUrl::parse("127.0.0.1:5000").unwrap();
+        assert_eq!((url.addr().as_str(), url.tls), ("127.0.0.1:5000", false));
+        let url = ServerUrl::parse("nats://[::1]:4222").unwrap();
+        assert_eq!(url.addr(), "[::1]:4222");
+        assert!(ServerUrl::parse("http://x:1").is_err());
+        assert!(ServerUrl::parse("nats://x:port").is_err());
+    }
+
+    #[test]
+    fn creds_files_give_the_jwt_and_the_seed() {
+        let pair = KeyPair::new_user();
+        let seed = pair.seed().unwrap();
+        let text = format!(
+            "-----BEGIN NATS USER JWT-----\neyJ0eXAi.payload.sig\n------END NATS USER JWT------\n\n\
+************************* IMPORTANT *************************\n\n\
+-----BEGIN USER NKEY SEED-----\n{seed}\n------END USER NKEY SEED------\n"
+        );
+        let dir = tempfile_dir();
+        let path = dir.join("user.creds");
+        std::fs::write(&path, text).unwrap();
+        let (jwt, read) = read_creds(&path).unwrap();
+        assert_eq!(jwt, "eyJ0eXAi.payload.sig");
+        assert_eq!(read.public_key(), pair.public_key());
+        std::fs::write(&path, "nothing").unwrap();
+        assert!(read_creds(&path).unwrap_err().contains("no user JWT"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn tempfile_dir() -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("relay-nats-wire-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+}

@@ -1,0 +1,218 @@
+//! The lean per-message publish path: the relay's own NATS connection for publishing, with
+//! `HPUB` frames whose shared header lines are serialised once per transaction, one `SUB` for
+//! every PubAck, PubAcks matched by number and parsed into a plain struct, and one deadline
+//! sweep instead of a timer per message (docs/benchmarks.md, "What would move it").
+//! Everything else (stream management, direct gets, the duplicate check, batches) stays on
+//! async-nats.
+//!
+//! - [`proto`]: framing and parsing, no IO.
+//! - [`connect`]: servers, credentials and TLS from [`crate::NatsSettings`]; the handshake.
+//! - [`session`]: the connection's life (reader, writer, reconnects).
+//! - [`pending`]: the outstanding publishes and PubAck parsing.
+
+mod connect;
+mod pending;
+pub(crate) mod proto;
+mod session;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use relay_core::message::OutboundMessage;
+use relay_core::stage::{PublishError, PublishErrorKind};
+use tokio::sync::{Notify, oneshot, watch};
+use tokio::time::Instant;
+
+pub(crate) use connect::WireSettings;
+pub(crate) use pending::Outcome;
+
+use crate::connection::ConnectionState;
+use crate::publisher::headers::WireHeaders;
+
+/// The lean publish connection. Dropping the last handle stops its task and closes it.
+pub(crate) struct LeanConnection {
+    inner: Arc<Inner>,
+    /// Dropped with the handle: the supervisor sees its receiver close and stops.
+    _stop: watch::Sender<()>,
+    stop: watch::Receiver<()>,
+    started: AtomicBool,
+}
+
+impl std::fmt::Debug for LeanConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeanConnection")
+            .field("settings", &self.inner.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    settings: Arc<WireSettings>,
+    /// `_INBOX.<unique>`: publish `n` replies to `<reply_prefix>.<16 hex digits of n>`.
+    reply_prefix: String,
+    ack_timeout: Duration,
+    /// The state the async-nats connection's events feed too: permission errors seen here are
+    /// recorded there, so both paths explain a refused publish alike.
+    connection: Arc<ConnectionState>,
+    state: Mutex<Shared>,
+    wake_writer: Notify,
+    /// The server's `max_payload` (0 before the first `INFO`).
+    max_payload: AtomicUsize,
+    ever_connected: AtomicBool,
+    /// The server refused the first connection: publish through async-nats instead.
+    refused: AtomicBool,
+    up: watch::Sender<bool>,
+}
+
+/// What the publishing side and the connection's tasks share, behind one lock.
+#[derive(Default)]
+struct Shared {
+    /// A connection is up and takes frames.
+    live: bool,
+    /// Frames not yet written.
+    out: BytesMut,
+    pending: pending::Pending,
+    next_n: u64,
+    headers: WireHeaders,
+    /// A protocol `-ERR` after which the server closes the connection.
+    closing: Option<Arc<str>>,
+    /// Servers learned from `INFO` `connect_urls`.
+    discovered: Vec<connect::ServerUrl>,
+    pings_out: u32,
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, Shared> {
+        // A poisoned lock only means a panic elsewhere mid-update; the state stays usable.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl LeanConnection {
+    /// A connection made from `settings`, opened on first use. Its permission errors are
+    /// recorded in `connection` (the async-nats connection's state).
+    pub(crate) fn new(
+        settings: Arc<WireSettings>,
+        connection: Arc<ConnectionState>,
+        ack_timeout: Duration,
+    ) -> Self {
+        let (stop_tx, stop) = watch::channel(());
+        Self {
+            inner: Arc::new(Inner {
+                settings,
+                reply_prefix: format!("_INBOX.{}", nuid::next()),
+                ack_timeout,
+                connection,
+                state: Mutex::default(),
+                wake_writer: Notify::new(),
+                max_payload: AtomicUsize::new(0),
+                ever_connected: AtomicBool::new(false),
+                refused: AtomicBool::new(false),
+                up: watch::Sender::new(false),
+            }),
+            _stop: stop_tx,
+            stop,
+            started: AtomicBool::new(false),
+        }
+    }
+
+    /// The server's `max_payload`, 0 before the connection's first `INFO`.
+    pub(crate) fn max_payload(&self) -> usize {
+        self.inner.max_payload.load(Ordering::Relaxed)
+    }
+
+    /// The length of a reply subject: `<reply prefix>.<16 hex digits>`.
+    pub(crate) fn reply_len(&self) -> usize {
+        self.inner.reply_prefix.len() + 1 + proto::REPLY_TOKEN_LEN
+    }
+
+    /// Connects, unless started already (the supervisor then keeps it connected).
+    fn start(&self) {
+        if !self.started.swap(true, Ordering::AcqRel) {
+            tokio::spawn(session::supervise(self.inner.clone(), self.stop.clone()));
+        }
+    }
+
+    /// Whether to publish on this connection: starts it on first use and, while it is down,
+    /// waits up to `wait` for it (the first connection always, up to `connect_timeout` per
+    /// configured server). `false` only when the server refused the first connection (e.g. a
+    /// connection limit of the account) though async-nats' connection with the same
+    /// credentials is up: messages then go through async-nats (logged once).
+    pub(crate) async fn ready(&self, wait: Duration) -> bool {
+        self.start();
+        let inner = &self.inner;
+        if !*inner.up.borrow() && !inner.refused.load(Ordering::Relaxed) {
+            let wait = if inner.ever_connected.load(Ordering::Relaxed) {
+                wait
+            } else {
+                let servers = u32::try_from(inner.settings.servers.len()).unwrap_or(u32::MAX);
+                inner.settings.connect_timeout * servers.max(1) + Duration::from_secs(1)
+            };
+            let mut up = inner.up.subscribe();
+            // Timing out is fine: the publish reports it.
+            let _ = tokio::time::timeout(
+                wait,
+                up.wait_for(|up| *up || inner.refused.load(Ordering::Relaxed)),
+            )
+            .await;
+        }
+        !inner.refused.load(Ordering::Relaxed)
+    }
+
+    /// Whether the server refused the first connection (see [`Self::ready`]).
+    pub(crate) fn refused(&self) -> bool {
+        self.inner.refused.load(Ordering::Relaxed)
+    }
+
+    /// Queues `msg` (into `stream`) for the writer; the receiver gets its outcome. Fails as
+    /// unknown while the connection is down (the caller re-sends).
+    pub(crate) fn publish(
+        &self,
+        stream: &str,
+        msg: &Arc<OutboundMessage>,
+    ) -> Result<oneshot::Receiver<Outcome>, PublishError> {
+        let inner = &self.inner;
+        let receiver = {
+            let mut state = inner.lock();
+            if !state.live {
+                return Err(PublishError::new(
+                    PublishErrorKind::Unknown,
+                    format!(
+                        "not connected to NATS at {} (reconnecting)",
+                        inner.settings.display_url
+                    ),
+                ));
+            }
+            let n = state.next_n;
+            state.next_n += 1;
+            let Shared { out, headers, .. } = &mut *state;
+            headers.write_hpub(out, stream, msg, (&inner.reply_prefix, n));
+            state
+                .pending
+                .push(n, msg.clone(), Instant::now() + inner.ack_timeout)
+        };
+        inner.wake_writer.notify_one();
+        Ok(receiver)
+    }
+}
+
+/// The headers of `msg` exactly as the lean path frames them, as `(name, value)` lines in
+/// order (tests compare them with [`crate::JetStreamPublisher::headers`]).
+#[cfg(test)]
+pub(crate) fn framed_header_lines(stream: &str, msg: &OutboundMessage) -> Vec<(String, String)> {
+    let mut out = BytesMut::new();
+    WireHeaders::default().write_hpub(&mut out, stream, msg, ("_INBOX.t", 0));
+    let text = std::str::from_utf8(&out).expect("utf-8 frame");
+    let (line, rest) = text.split_once("\r\n").expect("a control line");
+    let header_len: usize = line
+        .split(' ')
+        .nth(3)
+        .and_then(|n| n.parse().ok())
+        .expect("a header length");
+    proto::header_block_lines(&rest.as_bytes()[..header_len]).expect("a header block")
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,314 @@
+//! The lean path's outstanding publishes, keyed by publish number: a ring, since numbers are
+//! handed out in order and PubAcks normally come back in order. One deadline sweep replaces a
+//! timer per message.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use relay_core::message::OutboundMessage;
+use relay_core::stage::{PublishError, PublishErrorKind};
+use serde::Deserialize;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::publisher::kind_for_error_code;
+
+/// What JetStream stored: the stream sequence, and whether the message was a duplicate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stored {
+    pub(crate) seq: u64,
+    pub(crate) duplicate: bool,
+}
+
+/// How one publish ended.
+pub(crate) type Outcome = Result<Stored, PublishError>;
+
+/// A JetStream PubAck (or its error).
+#[derive(Debug, Deserialize)]
+struct PubAck {
+    #[serde(default)]
+    seq: u64,
+    #[serde(default)]
+    duplicate: bool,
+    #[serde(default)]
+    error: Option<ApiError>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ApiError {
+    #[serde(default)]
+    code: u64,
+    #[serde(default)]
+    err_code: u64,
+    #[serde(default)]
+    description: String,
+}
+
+/// The outcome a PubAck's payload says.
+pub(crate) fn parse_pub_ack(payload: &[u8]) -> Outcome {
+    let ack: PubAck = serde_json::from_slice(payload).map_err(|e| {
+        PublishError::new(
+            PublishErrorKind::Unknown,
+            format!(
+                "unreadable PubAck ({e}): {}",
+                String::from_utf8_lossy(&payload[..payload.len().min(200)])
+            ),
+        )
+    })?;
+    if let Some(error) = ack.error {
+        return Err(PublishError::new(
+            kind_for_error_code(error.err_code),
+            format!(
+                "JetStream refused the message: {} (status {}, error code {})",
+                error.description, error.code, error.err_code
+            ),
+        ));
+    }
+    Ok(Stored {
+        seq: ack.seq,
+        duplicate: ack.duplicate,
+    })
+}
+
+/// The outcome of a 503 status: no stream captures the subject (or its leader is being
+/// elected).
+pub(crate) fn no_responders(subject: &str) -> PublishError {
+    PublishError::new(
+        PublishErrorKind::NoStream,
+        format!("no responders: no JetStream stream captures `{subject}` right now"),
+    )
+}
+
+struct Entry {
+    msg: Arc<OutboundMessage>,
+    deadline: Instant,
+    done: oneshot::Sender<Outcome>,
+}
+
+/// Outstanding publishes numbered `base..base + ring.len()`; a resolved one leaves a hole
+/// until the ones before it resolve.
+#[derive(Default)]
+pub(crate) struct Pending {
+    base: u64,
+    ring: VecDeque<Option<Entry>>,
+    count: usize,
+}
+
+impl Pending {
+    /// Adds publish number `n` (one more than the last added, after a [`Self::drain`] any
+    /// number).
+    pub(crate) fn push(
+        &mut self,
+        n: u64,
+        msg: Arc<OutboundMessage>,
+        deadline: Instant,
+    ) -> oneshot::Receiver<Outcome> {
+        if self.ring.is_empty() {
+            self.base = n;
+        }
+        debug_assert_eq!(n, self.base + self.ring.len() as u64, "numbers in order");
+        let (done, receiver) = oneshot::channel();
+        self.ring.push_back(Some(Entry {
+            msg,
+            deadline,
+            done,
+        }));
+        self.count += 1;
+        receiver
+    }
+
+    /// How many are outstanding.
+    pub(crate) fn len(&self) -> usize {
+        self.count
+    }
+
+    /// Resolves publish number `n` (if outstanding) with what `outcome` makes of its message.
+    pub(crate) fn resolve(&mut self, n: u64, outcome: impl FnOnce(&OutboundMessage) -> Outcome) {
+        let Some(index) = n.checked_sub(self.base) else {
+            return;
+        };
+        let Some(slot) = usize::try_from(index)
+            .ok()
+            .and_then(|i| self.ring.get_mut(i))
+        else {
+            return;
+        };
+        if let Some(entry) = slot.take() {
+            self.count -= 1;
+            // The receiver may be gone (the delivery was dropped): nothing to tell.
+            let _ = entry.done.send(outcome(&entry.msg));
+        }
+        self.trim();
+    }
+
+    /// Resolves every outstanding publish to `subject` with `error()`.
+    pub(crate) fn resolve_subject(&mut self, subject: &str, error: impl Fn() -> PublishError) {
+        for slot in &mut self.ring {
+            if slot.as_ref().is_some_and(|e| e.msg.subject == subject)
+                && let Some(entry) = slot.take()
+            {
+                self.count -= 1;
+                let _ = entry.done.send(Err(error()));
+            }
+        }
+        self.trim();
+    }
+
+    /// Resolves those whose deadline passed by `now` as unknown. Deadlines grow with the
+    /// number, so the sweep stops at the first that has time left.
+    pub(crate) fn expire(&mut self, now: Instant, error: impl Fn() -> PublishError) {
+        while let Some(front) = self.ring.front() {
+            match front {
+                Some(entry) if entry.deadline > now => break,
+                _ => {}
+            }
+            if let Some(Some(entry)) = self.ring.pop_front() {
+                self.count -= 1;
+                let _ = entry.done.send(Err(error()));
+            }
+            self.base += 1;
+        }
+    }
+
+    /// Resolves everything with `error()` (the connection is gone).
+    pub(crate) fn drain(&mut self, error: impl Fn() -> PublishError) {
+        for entry in self.ring.drain(..).flatten() {
+            let _ = entry.done.send(Err(error()));
+        }
+        self.count = 0;
+    }
+
+    fn trim(&mut self) {
+        while matches!(self.ring.front(), Some(None)) {
+            self.ring.pop_front();
+            self.base += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use relay_core::Lsn;
+
+    use super::*;
+
+    fn msg(subject: &str) -> Arc<OutboundMessage> {
+        Arc::new(OutboundMessage {
+            subject: subject.into(),
+            event_id: "e".into(),
+            headers: Vec::new(),
+            shared_headers: 0,
+            payload: Bytes::new(),
+            table: "public.outbox".into(),
+            commit_lsn: Lsn(1),
+            commit_time_micros: 0,
+        })
+    }
+
+    fn unknown() -> PublishError {
+        PublishError::new(PublishErrorKind::Unknown, "gone")
+    }
+
+    #[test]
+    fn pub_acks_parse_into_outcomes() {
+        assert_eq!(
+            parse_pub_ack(br#"{"stream":"OUTBOX","seq":7}"#).unwrap(),
+            Stored {
+                seq: 7,
+                duplicate: false
+            }
+        );
+        assert_eq!(
+            parse_pub_ack(br#"{"stream":"OUTBOX","seq":7,"duplicate":true,"domain":"x"}"#).unwrap(),
+            Stored {
+                seq: 7,
+                duplicate: true
+            }
+        );
+        let refused = parse_pub_ack(
+            br#"{"error":{"code":400,"err_code":10060,"description":"expected stream does not match"}}"#,
+        )
+        .unwrap_err();
+        assert_eq!(refused.kind, PublishErrorKind::Rejected);
+        assert!(
+            refused
+                .to_string()
+                .contains("expected stream does not match")
+        );
+        let store = parse_pub_ack(
+            br#"{"error":{"code":503,"err_code":10077,"description":"maximum messages exceeded"}}"#,
+        )
+        .unwrap_err();
+        assert_eq!(store.kind, PublishErrorKind::Unknown);
+        assert_eq!(
+            parse_pub_ack(b"not json").unwrap_err().kind,
+            PublishErrorKind::Unknown
+        );
+    }
+
+    #[tokio::test]
+    async fn outcomes_reach_their_publish_in_any_order() {
+        let mut pending = Pending::default();
+        let now = Instant::now();
+        let mut acks: Vec<_> = (10..15)
+            .map(|n| pending.push(n, msg("outbox.a"), now))
+            .collect();
+        let stored = |seq| {
+            Ok(Stored {
+                seq,
+                duplicate: false,
+            })
+        };
+        pending.resolve(12, |_| stored(3));
+        pending.resolve(10, |_| stored(1));
+        pending.resolve(10, |_| stored(99)); // a second answer is ignored
+        pending.resolve(99, |_| stored(99)); // and one for no publish
+        assert_eq!(pending.len(), 3);
+        assert_eq!(acks.remove(0).await.unwrap().unwrap().seq, 1);
+        assert_eq!(acks.remove(1).await.unwrap().unwrap().seq, 3);
+        pending.drain(unknown);
+        for ack in acks {
+            assert_eq!(
+                ack.await.unwrap().unwrap_err().kind,
+                PublishErrorKind::Unknown
+            );
+        }
+        assert_eq!(pending.len(), 0);
+        // After a drain, numbering goes on from anywhere.
+        let ack = pending.push(100, msg("outbox.a"), now);
+        pending.resolve(100, |_| stored(5));
+        assert_eq!(ack.await.unwrap().unwrap().seq, 5);
+    }
+
+    #[tokio::test]
+    async fn the_sweep_expires_only_what_is_due_and_subjects_resolve_together() {
+        let mut pending = Pending::default();
+        let start = Instant::now();
+        let early = pending.push(0, msg("outbox.a"), start);
+        let denied = pending.push(1, msg("outbox.denied"), start + Duration::from_secs(5));
+        let late = pending.push(2, msg("outbox.a"), start + Duration::from_secs(10));
+        pending.expire(start + Duration::from_secs(1), unknown);
+        assert!(early.await.unwrap().is_err());
+        pending.resolve_subject("outbox.denied", || {
+            PublishError::new(PublishErrorKind::Rejected, "denied")
+        });
+        assert_eq!(
+            denied.await.unwrap().unwrap_err().kind,
+            PublishErrorKind::Rejected
+        );
+        assert_eq!(pending.len(), 1);
+        pending.expire(start + Duration::from_secs(9), unknown);
+        assert_eq!(pending.len(), 1, "not due yet");
+        pending.resolve(2, |m| {
+            assert_eq!(m.subject, "outbox.a");
+            Ok(Stored {
+                seq: 1,
+                duplicate: false,
+            })
+        });
+        assert!(late.await.unwrap().is_ok());
+    }
+}

@@ -1,0 +1,541 @@
+//! The NATS client protocol as far as the lean publish path speaks it: frames written into a
+//! buffer and server operations parsed out of one. No IO here.
+//!
+//! Client → server: `CONNECT`, `PING`, `PONG`, `SUB`, `HPUB`. Server → client: `INFO`, `MSG`,
+//! `HMSG`, `PING`, `PONG`, `+OK`, `-ERR` (<https://docs.nats.io/reference/reference-protocols/nats-protocol>).
+
+use bytes::{Buf as _, BufMut as _, Bytes, BytesMut};
+use serde::{Deserialize, Serialize};
+
+/// `NATS/1.0\r\n`: the first line of every header block.
+pub(crate) const HEADER_VERSION_LINE: &[u8] = b"NATS/1.0\r\n";
+
+/// The server's `INFO`, the fields the lean connection uses.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub(crate) struct ServerInfo {
+    #[serde(default)]
+    pub(crate) version: String,
+    #[serde(default)]
+    pub(crate) max_payload: usize,
+    #[serde(default)]
+    pub(crate) headers: bool,
+    #[serde(default)]
+    pub(crate) tls_required: bool,
+    #[serde(default)]
+    pub(crate) nonce: Option<String>,
+    /// Other servers of the cluster a client may fail over to (`host:port`).
+    #[serde(default)]
+    pub(crate) connect_urls: Vec<String>,
+}
+
+/// The client's `CONNECT`.
+#[derive(Debug, Serialize)]
+pub(crate) struct ConnectInfo<'a> {
+    pub(crate) verbose: bool,
+    pub(crate) pedantic: bool,
+    pub(crate) tls_required: bool,
+    pub(crate) name: &'a str,
+    pub(crate) lang: &'a str,
+    pub(crate) version: &'a str,
+    pub(crate) protocol: u8,
+    pub(crate) echo: bool,
+    pub(crate) headers: bool,
+    pub(crate) no_responders: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) user: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) pass: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) auth_token: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) jwt: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) nkey: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) sig: Option<&'a str>,
+}
+
+/// One operation the server sent.
+#[derive(Debug, PartialEq)]
+pub(crate) enum ServerOp {
+    Info(Box<ServerInfoText>),
+    /// `MSG` or `HMSG` (the header block, if any, separate from the payload).
+    Msg {
+        subject: Bytes,
+        headers: Option<Bytes>,
+        payload: Bytes,
+    },
+    Ping,
+    Pong,
+    Ok,
+    /// `-ERR '<text>'`, the quotes removed.
+    Err(String),
+}
+
+/// An `INFO`'s JSON, parsed when used (so [`ServerOp`] stays comparable in tests).
+#[derive(Debug, PartialEq)]
+pub(crate) struct ServerInfoText(pub(crate) String);
+
+impl ServerInfoText {
+    pub(crate) fn parse(&self) -> Result<ServerInfo, ProtocolError> {
+        serde_json::from_str(&self.0).map_err(|e| ProtocolError(format!("bad INFO: {e}")))
+    }
+}
+
+/// The server sent something this client cannot parse.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("NATS protocol error: {0}")]
+pub(crate) struct ProtocolError(pub(crate) String);
+
+/// The longest control line accepted from the server before it counts as garbage (an `INFO`
+/// with many `connect_urls` is the longest).
+const MAX_SERVER_LINE: usize = 1 << 20;
+
+/// Takes one complete operation off the front of `buf`; `None` while it is incomplete (read
+/// more and call again).
+pub(crate) fn parse_op(buf: &mut BytesMut) -> Result<Option<ServerOp>, ProtocolError> {
+    let Some(end) = find_crlf(buf) else {
+        if buf.len() > MAX_SERVER_LINE {
+            return Err(ProtocolError("control line too long".into()));
+        }
+        return Ok(None);
+    };
+    let line = &buf[..end];
+    let (op, args) = match line.iter().position(|b| *b == b' ' || *b == b'\t') {
+        Some(i) => (&line[..i], trim(&line[i + 1..])),
+        None => (line, &[][..]),
+    };
+    let is = |name: &[u8]| op.eq_ignore_ascii_case(name);
+    let simple = if is(b"PING") {
+        Some(ServerOp::Ping)
+    } else if is(b"PONG") {
+        Some(ServerOp::Pong)
+    } else if is(b"+OK") {
+        Some(ServerOp::Ok)
+    } else if is(b"-ERR") {
+        let text = String::from_utf8_lossy(args);
+        Some(ServerOp::Err(text.trim().trim_matches('\'').to_owned()))
+    } else if is(b"INFO") {
+        Some(ServerOp::Info(Box::new(ServerInfoText(
+            String::from_utf8_lossy(args).into_owned(),
+        ))))
+    } else if is(b"MSG") || is(b"HMSG") {
+        None
+    } else {
+        return Err(ProtocolError(format!(
+            "unexpected operation `{}`",
+            String::from_utf8_lossy(&line[..line.len().min(64)])
+        )));
+    };
+    if let Some(op) = simple {
+        buf.advance(end + 2);
+        return Ok(Some(op));
+    }
+    // MSG <subject> <sid> [reply-to] <#bytes>
+    // HMSG <subject> <sid> [reply-to] <#header bytes> <#total bytes>
+    let with_headers = is(b"HMSG");
+    // Up to five fields, without allocating (this runs once per PubAck).
+    let mut fields: [&[u8]; 5] = [&[]; 5];
+    let mut count = 0;
+    for field in args
+        .split(|b| *b == b' ' || *b == b'\t')
+        .filter(|f| !f.is_empty())
+    {
+        if count == fields.len() {
+            count += 1;
+            break;
+        }
+        fields[count] = field;
+        count += 1;
+    }
+    let (subject, header_len, total_len) = match (
+        with_headers,
+        // More than five fields: none of the shapes below.
+        fields.get(..count).unwrap_or_default(),
+    ) {
+        (false, [subject, _sid, total] | [subject, _sid, _, total]) => {
+            (*subject, 0, number(total)?)
+        }
+        (true, [subject, _sid, header, total] | [subject, _sid, _, header, total]) => {
+            (*subject, number(header)?, number(total)?)
+        }
+        _ => {
+            return Err(ProtocolError(format!(
+                "malformed {}",
+                String::from_utf8_lossy(&line[..line.len().min(200)])
+            )));
+        }
+    };
+    if header_len > total_len {
+        return Err(ProtocolError("header length over total length".into()));
+    }
+    let frame_len = end + 2 + total_len + 2;
+    if buf.len() < frame_len {
+        return Ok(None);
+    }
+    // The subject as a slice of the frame's bytes: no copy.
+    let subject_at = subject.as_ptr() as usize - line.as_ptr() as usize;
+    let subject_range = subject_at..subject_at + subject.len();
+    let mut frame = buf.split_to(frame_len).freeze();
+    let subject = frame.slice(subject_range);
+    frame.advance(end + 2);
+    frame.truncate(total_len);
+    let payload = frame.split_off(header_len);
+    let headers = with_headers.then_some(frame);
+    Ok(Some(ServerOp::Msg {
+        subject,
+        headers,
+        payload,
+    }))
+}
+
+/// Where the first `\r\n` starts.
+fn find_crlf(buf: &[u8]) -> Option<usize> {
+    let mut from = 0;
+    while let Some(at) = buf[from..].iter().position(|b| *b == b'\n') {
+        let at = from + at;
+        if at > 0 && buf[at - 1] == b'\r' {
+            return Some(at - 1);
+        }
+        from = at + 1;
+    }
+    None
+}
+
+fn trim(bytes: &[u8]) -> &[u8] {
+    let start = bytes
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(bytes.len());
+    let end = bytes
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace())
+        .map_or(start, |i| i + 1);
+    &bytes[start..end]
+}
+
+fn number(field: &[u8]) -> Result<usize, ProtocolError> {
+    std::str::from_utf8(field)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| {
+            ProtocolError(format!(
+                "bad length `{}`",
+                String::from_utf8_lossy(&field[..field.len().min(32)])
+            ))
+        })
+}
+
+/// The status code of a header block's first line (`NATS/1.0 503` → 503), if it has one.
+pub(crate) fn status_code(headers: &[u8]) -> Option<u16> {
+    let first = headers.split(|b| *b == b'\r').next()?;
+    let rest = first.strip_prefix(b"NATS/1.0")?;
+    let code = trim(rest).split(|b| *b == b' ').next()?;
+    std::str::from_utf8(code).ok()?.parse().ok()
+}
+
+/// `CONNECT {json}\r\n`.
+pub(crate) fn write_connect(out: &mut BytesMut, info: &ConnectInfo<'_>) {
+    out.put_slice(b"CONNECT ");
+    // Serialising a struct of strings and bools into a Vec cannot fail.
+    let json = serde_json::to_vec(info).unwrap_or_default();
+    out.put_slice(&json);
+    out.put_slice(b"\r\n");
+}
+
+/// `SUB <subject> <sid>\r\n`.
+pub(crate) fn write_sub(out: &mut BytesMut, subject: &str, sid: u64) {
+    out.put_slice(b"SUB ");
+    out.put_slice(subject.as_bytes());
+    out.put_u8(b' ');
+    put_decimal(out, sid);
+    out.put_slice(b"\r\n");
+}
+
+/// The length of the reply token for publish number `n`: always 16 hex digits, so the reply
+/// subject's length (which counts toward the server's `max_control_line`) is fixed.
+pub(crate) const REPLY_TOKEN_LEN: usize = 16;
+
+/// The reply token of publish number `n`.
+pub(crate) fn put_reply_token(out: &mut BytesMut, n: u64) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for shift in (0..REPLY_TOKEN_LEN).rev() {
+        out.put_u8(HEX[((n >> (shift * 4)) & 0xf) as usize]);
+    }
+}
+
+/// Publish number `n` back from a reply token; `None` for anything else.
+pub(crate) fn parse_reply_token(token: &[u8]) -> Option<u64> {
+    if token.len() != REPLY_TOKEN_LEN {
+        return None;
+    }
+    token.iter().try_fold(0u64, |n, b| {
+        let digit = match b {
+            b'0'..=b'9' => b - b'0',
+            b'a'..=b'f' => b - b'a' + 10,
+            _ => return None,
+        };
+        Some((n << 4) | u64::from(digit))
+    })
+}
+
+/// The bytes of one header line `<name>: <value>\r\n`.
+pub(crate) fn header_line_len(name: &str, value: &str) -> usize {
+    name.len() + 2 + value.len() + 2
+}
+
+/// Appends `<name>: <value>\r\n`.
+pub(crate) fn put_header_line(out: &mut BytesMut, name: &str, value: &str) {
+    out.put_slice(name.as_bytes());
+    out.put_slice(b": ");
+    out.put_slice(value.as_bytes());
+    out.put_slice(b"\r\n");
+}
+
+/// One `HPUB` of publish number `n`: `HPUB <subject> <reply_prefix>.<token> <hdr_len> <total_len>\r\n`, the header
+/// block (`head` — the version line and lines prepared once — then the lines `tail` writes,
+/// `tail_len` bytes, then the blank line), the payload, `\r\n`.
+pub(crate) fn write_hpub(
+    out: &mut BytesMut,
+    subject: &str,
+    (reply_prefix, n): (&str, u64),
+    head: &[u8],
+    tail_len: usize,
+    tail: impl FnOnce(&mut BytesMut),
+    payload: &[u8],
+) {
+    let header_len = head.len() + tail_len + 2;
+    let total_len = header_len + payload.len();
+    out.reserve(subject.len() + reply_prefix.len() + 64 + total_len);
+    out.put_slice(b"HPUB ");
+    out.put_slice(subject.as_bytes());
+    out.put_u8(b' ');
+    out.put_slice(reply_prefix.as_bytes());
+    out.put_u8(b'.');
+    put_reply_token(out, n);
+    out.put_u8(b' ');
+    put_decimal(out, header_len as u64);
+    out.put_u8(b' ');
+    put_decimal(out, total_len as u64);
+    out.put_slice(b"\r\n");
+    out.put_slice(head);
+    let before = out.len();
+    tail(out);
+    debug_assert_eq!(out.len() - before, tail_len, "tail_len is what tail writes");
+    out.put_slice(b"\r\n");
+    out.put_slice(payload);
+    out.put_slice(b"\r\n");
+}
+
+fn put_decimal(out: &mut BytesMut, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.put_slice(&digits[i..]);
+}
+
+/// The `(name, value)` lines of a header block (after the version line), for tests.
+#[cfg(test)]
+pub(crate) fn header_block_lines(block: &[u8]) -> Option<Vec<(String, String)>> {
+    let text = std::str::from_utf8(block).ok()?;
+    let body = text.strip_prefix("NATS/1.0")?;
+    let body = body.split_once("\r\n")?.1;
+    let body = body.strip_suffix("\r\n")?;
+    body.split("\r\n")
+        .filter(|l| !l.is_empty())
+        .map(|line| {
+            let (name, value) = line.split_once(':')?;
+            Some((name.to_owned(), value.trim_start().to_owned()))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_all(input: &[u8]) -> Vec<ServerOp> {
+        let mut buf = BytesMut::from(input);
+        let mut ops = Vec::new();
+        while let Some(op) = parse_op(&mut buf).expect("parses") {
+            ops.push(op);
+        }
+        assert!(buf.is_empty(), "all consumed: {buf:?}");
+        ops
+    }
+
+    #[test]
+    fn hpub_frames_are_exact() {
+        let mut out = BytesMut::new();
+        let head = b"NATS/1.0\r\nNats-Expected-Stream: OUTBOX\r\n";
+        let tail_len = header_line_len("Nats-Msg-Id", "ev-1");
+        write_hpub(
+            &mut out,
+            "outbox.a",
+            ("_INBOX.x", 26),
+            head,
+            tail_len,
+            |out| put_header_line(out, "Nats-Msg-Id", "ev-1"),
+            b"hello",
+        );
+        let block = "NATS/1.0\r\nNats-Expected-Stream: OUTBOX\r\nNats-Msg-Id: ev-1\r\n\r\n";
+        let expected = format!(
+            "HPUB outbox.a _INBOX.x.000000000000001a {} {}\r\n{block}hello\r\n",
+            block.len(),
+            block.len() + 5
+        );
+        assert_eq!(std::str::from_utf8(&out).unwrap(), expected);
+        assert_eq!(
+            header_block_lines(block.as_bytes()).unwrap(),
+            vec![
+                ("Nats-Expected-Stream".into(), "OUTBOX".into()),
+                ("Nats-Msg-Id".into(), "ev-1".into())
+            ]
+        );
+    }
+
+    #[test]
+    fn reply_tokens_round_trip_at_a_fixed_length() {
+        for n in [0, 1, 26, u64::from(u32::MAX), u64::MAX] {
+            let mut out = BytesMut::new();
+            put_reply_token(&mut out, n);
+            assert_eq!(out.len(), REPLY_TOKEN_LEN);
+            assert_eq!(parse_reply_token(&out), Some(n));
+        }
+        assert_eq!(parse_reply_token(b"000000000000001"), None, "too short");
+        assert_eq!(parse_reply_token(b"000000000000001G"), None);
+    }
+
+    #[test]
+    fn connect_sub_and_numbers() {
+        let mut out = BytesMut::new();
+        write_sub(&mut out, "_INBOX.x.*", 1);
+        put_decimal(&mut out, 0);
+        put_decimal(&mut out, 1_234_567);
+        assert_eq!(&out[..], b"SUB _INBOX.x.* 1\r\n01234567");
+        let mut out = BytesMut::new();
+        write_connect(
+            &mut out,
+            &ConnectInfo {
+                verbose: false,
+                pedantic: false,
+                tls_required: false,
+                name: "n",
+                lang: "rust",
+                version: "1",
+                protocol: 1,
+                echo: true,
+                headers: true,
+                no_responders: true,
+                user: Some("u"),
+                pass: None,
+                auth_token: None,
+                jwt: None,
+                nkey: None,
+                sig: None,
+            },
+        );
+        let text = std::str::from_utf8(&out).unwrap();
+        assert!(
+            text.starts_with("CONNECT {") && text.ends_with("}\r\n"),
+            "{text}"
+        );
+        assert!(text.contains("\"headers\":true,\"no_responders\":true"));
+        assert!(text.contains("\"user\":\"u\"") && !text.contains("pass"));
+    }
+
+    #[test]
+    fn server_operations_parse() {
+        let input = b"INFO {\"version\":\"2.9.0\",\"max_payload\":1048576,\"headers\":true,\"connect_urls\":[\"10.0.0.1:4222\"],\"nonce\":\"abc\"}\r\n\
+PING\r\npong\r\n+OK\r\n-ERR 'Permissions Violation for Publish to \"outbox.a\"'\r\n\
+MSG _INBOX.x.1 1 5\r\nhello\r\n\
+MSG a.b 9 reply.to 0\r\n\r\n\
+HMSG _INBOX.x.2 1 16 16\r\nNATS/1.0 503\r\n\r\n\r\n\
+HMSG s 1 r 12 14\r\nNATS/1.0\r\n\r\nhi\r\n";
+        let ops = parse_all(input);
+        let ServerOp::Info(info) = &ops[0] else {
+            panic!("{ops:?}")
+        };
+        let info = info.parse().unwrap();
+        assert_eq!(info.version, "2.9.0");
+        assert_eq!(info.max_payload, 1_048_576);
+        assert_eq!(info.connect_urls, vec!["10.0.0.1:4222".to_owned()]);
+        assert_eq!(info.nonce.as_deref(), Some("abc"));
+        assert!(info.headers && !info.tls_required);
+        assert_eq!(
+            &ops[1..5],
+            &[
+                ServerOp::Ping,
+                ServerOp::Pong,
+                ServerOp::Ok,
+                ServerOp::Err("Permissions Violation for Publish to \"outbox.a\"".into())
+            ]
+        );
+        let msg = |subject: &str, headers: Option<&[u8]>, payload: &[u8]| ServerOp::Msg {
+            subject: Bytes::copy_from_slice(subject.as_bytes()),
+            headers: headers.map(Bytes::copy_from_slice),
+            payload: Bytes::copy_from_slice(payload),
+        };
+        assert_eq!(ops[5], msg("_INBOX.x.1", None, b"hello"));
+        assert_eq!(ops[6], msg("a.b", None, b""));
+        assert_eq!(
+            ops[7],
+            msg("_INBOX.x.2", Some(b"NATS/1.0 503\r\n\r\n"), b"")
+        );
+        assert_eq!(ops[8], msg("s", Some(b"NATS/1.0\r\n\r\n"), b"hi"));
+        assert_eq!(status_code(b"NATS/1.0 503\r\n\r\n"), Some(503));
+        assert_eq!(
+            status_code(b"NATS/1.0 408 Request Timeout\r\n\r\n"),
+            Some(408)
+        );
+        assert_eq!(status_code(b"NATS/1.0\r\n\r\n"), None);
+        assert_eq!(ops.len(), 9);
+    }
+
+    #[test]
+    fn split_reads_wait_for_the_whole_operation() {
+        let input: &[u8] =
+            b"MSG _INBOX.x.1 1 5\r\nhello\r\nHMSG s 1 12 14\r\nNATS/1.0\r\n\r\nhi\r\nPING\r\n";
+        // Every split point: the parser returns nothing until an operation is complete, and
+        // the same operations in the end.
+        let whole = parse_all(input);
+        assert_eq!(whole.len(), 3);
+        for cut in 0..input.len() {
+            let mut buf = BytesMut::from(&input[..cut]);
+            let mut ops = Vec::new();
+            while let Some(op) = parse_op(&mut buf).unwrap() {
+                ops.push(op);
+            }
+            buf.extend_from_slice(&input[cut..]);
+            while let Some(op) = parse_op(&mut buf).unwrap() {
+                ops.push(op);
+            }
+            assert_eq!(ops, whole, "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn garbage_is_an_error() {
+        for bad in [
+            &b"FOO bar\r\n"[..],
+            b"MSG a 1\r\n",
+            b"MSG a 1 x\r\n",
+            b"HMSG a 1 10 5\r\n",
+            b"HMSG a 1 r 2 3 4\r\n",
+        ] {
+            let mut buf = BytesMut::from(bad);
+            assert!(
+                parse_op(&mut buf).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+}

@@ -1,0 +1,369 @@
+//! The lean connection's life: a supervisor task connects (through the configured and the
+//! learned servers, with bounded backoff), then reads and writes until the connection is lost,
+//! resolves everything outstanding as unknown at once, and connects again.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use relay_core::stage::{PublishError, PublishErrorKind};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::Inner;
+use super::connect::{self, Opened, Reader, ServerUrl, Writer};
+use super::pending::{self, Outcome};
+use super::proto::{self, ServerOp};
+use crate::closes::is_closing_protocol_error;
+
+/// How often the reader looks for PubAcks past their deadline.
+const SWEEP_EVERY: Duration = Duration::from_millis(100);
+/// How often the client pings an idle-looking server, and how many unanswered pings mean the
+/// connection is dead (a half-open TCP connection otherwise looks alive forever).
+const PING_EVERY: Duration = Duration::from_secs(20);
+const MAX_PINGS_OUT: u32 = 2;
+/// Backoff between passes through the server list.
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Why a connection ended.
+enum Loss {
+    Io(std::io::Error),
+    Protocol(proto::ProtocolError),
+    Stale,
+    Stopped,
+}
+
+impl std::fmt::Display for Loss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Io(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                f.write_str("the server closed the connection")
+            }
+            Self::Io(e) => write!(f, "{e}"),
+            Self::Protocol(e) => write!(f, "{e}"),
+            Self::Stale => f.write_str("no PONG to the client's PINGs (stale connection)"),
+            Self::Stopped => f.write_str("the publisher was dropped"),
+        }
+    }
+}
+
+/// Connects and reconnects until `stop`'s sender is dropped.
+pub(super) async fn supervise(inner: Arc<Inner>, mut stop: watch::Receiver<()>) {
+    let mut backoff = Duration::ZERO;
+    let mut next = 0usize;
+    let mut failures = 0u32;
+    loop {
+        if !backoff.is_zero() {
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => {}
+                _ = stop.changed() => return,
+            }
+        }
+        let servers = inner.servers();
+        let mut opened = None;
+        let mut last_error = String::new();
+        let subscribe = inner.subscribe_frame();
+        for i in 0..servers.len() {
+            let index = (next + i) % servers.len();
+            let server = &servers[index];
+            let attempt = tokio::select! {
+                result = connect::open(&inner.settings, server, &subscribe) => result,
+                _ = stop.changed() => return,
+            };
+            match attempt {
+                Ok(o) => {
+                    opened = Some((index, o));
+                    break;
+                }
+                Err(connect::OpenError::Refused(text))
+                    if !inner.ever_connected.load(Ordering::Relaxed) =>
+                {
+                    // async-nats connected with the same credentials, so this is about a
+                    // second connection (a connection limit, say): keep publishing, on it.
+                    tracing::warn!(server = %format!("{}:{}", server.host, server.port), error = %text, "publishing through async-nats: the server refused the lean publish connection (a second connection with the relay's credentials; check the account's or user's connection limit)");
+                    inner.refused.store(true, Ordering::Relaxed);
+                    inner.up.send_modify(|_| {});
+                    return;
+                }
+                Err(e) => {
+                    last_error = format!("{}:{}: {e}", server.host, server.port);
+                }
+            }
+        }
+        let Some((index, opened)) = opened else {
+            failures += 1;
+            // Once loudly; then quietly while the outage lasts.
+            if failures == 1 {
+                tracing::warn!(url = %inner.settings.display_url, error = %last_error, "cannot connect the lean publish connection to NATS; retrying");
+            } else {
+                tracing::debug!(url = %inner.settings.display_url, error = %last_error, "cannot connect the lean publish connection to NATS; retrying");
+            }
+            backoff = (backoff * 2).clamp(FIRST_BACKOFF, MAX_BACKOFF);
+            continue;
+        };
+        let server = format!("{}:{}", servers[index].host, servers[index].port);
+        if !inner.ever_connected.load(Ordering::Relaxed) {
+            tracing::info!(%server, server_version = %opened.info.version, "publishing each message on the relay's own NATS connection (lean publish path)");
+        } else if failures > 0 {
+            tracing::info!(%server, "lean publish connection to NATS restored");
+        }
+        failures = 0;
+        backoff = Duration::ZERO;
+        let loss = run(&inner, opened, &mut stop).await;
+        inner.lost(&loss.to_string());
+        if matches!(loss, Loss::Stopped) {
+            return;
+        }
+        tracing::debug!(reason = %loss, "lean publish connection to NATS lost; reconnecting");
+        // Reconnect at once (the first pass), starting with the next server: a killed node
+        // refuses quickly, a live one takes over.
+        next = index + 1;
+    }
+}
+
+/// Serves one open connection until it is lost.
+async fn run(inner: &Arc<Inner>, opened: Opened, stop: &mut watch::Receiver<()>) -> Loss {
+    let Opened {
+        reader,
+        writer,
+        info,
+        leftover,
+    } = opened;
+    inner.connected(&info);
+    tokio::select! {
+        loss = read_loop(inner, reader, leftover) => loss,
+        loss = write_loop(inner, writer) => loss,
+        _ = stop.changed() => Loss::Stopped,
+    }
+}
+
+async fn write_loop(inner: &Inner, mut writer: Writer) -> Loss {
+    let mut spare = BytesMut::with_capacity(64 * 1024);
+    loop {
+        inner.wake_writer.notified().await;
+        inner.take_frames(&mut spare);
+        if spare.is_empty() {
+            continue;
+        }
+        // One write for whatever accumulated: frames queued while it is under way go in the
+        // next one.
+        let written = async {
+            writer.write_all(&spare).await?;
+            writer.flush().await
+        };
+        if let Err(e) = written.await {
+            return Loss::Io(e);
+        }
+        spare.clear();
+    }
+}
+
+async fn read_loop(inner: &Inner, mut reader: Reader, mut buf: BytesMut) -> Loss {
+    let mut sweep = tokio::time::interval(SWEEP_EVERY);
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_ping = Instant::now();
+    loop {
+        loop {
+            match proto::parse_op(&mut buf) {
+                Ok(Some(op)) => inner.on_op(op),
+                Ok(None) => break,
+                Err(e) => return Loss::Protocol(e),
+            }
+        }
+        buf.reserve(32 * 1024);
+        tokio::select! {
+            read = reader.read_buf(&mut buf) => match read {
+                Ok(0) => return Loss::Io(std::io::ErrorKind::UnexpectedEof.into()),
+                Ok(_) => {}
+                Err(e) => return Loss::Io(e),
+            },
+            _ = sweep.tick() => {
+                let now = Instant::now();
+                inner.expire(now);
+                if now.duration_since(last_ping) >= PING_EVERY {
+                    last_ping = now;
+                    if !inner.ping() {
+                        return Loss::Stale;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// Configured servers first, then those the cluster announced.
+    fn servers(&self) -> Vec<ServerUrl> {
+        let state = self.lock();
+        let mut servers = self.settings.servers.clone();
+        servers.extend(state.discovered.iter().cloned());
+        servers
+    }
+
+    /// `SUB <reply prefix>.* 1`, sent with `CONNECT`: every PubAck comes on it.
+    fn subscribe_frame(&self) -> BytesMut {
+        let mut frame = BytesMut::new();
+        proto::write_sub(&mut frame, &format!("{}.*", self.reply_prefix), 1);
+        frame
+    }
+
+    fn connected(&self, info: &proto::ServerInfo) {
+        self.learn(info);
+        {
+            let mut state = self.lock();
+            state.live = true;
+            state.out.clear();
+            state.closing = None;
+            state.pings_out = 0;
+        }
+        self.ever_connected.store(true, Ordering::Relaxed);
+        self.up.send_replace(true);
+    }
+
+    /// The connection is gone: every outstanding publish resolves at once, as closed by the
+    /// server when a protocol `-ERR` about what was sent came before the loss.
+    fn lost(&self, reason: &str) {
+        self.up.send_replace(false);
+        let mut state = self.lock();
+        state.live = false;
+        state.out.clear();
+        let closing = state.closing.take();
+        if let Some(error) = &closing {
+            tracing::warn!(error = %error, "NATS closed the connection over what the relay sent");
+        }
+        state.pending.drain(|| match &closing {
+            Some(error) => PublishError::closed_by_server(format!(
+                "NATS closed the connection after this message was sent: -ERR '{error}'"
+            )),
+            None => PublishError::new(
+                PublishErrorKind::Unknown,
+                format!("the NATS connection was lost before the PubAck came ({reason})"),
+            ),
+        });
+    }
+
+    fn learn(&self, info: &proto::ServerInfo) {
+        if info.max_payload > 0 {
+            self.max_payload.store(info.max_payload, Ordering::Relaxed);
+        }
+        if info.connect_urls.is_empty() {
+            return;
+        }
+        let mut state = self.lock();
+        for url in &info.connect_urls {
+            let Ok(server) = ServerUrl::parse(url) else {
+                continue;
+            };
+            let known = |s: &ServerUrl| s.host == server.host && s.port == server.port;
+            if !self.settings.servers.iter().any(known) && !state.discovered.iter().any(known) {
+                tracing::debug!(server = %url, "learned a NATS server for failover");
+                state.discovered.push(server);
+            }
+        }
+    }
+
+    /// Moves the frames waiting to be written into `into` (emptied by the caller).
+    fn take_frames(&self, into: &mut BytesMut) {
+        let mut state = self.lock();
+        std::mem::swap(&mut state.out, into);
+    }
+
+    fn queue(&self, frame: &[u8]) {
+        self.lock().out.extend_from_slice(frame);
+        self.wake_writer.notify_one();
+    }
+
+    /// Sends a `PING`; `false` when too many went unanswered.
+    fn ping(&self) -> bool {
+        {
+            let mut state = self.lock();
+            if state.pings_out >= MAX_PINGS_OUT {
+                return false;
+            }
+            state.pings_out += 1;
+        }
+        self.queue(b"PING\r\n");
+        true
+    }
+
+    fn expire(&self, now: Instant) {
+        let mut state = self.lock();
+        if state.pending.len() == 0 {
+            return;
+        }
+        let timeout = self.ack_timeout;
+        state.pending.expire(now, || {
+            PublishError::new(
+                PublishErrorKind::Unknown,
+                format!("no PubAck within nats.ack_timeout ({timeout:?})"),
+            )
+        });
+    }
+
+    fn on_op(&self, op: ServerOp) {
+        match op {
+            ServerOp::Msg {
+                subject,
+                headers,
+                payload,
+            } => self.on_reply(&subject, headers.as_ref(), &payload),
+            ServerOp::Ping => self.queue(b"PONG\r\n"),
+            ServerOp::Pong => self.lock().pings_out = 0,
+            ServerOp::Ok => {}
+            ServerOp::Info(text) => match text.parse() {
+                Ok(info) => self.learn(&info),
+                Err(e) => tracing::debug!(error = %e, "ignoring an INFO update"),
+            },
+            ServerOp::Err(text) => self.on_server_error(&text),
+        }
+    }
+
+    fn on_reply(&self, subject: &[u8], headers: Option<&Bytes>, payload: &[u8]) {
+        let Some(n) = subject
+            .strip_prefix(self.reply_prefix.as_bytes())
+            .and_then(|rest| rest.strip_prefix(b"."))
+            .and_then(proto::parse_reply_token)
+        else {
+            return;
+        };
+        let status = headers.and_then(|h| proto::status_code(h));
+        self.lock().pending.resolve(n, |msg| -> Outcome {
+            match status {
+                Some(503) => Err(pending::no_responders(&msg.subject)),
+                Some(code) => Err(PublishError::new(
+                    PublishErrorKind::Unknown,
+                    format!("NATS answered the publish with status {code}"),
+                )),
+                None => pending::parse_pub_ack(payload),
+            }
+        });
+    }
+
+    fn on_server_error(&self, text: &str) {
+        if is_closing_protocol_error(text) {
+            // The server closes the connection next: the loss counts as a server close.
+            self.lock().closing = Some(text.into());
+            return;
+        }
+        self.connection.record_server_error(text);
+        // `Permissions Violation for Publish to "<subject>"`: no PubAck will come for
+        // publishes to it; say so now instead of after the ack timeout.
+        if let Some(subject) = text
+            .split_once("Permissions Violation for Publish to \"")
+            .and_then(|(_, rest)| rest.split_once('"'))
+            .map(|(subject, _)| subject)
+        {
+            self.lock().pending.resolve_subject(subject, || {
+                PublishError::new(
+                    PublishErrorKind::Rejected,
+                    format!(
+                        "NATS refused to let the relay publish to `{subject}` ({text}): grant the relay's NATS user publish permission on the outbox subjects"
+                    ),
+                )
+            });
+        }
+    }
+}

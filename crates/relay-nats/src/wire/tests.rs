@@ -1,0 +1,191 @@
+//! The lean connection against a scripted server on a local socket: what nats-server rarely
+//! does on cue (a `PING` of its own, an `INFO` update, a 503, a closing `-ERR`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use relay_core::Lsn;
+use relay_core::message::OutboundMessage;
+use relay_core::stage::PublishErrorKind;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::*;
+use crate::NatsSettings;
+use crate::connection::ConnectionState;
+
+fn msg(id: &str) -> Arc<OutboundMessage> {
+    Arc::new(OutboundMessage {
+        subject: "outbox.a".into(),
+        event_id: id.into(),
+        headers: Vec::new(),
+        shared_headers: 0,
+        payload: Bytes::from_static(b"{}"),
+        table: "public.outbox".into(),
+        commit_lsn: Lsn(1),
+        commit_time_micros: 0,
+    })
+}
+
+/// Publishes event `id` as the publisher does: ready (not waiting for a lost connection), then
+/// queued.
+async fn ready_publish(
+    lean: &LeanConnection,
+    id: &str,
+) -> Result<oneshot::Receiver<Outcome>, relay_core::stage::PublishError> {
+    assert!(lean.ready(Duration::ZERO).await, "not refused");
+    lean.publish("OUTBOX", &msg(id))
+}
+
+/// Reads from `socket` until `needle` has been seen; returns all that was read.
+async fn read_until(socket: &mut TcpStream, seen: &mut BytesMut, needle: &str) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = String::from_utf8_lossy(seen).into_owned();
+        if let Some(at) = text.find(needle) {
+            let upto = at + needle.len();
+            let _ = seen.split_to(upto);
+            return text[..upto].to_owned();
+        }
+        let read = tokio::time::timeout_at(deadline, socket.read_buf(seen)).await;
+        assert!(
+            matches!(read, Ok(Ok(n)) if n > 0),
+            "`{needle}` not received; got {text:?}"
+        );
+    }
+}
+
+/// The reply subject of the (only) `HPUB` in `frames`.
+fn reply_of(frames: &str) -> String {
+    let line = frames
+        .lines()
+        .find(|l| l.starts_with("HPUB "))
+        .expect("an HPUB");
+    line.split(' ').nth(2).expect("a reply subject").to_owned()
+}
+
+#[tokio::test]
+async fn the_session_answers_pings_learns_servers_and_reports_closes() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let settings = NatsSettings {
+        url: format!("nats://127.0.0.1:{port}"),
+        ..Default::default()
+    };
+    let lean = LeanConnection::new(
+        Arc::new(WireSettings::from_settings(&settings).unwrap()),
+        Arc::new(ConnectionState::with_default_limits()),
+        Duration::from_secs(30),
+    );
+    let server = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut seen = BytesMut::new();
+        socket
+            .write_all(b"INFO {\"version\":\"9.9.9\",\"headers\":true,\"max_payload\":1000}\r\n")
+            .await
+            .unwrap();
+        let hello = read_until(&mut socket, &mut seen, "PING\r\n").await;
+        assert!(hello.starts_with("CONNECT {"), "{hello}");
+        assert!(hello.contains("\"headers\":true") && hello.contains("\"no_responders\":true"));
+        assert!(hello.contains("\r\nSUB _INBOX."), "{hello}");
+        socket.write_all(b"PONG\r\n").await.unwrap();
+        // The first publish: a PubAck, after a PING of the server's and an INFO update.
+        let frames = read_until(&mut socket, &mut seen, "{}\r\n").await;
+        let reply = reply_of(&frames);
+        socket
+            .write_all(b"PING\r\nINFO {\"headers\":true,\"max_payload\":2000,\"connect_urls\":[\"127.0.0.1:1\"]}\r\n")
+            .await
+            .unwrap();
+        read_until(&mut socket, &mut seen, "PONG\r\n").await;
+        let ack = br#"{"stream":"OUTBOX","seq":41}"#;
+        let frame = format!("MSG {reply} 1 {}\r\n", ack.len());
+        socket.write_all(frame.as_bytes()).await.unwrap();
+        socket.write_all(ack).await.unwrap();
+        socket.write_all(b"\r\n").await.unwrap();
+        // The second: no responders.
+        let frames = read_until(&mut socket, &mut seen, "{}\r\n").await;
+        let reply = reply_of(&frames);
+        let status = format!("HMSG {reply} 1 16 16\r\nNATS/1.0 503\r\n\r\n\r\n");
+        socket.write_all(status.as_bytes()).await.unwrap();
+        // The third: the server refuses it and closes the connection.
+        read_until(&mut socket, &mut seen, "{}\r\n").await;
+        socket
+            .write_all(b"-ERR 'Maximum Control Line Exceeded'\r\n")
+            .await
+            .unwrap();
+        drop(socket);
+    });
+    let first = ready_publish(&lean, "a").await.unwrap();
+    let stored = first.await.unwrap().unwrap();
+    assert_eq!((stored.seq, stored.duplicate), (41, false));
+    assert_eq!(lean.max_payload(), 2000, "the INFO update");
+    assert!(
+        lean.inner.lock().discovered.iter().any(|s| s.port == 1),
+        "connect_urls learned for failover"
+    );
+    let second = ready_publish(&lean, "b").await.unwrap();
+    let none = second.await.unwrap().unwrap_err();
+    assert_eq!(none.kind, PublishErrorKind::NoStream, "{none}");
+    let third = ready_publish(&lean, "c").await.unwrap();
+    let closed = third.await.unwrap().unwrap_err();
+    assert!(closed.closed_by_server, "{closed}");
+    assert!(
+        closed.to_string().contains("Maximum Control Line Exceeded"),
+        "{closed}"
+    );
+    server.await.unwrap();
+    // Down now (the scripted server is gone): a send that does not wait fails as unknown.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let down = ready_publish(&lean, "d").await.unwrap_err();
+    assert_eq!(down.kind, PublishErrorKind::Unknown, "{down}");
+}
+
+#[tokio::test]
+async fn an_unanswered_publish_times_out_as_unknown_without_a_timer_of_its_own() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let settings = NatsSettings {
+        url: format!("nats://127.0.0.1:{port}"),
+        ..Default::default()
+    };
+    let ack_timeout = Duration::from_millis(300);
+    let lean = LeanConnection::new(
+        Arc::new(WireSettings::from_settings(&settings).unwrap()),
+        Arc::new(ConnectionState::with_default_limits()),
+        ack_timeout,
+    );
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut seen = BytesMut::new();
+        socket
+            .write_all(b"INFO {\"headers\":true,\"max_payload\":1000}\r\n")
+            .await
+            .unwrap();
+        read_until(&mut socket, &mut seen, "PING\r\n").await;
+        socket.write_all(b"PONG\r\n").await.unwrap();
+        read_until(&mut socket, &mut seen, "{}\r\n").await;
+        // Never answers; keeps the connection open until the test is done.
+        let _ = done_rx.await;
+    });
+    let started = tokio::time::Instant::now();
+    let ack = ready_publish(&lean, "a").await.unwrap();
+    let error = ack.await.unwrap().unwrap_err();
+    assert_eq!(error.kind, PublishErrorKind::Unknown, "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("no PubAck within nats.ack_timeout"),
+        "{error}"
+    );
+    assert!(!error.closed_by_server);
+    let waited = started.elapsed();
+    assert!(
+        waited >= ack_timeout && waited < ack_timeout + Duration::from_secs(1),
+        "{waited:?}"
+    );
+    assert_eq!(lean.inner.lock().pending.len(), 0);
+    let _ = done_tx.send(());
+    server.await.unwrap();
+}
