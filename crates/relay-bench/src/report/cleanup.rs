@@ -104,7 +104,7 @@ pub(super) fn note(out: &mut String, runs: &[CleanupRun]) {
     }
     let _ = writeln!(
         out,
-        "Cleanup: per mode a fresh slot and relay with that `[outbox.cleanup]` (none for off), {}-row transactions at the target rate (in rows) over 2 connections; relay rate = events / (load start → the last one stored); latency as above over every event of the load; size = pg_total_relation_size over the table's partitions (and partitions detached, not yet dropped), sampled through the load; autovacuum on (naptime 10s) during these runs only. mark keeps every row by design (it sets published_at): its size grows like off.",
+        "Cleanup: per mode a fresh slot and relay with that `[outbox.cleanup]` (none for off), {}-row transactions at the target rate (in rows) over 2 connections; relay rate = events / (load start → the last one stored); latency as above over every event of the load; size = pg_total_relation_size over the table's partitions (and partitions detached, not yet dropped), sampled through the load; autovacuum on (naptime 10s) during these runs only. mark sets published_at at once and deletes rows older than the retain (delete_after), as a polling relay's cleanup job would.",
         runs[0].rows_per_tx
     );
 }

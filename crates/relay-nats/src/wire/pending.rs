@@ -23,11 +23,15 @@ pub(crate) struct Stored {
 /// How one publish ended.
 pub(crate) type Outcome = Result<Stored, PublishError>;
 
-/// A JetStream PubAck (or its error).
+/// A JetStream PubAck (or its error). `stream` and `seq` are what make it one: an answer
+/// without them is not taken for a stored message.
 #[derive(Debug, Deserialize)]
 struct PubAck {
+    /// Only its presence counts (not read: no allocation per ack).
     #[serde(default)]
-    seq: u64,
+    stream: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    seq: Option<u64>,
     #[serde(default)]
     duplicate: bool,
     #[serde(default)]
@@ -64,10 +68,19 @@ pub(crate) fn parse_pub_ack(payload: &[u8]) -> Outcome {
             ),
         ));
     }
-    Ok(Stored {
-        seq: ack.seq,
-        duplicate: ack.duplicate,
-    })
+    match (ack.stream, ack.seq) {
+        (Some(_), Some(seq)) => Ok(Stored {
+            seq,
+            duplicate: ack.duplicate,
+        }),
+        _ => Err(PublishError::new(
+            PublishErrorKind::Unknown,
+            format!(
+                "an answer that is not a PubAck (no stream or sequence): {}",
+                String::from_utf8_lossy(&payload[..payload.len().min(200)])
+            ),
+        )),
+    }
 }
 
 /// The outcome of a 503 status: no stream captures the subject (or its leader is being
@@ -247,6 +260,14 @@ mod tests {
             parse_pub_ack(b"not json").unwrap_err().kind,
             PublishErrorKind::Unknown
         );
+        for not_an_ack in [&br#"{}"#[..], br#"{"stream":"OUTBOX"}"#, br#"{"seq":7}"#] {
+            assert_eq!(
+                parse_pub_ack(not_an_ack).unwrap_err().kind,
+                PublishErrorKind::Unknown,
+                "{}",
+                String::from_utf8_lossy(not_an_ack)
+            );
+        }
     }
 
     #[tokio::test]
