@@ -263,6 +263,26 @@ async fn two_relays_started_together_on_a_fresh_database_become_active_and_stand
         .wait_log("was created by another relay", WAIT)
         .await?;
     holder.batch_execute("COMMIT").await?;
+    // A row committed before the slot is consistent (its creation ends at the next running-xacts
+    // record after the holder's commit) is from before the slot: never streamed, by PostgreSQL's
+    // design (backfill's business). Write the row once the slot exists in full.
+    let deadline = Instant::now() + WAIT;
+    while db
+        .query_one(
+            "SELECT count(*) FROM pg_replication_slots WHERE confirmed_flush_lsn IS NOT NULL",
+            &[],
+        )
+        .await?
+        .get::<_, i64>(0)
+        == 0
+    {
+        ensure!(
+            Instant::now() < deadline,
+            "the slot's creation never finished:\n{}",
+            first.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     let id = insert_event(&db, "Order", "Created", r#"{"n":1}"#).await?;
     wait_for_id(&js, &id, &first).await?;
