@@ -215,7 +215,19 @@ fn tls_config(settings: &NatsSettings) -> Result<rustls::ClientConfig, NatsError
                     .map_err(|e| err(format!("nats.tls_ca_file {}: {e}", path.display())))?;
             }
         }
-        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+        // The platform's trust store, as async-nats uses for the relay's other connection: a
+        // CA installed system-wide must work for both.
+        None => {
+            let native = rustls_native_certs::load_native_certs();
+            if native.certs.is_empty() && !native.errors.is_empty() {
+                let errors: Vec<String> = native.errors.iter().map(ToString::to_string).collect();
+                return Err(err(format!(
+                    "cannot load the platform's CA certificates ({}): set nats.tls_ca_file",
+                    errors.join("; ")
+                )));
+            }
+            roots.add_parsable_certificates(native.certs);
+        }
     }
     let builder = builder.with_root_certificates(roots);
     match (&settings.tls_cert_file, &settings.tls_key_file) {
