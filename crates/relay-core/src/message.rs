@@ -95,6 +95,26 @@ pub struct OutboundMessage {
 }
 
 impl OutboundMessage {
+    /// A message of table `public.outbox` with no header but its id, committed at `commit_lsn`:
+    /// what tests and tools that publish without a route (the benchmarks) start from.
+    pub fn bare(
+        subject: impl Into<String>,
+        event_id: impl Into<String>,
+        payload: Bytes,
+        commit_lsn: Lsn,
+    ) -> Self {
+        Self {
+            subject: subject.into(),
+            event_id: event_id.into(),
+            headers: Vec::new(),
+            shared_headers: 0,
+            payload,
+            table: "public.outbox".into(),
+            commit_lsn,
+            commit_time_micros: 0,
+        }
+    }
+
     /// The value of header `name`, if present.
     pub fn header(&self, name: &str) -> Option<&str> {
         if name.eq_ignore_ascii_case(HEADER_MSG_ID) {

@@ -93,16 +93,7 @@ mod tests {
     use pgoutput::Lsn;
 
     fn msg(id: &str, payload: &'static str) -> OutboundMessage {
-        OutboundMessage {
-            subject: "s".into(),
-            event_id: id.into(),
-            headers: Vec::new(),
-            shared_headers: 0,
-            payload: Bytes::from_static(payload.as_bytes()),
-            table: "public.outbox".into(),
-            commit_lsn: Lsn(1),
-            commit_time_micros: 0,
-        }
+        OutboundMessage::bare("s", id, Bytes::from_static(payload.as_bytes()), Lsn(1))
     }
 
     #[test]

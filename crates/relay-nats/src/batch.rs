@@ -26,9 +26,10 @@ use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::{self, ErrorCode};
 use relay_core::Lsn;
 use relay_core::message::OutboundMessage;
-use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind, Publisher};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use relay_core::stage::{PubReceipt, PublishError, Publisher};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
+use crate::framing::{Command, Framer, FramingMode, Reply, batchable, reply_when_acked, unknown};
 use crate::publisher::JetStreamPublisher;
 
 /// Messages in one atomic batch, at most (nats-server's default `max_batch_size`).
@@ -43,66 +44,22 @@ const BATCH_DISABLED: u64 = 10174;
 /// 10177: a header the server does not allow in a batch (`Nats-Msg-Id` before 2.12.1).
 const BATCH_UNSUPPORTED_HEADER: u64 = 10177;
 
-type Reply = oneshot::Sender<Result<PubReceipt, PublishError>>;
-
-enum Command {
-    Begin(Lsn),
-    Send(Arc<OutboundMessage>, Reply),
-    End,
-}
-
-/// The handle the publisher keeps: commands go to the framing task in call order.
-#[derive(Debug)]
-pub(crate) struct Batcher {
-    commands: mpsc::UnboundedSender<Command>,
-}
-
-impl Batcher {
-    /// Starts the framing task over `plain`, a publisher that sends each message on its own.
-    pub(crate) fn start(plain: JetStreamPublisher, max_in_flight: usize) -> Self {
-        let (commands, receiver) = mpsc::unbounded_channel();
-        let limit = MAX_BATCH.min(max_in_flight.max(1));
-        let worker = Worker {
-            plain,
-            limit,
-            permits: Arc::new(Semaphore::new(MAX_OPEN_BATCHES)),
-            current: None,
-            part: 0,
-            open: None,
-            disabled: Arc::new(AtomicBool::new(false)),
-        };
-        tokio::spawn(worker.run(receiver));
-        Self { commands }
-    }
-
-    pub(crate) fn begin(&self, commit_lsn: Lsn) {
-        let _ = self.commands.send(Command::Begin(commit_lsn));
-    }
-
-    pub(crate) fn end(&self) {
-        let _ = self.commands.send(Command::End);
-    }
-
-    /// Hands `msg` to the framing task; the future resolves with its ack.
-    pub(crate) fn send(
-        &self,
-        msg: &Arc<OutboundMessage>,
-    ) -> futures::future::BoxFuture<'static, Result<PubReceipt, PublishError>> {
-        let (reply, outcome) = oneshot::channel();
-        let sent = self.commands.send(Command::Send(msg.clone(), reply));
-        Box::pin(async move {
-            if sent.is_err() {
-                return Err(unknown("the batch publisher stopped"));
-            }
-            outcome
-                .await
-                .unwrap_or_else(|_| Err(unknown("its batch was abandoned before the commit")))
-        })
-    }
-}
-
-fn unknown(why: &str) -> PublishError {
-    PublishError::new(PublishErrorKind::Unknown, why.to_owned())
+/// Starts the framing task over `plain`, a publisher that sends each message on its own, and
+/// returns the handle the publisher keeps.
+pub(crate) fn start(plain: JetStreamPublisher, max_in_flight: usize) -> Framer {
+    let (framer, receiver) = Framer::new(FramingMode::AtomicBatch);
+    let limit = MAX_BATCH.min(max_in_flight.max(1));
+    let worker = Worker {
+        plain,
+        limit,
+        permits: Arc::new(Semaphore::new(MAX_OPEN_BATCHES)),
+        current: None,
+        part: 0,
+        open: None,
+        disabled: Arc::new(AtomicBool::new(false)),
+    };
+    tokio::spawn(worker.run(receiver));
+    framer
 }
 
 /// A batch being framed.
@@ -142,9 +99,7 @@ impl Worker {
                     self.part = 0;
                 }
                 Command::Send(msg, reply) => {
-                    let batched = !self.disabled.load(Ordering::Relaxed)
-                        && self.current == Some(msg.commit_lsn);
-                    if batched {
+                    if batchable(&msg, self.current, &self.disabled) {
                         self.add(msg, reply).await;
                     } else {
                         self.alone(msg, reply).await;
@@ -160,16 +115,7 @@ impl Worker {
 
     /// Publishes `msg` on its own; its ack goes to `reply`.
     async fn alone(&self, msg: Arc<OutboundMessage>, reply: Reply) {
-        match self.plain.send(&msg).await {
-            Ok(ack) => {
-                tokio::spawn(async move {
-                    let _ = reply.send(ack.await);
-                });
-            }
-            Err(e) => {
-                let _ = reply.send(Err(e));
-            }
-        }
+        reply_when_acked(self.plain.send(&msg).await, reply);
     }
 
     async fn add(&mut self, msg: Arc<OutboundMessage>, reply: Reply) {

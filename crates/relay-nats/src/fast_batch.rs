@@ -30,10 +30,11 @@ use std::time::Duration;
 use futures::StreamExt;
 use relay_core::Lsn;
 use relay_core::message::OutboundMessage;
-use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind};
+use relay_core::stage::PubReceipt;
 use serde::Deserialize;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::framing::{Command, Framer, FramingMode, Reply, batchable, reply_when_acked, unknown};
 use crate::publisher::JetStreamPublisher;
 
 /// The oldest nats-server with fast batches.
@@ -48,72 +49,25 @@ const MAX_FLOW: usize = 500;
 /// once).
 const LINGER: Duration = Duration::from_millis(1);
 
-type Reply = oneshot::Sender<Result<PubReceipt, PublishError>>;
-
-enum Command {
-    Begin(Lsn),
-    Send(Arc<OutboundMessage>, Reply),
-    End,
-}
-
-/// The handle the publisher keeps: commands go to the framing task in call order.
-#[derive(Debug)]
-pub(crate) struct FastBatcher {
-    commands: mpsc::UnboundedSender<Command>,
-}
-
-impl FastBatcher {
-    /// Starts the framing task over `plain`, a publisher that sends each message on its own.
-    /// The server acks at least every `max_in_flight / 4` messages, so the pipeline's window
-    /// (which stops reading at `max_in_flight` outstanding events) never waits for a flow ack
-    /// that cannot come.
-    pub(crate) fn start(
-        plain: JetStreamPublisher,
-        max_in_flight: usize,
-        ack_timeout: Duration,
-    ) -> Self {
-        let (commands, receiver) = mpsc::unbounded_channel();
-        let worker = Worker {
-            plain,
-            flow: (max_in_flight / 4).clamp(1, MAX_FLOW),
-            ack_timeout,
-            current: None,
-            held: None,
-            open: None,
-            disabled: Arc::new(AtomicBool::new(false)),
-        };
-        tokio::spawn(worker.run(receiver));
-        Self { commands }
-    }
-
-    pub(crate) fn begin(&self, commit_lsn: Lsn) {
-        let _ = self.commands.send(Command::Begin(commit_lsn));
-    }
-
-    pub(crate) fn end(&self) {
-        let _ = self.commands.send(Command::End);
-    }
-
-    /// Hands `msg` to the framing task; the future resolves with its ack.
-    pub(crate) fn send(
-        &self,
-        msg: &Arc<OutboundMessage>,
-    ) -> futures::future::BoxFuture<'static, Result<PubReceipt, PublishError>> {
-        let (reply, outcome) = oneshot::channel();
-        let sent = self.commands.send(Command::Send(msg.clone(), reply));
-        Box::pin(async move {
-            if sent.is_err() {
-                return Err(unknown("the fast batch publisher stopped"));
-            }
-            outcome
-                .await
-                .unwrap_or_else(|_| Err(unknown("its fast batch was abandoned")))
-        })
-    }
-}
-
-fn unknown(why: &str) -> PublishError {
-    PublishError::new(PublishErrorKind::Unknown, why.to_owned())
+/// Starts the framing task over `plain`, a publisher that sends each message on its own, and
+/// returns the handle the publisher keeps.
+pub(crate) fn start(
+    plain: JetStreamPublisher,
+    max_in_flight: usize,
+    ack_timeout: Duration,
+) -> Framer {
+    let (framer, receiver) = Framer::new(FramingMode::FastBatch);
+    let worker = Worker {
+        plain,
+        flow: (max_in_flight / 4).clamp(1, MAX_FLOW),
+        ack_timeout,
+        current: None,
+        held: None,
+        open: None,
+        disabled: Arc::new(AtomicBool::new(false)),
+    };
+    tokio::spawn(worker.run(receiver));
+    framer
 }
 
 /// Whether a server of version `version` (INFO) has fast batches: 2.14.0 or later.
@@ -169,9 +123,7 @@ impl Worker {
             match command {
                 Command::Begin(lsn) => self.current = Some(lsn),
                 Command::Send(msg, reply) => {
-                    let batched = !self.disabled.load(Ordering::Relaxed)
-                        && self.current == Some(msg.commit_lsn);
-                    if batched {
+                    if batchable(&msg, self.current, &self.disabled) {
                         self.add(msg, reply).await;
                     } else {
                         // Re-sends, dead letters, non-transactional messages: after what
@@ -204,16 +156,7 @@ impl Worker {
 
     /// Publishes `msg` on its own; its ack goes to `reply`.
     async fn alone(&self, msg: Arc<OutboundMessage>, reply: Reply) {
-        match self.plain.send_alone(&msg).await {
-            Ok(ack) => {
-                tokio::spawn(async move {
-                    let _ = reply.send(ack.await);
-                });
-            }
-            Err(e) => {
-                let _ = reply.send(Err(e));
-            }
-        }
+        reply_when_acked(self.plain.send_alone(&msg).await, reply);
     }
 
     async fn add(&mut self, msg: Arc<OutboundMessage>, reply: Reply) {

@@ -15,6 +15,7 @@ mod closes;
 mod connection;
 mod durability;
 mod fast_batch;
+mod framing;
 mod native;
 mod published;
 mod publisher;

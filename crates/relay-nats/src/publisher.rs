@@ -12,10 +12,11 @@ use relay_core::message::{HEADER_EXPECTED_STREAM, OutboundMessage};
 use relay_core::route::MessageLimits;
 use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind, Publisher};
 
-use crate::batch::{Batcher, supports_atomic_batches};
+use crate::batch::supports_atomic_batches;
 use crate::closes::{self, Quarantine};
 use crate::connection::{JetStream, NatsConnection};
-use crate::fast_batch::{FastBatcher, supports_fast_batches};
+use crate::fast_batch::supports_fast_batches;
+use crate::framing::{Framer, FramingMode};
 use crate::settings::PublishMode;
 
 pub(crate) mod headers;
@@ -44,10 +45,9 @@ pub struct JetStreamPublisher {
     nats_reply_len: usize,
     /// Messages the server closed the connection on, re-sent one at a time.
     quarantine: Arc<Quarantine>,
-    /// `publish_mode = "atomic-batch"` on a server and stream that take it: the framing task.
-    batch: Option<Arc<Batcher>>,
-    /// `publish_mode = "fast-batch"` on a server and stream that take it: the framing task.
-    fast_batch: Option<Arc<FastBatcher>>,
+    /// `publish_mode = "atomic-batch"` or `"fast-batch"` on a server and stream that take it:
+    /// the framing task's handle.
+    framer: Option<Arc<Framer>>,
     /// How long to wait for an answer before an outcome counts as unknown.
     ack_timeout: std::time::Duration,
     /// The lean publish path (its own connection, see [`crate::wire`]) for every message
@@ -143,8 +143,7 @@ impl JetStreamPublisher {
             reply_len,
             nats_reply_len,
             quarantine: Arc::default(),
-            batch: None,
-            fast_batch: None,
+            framer: None,
             ack_timeout,
             lean,
         }
@@ -202,23 +201,27 @@ impl JetStreamPublisher {
         // must hold for the longer reply subject of the two.
         self.reply_len = self.reply_len.max(self.nats_reply_len);
         let how = if mode == PublishMode::FastBatch {
-            self.fast_batch = Some(Arc::new(FastBatcher::start(
+            self.framer = Some(Arc::new(crate::fast_batch::start(
                 plain,
                 max_in_flight,
                 self.ack_timeout,
             )));
             "publishing in fast batches (one flow ack for many messages)"
         } else {
-            self.batch = Some(Arc::new(Batcher::start(plain, max_in_flight)));
+            self.framer = Some(Arc::new(crate::batch::start(plain, max_in_flight)));
             "publishing each transaction as one atomic batch"
         };
         tracing::info!(stream = %self.stream, server_version = %version, "{how}");
         self
     }
 
+    fn framing(&self) -> Option<FramingMode> {
+        self.framer.as_ref().map(|framer| framer.mode())
+    }
+
     /// Whether transactions are published as atomic batches.
     pub fn batches(&self) -> bool {
-        self.batch.is_some()
+        self.framing() == Some(FramingMode::AtomicBatch)
     }
 
     /// Whether messages published on their own go through the lean publish path (its own
@@ -230,7 +233,7 @@ impl JetStreamPublisher {
 
     /// Whether messages are published in fast batches.
     pub fn fast_batches(&self) -> bool {
-        self.fast_batch.is_some()
+        self.framing() == Some(FramingMode::FastBatch)
     }
 
     /// The client the publisher publishes on.
@@ -428,11 +431,8 @@ impl Publisher for JetStreamPublisher {
 
     async fn send(&self, msg: &Arc<OutboundMessage>) -> Result<Self::Ack, PublishError> {
         self.check_limits(msg)?;
-        if let Some(batch) = &self.batch {
-            return Ok(batch.send(msg));
-        }
-        if let Some(fast) = &self.fast_batch {
-            return Ok(fast.send(msg));
+        if let Some(framer) = &self.framer {
+            return Ok(framer.send(msg));
         }
         // From the pipeline's loop: never wait for a lost connection here (the delivery
         // re-sends, and its re-send waits).
@@ -441,20 +441,14 @@ impl Publisher for JetStreamPublisher {
     }
 
     fn begin_transaction(&self, commit_lsn: relay_core::Lsn) {
-        if let Some(batch) = &self.batch {
-            batch.begin(commit_lsn);
-        }
-        if let Some(fast) = &self.fast_batch {
-            fast.begin(commit_lsn);
+        if let Some(framer) = &self.framer {
+            framer.begin(commit_lsn);
         }
     }
 
     fn end_transaction(&self) {
-        if let Some(batch) = &self.batch {
-            batch.end();
-        }
-        if let Some(fast) = &self.fast_batch {
-            fast.end();
+        if let Some(framer) = &self.framer {
+            framer.end();
         }
     }
 

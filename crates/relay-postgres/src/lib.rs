@@ -422,10 +422,7 @@ async fn connect_one(
                 .connect(tokio_postgres_rustls::MakeRustlsConnect::new(tls))
                 .await
                 .map_err(connect_err)?;
-            match notices {
-                Some(tx) => tokio::spawn(drive_observed(connection, tx)),
-                None => tokio::spawn(drive(connection)),
-            };
+            spawn_driver(connection, notices);
             client
         }
         None => {
@@ -433,14 +430,23 @@ async fn connect_one(
                 .connect(tokio_postgres::NoTls)
                 .await
                 .map_err(connect_err)?;
-            match notices {
-                Some(tx) => tokio::spawn(drive_observed(connection, tx)),
-                None => tokio::spawn(drive(connection)),
-            };
+            spawn_driver(connection, notices);
             client
         }
     };
     Ok(client)
+}
+
+/// Drives `connection` in its own task, handing notices to `notices` when someone listens.
+fn spawn_driver<S, T>(connection: tokio_postgres::Connection<S, T>, notices: Option<NoticeSender>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    match notices {
+        Some(tx) => tokio::spawn(drive_observed(connection, tx)),
+        None => tokio::spawn(drive(connection)),
+    };
 }
 
 async fn drive<F: std::future::Future<Output = Result<(), tokio_postgres::Error>>>(connection: F) {

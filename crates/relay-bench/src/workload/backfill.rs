@@ -15,7 +15,7 @@ use crate::measure::quantile;
 
 use super::latency::{Load, collect, latencies_ms, produce_load, stamps, warm_up};
 use super::limits::broker_limit;
-use super::relay::{RelayProc, relay_config_with, tail};
+use super::relay::{RelayProc, finished_line, relay_config_with, tail};
 use super::setup::{Env, drop_slot, reset, stream_messages, write_backlog};
 use super::{BASE_SLOT, say};
 
@@ -144,13 +144,7 @@ pub(super) async fn backfill(env: &Env, args: &Args) -> Result<BackfillRun> {
             warm + sent
         )
     });
-    let summary = std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .lines()
-        .rev()
-        .find(|l| l.contains("finished"))
-        .unwrap_or_default()
-        .to_owned();
+    let summary = finished_line(&log);
     let run = BackfillRun {
         rows,
         secs,

@@ -124,6 +124,17 @@ pub(super) fn relay_log(env: &Env, name: &str) -> PathBuf {
     env.log_dir.join(format!("relay-{name}.log"))
 }
 
+/// The last line of a command's log that says it finished (its summary), or "".
+pub(super) fn finished_line(path: &Path) -> String {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .rev()
+        .find(|l| l.contains("finished"))
+        .unwrap_or_default()
+        .to_owned()
+}
+
 pub(super) fn tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();

@@ -16,7 +16,7 @@ use anyhow::{Context as _, Result, bail};
 use crate::Args;
 use crate::measure::{children_cpu_seconds, micros_per_event};
 
-use super::relay::{CatchUpConfig, Perf, checkpoint_of, relay_catch_up_with, tail};
+use super::relay::{CatchUpConfig, Perf, checkpoint_of, finished_line, relay_catch_up_with, tail};
 use super::setup::{Env, drop_slot, insert_lsn, reset, stream_id_copies, write_backlog};
 use super::{RelayRun, STREAM, say};
 
@@ -214,13 +214,7 @@ async fn purge_and_restore(
             tail(&log)
         );
     }
-    let summary = std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .lines()
-        .rev()
-        .find(|l| l.contains("finished"))
-        .unwrap_or_default()
-        .to_owned();
+    let summary = finished_line(&log);
     let slot_after = confirmed_flush(env, slot).await?;
     let checkpoint_after = checkpoint_of(env, slot).await?;
     let show = |l: Option<u64>| l.map_or_else(|| "none".to_owned(), lsn_text);

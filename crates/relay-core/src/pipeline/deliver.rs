@@ -170,16 +170,12 @@ mod tests {
     }
 
     async fn run(publisher: &Scripted) -> Delivery {
-        let msg = Arc::new(OutboundMessage {
-            subject: "outbox.a".into(),
-            event_id: "ev-1".into(),
-            headers: Vec::new(),
-            shared_headers: 0,
-            payload: Bytes::new(),
-            table: "public.outbox".into(),
-            commit_lsn: Lsn(1),
-            commit_time_micros: 0,
-        });
+        let msg = Arc::new(OutboundMessage::bare(
+            "outbox.a",
+            "ev-1",
+            Bytes::new(),
+            Lsn(1),
+        ));
         let mut frontier = AckFrontier::new(Lsn(0));
         frontier.begin().expect("begin");
         let ticket = frontier.event().expect("ticket");

@@ -209,16 +209,7 @@ mod tests {
     use super::*;
 
     fn msg(subject: &str) -> Arc<OutboundMessage> {
-        Arc::new(OutboundMessage {
-            subject: subject.into(),
-            event_id: "e".into(),
-            headers: Vec::new(),
-            shared_headers: 0,
-            payload: Bytes::new(),
-            table: "public.outbox".into(),
-            commit_lsn: Lsn(1),
-            commit_time_micros: 0,
-        })
+        Arc::new(OutboundMessage::bare(subject, "e", Bytes::new(), Lsn(1)))
     }
 
     fn unknown() -> PublishError {

@@ -16,16 +16,12 @@ use crate::NatsSettings;
 use crate::connection::ConnectionState;
 
 fn msg(id: &str) -> Arc<OutboundMessage> {
-    Arc::new(OutboundMessage {
-        subject: "outbox.a".into(),
-        event_id: id.into(),
-        headers: Vec::new(),
-        shared_headers: 0,
-        payload: Bytes::from_static(b"{}"),
-        table: "public.outbox".into(),
-        commit_lsn: Lsn(1),
-        commit_time_micros: 0,
-    })
+    Arc::new(OutboundMessage::bare(
+        "outbox.a",
+        id,
+        Bytes::from_static(b"{}"),
+        Lsn(1),
+    ))
 }
 
 /// Publishes event `id` as the publisher does: ready (not waiting for a lost connection), then

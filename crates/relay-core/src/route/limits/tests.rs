@@ -19,17 +19,11 @@ fn nats_defaults() -> MessageLimits {
 
 fn message(subject: &str, headers: &[(&str, &str)], payload: usize) -> OutboundMessage {
     OutboundMessage {
-        subject: subject.into(),
-        event_id: "ev-1".into(),
         headers: headers
             .iter()
             .map(|(n, v)| (Arc::from(*n), Arc::from(*v)))
             .collect(),
-        shared_headers: 0,
-        payload: Bytes::from(vec![b'x'; payload]),
-        table: "public.outbox".into(),
-        commit_lsn: Lsn(1),
-        commit_time_micros: 0,
+        ..OutboundMessage::bare(subject, "ev-1", Bytes::from(vec![b'x'; payload]), Lsn(1))
     }
 }
 

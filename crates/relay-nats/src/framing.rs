@@ -1,0 +1,121 @@
+//! What the two batch modes (`atomic-batch`, `fast-batch`) share: the handle the publisher keeps,
+//! whose commands reach one framing task in the order the pipeline called, and the way a framing
+//! task publishes a message on its own.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures::future::BoxFuture;
+use relay_core::Lsn;
+use relay_core::message::OutboundMessage;
+use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind};
+use tokio::sync::{mpsc, oneshot};
+
+/// Where a framing task sends a message's outcome.
+pub(crate) type Reply = oneshot::Sender<Result<PubReceipt, PublishError>>;
+
+/// What the publisher tells the framing task, in call order.
+pub(crate) enum Command {
+    /// A transaction with this commit LSN begins.
+    Begin(Lsn),
+    Send(Arc<OutboundMessage>, Reply),
+    /// The open transaction ended.
+    End,
+}
+
+/// Which framing task a [`Framer`] feeds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FramingMode {
+    AtomicBatch,
+    FastBatch,
+}
+
+impl FramingMode {
+    fn what(self) -> &'static str {
+        match self {
+            Self::AtomicBatch => "batch",
+            Self::FastBatch => "fast batch",
+        }
+    }
+}
+
+/// The handle the publisher keeps: commands go to the framing task in call order.
+#[derive(Debug)]
+pub(crate) struct Framer {
+    mode: FramingMode,
+    commands: mpsc::UnboundedSender<Command>,
+}
+
+impl Framer {
+    /// A handle for `mode`, and the receiver its framing task reads.
+    pub(crate) fn new(mode: FramingMode) -> (Self, mpsc::UnboundedReceiver<Command>) {
+        let (commands, receiver) = mpsc::unbounded_channel();
+        (Self { mode, commands }, receiver)
+    }
+
+    pub(crate) fn mode(&self) -> FramingMode {
+        self.mode
+    }
+
+    pub(crate) fn begin(&self, commit_lsn: Lsn) {
+        let _ = self.commands.send(Command::Begin(commit_lsn));
+    }
+
+    pub(crate) fn end(&self) {
+        let _ = self.commands.send(Command::End);
+    }
+
+    /// Hands `msg` to the framing task; the future resolves with its ack.
+    pub(crate) fn send(
+        &self,
+        msg: &Arc<OutboundMessage>,
+    ) -> BoxFuture<'static, Result<PubReceipt, PublishError>> {
+        let (reply, outcome) = oneshot::channel();
+        let sent = self.commands.send(Command::Send(msg.clone(), reply));
+        let what = self.mode.what();
+        Box::pin(async move {
+            if sent.is_err() {
+                return Err(unknown(&format!("the {what} publisher stopped")));
+            }
+            outcome.await.unwrap_or_else(|_| {
+                Err(unknown(&format!(
+                    "its {what} was abandoned before it ended"
+                )))
+            })
+        })
+    }
+}
+
+/// An outcome the server never gave: the pipeline re-sends (deduplicated by `Nats-Msg-Id`).
+pub(crate) fn unknown(why: &str) -> PublishError {
+    PublishError::new(PublishErrorKind::Unknown, why.to_owned())
+}
+
+/// Hands the outcome of a publish on its own (`sent`: handed to the connection, or not) to
+/// `reply`, without holding up the framing task while the ack is on its way.
+pub(crate) fn reply_when_acked(
+    sent: Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError>,
+    reply: Reply,
+) {
+    match sent {
+        Ok(ack) => {
+            tokio::spawn(async move {
+                let _ = reply.send(ack.await);
+            });
+        }
+        Err(e) => {
+            let _ = reply.send(Err(e));
+        }
+    }
+}
+
+/// Whether `msg` goes into a batch: it belongs to the open transaction (`current`, its commit
+/// LSN), and the server has not shown that it cannot take batches (`disabled`). Re-sends, dead
+/// letters of earlier transactions and non-transactional messages go on their own.
+pub(crate) fn batchable(
+    msg: &OutboundMessage,
+    current: Option<Lsn>,
+    disabled: &AtomicBool,
+) -> bool {
+    !disabled.load(Ordering::Relaxed) && current == Some(msg.commit_lsn)
+}
