@@ -227,14 +227,9 @@ async fn a_non_transactional_message_is_refused_by_default_and_delivered_when_al
     assert_eq!(n1.header("Outbox-Tx-Index"), "0");
     assert_eq!(n1.header("Outbox-Message-Prefix"), "outbox");
     assert_eq!(n1.subject, "outbox.nontx.n1");
-    let deadline = Instant::now() + WAIT;
-    while env.checkpoint().await?.unwrap_or(0) <= lsn {
-        assert!(
-            Instant::now() < deadline,
-            "never confirmed past the message"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    env.wait_checkpoint(lsn + 1, WAIT)
+        .await
+        .context("never confirmed past the message")?;
     relay.signal(Signal::SIGTERM);
     assert_eq!(
         relay.wait_exit(WAIT).await?.code(),

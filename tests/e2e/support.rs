@@ -153,6 +153,22 @@ reconnect_max = "1s"
             .await?;
         Ok(row.map(|r| r.get::<_, i64>(0) as u64))
     }
+
+    /// Waits until the relay's stored checkpoint is at or past `lsn`; returns it.
+    pub async fn wait_checkpoint(&self, lsn: u64, within: Duration) -> Result<u64> {
+        let deadline = Instant::now() + within;
+        loop {
+            let checkpoint = self.checkpoint().await?.unwrap_or(0);
+            if checkpoint >= lsn {
+                return Ok(checkpoint);
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the checkpoint stayed at {checkpoint:X}, before {lsn:X}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 }
 
 fn fastrand_suffix() -> u64 {

@@ -12,6 +12,9 @@
 
 use std::process::ExitCode;
 
+use relay_nats::NatsError;
+use relay_postgres::PgError;
+
 /// Process exit codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExitKind {
@@ -65,4 +68,27 @@ impl Exit {
     pub fn code(&self) -> ExitCode {
         ExitCode::from(self.kind as u8)
     }
+}
+
+/// The exit of a NATS failure at start-up: unreachable or no stream is a retry (69), the rest
+/// a configuration error (78).
+pub(crate) fn nats_exit(error: NatsError) -> Exit {
+    let kind = match error {
+        NatsError::Connect { .. } | NatsError::Stream { .. } => ExitKind::Unavailable,
+        _ => ExitKind::Config,
+    };
+    Exit::new(kind, error)
+}
+
+/// The exit of a PostgreSQL failure: a data-safety stop (65), transient (69), else the
+/// configuration (78).
+pub(crate) fn pg_exit(error: PgError) -> Exit {
+    let kind = if error.is_data_safety_stop() {
+        ExitKind::DataSafety
+    } else if error.is_transient() {
+        ExitKind::Unavailable
+    } else {
+        ExitKind::Config
+    };
+    Exit::new(kind, error)
 }

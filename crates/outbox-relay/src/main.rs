@@ -3,6 +3,7 @@
 //! Orchestration only: parse the command line, load the configuration, start logging, then hand
 //! over to [`run`] (the relay), [`tail`] (read the stream back) or one of the [`commands`].
 
+mod broker;
 mod commands;
 mod config;
 mod exit;

@@ -9,12 +9,10 @@ use std::time::Duration;
 use anyhow::Context as _;
 use relay_core::Lsn;
 use relay_core::pipeline::PipelineStats;
-use relay_nats::{JetStreamPublisher, NatsError};
-use relay_postgres::PgError;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RelayConfig;
-use crate::exit::{Exit, ExitKind};
+use crate::exit::Exit;
 use crate::telemetry::{StreamSample, Telemetry};
 
 mod background;
@@ -30,57 +28,6 @@ enum SessionEnd {
     Shutdown,
     /// The connection failed or the stream ended: reconnect after a backoff.
     Retry(anyhow::Error),
-}
-
-pub(crate) fn nats_exit(error: NatsError) -> Exit {
-    let kind = match error {
-        NatsError::Connect { .. } | NatsError::Stream { .. } => ExitKind::Unavailable,
-        _ => ExitKind::Config,
-    };
-    Exit::new(kind, error)
-}
-
-/// Connects to NATS and prepares the relay's stream (its checks, created when allowed, what
-/// the mappings need of the broker), with a publisher of `max_in_flight`: the same for the
-/// relay and for every command that publishes as it does (backfill, restore).
-pub(crate) async fn connect_publisher(
-    config: &RelayConfig,
-    max_in_flight: usize,
-) -> Result<
-    (
-        relay_nats::NatsConnection,
-        JetStreamPublisher,
-        relay_nats::StreamReport,
-    ),
-    Exit,
-> {
-    let nats = relay_nats::connect(&config.nats).await.map_err(nats_exit)?;
-    let publisher = JetStreamPublisher::new(
-        &nats,
-        &config.nats.stream,
-        config.nats.ack_timeout,
-        max_in_flight,
-    );
-    let report = relay_nats::prepare_stream(
-        publisher.jetstream(),
-        &config.nats,
-        &config.sample_subjects(),
-        &config.broker_needs(),
-    )
-    .await
-    .map_err(nats_exit)?;
-    Ok((nats, publisher, report))
-}
-
-pub(crate) fn pg_exit(error: PgError) -> Exit {
-    let kind = if error.is_data_safety_stop() {
-        ExitKind::DataSafety
-    } else if error.is_transient() {
-        ExitKind::Unavailable
-    } else {
-        ExitKind::Config
-    };
-    Exit::new(kind, error)
 }
 
 /// Runs the relay until shutdown or a fatal error.
@@ -112,7 +59,8 @@ pub async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), 
         None => false,
     };
 
-    let (nats, publisher, report) = connect_publisher(&config, config.relay.max_in_flight).await?;
+    let (nats, publisher, report) =
+        crate::broker::connect_publisher(&config, config.relay.max_in_flight).await?;
     telemetry.set_nats(nats.client().clone());
     for warning in &report.warnings {
         tracing::warn!(stream = %config.nats.stream, "{warning}");

@@ -22,7 +22,7 @@
 //! gives up on it (relay-core `pipeline::deliver`).
 //!
 //! Each connection has its own watch, fed by its own event callback
-//! ([`crate::connection::ConnectionState`]).
+//! ([`crate::connection_state::ConnectionState`]).
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -10,12 +10,12 @@
 //!   asks), capture every subject the mappings can produce, and not be configured in a way that
 //!   loses acknowledged events.
 
-mod batch;
 mod closes;
 mod connection;
+mod connection_state;
 mod durability;
-mod fast_batch;
-mod framing;
+mod error_codes;
+mod header_entries;
 mod native;
 mod published;
 mod publisher;
@@ -25,7 +25,7 @@ mod wire;
 
 use std::sync::Arc;
 
-use connection::ConnectionState;
+use connection_state::ConnectionState;
 
 pub use connection::{JetStream, NatsConnection};
 pub use durability::{

@@ -4,21 +4,25 @@
 use std::error::Error as _;
 use std::sync::{Arc, Mutex};
 
+use async_nats::jetstream;
 use async_nats::jetstream::context::PublishErrorKind as NatsKind;
 use async_nats::jetstream::message::PublishMessage;
-use async_nats::jetstream::{self, ErrorCode};
 use futures::future::BoxFuture;
 use relay_core::message::{HEADER_EXPECTED_STREAM, OutboundMessage};
 use relay_core::route::MessageLimits;
 use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind, Publisher};
 
-use crate::batch::supports_atomic_batches;
+use self::batch::supports_atomic_batches;
+use self::fast_batch::supports_fast_batches;
+use self::framing::{Framer, FramingMode};
 use crate::closes::{self, Quarantine};
 use crate::connection::{JetStream, NatsConnection};
-use crate::fast_batch::supports_fast_batches;
-use crate::framing::{Framer, FramingMode};
+use crate::error_codes::kind_for_error_code;
 use crate::settings::PublishMode;
 
+mod batch;
+pub(crate) mod fast_batch;
+mod framing;
 pub(crate) mod headers;
 mod lean;
 use headers::HeaderState;
@@ -201,14 +205,14 @@ impl JetStreamPublisher {
         // must hold for the longer reply subject of the two.
         self.reply_len = self.reply_len.max(self.nats_reply_len);
         let how = if mode == PublishMode::FastBatch {
-            self.framer = Some(Arc::new(crate::fast_batch::start(
+            self.framer = Some(Arc::new(fast_batch::start(
                 plain,
                 max_in_flight,
                 self.ack_timeout,
             )));
             "publishing in fast batches (one flow ack for many messages)"
         } else {
-            self.framer = Some(Arc::new(crate::batch::start(plain, max_in_flight)));
+            self.framer = Some(Arc::new(batch::start(plain, max_in_flight)));
             "publishing each transaction as one atomic batch"
         };
         tracing::info!(stream = %self.stream, server_version = %version, "{how}");
@@ -381,22 +385,6 @@ impl JetStreamPublisher {
                 duplicate: ack.duplicate,
             })
         }))
-    }
-}
-
-/// What a JetStream error code means for a publish: the one mapping both publish paths use.
-pub(crate) fn kind_for_error_code(code: u64) -> PublishErrorKind {
-    match ErrorCode(code) {
-        // The subject belongs to another stream, or the message exceeds the stream's limit:
-        // retrying cannot change the answer.
-        // A header block over 64 KiB (10097) is refused on every re-send too.
-        ErrorCode::STREAM_NOT_MATCH
-        | ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM
-        | ErrorCode::STREAM_HEADER_EXCEEDS_MAXIMUM
-        | ErrorCode::STREAM_WRONG_LAST_MESSAGE_ID
-        | ErrorCode::STREAM_WRONG_LAST_SEQUENCE => PublishErrorKind::Rejected,
-        // Store failures (disk full, `discard: new` limits) may clear: keep retrying, loudly.
-        _ => PublishErrorKind::Unknown,
     }
 }
 

@@ -92,7 +92,7 @@ pub async fn prepare_stream(
                 allow_atomic_publish: settings.publish_mode == crate::PublishMode::AtomicBatch,
                 // Only where the server knows the setting (2.14+).
                 allow_batch_publish: settings.publish_mode == crate::PublishMode::FastBatch
-                    && crate::fast_batch::supports_fast_batches(&version),
+                    && crate::publisher::fast_batch::supports_fast_batches(&version),
                 ..Default::default()
             };
             let info = context

@@ -24,11 +24,13 @@ use crate::catalog;
 
 mod cursor;
 pub mod on_create;
+mod snapshot;
 
 pub use cursor::{
     Cursor, CursorId, CursorStatus, ensure_cursor_table, finish_cursor, list_cursors, load_cursor,
     prepare_cursor_session, save_cursor, start_cursor,
 };
+pub use snapshot::begin_page_snapshot;
 
 /// The migration that creates the cursor table (also shipped in `migrations/`).
 pub const BACKFILL_MIGRATION: &str = include_str!("../../../migrations/0003_relay_backfill.sql");

@@ -446,7 +446,7 @@ async fn create_slot(client: &Client, slot: &str, failover: bool) -> Result<Lsn,
 }
 
 /// The publication's row filter on `schema.table` against `[postgres] shard` (see
-/// [`crate::shard::RowFilterVerdict`]): refused when it is not the shard's; a filter without a
+/// [`crate::catalog::row_filter::row_filter_verdict`]): refused when it is not the shard's; a filter without a
 /// shard is the publication owner's choice, said once at start.
 async fn check_row_filter(
     client: &Client,
@@ -456,11 +456,17 @@ async fn check_row_filter(
     table: &str,
 ) -> Result<(), PgError> {
     let publication = &settings.publication;
-    let verdict = crate::shard::RowFilterVerdict::of(client, settings, version_num, schema, table)
-        .await
-        .map_err(query_err(format!(
-            "cannot check the row filter of {schema}.{table} in publication {publication}"
-        )))?;
+    let verdict = crate::catalog::row_filter::row_filter_verdict(
+        client,
+        settings,
+        version_num,
+        schema,
+        table,
+    )
+    .await
+    .map_err(query_err(format!(
+        "cannot check the row filter of {schema}.{table} in publication {publication}"
+    )))?;
     if let Some(problem) = verdict.problem() {
         return Err(PgError::Settings(problem));
     }

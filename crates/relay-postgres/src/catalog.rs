@@ -337,6 +337,17 @@ pub async fn stored_checkpoint(
     Ok(row.and_then(|r| lsn(r.get(0)).map(|l| (l, r.get::<_, f64>(1)))))
 }
 
+/// The WAL insert position now (`pg_current_wal_insert_lsn()`).
+pub async fn wal_insert_position(
+    client: &impl tokio_postgres::GenericClient,
+) -> Result<Lsn, tokio_postgres::Error> {
+    let text: String = client
+        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+        .await?
+        .get(0);
+    Ok(Lsn::from_str(&text).unwrap_or_default())
+}
+
 /// The connected database's name.
 pub async fn current_database(client: &Client) -> Result<String, tokio_postgres::Error> {
     Ok(client

@@ -92,17 +92,6 @@ pub async fn stored_checkpoint(
         .and_then(|t| Lsn::from_str(&t).ok()))
 }
 
-/// The WAL insert position now (`pg_current_wal_insert_lsn()`).
-pub async fn wal_insert_position(
-    client: &impl tokio_postgres::GenericClient,
-) -> Result<Lsn, tokio_postgres::Error> {
-    let text: String = client
-        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
-        .await?
-        .get(0);
-    Ok(Lsn::from_str(&text).unwrap_or_default())
-}
-
 /// The migration that creates `outbox_relay.cleanup_fence` and `outbox_relay.cleanup_detached`
 /// (also shipped in `migrations/`).
 pub const CLEANUP_MIGRATION: &str = include_str!("../../../migrations/0006_outbox_cleanup.sql");

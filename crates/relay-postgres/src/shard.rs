@@ -120,45 +120,6 @@ pub enum RowFilterVerdict {
 }
 
 impl RowFilterVerdict {
-    /// Reads and judges the filter of `schema.table` in `settings.publication`.
-    pub async fn of(
-        client: &tokio_postgres::Client,
-        settings: &crate::PostgresSettings,
-        version_num: i32,
-        schema: &str,
-        table: &str,
-    ) -> Result<Self, tokio_postgres::Error> {
-        use crate::catalog::row_filter::{filter_is_shard, row_filter};
-        let publication = settings.publication.clone();
-        let filter = row_filter(client, version_num, &publication, schema, table).await?;
-        let name = format!("{schema}.{table}");
-        Ok(match (&settings.shard, filter) {
-            (None, None) => Self::Unfiltered,
-            (None, Some(filter)) => Self::FilteredWithoutShard {
-                table: name,
-                publication,
-                filter,
-            },
-            (Some(shard), found) => {
-                let matches = match &found {
-                    Some(filter) => filter_is_shard(client, filter, shard).await?,
-                    None => false,
-                };
-                if matches {
-                    Self::Shard(shard.clone())
-                } else {
-                    Self::NotTheShard {
-                        table: name,
-                        relation: format!("{}.{}", quote_ident(schema), quote_ident(table)),
-                        publication,
-                        shard: shard.clone(),
-                        found,
-                    }
-                }
-            }
-        })
-    }
-
     /// Why the relay must not start on it, with the fix.
     #[must_use]
     pub fn problem(&self) -> Option<String> {

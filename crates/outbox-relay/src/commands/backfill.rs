@@ -17,8 +17,8 @@ use relay_postgres::backfill::{self as sql, BackfillError, CursorId, KeySource, 
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RelayConfig;
+use crate::exit::pg_exit;
 use crate::exit::{Exit, ExitKind};
-use crate::run::pg_exit;
 
 mod pages;
 mod publish;
@@ -283,6 +283,10 @@ pub async fn backfill(config: &RelayConfig, args: BackfillArgs) -> Result<(), Ex
         return Ok(());
     };
 
+    // Every page in one snapshot: rows committed from now on are the relay's (its slot exists).
+    let snapshot_lsn = sql::begin_page_snapshot(&reader)
+        .await
+        .map_err(backfill_exit)?;
     run_pages(
         TableRun {
             config,
@@ -297,6 +301,7 @@ pub async fn backfill(config: &RelayConfig, args: BackfillArgs) -> Result<(), Ex
             end,
             done_before,
             estimate,
+            live_until: Some(snapshot_lsn),
         },
         &RunOptions {
             page_size: args.page_size,

@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use super::class_kind;
 use crate::config::RelayConfig;
 use crate::exit::{Exit, ExitKind};
-use crate::run::{nats_exit, pg_exit};
+use crate::exit::{nats_exit, pg_exit};
 
 mod stages;
 
@@ -281,7 +281,7 @@ async fn run_window(
     shutdown: &CancellationToken,
 ) -> Result<(), Exit> {
     let (_nats, publisher, stream_report) =
-        crate::run::connect_publisher(config, args.max_in_flight).await?;
+        crate::broker::connect_publisher(config, args.max_in_flight).await?;
     let in_stream = relay_nats::published_between(
         publisher.jetstream(),
         &config.nats.stream,

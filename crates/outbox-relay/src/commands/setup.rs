@@ -9,7 +9,7 @@ use relay_postgres::checkpoint::PgCheckpointStore;
 
 use crate::config::RelayConfig;
 use crate::exit::{Exit, ExitKind};
-use crate::run::{nats_exit, pg_exit};
+use crate::exit::{nats_exit, pg_exit};
 
 /// Creates the checkpoint table, publication, slot and (when asked) stream.
 pub async fn setup(config: &RelayConfig, create_stream: bool) -> Result<(), Exit> {

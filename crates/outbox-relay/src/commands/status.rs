@@ -15,9 +15,9 @@ use relay_postgres::catalog::retention::{self, SHORT_SAMPLE, TakeoverPolicy};
 use serde_json::{Value, json};
 
 use crate::config::RelayConfig;
+use crate::exit::pg_exit;
 use crate::exit::{Exit, ExitKind};
 use crate::inspect::{self, StreamLookup};
-use crate::run::pg_exit;
 
 /// Prints the status as text, or as one JSON document with `json`.
 pub async fn status(

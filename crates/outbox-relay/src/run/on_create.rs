@@ -274,6 +274,8 @@ pub(super) async fn run(
                 end,
                 done_before,
                 estimate: None,
+                // Nothing streams this slot before its backfill ended.
+                live_until: None,
             },
             &run_options(config),
             stop,

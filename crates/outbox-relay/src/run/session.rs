@@ -19,8 +19,9 @@ use relay_postgres::checkpoint::PgCheckpointStore;
 use relay_postgres::source::PgSource;
 use tokio_util::sync::CancellationToken;
 
-use super::{SessionEnd, failpoint, pg_exit};
+use super::{SessionEnd, failpoint};
 use crate::config::RelayConfig;
+use crate::exit::pg_exit;
 use crate::exit::{Exit, ExitKind};
 use crate::telemetry::Telemetry;
 

@@ -11,6 +11,7 @@
 //! - [`pending`]: the outstanding publishes and PubAck parsing.
 
 mod connect;
+mod headers;
 mod pending;
 pub(crate) mod proto;
 mod session;
@@ -28,8 +29,8 @@ use tokio::time::Instant;
 pub(crate) use connect::WireSettings;
 pub(crate) use pending::Outcome;
 
-use crate::connection::ConnectionState;
-use crate::publisher::headers::WireHeaders;
+use crate::connection_state::ConnectionState;
+use headers::WireHeaders;
 
 /// The lean publish connection. Dropping the last handle stops its task and closes it.
 pub(crate) struct LeanConnection {

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::publisher::kind_for_error_code;
+use crate::error_codes::kind_for_error_code;
 
 /// What JetStream stored: the stream sequence, and whether the message was a duplicate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

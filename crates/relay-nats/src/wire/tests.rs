@@ -13,7 +13,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use super::*;
 use crate::NatsSettings;
-use crate::connection::ConnectionState;
+use crate::connection_state::ConnectionState;
 
 fn msg(id: &str) -> Arc<OutboundMessage> {
     Arc::new(OutboundMessage::bare(

@@ -16,6 +16,8 @@
 use relay_core::Lsn;
 use tokio_postgres::Client;
 
+use super::snapshot::current_snapshot;
+pub use super::snapshot::{begin_snapshot, end_snapshot};
 use super::{BackfillError, CursorId, TableShape, query_err, quote_literal, simple_rows};
 
 /// `pg_try_advisory_lock` key of a slot's on-create work: one relay at a time creates the slot
@@ -181,35 +183,6 @@ pub async fn import_snapshot(
             "cannot import the slot's exported snapshot {snapshot_name}"
         )))?;
     current_snapshot(reader).await
-}
-
-/// Opens a read-only REPEATABLE READ transaction on `reader` (a resumed backfill reads its
-/// pages and [`streamed_ids`] in one snapshot); returns it as `pg_snapshot` text.
-pub async fn begin_snapshot(reader: &Client) -> Result<String, BackfillError> {
-    reader
-        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        .await
-        .map_err(query_err("cannot open the backfill's snapshot"))?;
-    current_snapshot(reader).await
-}
-
-async fn current_snapshot(reader: &Client) -> Result<String, BackfillError> {
-    let rows = simple_rows(reader, "SELECT pg_catalog.pg_current_snapshot()::text")
-        .await
-        .map_err(query_err("cannot read the backfill's snapshot"))?;
-    Ok(rows
-        .first()
-        .and_then(|r| r.try_get(0).ok().flatten())
-        .unwrap_or_default()
-        .to_owned())
-}
-
-/// Ends the read transaction.
-pub async fn end_snapshot(reader: &Client) -> Result<(), BackfillError> {
-    reader
-        .batch_execute("COMMIT")
-        .await
-        .map_err(query_err("cannot end the backfill's snapshot"))
 }
 
 /// The event ids of the rows in `(after, end]` whose inserting transaction the slot's exported

@@ -90,7 +90,7 @@ pub async fn sample(
 pub async fn position_now(
     client: &Client,
 ) -> Result<(f64, relay_core::Lsn), tokio_postgres::Error> {
-    let position = crate::cleanup::wal_insert_position(client).await?;
+    let position = super::wal_insert_position(client).await?;
     let time: f64 = client
         .query_one("SELECT extract(epoch FROM clock_timestamp())::float8", &[])
         .await?

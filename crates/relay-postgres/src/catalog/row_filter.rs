@@ -3,7 +3,8 @@
 
 use tokio_postgres::Client;
 
-use crate::shard::{ROW_FILTERS_SINCE, ShardSpec};
+use crate::shard::{ROW_FILTERS_SINCE, RowFilterVerdict, ShardSpec};
+use crate::sql::quote_ident;
 use crate::sqlstate;
 
 /// The row filter of `schema.table` in `publication` as PostgreSQL prints it; `None` without
@@ -60,4 +61,43 @@ pub async fn filter_is_shard(
         Err(e) if e.code().is_some_and(sqlstate::is_expression_mismatch) => Ok(false),
         Err(e) => Err(e),
     }
+}
+
+/// Reads and judges the filter of `schema.table` in `settings.publication` against the
+/// configured shard.
+pub async fn row_filter_verdict(
+    client: &tokio_postgres::Client,
+    settings: &crate::PostgresSettings,
+    version_num: i32,
+    schema: &str,
+    table: &str,
+) -> Result<RowFilterVerdict, tokio_postgres::Error> {
+    let publication = settings.publication.clone();
+    let filter = row_filter(client, version_num, &publication, schema, table).await?;
+    let name = format!("{schema}.{table}");
+    Ok(match (&settings.shard, filter) {
+        (None, None) => RowFilterVerdict::Unfiltered,
+        (None, Some(filter)) => RowFilterVerdict::FilteredWithoutShard {
+            table: name,
+            publication,
+            filter,
+        },
+        (Some(shard), found) => {
+            let matches = match &found {
+                Some(filter) => filter_is_shard(client, filter, shard).await?,
+                None => false,
+            };
+            if matches {
+                RowFilterVerdict::Shard(shard.clone())
+            } else {
+                RowFilterVerdict::NotTheShard {
+                    table: name,
+                    relation: format!("{}.{}", quote_ident(schema), quote_ident(table)),
+                    publication,
+                    shard: shard.clone(),
+                    found,
+                }
+            }
+        }
+    })
 }

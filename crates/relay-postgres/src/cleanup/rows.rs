@@ -149,7 +149,7 @@ impl RowPlan {
         // LOCAL takes none.)
         tx.batch_execute(&timeouts(self.statement_timeout, self.lock_timeout))
             .await?;
-        let horizon = wal_insert_position(&tx).await?;
+        let horizon = crate::catalog::wal_insert_position(&tx).await?;
         let rows = tx
             .query(
                 &format!(

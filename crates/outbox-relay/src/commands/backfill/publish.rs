@@ -3,12 +3,16 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::time::Duration;
 
 use futures::StreamExt as _;
+use relay_core::Lsn;
 use relay_core::message::{HEADER_BACKFILL, HEADER_MSG_ID, HEADER_TABLE, OutboundMessage};
 use relay_core::route::MessageLimits;
 use relay_core::stage::{PublishError, Publisher};
 use relay_nats::{JetStream, JetStreamPublisher, NatsError};
+use relay_postgres::PostgresSettings;
+use tokio_util::sync::CancellationToken;
 
 use super::pages::fingerprint;
 
@@ -49,10 +53,13 @@ pub(super) type LiveIds = Arc<Mutex<HashSet<u128>>>;
 /// (and confirmed by the server) before the stream's ids are read, so together they cover
 /// every row the stream holds or the relay is publishing. A message the subscription misses
 /// (no subscribe permission, a slow consumer) only means the backfill sends that row too.
+/// Ends when `stop` is cancelled ([`end_watch_when_relay_passes`]), after noting what the
+/// server sent before the unsubscribe.
 pub(super) async fn watch_live(
     client: &async_nats::Client,
     subjects: &[String],
     table: &str,
+    stop: &CancellationToken,
 ) -> (LiveIds, Vec<tokio::task::JoinHandle<()>>) {
     let live = LiveIds::default();
     let mut tasks = Vec::new();
@@ -64,11 +71,11 @@ pub(super) async fn watch_live(
                 continue;
             }
         };
-        let (live, table) = (live.clone(), table.to_owned());
+        let (live, table, stop) = (live.clone(), table.to_owned(), stop.clone());
         tasks.push(tokio::spawn(async move {
-            while let Some(msg) = subscription.next().await {
+            let note = |msg: async_nats::Message| {
                 let Some(headers) = &msg.headers else {
-                    continue;
+                    return;
                 };
                 if headers.get(HEADER_BACKFILL).is_none()
                     && headers.get(HEADER_TABLE).map(|t| t.as_str()) == Some(table.as_str())
@@ -78,6 +85,20 @@ pub(super) async fn watch_live(
                         .unwrap_or_else(PoisonError::into_inner)
                         .insert(fingerprint(id.as_str()));
                 }
+            };
+            loop {
+                tokio::select! {
+                    msg = subscription.next() => match msg {
+                        Some(msg) => note(msg),
+                        None => return,
+                    },
+                    () = stop.cancelled() => break,
+                }
+            }
+            // The subscription's queue ends after what the server sent before the UNSUB.
+            let _ = subscription.unsubscribe().await;
+            while let Some(msg) = subscription.next().await {
+                note(msg);
             }
         }));
     }
@@ -86,6 +107,56 @@ pub(super) async fn watch_live(
         tracing::warn!(error = %e, "cannot confirm the watch of the relay's live messages");
     }
     (live, tasks)
+}
+
+/// How often [`end_watch_when_relay_passes`] reads the relay's checkpoint.
+const CHECKPOINT_POLL: Duration = Duration::from_millis(250);
+
+/// Ends the watch of the relay's live messages (cancels `stop`) once the relay's stored
+/// checkpoint of `slot` reached `snapshot_lsn`, the WAL position after the backfill's read
+/// snapshot: the relay has then published every row the pages can return that it will ever
+/// publish (what it publishes later was committed after the snapshot, and the pages do not see
+/// it), so watching on would only cost a copy of every message the backfill sends, which the
+/// subscription receives too. Before it ends, a round trip to the server, so that the relay's
+/// messages the server sent before are noted. Keeps watching if the checkpoint cannot be read.
+pub(super) async fn end_watch_when_relay_passes(
+    postgres: PostgresSettings,
+    snapshot_lsn: Lsn,
+    client: async_nats::Client,
+    stop: CancellationToken,
+) {
+    let session = match relay_postgres::connect(&postgres).await {
+        Ok(session) => session,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the relay's checkpoint: watching its live messages until the backfill ends");
+            return;
+        }
+    };
+    let reached = loop {
+        match relay_postgres::catalog::stored_checkpoint(&session, &postgres.slot).await {
+            Ok(Some((checkpoint, _))) if checkpoint >= snapshot_lsn => break checkpoint,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(slot = %postgres.slot, error = %e, "cannot read the relay's checkpoint: watching its live messages until the backfill ends");
+                return;
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(CHECKPOINT_POLL) => {}
+            () = stop.cancelled() => return,
+        }
+    };
+    if let Err(e) = client.flush().await {
+        tracing::warn!(error = %e, "cannot confirm the relay's last live messages: watching them until the backfill ends");
+        return;
+    }
+    tracing::info!(
+        slot = %postgres.slot,
+        checkpoint = %reached,
+        snapshot_lsn = %snapshot_lsn,
+        "the relay's checkpoint passed the backfill's snapshot: no longer watching its live messages"
+    );
+    stop.cancel();
 }
 
 /// What the stream holds for a table.

@@ -15,7 +15,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::backfill_exit;
 use super::pages::{CursorStore, PageReader, PageSource, Progress};
-use super::publish::{BackfillPublisher, StreamIds, stream_ids, watch_live};
+use super::publish::{
+    BackfillPublisher, StreamIds, end_watch_when_relay_passes, stream_ids, watch_live,
+};
 use crate::config::RelayConfig;
 use crate::exit::{Exit, ExitKind};
 
@@ -55,6 +57,10 @@ pub(crate) struct TableRun<'a> {
     pub(crate) end: String,
     pub(crate) done_before: i64,
     pub(crate) estimate: Option<i64>,
+    /// The WAL position after the read snapshot, when the pages are read in a snapshot of their
+    /// own beside the running relay: its live messages are watched until its checkpoint reaches
+    /// it. `None`: watched for the whole run.
+    pub(crate) live_until: Option<Lsn>,
 }
 
 fn say(log: bool, line: &str) {
@@ -123,15 +129,26 @@ pub(crate) async fn run_pages(
         end,
         done_before,
         estimate,
+        live_until,
     } = run;
     // JetStream: the relay's stream checks, then what the stream holds already.
     let (nats, publisher, report) =
-        crate::run::connect_publisher(config, opts.max_in_flight).await?;
+        crate::broker::connect_publisher(config, opts.max_in_flight).await?;
     // First the watch of the relay's live messages, then the stream's ids: no gap between.
+    let watch_stop = CancellationToken::new();
     let (live, watchers) = if opts.skip_check_limit == 0 {
         Default::default()
     } else {
-        watch_live(nats.client(), &report.subjects, &shape.table).await
+        let watch = watch_live(nats.client(), &report.subjects, &shape.table, &watch_stop).await;
+        if let Some(snapshot_lsn) = live_until {
+            tokio::spawn(end_watch_when_relay_passes(
+                config.postgres.clone(),
+                snapshot_lsn,
+                nats.client().clone(),
+                watch_stop.clone(),
+            ));
+        }
+        watch
     };
     let skip = if opts.skip_check_limit == 0 {
         Default::default()
@@ -228,6 +245,7 @@ pub(crate) async fn run_pages(
     };
     let result = pipeline.run(shutdown.cancelled()).await;
     ticker.abort();
+    watch_stop.cancel();
     for watcher in watchers {
         watcher.abort();
     }

@@ -519,7 +519,9 @@ async fn row_filter_check(
 ) -> Result<(), tokio_postgres::Error> {
     use relay_postgres::shard::RowFilterVerdict;
     let version = version_num;
-    let verdict = RowFilterVerdict::of(client, pg, version, schema, table).await?;
+    let verdict =
+        relay_postgres::catalog::row_filter::row_filter_verdict(client, pg, version, schema, table)
+            .await?;
     let check = format!("publication {} rows of {schema}.{table}", pg.publication);
     match &verdict {
         RowFilterVerdict::Unfiltered => {}

@@ -34,8 +34,8 @@ use relay_core::stage::PubReceipt;
 use serde::Deserialize;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::framing::{Command, Framer, FramingMode, Reply, batchable, reply_when_acked, unknown};
-use crate::publisher::JetStreamPublisher;
+use super::JetStreamPublisher;
+use super::framing::{Command, Framer, FramingMode, Reply, batchable, reply_when_acked, unknown};
 
 /// The oldest nats-server with fast batches.
 const MIN_SERVER: (u64, u64, u64) = (2, 14, 0);

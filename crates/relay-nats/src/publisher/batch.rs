@@ -29,8 +29,8 @@ use relay_core::message::OutboundMessage;
 use relay_core::stage::{PubReceipt, PublishError, Publisher};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
-use crate::framing::{Command, Framer, FramingMode, Reply, batchable, reply_when_acked, unknown};
-use crate::publisher::JetStreamPublisher;
+use super::JetStreamPublisher;
+use super::framing::{Command, Framer, FramingMode, Reply, batchable, reply_when_acked, unknown};
 
 /// Messages in one atomic batch, at most (nats-server's default `max_batch_size`).
 pub const MAX_BATCH: usize = 1000;

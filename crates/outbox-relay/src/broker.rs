@@ -1,0 +1,39 @@
+//! The relay's NATS side as the relay and every command that publishes as it does (backfill,
+//! restore) make it.
+
+use relay_nats::JetStreamPublisher;
+
+use crate::config::RelayConfig;
+use crate::exit::{Exit, nats_exit};
+
+/// Connects to NATS and prepares the relay's stream (its checks, created when allowed, what
+/// the mappings need of the broker), with a publisher of `max_in_flight`: the same for the
+/// relay and for every command that publishes as it does (backfill, restore).
+pub(crate) async fn connect_publisher(
+    config: &RelayConfig,
+    max_in_flight: usize,
+) -> Result<
+    (
+        relay_nats::NatsConnection,
+        JetStreamPublisher,
+        relay_nats::StreamReport,
+    ),
+    Exit,
+> {
+    let nats = relay_nats::connect(&config.nats).await.map_err(nats_exit)?;
+    let publisher = JetStreamPublisher::new(
+        &nats,
+        &config.nats.stream,
+        config.nats.ack_timeout,
+        max_in_flight,
+    );
+    let report = relay_nats::prepare_stream(
+        publisher.jetstream(),
+        &config.nats,
+        &config.sample_subjects(),
+        &config.broker_needs(),
+    )
+    .await
+    .map_err(nats_exit)?;
+    Ok((nats, publisher, report))
+}
