@@ -21,6 +21,9 @@ scripts/ensure-deps.sh
 step "cargo fmt --check"
 cargo fmt --all --check
 
+step "module loops"
+python3 scripts/module-loops.py
+
 step "cargo clippy"
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 
