@@ -220,9 +220,12 @@ impl NatsServer {
         }
     }
 
-    /// SIGSTOPs the server: connections stay open but nothing is answered.
+    /// SIGSTOPs the server: connections stay open but nothing is answered. Returns once every
+    /// thread of it is stopped.
     pub fn pause(&self) -> anyhow::Result<()> {
-        self.running_proc("pause")?.signal(Signal::SIGSTOP)
+        let server = self.running_proc("pause")?;
+        server.signal(Signal::SIGSTOP)?;
+        server.wait_stopped(Duration::from_secs(5))
     }
 
     /// SIGCONTs the server.

@@ -19,7 +19,11 @@ pub(crate) struct Stat {
 }
 
 pub(crate) fn stat(pid: i32) -> Option<Stat> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// A `/proc/PID/stat` (or `/proc/PID/task/TID/stat`) line.
+fn parse_stat(text: &str) -> Option<Stat> {
     let open = text.find('(')?;
     let close = text.rfind(')')?;
     let comm = text.get(open + 1..close)?.to_owned();
@@ -72,6 +76,35 @@ impl Proc {
             Ok(()) | Err(nix::errno::Errno::ESRCH) => Ok(()),
             Err(e) => Err(anyhow::anyhow!("kill({}, {sig}): {e}", self.pid)),
         }
+    }
+}
+
+impl Proc {
+    /// Waits until every thread of the process is stopped (after a SIGSTOP): `kill` returns
+    /// before the stop has taken effect everywhere, so a caller that probes a "paused" server
+    /// right away must wait for it. Gone counts as stopped.
+    pub fn wait_stopped(&self, within: Duration) -> anyhow::Result<()> {
+        if wait_blocking(within, || !self.is_alive() || self.threads_stopped()) {
+            return Ok(());
+        }
+        anyhow::bail!(
+            "process {} was sent SIGSTOP but was not stopped after {within:?}",
+            self.pid
+        )
+    }
+
+    /// Whether every thread in `/proc/PID/task` is stopped (`T`, or `t` under a tracer).
+    fn threads_stopped(&self) -> bool {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.pid)) else {
+            return false;
+        };
+        tasks.filter_map(Result::ok).all(|task| {
+            std::fs::read_to_string(task.path().join("stat"))
+                .ok()
+                .and_then(|text| parse_stat(&text))
+                .map(|stat| stat.state)
+                .is_some_and(|state| matches!(state, 'T' | 't'))
+        })
     }
 }
 

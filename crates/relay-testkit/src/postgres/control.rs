@@ -55,7 +55,8 @@ impl PostgresServer {
         let postmaster = self
             .postmaster()
             .ok_or_else(|| anyhow!("pause: PostgreSQL is not running"))?;
-        postmaster.signal(Signal::SIGSTOP)
+        postmaster.signal(Signal::SIGSTOP)?;
+        postmaster.wait_stopped(Duration::from_secs(5))
     }
 
     /// SIGSTOPs every process of the cluster: the postmaster first, then all
@@ -67,8 +68,12 @@ impl PostgresServer {
             .postmaster()
             .ok_or_else(|| anyhow!("pause_all: PostgreSQL is not running"))?;
         postmaster.signal(Signal::SIGSTOP)?;
-        for p in procs::descendants(postmaster.pid) {
+        let descendants = procs::descendants(postmaster.pid);
+        for p in &descendants {
             p.signal(Signal::SIGSTOP)?;
+        }
+        for p in std::iter::once(&postmaster).chain(&descendants) {
+            p.wait_stopped(Duration::from_secs(5))?;
         }
         Ok(())
     }
