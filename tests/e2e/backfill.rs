@@ -266,7 +266,7 @@ async fn backfill_reads_one_snapshot_and_skips_what_the_lagging_relay_published(
     let relay = Relay::start_streaming(&config).await?;
     // The relay falls behind: these rows are committed before the backfill begins and published
     // by the relay only after.
-    relay.signal(Signal::SIGSTOP);
+    relay.pause()?;
     let lagging = seed(&db, 300, "lagging").await?;
     let lagging_commit = env.current_wal().await?;
     let run = {

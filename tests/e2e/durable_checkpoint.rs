@@ -68,7 +68,7 @@ async fn reported_checkpoint_survives_an_immediate_stop_with_synchronous_commit_
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Freeze the relay so it stores nothing more, then crash PostgreSQL.
-    relay.signal(Signal::SIGSTOP);
+    relay.pause()?;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let reported = *reported_checkpoints(&relay.log())
         .last()

@@ -240,6 +240,11 @@ impl Relay {
         let _ = nix::sys::signal::kill(pid, signal);
     }
 
+    /// SIGSTOPs the relay and returns once it is stopped everywhere (undo with SIGCONT).
+    pub fn pause(&self) -> Result<()> {
+        relay_testkit::pause_process(self.child.id())
+    }
+
     pub fn kill9(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

@@ -57,6 +57,16 @@ pub use tls::{IssuedCert, TestCa};
 /// The address every test server listens on.
 pub const HOST: &str = "127.0.0.1";
 
+/// SIGSTOPs process `pid` (a relay a test started, say) and returns once every thread of it is
+/// stopped, as the servers' `pause` does: `kill` alone returns before the process stopped.
+pub fn pause_process(pid: u32) -> anyhow::Result<()> {
+    let pid = i32::try_from(pid).map_err(|_| anyhow::anyhow!("pid {pid} out of range"))?;
+    match procs::Proc::get(pid) {
+        Some(process) => process.pause(),
+        None => anyhow::bail!("pause: process {pid} is not running"),
+    }
+}
+
 /// A free TCP port on 127.0.0.1.
 ///
 /// The port is found by binding `127.0.0.1:0`; a port is never handed out

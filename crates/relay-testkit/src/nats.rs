@@ -223,9 +223,7 @@ impl NatsServer {
     /// SIGSTOPs the server: connections stay open but nothing is answered. Returns once every
     /// thread of it is stopped.
     pub fn pause(&self) -> anyhow::Result<()> {
-        let server = self.running_proc("pause")?;
-        server.signal(Signal::SIGSTOP)?;
-        server.wait_stopped(Duration::from_secs(5))
+        self.running_proc("pause")?.pause()
     }
 
     /// SIGCONTs the server.

@@ -9,6 +9,9 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
+/// How long a SIGSTOPped process may take to stop everywhere before that is an error.
+pub(crate) const PAUSE_WITHIN: Duration = Duration::from_secs(5);
+
 /// What `/proc/PID/stat` tells about one process.
 #[derive(Debug, Clone)]
 pub(crate) struct Stat {
@@ -80,9 +83,16 @@ impl Proc {
 }
 
 impl Proc {
-    /// Waits until every thread of the process is stopped (after a SIGSTOP): `kill` returns
-    /// before the stop has taken effect everywhere, so a caller that probes a "paused" server
-    /// right away must wait for it. Gone counts as stopped.
+    /// SIGSTOPs the process and returns once every thread of it is stopped.
+    pub fn pause(&self) -> anyhow::Result<()> {
+        self.signal(Signal::SIGSTOP)?;
+        self.wait_stopped(PAUSE_WITHIN)
+    }
+
+    /// Waits until every thread of the process is stopped (after a SIGSTOP). `kill` returns
+    /// before the stop has taken effect: one thread carries it out once it is scheduled, and
+    /// the others run on until then (on a busy machine, long enough for a "paused" nats-server
+    /// to answer a request). Gone counts as stopped.
     pub fn wait_stopped(&self, within: Duration) -> anyhow::Result<()> {
         if wait_blocking(within, || !self.is_alive() || self.threads_stopped()) {
             return Ok(());

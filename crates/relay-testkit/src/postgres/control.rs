@@ -55,8 +55,7 @@ impl PostgresServer {
         let postmaster = self
             .postmaster()
             .ok_or_else(|| anyhow!("pause: PostgreSQL is not running"))?;
-        postmaster.signal(Signal::SIGSTOP)?;
-        postmaster.wait_stopped(Duration::from_secs(5))
+        postmaster.pause()
     }
 
     /// SIGSTOPs every process of the cluster: the postmaster first, then all
@@ -73,7 +72,7 @@ impl PostgresServer {
             p.signal(Signal::SIGSTOP)?;
         }
         for p in std::iter::once(&postmaster).chain(&descendants) {
-            p.wait_stopped(Duration::from_secs(5))?;
+            p.wait_stopped(procs::PAUSE_WITHIN)?;
         }
         Ok(())
     }
