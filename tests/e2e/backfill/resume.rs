@@ -2,6 +2,17 @@
 
 use super::*;
 
+/// A backfill slowed to 2,000 rows/s, so that a kill or a stop lands in its middle.
+const SLOW_BACKFILL: &[&str] = &[
+    "backfill",
+    "--table",
+    "outbox",
+    "--rate",
+    "2000",
+    "--page-size",
+    "200",
+];
+
 /// kill -9 in the middle: the cursor is stored (between the first and last key), and the next
 /// run resumes there instead of starting over; so does a run after one stopped by SIGTERM (exit
 /// 130); the last completes with every row once.
@@ -15,18 +26,7 @@ async fn killed_backfill_resumes_at_its_cursor() -> Result<()> {
     let relay = Relay::start_streaming(&config).await?;
 
     // Slowed down (2,000 rows/s) so the kill lands in the middle.
-    let mut first = Relay::start_with_args(
-        &config,
-        &[
-            "backfill",
-            "--table",
-            "outbox",
-            "--rate",
-            "2000",
-            "--page-size",
-            "200",
-        ],
-    )?;
+    let mut first = Relay::start_with_args(&config, SLOW_BACKFILL)?;
     let deadline = Instant::now() + Duration::from_secs(30);
     let at_kill = loop {
         if let Some((Some(last), Some(end), done, _)) = cursor(&db).await?
@@ -63,18 +63,7 @@ async fn killed_backfill_resumes_at_its_cursor() -> Result<()> {
     assert!(done_after >= done && last_after.is_some());
 
     // A second run, stopped by SIGTERM: it resumes, stores its cursor further on, exits 130.
-    let mut second = Relay::start_with_args(
-        &config,
-        &[
-            "backfill",
-            "--table",
-            "outbox",
-            "--rate",
-            "2000",
-            "--page-size",
-            "200",
-        ],
-    )?;
+    let mut second = Relay::start_with_args(&config, SLOW_BACKFILL)?;
     let deadline = Instant::now() + Duration::from_secs(30);
     while cursor(&db).await?.map_or(0, |c| c.2) < done_after + 2_000 {
         ensure!(

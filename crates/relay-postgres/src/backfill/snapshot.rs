@@ -14,26 +14,27 @@ use super::{BackfillError, query_err, simple_rows};
 /// pages can return is in the stream (or on its way through the backfill itself), and rows the
 /// relay publishes later were committed after the snapshot: the pages never return them.
 pub async fn begin_page_snapshot(reader: &Client) -> Result<Lsn, BackfillError> {
-    let err = || query_err("cannot open the backfill's snapshot");
-    reader
-        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        .await
-        .map_err(err())?;
+    begin_read_only(reader).await?;
     // The transaction's first statement takes the snapshot before its function runs.
     crate::catalog::wal_insert_position(reader)
         .await
-        .map_err(err())
+        .map_err(query_err("cannot open the backfill's snapshot"))
 }
 
 /// Opens a read-only REPEATABLE READ transaction on `reader` (a resumed backfill reads its
 /// pages and [`super::on_create::streamed_ids`] in one snapshot); returns it as `pg_snapshot`
 /// text.
 pub async fn begin_snapshot(reader: &Client) -> Result<String, BackfillError> {
+    begin_read_only(reader).await?;
+    current_snapshot(reader).await
+}
+
+/// `BEGIN` of the read transaction; its first statement takes the snapshot.
+async fn begin_read_only(reader: &Client) -> Result<(), BackfillError> {
     reader
         .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         .await
-        .map_err(query_err("cannot open the backfill's snapshot"))?;
-    current_snapshot(reader).await
+        .map_err(query_err("cannot open the backfill's snapshot"))
 }
 
 pub(super) async fn current_snapshot(reader: &Client) -> Result<String, BackfillError> {
