@@ -15,7 +15,11 @@ mod snapshot;
 
 /// Inserts `n` Debezium-shaped rows in one statement (before the slot exists: only a backfill
 /// can publish them); returns their ids.
-async fn seed(db: &tokio_postgres::Client, n: i64, kind: &str) -> Result<HashSet<String>> {
+pub(crate) async fn seed(
+    db: &tokio_postgres::Client,
+    n: i64,
+    kind: &str,
+) -> Result<HashSet<String>> {
     let rows = db
         .query(
             "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
@@ -47,7 +51,7 @@ async fn spawn_inserter(
 
 /// Runs `backfill` with `args` and waits for its exit (`code`, within `within`); returns its
 /// log.
-async fn backfill(
+pub(crate) async fn backfill(
     config: &std::path::Path,
     args: &[&str],
     code: i32,
@@ -71,7 +75,7 @@ fn copies(messages: &[Received]) -> HashMap<&str, usize> {
 
 /// Waits until the stream holds every id of `ids`, then asserts each exactly once and nothing
 /// else; returns the stream.
-async fn expect_each_once(
+pub(crate) async fn expect_each_once(
     env: &Env,
     ids: &HashSet<String>,
     relay: &Relay,
@@ -106,7 +110,7 @@ async fn expect_each_once(
 }
 
 /// The stored cursor: (last key, end key, rows done, finished).
-async fn cursor(
+pub(crate) async fn cursor(
     db: &tokio_postgres::Client,
 ) -> Result<Option<(Option<String>, Option<String>, i64, bool)>> {
     Ok(db

@@ -17,7 +17,7 @@ use crate::support::*;
 const BATCH_MODE: &str = "publish_mode = \"atomic-batch\"\ncreate_stream = true";
 
 /// Whether the test's nats-server takes `Nats-Msg-Id` inside atomic batches.
-fn batches_supported(env: &Env) -> bool {
+pub(crate) fn batches_supported(env: &Env) -> bool {
     let version = env.nats.version();
     let mut parts = version
         .split(['.', '-'])
@@ -28,6 +28,12 @@ fn batches_supported(env: &Env) -> bool {
         parts.next().unwrap_or(0),
     );
     v >= (2, 12, 1)
+}
+
+/// The `Nats-Batch-Id` prefix of a message's transaction: its commit LSN as `X-Y` (hex).
+fn lsn_id(m: &Received) -> String {
+    let lsn = parse_lsn(m.header("Outbox-Commit-Lsn")).expect("lsn");
+    format!("{:X}-{:X}", lsn >> 32, lsn & 0xFFFF_FFFF)
 }
 
 /// Transactions of rows and a logical message each arrive as one batch (`Nats-Batch-Id`
@@ -83,10 +89,6 @@ async fn each_transaction_is_one_atomic_batch_split_at_the_limit() -> Result<()>
     relay
         .wait_log("publishing each transaction as one atomic batch", WAIT)
         .await?;
-    let lsn_id = |m: &Received| {
-        let lsn = parse_lsn(m.header("Outbox-Commit-Lsn")).expect("lsn");
-        format!("{:X}-{:X}", lsn >> 32, lsn & 0xFFFF_FFFF)
-    };
     // The first transaction: one batch of three.
     for (i, m) in got[..3].iter().enumerate() {
         assert_eq!(
@@ -238,4 +240,63 @@ async fn kill9_loop_in_atomic_batch_mode_delivers_every_committed_event_once() -
         "M2 kill -9 loop, atomic-batch mode falling back to per-message (10 kills)"
     };
     crate::messages::kill9_loop(&env, BATCH_MODE, scenario).await
+}
+
+/// `restore` publishes as the relay does: in atomic-batch mode each transaction of the window
+/// comes back as one batch (the same batch ids), so consumers of a restored stream never see
+/// half a transaction either; on a server before 2.12.1 it says so and publishes per message.
+#[tokio::test(flavor = "multi_thread")]
+async fn restore_in_atomic_batch_mode_brings_each_transaction_back_as_one_batch() -> Result<()> {
+    use crate::restore::{
+        checkpoint_past, describe, events, exactly_once_in_order, insert, relay_cmd,
+    };
+    let env = Env::start().await?;
+    let js = env.jetstream().await?;
+    let mut db = env.db().await?;
+    let config = env.config_full(
+        &format!("{BATCH_MODE}\nduplicate_window = \"1s\""),
+        "replay_retention = \"1GB\"",
+    );
+    let relay = Relay::start_streaming(&config).await?;
+    let window = insert(&mut db, 9, 3, "batch").await?;
+    let stored = wait_for_messages(&js, 9, WAIT, Some(&relay)).await?;
+    let evs = events(&stored);
+    checkpoint_past(&env, evs.iter().map(|e| e.lsn).max().unwrap_or_default()).await?;
+
+    // Gone from the stream and past the duplicate window: only the restore brings them back.
+    js.get_stream(STREAM).await?.purge().await?;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let out = relay_cmd(&config, &["restore", "--from-lsn", &evs[0].lsn_text]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let restored = read_stream(&js).await?;
+    exactly_once_in_order(&restored, &window);
+    let log = String::from_utf8_lossy(&out.stderr);
+    if !batches_supported(&env) {
+        assert!(log.contains("publishing each message on its own"), "{log}");
+        assert!(
+            restored
+                .iter()
+                .all(|m| m.header("Nats-Batch-Id").is_empty())
+        );
+        return Ok(());
+    }
+    assert!(
+        log.contains("publishing each transaction as one atomic batch"),
+        "{log}"
+    );
+    for (i, m) in restored.iter().enumerate() {
+        let (first, sequence) = (&restored[i - i % 3], i % 3 + 1);
+        assert_eq!(
+            m.header("Nats-Batch-Id"),
+            format!("{}-0", lsn_id(first)),
+            "{m:?}"
+        );
+        assert_eq!(
+            m.header("Nats-Batch-Sequence"),
+            sequence.to_string(),
+            "{m:?}"
+        );
+        assert_eq!(m.header("Nats-Batch-Commit") == "1", sequence == 3, "{m:?}");
+    }
+    Ok(())
 }

@@ -13,7 +13,7 @@ use anyhow::{Result, ensure};
 
 use crate::support::*;
 
-fn relay_cmd(config: &Path, args: &[&str]) -> Output {
+pub(crate) fn relay_cmd(config: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
         .arg("--config")
         .arg(config)
@@ -23,7 +23,7 @@ fn relay_cmd(config: &Path, args: &[&str]) -> Output {
         .expect("run outbox-relay")
 }
 
-fn describe(out: &Output) -> String {
+pub(crate) fn describe(out: &Output) -> String {
     format!(
         "exit {:?}\nstdout:\n{}\nstderr:\n{}",
         out.status.code(),
@@ -34,13 +34,13 @@ fn describe(out: &Output) -> String {
 
 /// One event as stored: commit LSN and id.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Ev {
-    lsn: u64,
-    lsn_text: String,
-    id: String,
+pub(crate) struct Ev {
+    pub(crate) lsn: u64,
+    pub(crate) lsn_text: String,
+    pub(crate) id: String,
 }
 
-fn events(stored: &[Received]) -> Vec<Ev> {
+pub(crate) fn events(stored: &[Received]) -> Vec<Ev> {
     stored
         .iter()
         .map(|m| Ev {
@@ -52,7 +52,7 @@ fn events(stored: &[Received]) -> Vec<Ev> {
 }
 
 /// Inserts `n` events in transactions of `per_tx`; returns their ids in commit order.
-async fn insert(
+pub(crate) async fn insert(
     db: &mut tokio_postgres::Client,
     n: usize,
     per_tx: usize,
@@ -71,7 +71,7 @@ async fn insert(
 }
 
 /// Waits until the stored checkpoint is past `lsn`.
-async fn checkpoint_past(env: &Env, lsn: u64) -> Result<u64> {
+pub(crate) async fn checkpoint_past(env: &Env, lsn: u64) -> Result<u64> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let c = env.checkpoint().await?.unwrap_or_default();
@@ -107,7 +107,7 @@ fn copies(stored: &[Received]) -> HashMap<String, usize> {
 }
 
 /// Asserts that `ids` are in the stream exactly once each, in this order relative to each other.
-fn exactly_once_in_order(stored: &[Received], ids: &[String]) {
+pub(crate) fn exactly_once_in_order(stored: &[Received], ids: &[String]) {
     let count = copies(stored);
     for id in ids {
         assert_eq!(

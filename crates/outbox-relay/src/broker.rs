@@ -1,17 +1,19 @@
 //! The relay's NATS side as the relay and every command that publishes as it does (backfill,
 //! restore) make it.
 
-use relay_nats::JetStreamPublisher;
+use relay_nats::{JetStreamPublisher, PublishMode};
 
 use crate::config::RelayConfig;
 use crate::exit::{Exit, nats_exit};
 
 /// Connects to NATS and prepares the relay's stream (its checks, created when allowed, what
-/// the mappings need of the broker), with a publisher of `max_in_flight`: the same for the
-/// relay and for every command that publishes as it does (backfill, restore).
+/// the mappings need of the broker), with a publisher of `max_in_flight` publishing in `mode`
+/// where the server and the stream allow it (else per message, with one warning): the same
+/// for the relay and for every command that publishes as it does (backfill, restore).
 pub(crate) async fn connect_publisher(
     config: &RelayConfig,
     max_in_flight: usize,
+    mode: PublishMode,
 ) -> Result<
     (
         relay_nats::NatsConnection,
@@ -35,5 +37,9 @@ pub(crate) async fn connect_publisher(
     )
     .await
     .map_err(nats_exit)?;
+    for warning in &report.warnings {
+        tracing::warn!(stream = %config.nats.stream, "{warning}");
+    }
+    let publisher = publisher.with_publish_mode(mode, report.allows(mode), max_in_flight);
     Ok((nats, publisher, report))
 }

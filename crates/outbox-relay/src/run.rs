@@ -59,17 +59,13 @@ pub async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), 
         None => false,
     };
 
-    let (nats, publisher, report) =
-        crate::broker::connect_publisher(&config, config.relay.max_in_flight).await?;
-    telemetry.set_nats(nats.client().clone());
-    for warning in &report.warnings {
-        tracing::warn!(stream = %config.nats.stream, "{warning}");
-    }
-    let publisher = publisher.with_publish_mode(
-        config.nats.publish_mode,
-        report.allows(config.nats.publish_mode),
+    let (nats, publisher, report) = crate::broker::connect_publisher(
+        &config,
         config.relay.max_in_flight,
-    );
+        config.nats.publish_mode,
+    )
+    .await?;
+    telemetry.set_nats(nats.client().clone());
     // Held until `run` returns: dropping it flushes the last spans.
     let spans = config.otlp.start().map_err(Exit::config)?;
     let publisher = crate::otlp::TracedPublisher::new(publisher, spans, &config.nats.stream);

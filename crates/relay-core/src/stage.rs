@@ -187,26 +187,27 @@ pub trait Publisher: Clone + Send + Sync + 'static {
         u32::MAX
     }
 
+    // The next three have no default on purpose: a publisher that wraps another (tracing,
+    // backfill, restore) must hand them on, or its inner publisher's batches silently stop
+    // following transactions (`restore` once published atomic-batch windows per message).
+
     /// A transaction begins (pgoutput Begin, or a non-transactional logical message, which is
     /// a transaction of its own): the messages of commit LSN `commit_lsn` handed to
     /// [`Publisher::send`] until [`Publisher::end_transaction`] are its events. A publisher
-    /// that publishes a transaction as one atomic batch opens it here. Default: nothing.
-    fn begin_transaction(&self, commit_lsn: Lsn) {
-        let _ = commit_lsn;
-    }
+    /// that publishes a transaction as one atomic batch opens it here; one that publishes
+    /// every message on its own does nothing.
+    fn begin_transaction(&self, commit_lsn: Lsn);
 
     /// The transaction begun last is complete: a batching publisher commits its batch now.
-    /// Default: nothing (every message is published on its own).
-    fn end_transaction(&self) {}
+    fn end_transaction(&self);
 
-    /// Publishes again a message whose outcome was unknown. Default: [`Publisher::send`]; a
-    /// batching publisher sends it on its own (its transaction's batch is over).
+    /// Publishes again a message whose outcome was unknown: [`Publisher::send`] for a publisher
+    /// without batches; a batching publisher sends it on its own (its transaction's batch is
+    /// over).
     fn resend(
         &self,
         msg: &Arc<OutboundMessage>,
-    ) -> impl Future<Output = Result<Self::Ack, PublishError>> + Send {
-        self.send(msg)
-    }
+    ) -> impl Future<Output = Result<Self::Ack, PublishError>> + Send;
 
     /// The stream whose sequences [`PubReceipt::stream_seq`] counts, when every message lands in
     /// one stream (a JetStream publisher with `Nats-Expected-Stream`). The pipeline records

@@ -281,7 +281,8 @@ async fn run_window(
     shutdown: &CancellationToken,
 ) -> Result<(), Exit> {
     let (_nats, publisher, stream_report) =
-        crate::broker::connect_publisher(config, args.max_in_flight).await?;
+        crate::broker::connect_publisher(config, args.max_in_flight, config.nats.publish_mode)
+            .await?;
     let in_stream = relay_nats::published_between(
         publisher.jetstream(),
         &config.nats.stream,

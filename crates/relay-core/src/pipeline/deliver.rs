@@ -159,6 +159,14 @@ mod tests {
         fn max_server_closes(&self) -> u32 {
             self.limit
         }
+
+        fn begin_transaction(&self, _commit_lsn: Lsn) {}
+
+        fn end_transaction(&self) {}
+
+        async fn resend(&self, msg: &Arc<OutboundMessage>) -> Result<Self::Ack, PublishError> {
+            self.send(msg).await
+        }
     }
 
     fn closed() -> PublishError {

@@ -28,9 +28,20 @@ impl Publisher for BackfillPublisher {
     type Ack = <JetStreamPublisher as Publisher>::Ack;
 
     async fn send(&self, msg: &Arc<OutboundMessage>) -> Result<Self::Ack, PublishError> {
-        let mut marked = OutboundMessage::clone(msg);
-        marked.headers.push(BACKFILL_HEADER.clone());
-        self.0.send(&Arc::new(marked)).await
+        self.0.send(&marked(msg)).await
+    }
+
+    async fn resend(&self, msg: &Arc<OutboundMessage>) -> Result<Self::Ack, PublishError> {
+        self.0.resend(&marked(msg)).await
+    }
+
+    // A page is the publisher's transaction: in fast-batch mode its rows share a batch.
+    fn begin_transaction(&self, commit_lsn: Lsn) {
+        self.0.begin_transaction(commit_lsn);
+    }
+
+    fn end_transaction(&self) {
+        self.0.end_transaction();
     }
 
     fn limits(&self) -> MessageLimits {
@@ -43,6 +54,13 @@ impl Publisher for BackfillPublisher {
     fn max_server_closes(&self) -> u32 {
         self.0.max_server_closes()
     }
+}
+
+/// `msg` with `Outbox-Backfill: true` as its last header (once: a re-send gets the original).
+fn marked(msg: &Arc<OutboundMessage>) -> Arc<OutboundMessage> {
+    let mut marked = OutboundMessage::clone(msg);
+    marked.headers.push(BACKFILL_HEADER.clone());
+    Arc::new(marked)
 }
 
 /// Fingerprints of the event ids the relay publishes for one table while the backfill runs.

@@ -10,6 +10,7 @@ use anyhow::anyhow;
 use relay_core::Lsn;
 use relay_core::pipeline::{Pipeline, PipelineStats};
 use relay_core::route::{OutboxTableConfig, Router};
+use relay_nats::PublishMode;
 use relay_postgres::backfill::{self as sql, CursorId, TableShape};
 use tokio_util::sync::CancellationToken;
 
@@ -132,8 +133,14 @@ pub(crate) async fn run_pages(
         live_until,
     } = run;
     // JetStream: the relay's stream checks, then what the stream holds already.
+    // A page is not a transaction: nothing to keep whole, so atomic batches (one server-side
+    // staging per page, slower than per message in every shape measured) would only cost.
+    let mode = match config.nats.publish_mode {
+        PublishMode::AtomicBatch => PublishMode::PerMessage,
+        mode => mode,
+    };
     let (nats, publisher, report) =
-        crate::broker::connect_publisher(config, opts.max_in_flight).await?;
+        crate::broker::connect_publisher(config, opts.max_in_flight, mode).await?;
     // First the watch of the relay's live messages, then the stream's ids: no gap between.
     let watch_stop = CancellationToken::new();
     let (live, watchers) = if opts.skip_check_limit == 0 {

@@ -117,8 +117,46 @@ impl Publisher for RestorePublisher {
 
     async fn send(&self, msg: &Arc<OutboundMessage>) -> Result<Self::Ack, PublishError> {
         let ack = self.inner.send(msg).await?;
+        Ok(self.checked(ack, msg))
+    }
+
+    async fn resend(&self, msg: &Arc<OutboundMessage>) -> Result<Self::Ack, PublishError> {
+        let ack = self.inner.resend(msg).await?;
+        Ok(self.checked(ack, msg))
+    }
+
+    // The window's transactions, so that batches follow them as in the relay.
+    fn begin_transaction(&self, commit_lsn: Lsn) {
+        self.inner.begin_transaction(commit_lsn);
+    }
+
+    fn end_transaction(&self) {
+        self.inner.end_transaction();
+    }
+
+    fn limits(&self) -> MessageLimits {
+        self.inner.limits()
+    }
+
+    fn max_server_closes(&self) -> u32 {
+        self.inner.max_server_closes()
+    }
+
+    fn stream_name(&self) -> Option<Arc<str>> {
+        self.inner.stream_name()
+    }
+}
+
+impl RestorePublisher {
+    /// `ack`, which notes the event as not restored when it is a duplicate of a copy the
+    /// stream no longer holds.
+    fn checked(
+        &self,
+        ack: <JetStreamPublisher as Publisher>::Ack,
+        msg: &Arc<OutboundMessage>,
+    ) -> BoxFuture<'static, Result<PubReceipt, PublishError>> {
         let (check, msg) = (self.duplicates.clone(), msg.clone());
-        Ok(async move {
+        async move {
             let receipt = ack.await?;
             if receipt.duplicate
                 && !holds(
@@ -137,19 +175,7 @@ impl Publisher for RestorePublisher {
             }
             Ok(receipt)
         }
-        .boxed())
-    }
-
-    fn limits(&self) -> MessageLimits {
-        self.inner.limits()
-    }
-
-    fn max_server_closes(&self) -> u32 {
-        self.inner.max_server_closes()
-    }
-
-    fn stream_name(&self) -> Option<Arc<str>> {
-        self.inner.stream_name()
+        .boxed()
     }
 }
 
@@ -171,5 +197,13 @@ impl Publisher for DryRunPublisher {
 
     fn limits(&self) -> MessageLimits {
         self.limits
+    }
+
+    fn begin_transaction(&self, _commit_lsn: Lsn) {}
+
+    fn end_transaction(&self) {}
+
+    async fn resend(&self, msg: &Arc<OutboundMessage>) -> Result<Self::Ack, PublishError> {
+        self.send(msg).await
     }
 }

@@ -188,6 +188,14 @@ impl Publisher for FakeBroker {
     fn stream_name(&self) -> Option<Arc<str>> {
         Some("OUTBOX".into())
     }
+
+    fn begin_transaction(&self, _commit_lsn: Lsn) {}
+
+    fn end_transaction(&self) {}
+
+    async fn resend(&self, msg: &Arc<OutboundMessage>) -> Result<Self::Ack, PublishError> {
+        self.send(msg).await
+    }
 }
 
 /// A list the test and the store share.
