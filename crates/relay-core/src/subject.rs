@@ -20,6 +20,12 @@ const SUBJECT_TOKEN_ESCAPES: &AsciiSet = &CONTROLS
     .add(b'$')
     .add(b'%');
 
+/// Whether `byte` stays as it is in a subject token: printable ASCII outside
+/// [`SUBJECT_TOKEN_ESCAPES`] (a test checks the two agree on every byte).
+fn needs_no_escape(byte: u8) -> bool {
+    byte.is_ascii_graphic() && !matches!(byte, b'.' | b'*' | b'>' | b'$' | b'%')
+}
+
 /// NATS subject matching: `*` matches one token, `>` one or more trailing tokens.
 pub fn subject_matches(filter: &str, subject: &str) -> bool {
     let mut f = filter.split('.');
@@ -37,6 +43,11 @@ pub fn subject_matches(filter: &str, subject: &str) -> bool {
 
 /// Appends `value` to `out` as subject text, escaped by the token rule.
 pub fn push_escaped_token(out: &mut String, value: &str) {
+    // Most values need no escape: one pass over the bytes instead of the encoder's chunks.
+    if value.bytes().all(needs_no_escape) {
+        out.push_str(value);
+        return;
+    }
     for part in utf8_percent_encode(value, SUBJECT_TOKEN_ESCAPES) {
         out.push_str(part);
     }
@@ -188,6 +199,22 @@ impl fmt::Display for SubjectTemplate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fast path's byte rule and the encoder's set agree on every byte (and so on every
+    /// string, which the encoder handles byte by byte; non-ASCII is always encoded).
+    #[test]
+    fn the_no_escape_rule_is_the_escape_set() {
+        for byte in 0..=u8::MAX {
+            let by_encoder = byte.is_ascii()
+                && utf8_percent_encode(
+                    std::str::from_utf8(&[byte]).expect("ASCII"),
+                    SUBJECT_TOKEN_ESCAPES,
+                )
+                .to_string()
+                    == char::from(byte).to_string();
+            assert_eq!(needs_no_escape(byte), by_encoder, "byte {byte:#04x}");
+        }
+    }
 
     fn escaped(v: &str) -> String {
         let mut s = String::new();

@@ -105,7 +105,7 @@ impl CompiledRoute {
         };
 
         let event_id = match text(self.event_id, "?")? {
-            Some(b) if !b.is_empty() => String::from_utf8_lossy(b).into_owned(),
+            Some(b) if !b.is_empty() => value::text_lossy(b).into_owned(),
             _ => {
                 return Err(RouteError::MissingEventId {
                     table: self.table.to_string(),
@@ -128,7 +128,7 @@ impl CompiledRoute {
                 SubjectPart::Literal(l) => subject.push_str(l),
                 SubjectPart::Column(index) => match text(*index, &event_id)? {
                     Some(b) if !b.is_empty() => {
-                        push_escaped_token(&mut subject, &String::from_utf8_lossy(b))
+                        push_escaped_token(&mut subject, &value::text_lossy(b))
                     }
                     _ => {
                         return Err(RouteError::EmptySubjectValue {
@@ -193,7 +193,7 @@ impl CompiledRoute {
             let Some(raw) = text(*index, &event_id)? else {
                 continue;
             };
-            let mut value = String::from_utf8_lossy(raw);
+            let mut value = value::text_lossy(raw);
             if header.eq_ignore_ascii_case("traceparent") {
                 value = extract_traceparent(&value).into();
             }

@@ -15,6 +15,11 @@ pub(crate) struct WireHeaders {
     values: Vec<Arc<str>>,
     stream: Option<Arc<str>>,
     head: BytesMut,
+    /// The own header names of the last message (by pointer: a route's names are shared
+    /// `Arc`s) and whether any of them repeats a name: the same for every row of a table, so
+    /// the name comparisons run once per transaction, not per message.
+    own_names: Vec<Arc<str>>,
+    repeats: bool,
 }
 
 impl WireHeaders {
@@ -27,6 +32,7 @@ impl WireHeaders {
         reply: (&str, u64),
     ) {
         let (shared, own) = split(msg);
+        let mut names_known = same_names(&self.own_names, own);
         if !self.matches(stream, shared) {
             self.values = shared.iter().map(|(_, v)| v.clone()).collect();
             self.stream = Some(stream.into());
@@ -35,12 +41,17 @@ impl WireHeaders {
             for (name, value) in shared_entries(stream, shared) {
                 proto::put_header_line(&mut self.head, name, value);
             }
+            // Shared names may have changed (another table): compare again.
+            names_known = false;
         }
-        let repeats = own_entries(msg, own).enumerate().any(|(i, (name, _))| {
-            shared_entries(stream, shared).any(|(n, _)| n == name)
-                || own_entries(msg, own).take(i).any(|(n, _)| n == name)
-        });
-        if repeats {
+        if !names_known {
+            self.repeats = own_entries(msg, own).enumerate().any(|(i, (name, _))| {
+                shared_entries(stream, shared).any(|(n, _)| n == name)
+                    || own_entries(msg, own).take(i).any(|(n, _)| n == name)
+            });
+            self.own_names = own.iter().map(|(name, _)| name.clone()).collect();
+        }
+        if self.repeats {
             // A name set twice: the later value replaces the earlier, as in a HeaderMap.
             let mut lines: Vec<(&str, &str)> = Vec::new();
             for (name, value) in shared_entries(stream, shared).chain(own_entries(msg, own)) {
@@ -90,5 +101,96 @@ impl WireHeaders {
 
     fn matches(&self, stream: &str, shared: &[(Arc<str>, Arc<str>)]) -> bool {
         self.stream.as_deref() == Some(stream) && same_values(&self.values, shared)
+    }
+}
+
+/// Whether `names` are, by pointer, the names of `own`.
+fn same_names(names: &[Arc<str>], own: &[(Arc<str>, Arc<str>)]) -> bool {
+    names.len() == own.len()
+        && names
+            .iter()
+            .zip(own)
+            .all(|(name, (next, _))| Arc::ptr_eq(name, next))
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use relay_core::Lsn;
+
+    use super::*;
+
+    fn header(name: &Arc<str>, value: &str) -> (Arc<str>, Arc<str>) {
+        (name.clone(), value.into())
+    }
+
+    /// One `WireHeaders` framing messages in turn (as the lean connection does) writes what a
+    /// fresh one writes for each: the cached shared lines and the cached name check follow a
+    /// change of transaction, of table and of own header names, including a repeated name.
+    #[test]
+    fn reused_framing_writes_what_fresh_framing_writes() {
+        let [lsn, table, kind, tx_index, aggregate]: [Arc<str>; 5] = [
+            "Outbox-Commit-Lsn".into(),
+            "Outbox-Table".into(),
+            "Outbox-Type".into(),
+            "Outbox-Tx-Index".into(),
+            "Outbox-Aggregate".into(),
+        ];
+        let tx1 = [header(&lsn, "0/1"), header(&table, "public.a")];
+        let tx2 = [header(&lsn, "0/2"), header(&table, "public.a")];
+        let message = |shared: &[(Arc<str>, Arc<str>)],
+                       own: Vec<(Arc<str>, Arc<str>)>,
+                       id: &str| {
+            let mut msg = OutboundMessage::bare("outbox.a", id, Bytes::from_static(b"{}"), Lsn(1));
+            msg.headers = shared.iter().cloned().chain(own).collect();
+            msg.shared_headers = shared.len();
+            msg
+        };
+        let messages = [
+            message(&tx1, vec![header(&tx_index, "0"), header(&kind, "A")], "e1"),
+            message(&tx1, vec![header(&tx_index, "1"), header(&kind, "B")], "e2"),
+            // Shared lines that now hold one of the same own names: checked again.
+            message(
+                &[header(&lsn, "0/3"), header(&kind, "S")],
+                vec![header(&tx_index, "0"), header(&kind, "B")],
+                "e2b",
+            ),
+            // Another mapping: its own `Outbox-Table` replaces the shared one.
+            message(
+                &tx1,
+                vec![header(&tx_index, "2"), header(&table, "x")],
+                "e3",
+            ),
+            message(
+                &tx1,
+                vec![header(&tx_index, "3"), header(&aggregate, "7")],
+                "e4",
+            ),
+            message(
+                &tx2,
+                vec![header(&tx_index, "0"), header(&table, "y")],
+                "e5",
+            ),
+            message(&tx2, vec![header(&tx_index, "1"), header(&kind, "C")], "e6"),
+            // The same names in new `Arc`s: compared by text, not only by pointer.
+            message(
+                &tx2,
+                vec![header(&tx_index, "2"), ("Outbox-Table".into(), "z".into())],
+                "e7",
+            ),
+        ];
+        let mut reused = WireHeaders::default();
+        for msg in &messages {
+            let (mut again, mut fresh) = (BytesMut::new(), BytesMut::new());
+            reused.write_hpub(&mut again, "OUTBOX", msg, ("_INBOX.t", 1));
+            WireHeaders::default().write_hpub(&mut fresh, "OUTBOX", msg, ("_INBOX.t", 1));
+            assert_eq!(again, fresh, "message {}", msg.event_id);
+        }
+        // The repeated name was written once, with the later value.
+        let mut out = BytesMut::new();
+        WireHeaders::default().write_hpub(&mut out, "OUTBOX", &messages[3], ("_INBOX.t", 1));
+        let text = String::from_utf8_lossy(&out);
+        assert_eq!(text.matches("Outbox-Table:").count(), 1, "{text}");
+        assert!(text.contains("Outbox-Table: x\r\n"), "{text}");
     }
 }
