@@ -15,11 +15,7 @@ mod snapshot;
 
 /// Inserts `n` Debezium-shaped rows in one statement (before the slot exists: only a backfill
 /// can publish them); returns their ids.
-pub(crate) async fn seed(
-    db: &tokio_postgres::Client,
-    n: i64,
-    kind: &str,
-) -> Result<HashSet<String>> {
+async fn seed(db: &tokio_postgres::Client, n: i64, kind: &str) -> Result<HashSet<String>> {
     let rows = db
         .query(
             "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
@@ -51,7 +47,7 @@ async fn spawn_inserter(
 
 /// Runs `backfill` with `args` and waits for its exit (`code`, within `within`); returns its
 /// log.
-pub(crate) async fn backfill(
+async fn backfill(
     config: &std::path::Path,
     args: &[&str],
     code: i32,
@@ -75,7 +71,7 @@ fn copies(messages: &[Received]) -> HashMap<&str, usize> {
 
 /// Waits until the stream holds every id of `ids`, then asserts each exactly once and nothing
 /// else; returns the stream.
-pub(crate) async fn expect_each_once(
+async fn expect_each_once(
     env: &Env,
     ids: &HashSet<String>,
     relay: &Relay,
@@ -110,7 +106,7 @@ pub(crate) async fn expect_each_once(
 }
 
 /// The stored cursor: (last key, end key, rows done, finished).
-pub(crate) async fn cursor(
+async fn cursor(
     db: &tokio_postgres::Client,
 ) -> Result<Option<(Option<String>, Option<String>, i64, bool)>> {
     Ok(db

@@ -22,6 +22,7 @@ use relay_core::Lsn;
 use relay_core::pipeline::{Pipeline, PipelineError, PipelineStats, RunOutcome};
 use relay_core::route::Router;
 use relay_core::stage::Publisher;
+use relay_nats::PublishMode;
 use relay_postgres::catalog::{self, restore_slot};
 use relay_postgres::source::PgSource;
 use tokio_util::sync::CancellationToken;
@@ -280,9 +281,16 @@ async fn run_window(
     window: &Window,
     shutdown: &CancellationToken,
 ) -> Result<(), Exit> {
+    // As the relay publishes (atomic batches keep each restored transaction whole), but never
+    // in fast batches: their acks do not say which messages were duplicates, and a duplicate
+    // of a copy the stream no longer holds (a purge inside the duplicate window) must be
+    // reported as not restored, never counted as restored.
+    let mode = match config.nats.publish_mode {
+        PublishMode::FastBatch => PublishMode::PerMessage,
+        mode => mode,
+    };
     let (_nats, publisher, stream_report) =
-        crate::broker::connect_publisher(config, args.max_in_flight, config.nats.publish_mode)
-            .await?;
+        crate::broker::connect_publisher(config, args.max_in_flight, mode).await?;
     let in_stream = relay_nats::published_between(
         publisher.jetstream(),
         &config.nats.stream,

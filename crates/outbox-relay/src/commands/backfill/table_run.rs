@@ -133,14 +133,13 @@ pub(crate) async fn run_pages(
         live_until,
     } = run;
     // JetStream: the relay's stream checks, then what the stream holds already.
-    // A page is not a transaction: nothing to keep whole, so atomic batches (one server-side
-    // staging per page, slower than per message in every shape measured) would only cost.
-    let mode = match config.nats.publish_mode {
-        PublishMode::AtomicBatch => PublishMode::PerMessage,
-        mode => mode,
-    };
+    // Per message whatever `publish_mode` says: a page is not a transaction to keep whole
+    // (atomic batches would only cost the server a staging store per page), and fast batches'
+    // acks do not tell which rows JetStream dropped as duplicates, which the summary reports;
+    // they were not faster either (docs/benchmarks.md).
     let (nats, publisher, report) =
-        crate::broker::connect_publisher(config, opts.max_in_flight, mode).await?;
+        crate::broker::connect_publisher(config, opts.max_in_flight, PublishMode::PerMessage)
+            .await?;
     // First the watch of the relay's live messages, then the stream's ids: no gap between.
     let watch_stop = CancellationToken::new();
     let (live, watchers) = if opts.skip_check_limit == 0 {
