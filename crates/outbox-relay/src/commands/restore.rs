@@ -286,7 +286,12 @@ async fn run_window(
     // of a copy the stream no longer holds (a purge inside the duplicate window) must be
     // reported as not restored, never counted as restored.
     let mode = match config.nats.publish_mode {
-        PublishMode::FastBatch => PublishMode::PerMessage,
+        PublishMode::FastBatch => {
+            eprintln!(
+                "restore publishes each message on its own, not in fast batches: their acks do not say which messages were duplicates"
+            );
+            PublishMode::PerMessage
+        }
         mode => mode,
     };
     let (_nats, publisher, stream_report) =

@@ -35,7 +35,7 @@ impl Publisher for BackfillPublisher {
         self.0.resend(&marked(msg)).await
     }
 
-    // A page is the publisher's transaction: in fast-batch mode its rows share a batch.
+    // Handed on as every wrapper must (the backfill publishes per message: they do nothing).
     fn begin_transaction(&self, commit_lsn: Lsn) {
         self.0.begin_transaction(commit_lsn);
     }
