@@ -261,25 +261,22 @@ async fn killed_backfill_at_slot_creation_resumes() -> Result<()> {
     // Slowed (4,000 rows/s) so the kill lands in the middle.
     let config = config(&env, "backfill_rate = 4000");
     let mut first = Relay::start(&config)?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let at_kill = loop {
-        if let Some((Some(_), Some(_), Some(last), Some(end), done, false)) = cursor(&db).await?
-            && done >= 2_000
-        {
-            break (last, end, done);
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "cursor never moved:\n{}",
-            first.log()
-        );
-        ensure!(
-            first.try_status()?.is_none(),
-            "ended early:\n{}",
-            first.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let at_kill = first
+        .poll_while_running(
+            Duration::from_secs(30),
+            "the cursor at 2,000 rows",
+            async || {
+                Ok(match cursor(&db).await? {
+                    Some((Some(_), Some(_), Some(last), Some(end), done, false))
+                        if done >= 2_000 =>
+                    {
+                        Some((last, end, done))
+                    }
+                    _ => None,
+                })
+            },
+        )
+        .await?;
     first.kill9();
     let first_log = first.log();
     // Preconditions: killed mid-backfill, before streaming; the slot stays at its consistent

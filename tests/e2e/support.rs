@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use async_nats::jetstream::{self, consumer};
 use futures::StreamExt;
 use relay_testkit::{NatsServer, PostgresServer};
@@ -253,6 +253,33 @@ impl Relay {
     /// The exit status if the process has exited, `None` while it runs.
     pub fn try_status(&mut self) -> Result<Option<ExitStatus>> {
         Ok(self.child.try_wait()?)
+    }
+
+    /// Polls `probe` every 50 ms until it gives a value, while the process keeps running: an
+    /// error naming `what`, with the log, when `within` passes or the process exits first.
+    pub async fn poll_while_running<T>(
+        &mut self,
+        within: Duration,
+        what: &str,
+        mut probe: impl AsyncFnMut() -> Result<Option<T>>,
+    ) -> Result<T> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(value) = probe().await? {
+                return Ok(value);
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "{what} not within {within:?}; log:\n{}",
+                self.log()
+            );
+            ensure!(
+                self.try_status()?.is_none(),
+                "ended before {what}; log:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Waits for the process to exit.

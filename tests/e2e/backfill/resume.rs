@@ -16,6 +16,9 @@ const SLOW_BACKFILL: &[&str] = &[
 /// kill -9 in the middle: the cursor is stored (between the first and last key), and the next
 /// run resumes there instead of starting over; so does a run after one stopped by SIGTERM (exit
 /// 130); the last completes with every row once.
+/// How long each step of the scenario may take.
+const WAIT: Duration = Duration::from_secs(30);
+
 #[tokio::test(flavor = "multi_thread")]
 async fn killed_backfill_resumes_at_its_cursor() -> Result<()> {
     let env = Env::start().await?;
@@ -27,25 +30,14 @@ async fn killed_backfill_resumes_at_its_cursor() -> Result<()> {
 
     // Slowed down (2,000 rows/s) so the kill lands in the middle.
     let mut first = Relay::start_with_args(&config, SLOW_BACKFILL)?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let at_kill = loop {
-        if let Some((Some(last), Some(end), done, _)) = cursor(&db).await?
-            && done >= 2_000
-        {
-            break (last, end, done);
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "cursor never moved; log:\n{}",
-            first.log()
-        );
-        ensure!(
-            first.try_status()?.is_none(),
-            "backfill ended early:\n{}",
-            first.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let at_kill = first
+        .poll_while_running(WAIT, "the cursor at 2,000 rows", async || {
+            Ok(match cursor(&db).await? {
+                Some((Some(last), Some(end), done, _)) if done >= 2_000 => Some((last, end, done)),
+                _ => None,
+            })
+        })
+        .await?;
     first.kill9();
     let (last, end, done) = at_kill;
     // Precondition: the kill landed strictly between the first and the last key.
@@ -64,20 +56,12 @@ async fn killed_backfill_resumes_at_its_cursor() -> Result<()> {
 
     // A second run, stopped by SIGTERM: it resumes, stores its cursor further on, exits 130.
     let mut second = Relay::start_with_args(&config, SLOW_BACKFILL)?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while cursor(&db).await?.map_or(0, |c| c.2) < done_after + 2_000 {
-        ensure!(
-            Instant::now() < deadline,
-            "cursor never moved; log:\n{}",
-            second.log()
-        );
-        ensure!(
-            second.try_status()?.is_none(),
-            "backfill ended early:\n{}",
-            second.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    second
+        .poll_while_running(WAIT, "the cursor 2,000 rows further", async || {
+            let done = cursor(&db).await?.map_or(0, |c| c.2);
+            Ok((done >= done_after + 2_000).then_some(()))
+        })
+        .await?;
     second.signal(nix::sys::signal::Signal::SIGTERM);
     expect_exit(
         &mut second,
