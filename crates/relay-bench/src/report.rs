@@ -182,6 +182,16 @@ pub fn render(args: &Args, res: &Results) -> String {
         catch_up_rows(&mut out, sc, res.relay_startup_cpu_secs);
     }
     for l in &res.latency {
+        // A run that measured nothing (`--latency-secs 0` keeps the run for the start-up CPU)
+        // has no figure to judge: 0 µs over 0 events is not a PASS.
+        if l.samples == 0 {
+            let _ = writeln!(
+                out,
+                "| **Latency** commit→ack at {}/s, and the relay's CPU per event live | not run: no events measured (--latency-secs 0) | | | | – |",
+                l.target_rate
+            );
+            continue;
+        }
         let target = if l.target_rate == 1_000 {
             "p50 <= 3 ms, p99 <= 10 ms"
         } else {
@@ -240,7 +250,13 @@ pub fn render(args: &Args, res: &Results) -> String {
         .max()
         .unwrap_or(0) as f64
         / MB;
-    if !all_runs.is_empty() || !res.latency.is_empty() {
+    // peak_rss is 0 where /proc could not be read: no figure, no verdict.
+    if max_rss == 0.0 && (!all_runs.is_empty() || !res.latency.is_empty()) {
+        let _ = writeln!(
+            out,
+            "| **Peak RSS** of the relay | not measured (no /proc/PID/status read) | | | <= 64 MB | – |"
+        );
+    } else if !all_runs.is_empty() || !res.latency.is_empty() {
         let _ = writeln!(
             out,
             "| **Peak RSS** of the relay, max over every run above | {max_rss:.1} MB | | | <= 64 MB | {} |",
@@ -335,5 +351,89 @@ fn variant_note(r: &RelayRun) -> String {
         String::new()
     } else {
         format!(", {} (--compare-bin)", r.variant)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+    use crate::workload::LatencyRun;
+
+    fn empty_run(target_rate: u64) -> LatencyRun {
+        LatencyRun {
+            target_rate,
+            achieved_rate: 0.0,
+            samples: 0,
+            p50_ms: f64::NAN,
+            p99_ms: f64::NAN,
+            p999_ms: f64::NAN,
+            max_ms: f64::NAN,
+            relay_rss: 0,
+            relay_cpu_secs: 0.0,
+        }
+    }
+
+    #[test]
+    fn a_latency_run_without_events_is_not_judged() {
+        let args = Args::parse_from(["relay-bench", "--quick", "--latency-secs", "0"]);
+        let res = Results {
+            latency: vec![empty_run(1_000), empty_run(10_000)],
+            ..Results::default()
+        };
+        let table = render(&args, &res);
+        let rows: Vec<&str> = table
+            .lines()
+            .filter(|l| l.contains("**Latency**"))
+            .collect();
+        assert_eq!(rows.len(), 2, "{table}");
+        for row in rows {
+            assert!(row.contains("not run: no events measured"), "{row}");
+            assert!(!row.contains("PASS") && !row.contains("FAIL"), "{row}");
+        }
+        assert!(!table.contains("live at 1000/s"), "{table}");
+        let rss = table.lines().find(|l| l.contains("**Peak RSS**")).unwrap();
+        assert!(
+            rss.contains("not measured") && !rss.contains("PASS"),
+            "{rss}"
+        );
+    }
+
+    #[test]
+    fn a_latency_run_with_events_is_judged() {
+        let args = Args::parse_from(["relay-bench", "--quick"]);
+        let run = LatencyRun {
+            samples: 3_000,
+            achieved_rate: 1_000.0,
+            p50_ms: 0.5,
+            p99_ms: 1.5,
+            p999_ms: 2.0,
+            max_ms: 3.0,
+            relay_cpu_secs: 0.3,
+            relay_rss: 40 * 1024 * 1024,
+            ..empty_run(1_000)
+        };
+        let res = Results {
+            latency: vec![run],
+            ..Results::default()
+        };
+        let table = render(&args, &res);
+        let latency = table.lines().find(|l| l.contains("**Latency**")).unwrap();
+        assert!(latency.ends_with("| PASS |"), "{latency}");
+        // 0.3 CPU s over 3,000 events: 100 µs, over the 40 µs target.
+        let cpu = table
+            .lines()
+            .find(|l| l.contains("live at 1000/s"))
+            .unwrap();
+        assert!(
+            cpu.contains("100.0 µs") && cpu.ends_with("| FAIL |"),
+            "{cpu}"
+        );
+        let rss = table.lines().find(|l| l.contains("**Peak RSS**")).unwrap();
+        assert!(
+            rss.contains("40.0 MB") && rss.ends_with("| PASS |"),
+            "{rss}"
+        );
     }
 }

@@ -135,6 +135,12 @@ fn latency_rows(out: &mut String, res: &Results) {
                     first_line(e)
                 );
             }
+            ModeOutcome::Ran { run: l, .. } if l.samples == 0 => {
+                let _ = writeln!(
+                    out,
+                    "| {name} | not run: no events measured (--latency-secs 0) | | | p99 <= 10 ms | – |"
+                );
+            }
             ModeOutcome::Ran { run: l, fell_back } => {
                 let _ = writeln!(
                     out,
