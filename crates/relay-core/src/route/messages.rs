@@ -339,12 +339,15 @@ pub fn non_transactional_context(message: &Message) -> TxContext {
     TxContext::new(0, message.lsn, pg_micros)
 }
 
-/// The position to confirm once a non-transactional message at `lsn` is acknowledged: one past
-/// it. PostgreSQL sends such a message again on a restart at or before its LSN and skips it
-/// on a restart after it (`SnapBuildXactNeedsSkip` on the record's start), and no commit
-/// record starts between `lsn` and `lsn + 1`.
+/// The position to confirm once a non-transactional message at `lsn` is acknowledged: `lsn`
+/// itself. pgoutput reports a logical message at the *end* of its WAL record (`buf->endptr` in
+/// PostgreSQL's `logicalmsg_decode`), which is where the next record starts. A restart at `lsn`
+/// skips the message (its record starts before it) and still decodes a transaction whose
+/// commit record is the very next one; a restart one byte later would skip that transaction
+/// too (`SnapBuildXactNeedsSkip` compares the commit record's start), before its events were
+/// acknowledged.
 pub fn non_transactional_end(lsn: Lsn) -> Lsn {
-    Lsn(lsn.0.saturating_add(1))
+    lsn
 }
 
 impl MessageRoute {

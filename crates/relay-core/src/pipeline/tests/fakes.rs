@@ -205,7 +205,9 @@ pub(super) type Shared<T> = Arc<Mutex<Vec<T>>>;
 /// before the saved LSN is in the broker.
 pub(super) struct CheckingStore {
     pub(super) broker: FakeBroker,
-    /// (end LSN of transaction, its event ids)
+    /// (where a restart starts skipping the transaction: the start of its commit record,
+    /// `commit_lsn`; its event ids). PostgreSQL skips a transaction whose commit record starts
+    /// before the position it resumes from, so a save past that needs every event acked.
     pub(super) txs: Vec<(Lsn, Vec<String>)>,
     pub(super) saved: Arc<Mutex<Vec<Lsn>>>,
     /// The anchor passed with each save, by checkpoint, and the stream then (commit LSN and
@@ -234,8 +236,8 @@ impl CheckpointStore for CheckingStore {
     }
     async fn save(&mut self, lsn: Lsn) -> Result<(), StoreError> {
         let broker = self.broker.0.lock().unwrap();
-        for (end, ids) in &self.txs {
-            if *end <= lsn {
+        for (skipped_from, ids) in &self.txs {
+            if *skipped_from < lsn {
                 for id in ids {
                     // A dead letter (the raw row) stands in for the event it parks.
                     let parked = || {
@@ -321,7 +323,7 @@ pub(super) async fn run_script_with(
                     current.push(String::from_utf8_lossy(id).into_owned());
                 }
             }
-            SourceEvent::Commit { end_lsn, .. } => txs.push((*end_lsn, current.clone())),
+            SourceEvent::Commit { commit_lsn, .. } => txs.push((*commit_lsn, current.clone())),
             _ => {}
         }
     }

@@ -27,7 +27,8 @@ fn envelope(id: &str) -> String {
 
 /// Runs `events` with `[[messages]]` `configs`; the checking store knows each transaction's
 /// events (rows and messages of configured prefixes), and each non-transactional message as a
-/// transaction ending one past its LSN.
+/// transaction that a restart past the start of its record skips (its LSN is the record's end,
+/// so a save at or past that LSN needs it acked).
 async fn run_messages(
     events: Vec<SourceEvent>,
     configs: &[MessageRouteConfig],
@@ -58,10 +59,10 @@ async fn run_messages(
                 if m.transactional {
                     current.push(id);
                 } else {
-                    txs.push((Lsn(m.lsn.0 + 1), vec![id]));
+                    txs.push((Lsn(m.lsn.0 - 1), vec![id]));
                 }
             }
-            SourceEvent::Commit { end_lsn, .. } => txs.push((*end_lsn, current.clone())),
+            SourceEvent::Commit { commit_lsn, .. } => txs.push((*commit_lsn, current.clone())),
             _ => {}
         }
     }
@@ -304,4 +305,51 @@ async fn a_slow_ack_of_a_non_transactional_message_keeps_every_checkpoint_before
         "keepalive behind an unacked message: {saved:?}"
     );
     assert_eq!(saved.last(), Some(&Lsn(3000)));
+}
+
+/// pgoutput reports a logical message at the end of its WAL record, where the next record
+/// starts; when that is the commit record of the next transaction (`BEGIN; INSERT …;
+/// SELECT pg_logical_emit_message(false, …); COMMIT`), a checkpoint one past the message's LSN
+/// would make a restart skip that whole transaction. The checkpoint stops at the message's LSN
+/// until the transaction's events are acknowledged.
+#[tokio::test(start_paused = true)]
+async fn a_non_transactional_message_right_before_a_commit_record_never_lets_a_save_skip_it() {
+    let allowed = vec![MessageRouteConfig {
+        allow_non_transactional: true,
+        ..MessageRouteConfig::with_defaults("outbox")
+    }];
+    let mut events = preamble();
+    events.extend(tx(1, &["a"]));
+    events.push(emit(false, 1500, "outbox", &envelope("n1")));
+    // Transaction 2's commit record starts where the message's record ends.
+    events.push(SourceEvent::Begin {
+        xid: 2,
+        final_lsn: Lsn(1500),
+        commit_time_micros: 0,
+    });
+    events.push(outbox_insert("slow"));
+    events.push(SourceEvent::Commit {
+        commit_lsn: Lsn(1500),
+        end_lsn: Lsn(2000),
+    });
+    let broker = FakeBroker::default();
+    broker
+        .0
+        .lock()
+        .unwrap()
+        .delays
+        .insert("slow".into(), Duration::from_secs(3));
+    let config = PipelineConfig {
+        checkpoint_interval: Duration::from_millis(50),
+        ..PipelineConfig::default()
+    };
+    // The CheckingStore fails any save past 1500 before "slow" is acknowledged.
+    let (result, h) = run_messages(events, &allowed, config, broker).await;
+    assert_eq!(result.unwrap().confirmed, Lsn(2000));
+    let saved = h.saved.lock().unwrap().clone();
+    // The precondition: a checkpoint was stored while "slow" was still outstanding, at the
+    // message's own LSN.
+    assert!(saved.contains(&Lsn(1500)), "{saved:?}");
+    assert_eq!(saved.last(), Some(&Lsn(2000)), "{saved:?}");
+    assert_eq!(stream_ids(&h), ["a", "n1", "slow"]);
 }
