@@ -21,6 +21,32 @@ pub fn cpu_seconds(pid: &str) -> Option<f64> {
     Some((utime + stime) as f64 / clock_ticks())
 }
 
+/// Context switches (voluntary and involuntary, every thread) of `pid` so far: how often the
+/// relay went to sleep and was woken, the cost that dominates live 1-row transactions.
+pub fn context_switches(pid: u32) -> Option<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let status = std::fs::read_to_string(task.ok()?.path().join("status")).ok()?;
+        total += switches_in_status(&status)?;
+    }
+    Some(total)
+}
+
+/// The sum of `voluntary_ctxt_switches` and `nonvoluntary_ctxt_switches` of one
+/// `/proc/PID/task/TID/status` text.
+fn switches_in_status(status: &str) -> Option<u64> {
+    let mut sum = None;
+    for line in status.lines() {
+        if let Some(rest) = line
+            .strip_prefix("voluntary_ctxt_switches:")
+            .or_else(|| line.strip_prefix("nonvoluntary_ctxt_switches:"))
+        {
+            *sum.get_or_insert(0) += rest.trim().parse::<u64>().ok()?;
+        }
+    }
+    sum
+}
+
 /// User + system CPU seconds of this process's children that have exited and been waited for
 /// (`getrusage(RUSAGE_CHILDREN)`): the difference around one child's run is that child's CPU,
 /// as long as no other child is reaped meanwhile.
@@ -57,4 +83,23 @@ pub fn quantile(sorted: &[f64], q: f64) -> f64 {
     }
     let rank = (q * (sorted.len() - 1) as f64).round() as usize;
     sorted[rank.min(sorted.len() - 1)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn switches_are_both_kinds_summed() {
+        let status =
+            "Name:\trelay\nvoluntary_ctxt_switches:\t1200\nnonvoluntary_ctxt_switches:\t34\n";
+        assert_eq!(switches_in_status(status), Some(1234));
+        assert_eq!(switches_in_status("Name:\trelay\n"), None);
+    }
+
+    #[test]
+    fn this_process_has_switched_at_least_once() {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert!(context_switches(std::process::id()).is_some_and(|n| n > 0));
+    }
 }

@@ -216,9 +216,15 @@ pub fn render(args: &Args, res: &Results) -> String {
             result
         );
         let cpu = micros_per_event(l.relay_cpu_secs, l.samples as u64);
+        let switches = l.relay_switches.map_or_else(String::new, |n| {
+            format!(
+                ", {:.2} context switches per event",
+                n as f64 / l.samples as f64
+            )
+        });
         let _ = writeln!(
             out,
-            "| **Relay CPU per event**, 1-row txs live at {}/s ({:.2} CPU s for {} events, idle work included) | {cpu:.1} µs | | | <= 40 µs | {} |",
+            "| **Relay CPU per event**, 1-row txs live at {}/s ({:.2} CPU s for {} events, idle work included) | {cpu:.1} µs{switches} | | | <= 40 µs | {} |",
             l.target_rate,
             l.relay_cpu_secs,
             l.samples,
@@ -372,6 +378,7 @@ mod tests {
             max_ms: f64::NAN,
             relay_rss: 0,
             relay_cpu_secs: 0.0,
+            relay_switches: None,
         }
     }
 
@@ -412,6 +419,7 @@ mod tests {
             max_ms: 3.0,
             relay_cpu_secs: 0.3,
             relay_rss: 40 * 1024 * 1024,
+            relay_switches: Some(7_200),
             ..empty_run(1_000)
         };
         let res = Results {

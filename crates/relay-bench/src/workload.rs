@@ -141,6 +141,8 @@ pub struct LatencyRun {
     pub relay_rss: u64,
     /// The relay's CPU seconds from the first to the last event of this rate.
     pub relay_cpu_secs: f64,
+    /// The relay's context switches over the same span (None where /proc could not be read).
+    pub relay_switches: Option<u64>,
 }
 
 fn say(msg: impl AsRef<str>) {

@@ -12,7 +12,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::task::JoinHandle;
 
 use crate::Args;
-use crate::measure::{cpu_seconds, micros_per_event, peak_rss, quantile};
+use crate::measure::{context_switches, cpu_seconds, micros_per_event, peak_rss, quantile};
 
 use super::modes::PublishModeArg;
 use super::relay::{RelayProc, relay_config_full, tail};
@@ -225,12 +225,16 @@ pub(super) async fn latency_in_mode(
         let conns = if rate > 2_000 { 2 } else { 1 };
         let relay_pid = relay.pid().to_string();
         let cpu_before = cpu_seconds(&relay_pid).unwrap_or(f64::NAN);
+        let switches_before = context_switches(relay.pid());
         let (sent, achieved) = produce(env, rate, args.latency_secs(), conns).await?;
         let got = collect(&mut rx, sent, Duration::from_secs(60))
             .await
             .with_context(|| format!("latency run at {rate}/s"))?;
         let lat = latencies_ms(&got);
         let relay_cpu_secs = cpu_seconds(&relay_pid).unwrap_or(f64::NAN) - cpu_before;
+        let relay_switches = context_switches(relay.pid())
+            .zip(switches_before)
+            .map(|(after, before)| after.saturating_sub(before));
         let run = LatencyRun {
             target_rate: rate,
             achieved_rate: achieved,
@@ -241,6 +245,7 @@ pub(super) async fn latency_in_mode(
             max_ms: lat.last().copied().unwrap_or(f64::NAN),
             relay_rss: peak_rss(relay.pid()).unwrap_or(0),
             relay_cpu_secs,
+            relay_switches,
         };
         say(format!(
             "   {rate}/s (achieved {achieved:.0}/s, {} samples): p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms, max {:.1} ms; relay {:.1} CPU µs/event",
