@@ -397,6 +397,16 @@ impl RelayConfig {
                 "[relay] max_in_flight must be at least 1".into(),
             ));
         }
+        // A fast batch's first message waits for a second one (or its transaction's end)
+        // before it is sent: with a window of one the relay would never read on to either.
+        if self.nats.publish_mode == relay_nats::PublishMode::FastBatch
+            && self.relay.max_in_flight < 2
+        {
+            return Err(ConfigError::Invalid(format!(
+                "[relay] max_in_flight = {} is too small for [nats] publish_mode = \"fast-batch\" (a batch's first message waits for the next one): set max_in_flight to at least 2, or publish_mode = \"per-message\"",
+                self.relay.max_in_flight
+            )));
+        }
         if self.relay.checkpoint_interval.is_zero() {
             return Err(ConfigError::Invalid(
                 "[relay] checkpoint_interval must be positive".into(),

@@ -395,3 +395,27 @@ fn file_and_env_merge_and_unknown_keys_are_refused() {
         Ok(())
     });
 }
+
+/// A fast batch holds its first message until the next one or the transaction's end: a window
+/// of one would stop the relay reading before either, for good and without an error.
+#[test]
+fn fast_batch_needs_a_window_of_two() {
+    let mut c = RelayConfig {
+        outbox: default_outbox(),
+        ..RelayConfig::default()
+    };
+    c.nats.publish_mode = relay_nats::PublishMode::FastBatch;
+    c.relay.max_in_flight = 1;
+    let err = c.validate().unwrap_err().to_string();
+    assert!(
+        err.contains("max_in_flight = 1")
+            && err.contains("fast-batch")
+            && err.contains("at least 2"),
+        "{err}"
+    );
+    c.relay.max_in_flight = 2;
+    c.validate().unwrap();
+    c.nats.publish_mode = relay_nats::PublishMode::PerMessage;
+    c.relay.max_in_flight = 1;
+    c.validate().unwrap();
+}

@@ -169,7 +169,12 @@ pub(crate) fn parse_op(buf: &mut BytesMut) -> Result<Option<ServerOp>, ProtocolE
     if header_len > total_len {
         return Err(ProtocolError("header length over total length".into()));
     }
-    let frame_len = end + 2 + total_len + 2;
+    // A length the server made up must not wrap (the split below would then panic).
+    let Some(frame_len) = total_len.checked_add(end + 4) else {
+        return Err(ProtocolError(format!(
+            "message length {total_len} out of range"
+        )));
+    };
     if buf.len() < frame_len {
         return Ok(None);
     }
@@ -529,6 +534,10 @@ HMSG s 1 r 12 14\r\nNATS/1.0\r\n\r\nhi\r\n";
             b"MSG a 1 x\r\n",
             b"HMSG a 1 10 5\r\n",
             b"HMSG a 1 r 2 3 4\r\n",
+            // Lengths that overflow the frame arithmetic.
+            b"HMSG s 1 5 18446744073709551615\r\nx\r\n",
+            b"MSG s 1 18446744073709551615\r\nx\r\n",
+            b"HMSG s 1 18446744073709551615 18446744073709551615\r\nx\r\n",
         ] {
             let mut buf = BytesMut::from(bad);
             assert!(
