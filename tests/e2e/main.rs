@@ -19,6 +19,7 @@ mod faults;
 mod hostile;
 mod limits;
 mod localized;
+mod message_position;
 mod messages;
 mod native_headers;
 mod ops;
