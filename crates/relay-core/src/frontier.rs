@@ -112,6 +112,13 @@ impl AckFrontier {
         !self.open && self.pending.is_empty()
     }
 
+    /// Whether every outstanding event (if any) belongs to the open transaction: everything
+    /// received before it is behind the frontier. A drain that will never read that
+    /// transaction's Commit cannot move the frontier by waiting for those acks.
+    pub fn only_open_transaction_pending(&self) -> bool {
+        self.open && self.pending.len() == 1
+    }
+
     /// A transaction begins.
     pub fn begin(&mut self) -> Result<(), FrontierError> {
         if self.open {
@@ -220,6 +227,29 @@ mod tests {
 
     fn lsn(v: u64) -> Lsn {
         Lsn(v)
+    }
+
+    #[test]
+    fn only_the_open_transaction_pending_once_everything_before_it_is_acked() {
+        let mut f = AckFrontier::new(lsn(10));
+        assert!(!f.only_open_transaction_pending(), "nothing open");
+        f.begin().unwrap();
+        let a = f.event().unwrap();
+        f.commit(lsn(100)).unwrap();
+        f.begin().unwrap();
+        let b = f.event().unwrap();
+        // Transaction 1 still has an outstanding event: waiting can move the frontier.
+        assert!(!f.only_open_transaction_pending());
+        f.ack(a).unwrap();
+        assert_eq!(f.confirmed(), lsn(100));
+        assert!(f.only_open_transaction_pending());
+        f.ack(b).unwrap();
+        assert!(
+            f.only_open_transaction_pending(),
+            "open, nothing outstanding"
+        );
+        f.commit(lsn(200)).unwrap();
+        assert!(!f.only_open_transaction_pending(), "committed");
     }
 
     #[test]

@@ -122,3 +122,39 @@ async fn reading_on_to_the_commit_is_bounded_by_the_drain_timeout() {
         "without its commit the transaction is not confirmed"
     );
 }
+
+/// The source fails inside a transaction whose event is slow to be acknowledged (a batching
+/// publisher resolves none before the Commit): its acks cannot move the frontier, so the drain
+/// ends as soon as everything before the transaction is acknowledged, not after
+/// `drain_timeout`, and stores the position before it.
+#[tokio::test(start_paused = true)]
+async fn a_failure_inside_a_transaction_does_not_wait_out_the_drain_for_its_acks() {
+    let mut events = preamble();
+    events.extend(tx(1, &["a"]));
+    events.push(begin(2));
+    events.push(outbox_insert("b"));
+    let broker = FakeBroker::default();
+    broker
+        .0
+        .lock()
+        .unwrap()
+        .delays
+        .insert("b".into(), Duration::from_secs(60));
+    let config = PipelineConfig {
+        drain_timeout: Duration::from_secs(20),
+        ..PipelineConfig::default()
+    };
+    let started = tokio::time::Instant::now();
+    let (result, h) = run_script(events, broker, config, true).await;
+    let took = started.elapsed();
+    assert!(
+        matches!(result, Err(PipelineError::Source(_))),
+        "{result:?}"
+    );
+    assert!(took < Duration::from_secs(1), "the drain waited {took:?}");
+    let saved = h.saved.lock().unwrap().clone();
+    assert_eq!(saved.last(), Some(&Lsn(1000)), "{saved:?}");
+    // The open transaction's event was sent, not acknowledged: re-sent after the restart.
+    assert_eq!(stream_ids(&h), ["a"]);
+    assert_eq!(h.broker.0.lock().unwrap().sends, 2);
+}
