@@ -280,9 +280,6 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
         // the next start read, and publish, its first part again.
         let mut finishing_tx = false;
 
-        // Set when a drain stops waiting for the acks of a transaction whose Commit it will
-        // never read (a failure or the end of the source inside it).
-        let mut open_tx_left = false;
         loop {
             let reading = drain_deadline.is_none();
             if !reading && !finishing_tx && in_flight.is_empty() {
@@ -293,7 +290,6 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
             // resolve them before the Commit), so waiting out `drain_timeout` gains nothing.
             // They are re-sent after the restart, deduplicated by `Nats-Msg-Id`.
             if !reading && !finishing_tx && self.frontier.only_open_transaction_pending() {
-                open_tx_left = true;
                 break;
             }
             let can_read = (reading || finishing_tx) && in_flight.len() < max_in_flight;
@@ -355,7 +351,7 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
         }
 
         let abandoned = in_flight.len() as u64;
-        if open_tx_left && abandoned > 0 {
+        if abandoned > 0 && self.frontier.only_open_transaction_pending() {
             tracing::info!(
                 abandoned,
                 "stopped inside a transaction: its unacknowledged events will be re-sent after restart"

@@ -207,7 +207,7 @@ impl JetStreamPublisher {
         // under load). Only re-sends, out of order by nature, take the lean path.
         let mut plain = self.clone();
         plain.lean = None;
-        plain.reply_len = plain.reply_len.max(plain.nats_reply_len);
+        plain.reply_len = plain.nats_reply_len;
         // Re-sends go through the lean path, the rest through async-nats: limits must hold for
         // the longer reply subject of the two.
         self.reply_len = self.reply_len.max(self.nats_reply_len);

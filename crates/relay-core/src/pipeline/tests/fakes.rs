@@ -137,6 +137,15 @@ pub(super) struct BrokerState {
 #[derive(Clone, Default)]
 pub(super) struct FakeBroker(pub(super) Arc<Mutex<BrokerState>>);
 
+impl FakeBroker {
+    /// A broker that acknowledges event `id` only after `delay`.
+    pub(super) fn with_delay(id: &str, delay: Duration) -> Self {
+        let broker = Self::default();
+        broker.0.lock().unwrap().delays.insert(id.into(), delay);
+        broker
+    }
+}
+
 impl Publisher for FakeBroker {
     type Ack = futures::future::BoxFuture<'static, Result<PubReceipt, PublishError>>;
 

@@ -284,13 +284,7 @@ async fn a_slow_ack_of_a_non_transactional_message_keeps_every_checkpoint_before
     events.push(SourceEvent::KeepAlive { wal_end: Lsn(1800) });
     events.extend(tx(2, &["b"]));
     events.extend(tx(3, &["c"]));
-    let broker = FakeBroker::default();
-    broker
-        .0
-        .lock()
-        .unwrap()
-        .delays
-        .insert("slow".into(), Duration::from_secs(3));
+    let broker = FakeBroker::with_delay("slow", Duration::from_secs(3));
     let config = PipelineConfig {
         checkpoint_interval: Duration::from_millis(50),
         ..PipelineConfig::default()
@@ -332,13 +326,7 @@ async fn a_non_transactional_message_right_before_a_commit_record_never_lets_a_s
         commit_lsn: Lsn(1500),
         end_lsn: Lsn(2000),
     });
-    let broker = FakeBroker::default();
-    broker
-        .0
-        .lock()
-        .unwrap()
-        .delays
-        .insert("slow".into(), Duration::from_secs(3));
+    let broker = FakeBroker::with_delay("slow", Duration::from_secs(3));
     let config = PipelineConfig {
         checkpoint_interval: Duration::from_millis(50),
         ..PipelineConfig::default()

@@ -157,13 +157,7 @@ async fn a_row_that_cannot_be_routed_stops_before_its_transaction() {
 
 #[tokio::test(start_paused = true)]
 async fn keepalives_advance_only_while_nothing_is_in_flight() {
-    let broker = FakeBroker::default();
-    broker
-        .0
-        .lock()
-        .unwrap()
-        .delays
-        .insert("slow".into(), Duration::from_secs(3));
+    let broker = FakeBroker::with_delay("slow", Duration::from_secs(3));
     let mut events = preamble();
     events.push(SourceEvent::KeepAlive { wal_end: Lsn(500) });
     events.extend(tx(1, &["slow"]));

@@ -133,13 +133,7 @@ async fn a_failure_inside_a_transaction_does_not_wait_out_the_drain_for_its_acks
     events.extend(tx(1, &["a"]));
     events.push(begin(2));
     events.push(outbox_insert("b"));
-    let broker = FakeBroker::default();
-    broker
-        .0
-        .lock()
-        .unwrap()
-        .delays
-        .insert("b".into(), Duration::from_secs(60));
+    let broker = FakeBroker::with_delay("b", Duration::from_secs(60));
     let config = PipelineConfig {
         drain_timeout: Duration::from_secs(20),
         ..PipelineConfig::default()
