@@ -25,9 +25,14 @@ pub fn cpu_seconds(pid: &str) -> Option<f64> {
 /// relay went to sleep and was woken, the cost that dominates live 1-row transactions.
 pub fn context_switches(pid: u32) -> Option<u64> {
     let mut total = 0;
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
-        let status = std::fs::read_to_string(task.ok()?.path().join("status")).ok()?;
-        total += switches_in_status(&status)?;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        // A thread that ended since the listing has no status left to read: not counted.
+        if let Ok(status) = std::fs::read_to_string(task.path().join("status")) {
+            total += switches_in_status(&status)?;
+        }
     }
     Some(total)
 }
