@@ -63,6 +63,82 @@ pub fn children_cpu_seconds() -> f64 {
     })
 }
 
+/// Busy CPU seconds of the whole machine so far, every core and every process together
+/// (`/proc/stat`: user, nice, system, irq, softirq, steal; not idle or iowait).
+pub fn machine_busy_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    busy_ticks_in_stat(&stat).map(|ticks| ticks as f64 / clock_ticks())
+}
+
+/// The busy ticks of the `cpu` (all cores) line of a `/proc/stat` text.
+fn busy_ticks_in_stat(stat: &str) -> Option<u64> {
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let fields: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    // user nice system idle iowait irq softirq steal (guest time is inside user already).
+    let [user, nice, system, _idle, _iowait, irq, softirq, steal, ..] = fields[..] else {
+        return None;
+    };
+    Some(user + nice + system + irq + softirq + steal)
+}
+
+/// Where the machine's CPU went during one timed run (issue 15: on 2 cores the relay, the
+/// walsender and nats-server share them, so a run can be bound by the machine, not by the
+/// process under test).
+#[derive(Debug, Clone, Default)]
+pub struct CpuBudget {
+    pub wall_secs: f64,
+    /// Busy CPU seconds of the whole machine over the run, every process counted.
+    pub machine_secs: Option<f64>,
+    /// CPU seconds of each process the run is made of, by role (None: not readable).
+    pub processes: Vec<(&'static str, Option<f64>)>,
+}
+
+impl CpuBudget {
+    /// Cores kept busy on average, all processes (the machine's own count).
+    pub fn busy_cores(&self) -> Option<f64> {
+        self.machine_secs
+            .filter(|_| self.wall_secs > 0.0)
+            .map(|m| m / self.wall_secs)
+    }
+}
+
+/// The readings a [`CpuBudget`] is the difference of, taken when a run starts.
+pub struct BudgetStart {
+    machine: Option<f64>,
+    nats_pid: Option<u32>,
+    nats: Option<f64>,
+}
+
+impl BudgetStart {
+    /// Readings now; `nats_pid` is the nats-server's, whose CPU over the run is counted.
+    pub fn now(nats_pid: Option<u32>) -> Self {
+        Self {
+            machine: machine_busy_seconds(),
+            nats_pid,
+            nats: nats_pid.and_then(|p| cpu_seconds(&p.to_string())),
+        }
+    }
+
+    /// The budget of a run of `wall_secs` that ends now, with the CPU seconds of the run's own
+    /// processes (`processes`, whole lifetimes: each was started for the run) and the
+    /// nats-server's since [`BudgetStart::now`].
+    pub fn finish(self, wall_secs: f64, processes: &[(&'static str, Option<f64>)]) -> CpuBudget {
+        let since = |start: Option<f64>, end: Option<f64>| Some(end? - start?);
+        let nats_now = self.nats_pid.and_then(|p| cpu_seconds(&p.to_string()));
+        let mut all = processes.to_vec();
+        all.push(("nats-server", since(self.nats, nats_now)));
+        CpuBudget {
+            wall_secs,
+            machine_secs: since(self.machine, machine_busy_seconds()),
+            processes: all,
+        }
+    }
+}
+
 /// CPU seconds per event as microseconds.
 pub fn micros_per_event(cpu_secs: f64, events: u64) -> f64 {
     cpu_secs * 1e6 / events.max(1) as f64
@@ -100,6 +176,29 @@ mod tests {
             "Name:\trelay\nvoluntary_ctxt_switches:\t1200\nnonvoluntary_ctxt_switches:\t34\n";
         assert_eq!(switches_in_status(status), Some(1234));
         assert_eq!(switches_in_status("Name:\trelay\n"), None);
+    }
+
+    #[test]
+    fn machine_busy_time_leaves_out_idle_and_iowait() {
+        let stat = "cpu  100 5 40 9000 300 2 3 7 0 0\ncpu0 50 2 20 4500 150 1 1 3 0 0\n";
+        assert_eq!(busy_ticks_in_stat(stat), Some(100 + 5 + 40 + 2 + 3 + 7));
+        assert_eq!(busy_ticks_in_stat("cpu0 1 2 3\n"), None);
+        assert_eq!(busy_ticks_in_stat("cpu  1 2 3\n"), None);
+    }
+
+    #[test]
+    fn a_budget_counts_the_machine_busy_while_this_thread_spins() {
+        let start = BudgetStart::now(None);
+        let begun = std::time::Instant::now();
+        let mut x = 0u64;
+        while begun.elapsed() < std::time::Duration::from_millis(300) {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        let budget = start.finish(begun.elapsed().as_secs_f64(), &[("spinner", Some(0.3))]);
+        // One core spun for the whole run (ticks are 10 ms, so allow some slack), and the
+        // nats-server had no pid, so its share is unknown rather than zero.
+        assert!(budget.busy_cores().is_some_and(|c| c >= 0.8), "{budget:?}");
+        assert_eq!(budget.processes.last(), Some(&("nats-server", None)));
     }
 
     #[test]

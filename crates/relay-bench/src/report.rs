@@ -1,6 +1,7 @@
 //! The side-by-side table.
 
 mod cleanup;
+mod machine;
 mod modes;
 mod replay;
 mod restore;
@@ -54,11 +55,13 @@ fn catch_up_rows(out: &mut String, sc: &Scenario, startup_cpu: Option<f64>) {
         let ratio = limit.map(|l| r.events_per_s / l);
         let _ = writeln!(
             out,
-            "| **Catch-up, {}**, max_in_flight {}{} ({:.2} s) | {:.0}/s | min(decode, broker) {} | {} | >= 90% | {} |",
+            "| **Catch-up, {}**, max_in_flight {}{} ({:.2} s; first event stored at {:.2} s, last at {:.2} s) | {:.0}/s | min(decode, broker) {} | {} | >= 90% | {} |",
             sc.label,
             r.max_in_flight,
             variant_note(r),
             r.secs,
+            r.first_stored_secs,
+            r.last_stored_secs,
             r.events_per_s,
             rate(limit),
             ratio.map_or_else(|| "–".into(), |x| format!("{:.0}%", x * 100.0)),
@@ -68,6 +71,7 @@ fn catch_up_rows(out: &mut String, sc: &Scenario, startup_cpu: Option<f64>) {
     for r in &sc.relays {
         cpu_row(out, sc, r, startup_cpu);
     }
+    machine::machine_rows(out, sc);
     if let Some(p) = &sc.polling {
         let best = sc
             .relays
@@ -335,7 +339,7 @@ pub fn render(args: &Args, res: &Results) -> String {
     }
     let _ = writeln!(
         out,
-        "\nLatency: `ts` = clock_timestamp() at INSERT of a 1-row autocommit transaction; ack time = the JetStream stream timestamp of the stored message (`info().published`), same clock.\nCatch-up: from spawning the relay until outbox_relay.checkpoint.confirmed_lsn is past the last transaction and the stream holds every event (checkpoint_interval 100ms, status_interval 1s).\nCPU per event: utime+stime of the relay process (/proc/PID/stat) at the end of the catch-up / events; \"without start-up\" subtracts the CPU the latency run's relay used from its start to its first 100 rows ({}); pg_recvlogical's from getrusage of the waited-for child.",
+        "\nLatency: `ts` = clock_timestamp() at INSERT of a 1-row autocommit transaction; ack time = the JetStream stream timestamp of the stored message (`info().published`), same clock.\nCatch-up: from spawning the relay until outbox_relay.checkpoint.confirmed_lsn is past the last transaction and the stream holds every event (checkpoint_interval 100ms, status_interval 1s); the first and last event stored are the broker's timestamps, counted from the spawn.\nMachine CPU: per event, each process's utime+stime over the run (the walsender of pg_recvlogical sampled every 10 ms while it runs; the broker limit's publisher is this bench), and the cores the whole machine kept busy meanwhile (/proc/stat, every process).\nCPU per event: utime+stime of the relay process (/proc/PID/stat) at the end of the catch-up / events; \"without start-up\" subtracts the CPU the latency run's relay used from its start to its first 100 rows ({}); pg_recvlogical's from getrusage of the waited-for child.",
         res.relay_startup_cpu_secs.map_or_else(
             || "not measured".to_owned(),
             |s| format!("{:.0} ms", s * 1000.0)

@@ -22,7 +22,7 @@ use std::path::Path;
 use anyhow::{Context as _, Result};
 
 use crate::Args;
-use crate::measure::micros_per_event;
+use crate::measure::{CpuBudget, micros_per_event};
 
 pub use self::backfill::BackfillRun;
 pub use self::cleanup::{CleanupMode, CleanupRun};
@@ -35,7 +35,7 @@ pub use self::slots::{SLOTS_PER_TX, SlotsRun};
 
 use self::debezium::{Debezium, debezium_catch_up};
 use self::latency::latency;
-use self::limits::{broker_limit, decode_limit};
+use self::limits::{DecodeRun, broker_limit, decode_limit};
 use self::polling::polling;
 use self::relay::relay_catch_up;
 use self::setup::{Env, drop_slot, insert_lsn, reset, start, write_backlog};
@@ -93,8 +93,12 @@ pub struct Scenario {
     pub decode: Option<f64>,
     /// CPU seconds (utime + stime) pg_recvlogical used for the whole backlog.
     pub decode_cpu_secs: Option<f64>,
+    /// The machine's CPU during the decode limit run: pg_recvlogical, its walsender.
+    pub decode_budget: Option<CpuBudget>,
     /// Msgs/s of raw pipelined publishes.
     pub broker: Option<f64>,
+    /// The machine's CPU during the broker limit run: the publisher (this bench), nats-server.
+    pub broker_budget: Option<CpuBudget>,
     pub relays: Vec<RelayRun>,
     pub polling: Option<PollRun>,
     /// Debezium's embedded engine on the same backlog: its run, or why it failed.
@@ -119,6 +123,14 @@ pub struct RelayRun {
     pub events_per_s: f64,
     pub peak_rss: u64,
     pub cpu_secs: f64,
+    /// From the spawn until the broker stored the first event (start-up, and for one big
+    /// transaction PostgreSQL decoding all of it before its first change is sent).
+    pub first_stored_secs: f64,
+    /// From the spawn until the broker stored the last event; `secs` is later by the wait for
+    /// the checkpoint past it (stored every `checkpoint_interval`).
+    pub last_stored_secs: f64,
+    /// The machine's CPU over the run: relay, its walsender, nats-server.
+    pub budget: Option<CpuBudget>,
 }
 
 #[derive(Debug, Clone)]
@@ -277,17 +289,19 @@ async fn scenario(
         "   written in {write_secs:.1} s, {:.0} MB of WAL",
         sc.wal_bytes as f64 / 1e6
     ));
-    let (secs, cpu) = decode_limit(env, end).await?;
+    let DecodeRun { secs, cpu, budget } = decode_limit(env, end).await?;
     sc.decode = Some(rows as f64 / secs);
     sc.decode_cpu_secs = Some(cpu);
+    sc.decode_budget = Some(budget);
     say(format!(
         "   decode limit (pg_recvlogical): {:.0} rows/s ({secs:.2} s, {:.2} CPU µs/row)",
         rows as f64 / secs,
         micros_per_event(cpu, rows)
     ));
     if with_broker_and_polling {
-        let secs = broker_limit(env, rows).await?;
+        let (secs, budget) = broker_limit(env, rows).await?;
         sc.broker = Some(rows as f64 / secs);
+        sc.broker_budget = Some(budget);
         say(format!(
             "   broker limit (raw JetStream, {BROKER_WINDOW} outstanding): {:.0} msgs/s ({secs:.2} s)",
             rows as f64 / secs

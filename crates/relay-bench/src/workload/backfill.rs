@@ -61,7 +61,7 @@ pub(super) async fn backfill(env: &Env, args: &Args) -> Result<BackfillRun> {
     drop_slot(env, BASE_SLOT).await;
     let (_, _, write_secs) = write_backlog(env, rows, 1000).await?;
     say(format!("   {rows} rows written in {write_secs:.1} s"));
-    let secs = broker_limit(env, rows).await?;
+    let (secs, _) = broker_limit(env, rows).await?;
     let broker = rows as f64 / secs;
     say(format!(
         "   broker limit (raw JetStream): {broker:.0} msgs/s ({secs:.2} s)"

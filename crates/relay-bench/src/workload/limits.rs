@@ -3,15 +3,16 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use async_nats::jetstream::message::PublishMessage;
 
-use crate::measure::children_cpu_seconds;
+use crate::measure::{BudgetStart, CpuBudget, children_cpu_seconds, cpu_seconds};
 
 use super::setup::{
     Env, copy_slot, create_stream, drop_slot, headers, publish_pipelined, stream_messages,
+    walsender_pid,
 };
 use super::{BROKER_WINDOW, DB, PUBLICATION, STREAM};
 
@@ -35,9 +36,16 @@ fn recvlogical_bin(env: &Env) -> PathBuf {
     PathBuf::from("pg_recvlogical")
 }
 
-/// pg_recvlogical on a copy of the base slot until `end`: seconds, and its CPU seconds
-/// (utime + stime, from `getrusage` of the waited-for child).
-pub(super) async fn decode_limit(env: &Env, end: u64) -> Result<(f64, f64)> {
+/// The decode limit run: pg_recvlogical's seconds and CPU seconds, and the machine's CPU.
+pub(super) struct DecodeRun {
+    pub(super) secs: f64,
+    /// utime + stime of pg_recvlogical, from `getrusage` of the waited-for child.
+    pub(super) cpu: f64,
+    pub(super) budget: CpuBudget,
+}
+
+/// pg_recvlogical on a copy of the base slot until `end`.
+pub(super) async fn decode_limit(env: &Env, end: u64) -> Result<DecodeRun> {
     let slot = "bench_recvlogical";
     copy_slot(env, slot).await?;
     let conn = format!(
@@ -45,9 +53,10 @@ pub(super) async fn decode_limit(env: &Env, end: u64) -> Result<(f64, f64)> {
         env.pg.host(),
         env.pg.port()
     );
+    let budget = BudgetStart::now(env.nats.pid());
     let started = Instant::now();
     let cpu_before = children_cpu_seconds();
-    let out = tokio::process::Command::new(recvlogical_bin(env))
+    let child = tokio::process::Command::new(recvlogical_bin(env))
         .env("PGPASSWORD", "postgres")
         .args([
             "-d",
@@ -63,11 +72,34 @@ pub(super) async fn decode_limit(env: &Env, end: u64) -> Result<(f64, f64)> {
         .args(["-o", "proto_version=1", "-o"])
         .arg(format!("publication_names={PUBLICATION}"))
         .stdin(Stdio::null())
-        .output()
-        .await
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .context("running pg_recvlogical")?;
+    let output = child.wait_with_output();
+    tokio::pin!(output);
+    // The walsender ends with pg_recvlogical: its CPU is sampled while it runs, so the last
+    // few milliseconds (one sample interval) are not counted.
+    let (mut walsender, mut walsender_cpu) = (None, None);
+    let out = loop {
+        tokio::select! {
+            out = &mut output => break out.context("running pg_recvlogical")?,
+            () = tokio::time::sleep(Duration::from_millis(10)) => {
+                if walsender.is_none() {
+                    walsender = walsender_pid(env, slot).await?;
+                }
+                if let Some(cpu) = walsender.and_then(|p| cpu_seconds(&p.to_string())) {
+                    walsender_cpu = Some(cpu);
+                }
+            }
+        }
+    };
     let secs = started.elapsed().as_secs_f64();
     let cpu = children_cpu_seconds() - cpu_before;
+    let budget = budget.finish(
+        secs,
+        &[("pg_recvlogical", Some(cpu)), ("walsender", walsender_cpu)],
+    );
     drop_slot(env, slot).await;
     if !out.status.success() {
         bail!(
@@ -76,17 +108,20 @@ pub(super) async fn decode_limit(env: &Env, end: u64) -> Result<(f64, f64)> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    Ok((secs, cpu))
+    Ok(DecodeRun { secs, cpu, budget })
 }
 
-/// Raw pipelined publishes of `rows` messages shaped like the relay's: seconds.
-pub(super) async fn broker_limit(env: &Env, rows: u64) -> Result<f64> {
+/// Raw pipelined publishes of `rows` messages shaped like the relay's: seconds, and the
+/// machine's CPU (the publisher is this process).
+pub(super) async fn broker_limit(env: &Env, rows: u64) -> Result<(f64, CpuBudget)> {
     let row = env
         .client
         .query_one("SELECT payload::text FROM outbox LIMIT 1", &[])
         .await?;
     let payload = bytes::Bytes::from(row.get::<_, String>(0));
     create_stream(env, STREAM, "outbox.>").await?;
+    let budget = BudgetStart::now(env.nats.pid());
+    let publisher_before = cpu_seconds("self");
     let started = Instant::now();
     publish_pipelined(&env.js, rows, BROKER_WINDOW, |i| {
         let id = format!("00000000-0000-4000-8000-{i:012x}");
@@ -98,10 +133,14 @@ pub(super) async fn broker_limit(env: &Env, rows: u64) -> Result<f64> {
     .await
     .context("broker limit run")?;
     let secs = started.elapsed().as_secs_f64();
+    let publisher = cpu_seconds("self")
+        .zip(publisher_before)
+        .map(|(a, b)| a - b);
+    let budget = budget.finish(secs, &[("publisher", publisher)]);
     let stored = stream_messages(env, STREAM).await?;
     if stored != rows {
         bail!("broker limit run stored {stored} of {rows} messages");
     }
     let _ = env.js.delete_stream(STREAM).await;
-    Ok(secs)
+    Ok((secs, budget))
 }

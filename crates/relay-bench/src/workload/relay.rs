@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::measure::{cpu_seconds, peak_rss};
+use crate::measure::{BudgetStart, cpu_seconds, peak_rss};
 
-use super::setup::{Env, copy_slot, drop_slot, stream_messages};
+use super::setup::{Env, copy_slot, drop_slot, walsender_pid};
 use super::{DB, PUBLICATION, RelayRun, STREAM};
 
 /// The bench's relay config for `slot`, with `extra` TOML (e.g. `[[outbox]]` entries) appended.
@@ -152,6 +152,12 @@ pub(super) async fn checkpoint_of(env: &Env, slot: &str) -> Result<Option<u64>> 
     Ok(row.map(|r| r.get::<_, i64>(0) as u64))
 }
 
+fn unix_nanos_now() -> i128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128)
+}
+
 /// An optional profile of one run: `perf record` attached to a process when
 /// `RELAY_BENCH_PERF_DIR` is set (see docs/benchmarks.md).
 pub(super) struct Perf(Option<std::process::Child>);
@@ -237,10 +243,16 @@ pub(super) async fn relay_catch_up_with(
     let _ = env.js.delete_stream(STREAM).await;
     let config = relay_config_full(env, &slot, mif, extra.nats, extra.relay)?;
     let timeout = Duration::from_secs(120 + rows / 2_000);
+    let budget = BudgetStart::now(env.nats.pid());
     let started = Instant::now();
+    let spawned_at = unix_nanos_now();
     let mut relay = RelayProc::start_config(env, bin, &config, &slot)?;
     let perf = Perf::attach(relay.pid(), &format!("{slot}-{rows}"))?;
+    let mut walsender = None;
     loop {
+        if walsender.is_none() {
+            walsender = walsender_pid(env, &slot).await?;
+        }
         if checkpoint_of(env, &slot)
             .await?
             .is_some_and(|c| c > inside_last)
@@ -260,7 +272,16 @@ pub(super) async fn relay_catch_up_with(
     let pid = relay.pid();
     let rss = peak_rss(pid).unwrap_or(0);
     let cpu = cpu_seconds(&pid.to_string()).unwrap_or(f64::NAN);
-    let messages = stream_messages(env, STREAM).await?;
+    let walsender_cpu = walsender.and_then(|p| cpu_seconds(&p.to_string()));
+    let budget = budget.finish(secs, &[("relay", Some(cpu)), ("walsender", walsender_cpu)]);
+    let state = env.js.get_stream(STREAM).await?.info().await?.state.clone();
+    let messages = state.messages;
+    // The broker's own clock, the same machine's: when the first and the last event were
+    // stored, against the spawn (start-up) and the checkpoint seen (the end of the run).
+    let since_spawn =
+        |t: async_nats::datetime::DateTime| (t.unix_timestamp_nanos() - spawned_at) as f64 / 1e9;
+    let first_stored_secs = since_spawn(state.first_timestamp);
+    let last_stored_secs = since_spawn(state.last_timestamp);
     perf.finish();
     relay.stop().await?;
     if !extra.keep_slot {
@@ -276,6 +297,9 @@ pub(super) async fn relay_catch_up_with(
         events_per_s: rows as f64 / secs,
         peak_rss: rss,
         cpu_secs: cpu,
+        first_stored_secs,
+        last_stored_secs,
+        budget: Some(budget),
     };
     Ok(CaughtUp { run, slot, config })
 }

@@ -110,6 +110,18 @@ pub(super) async fn reset(env: &Env) -> Result<()> {
     Ok(())
 }
 
+/// The pid of the walsender streaming `slot`, while one does.
+pub(super) async fn walsender_pid(env: &Env, slot: &str) -> Result<Option<u32>> {
+    let row = env
+        .client
+        .query_opt(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL",
+            &[&slot],
+        )
+        .await?;
+    Ok(row.map(|r| r.get::<_, i32>(0) as u32))
+}
+
 pub(super) async fn copy_slot(env: &Env, to: &str) -> Result<()> {
     env.client
         .execute(
