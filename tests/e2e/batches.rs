@@ -18,16 +18,7 @@ const BATCH_MODE: &str = "publish_mode = \"atomic-batch\"\ncreate_stream = true"
 
 /// Whether the test's nats-server takes `Nats-Msg-Id` inside atomic batches.
 pub(crate) fn batches_supported(env: &Env) -> bool {
-    let version = env.nats.version();
-    let mut parts = version
-        .split(['.', '-'])
-        .map(|p| p.parse::<u64>().unwrap_or(0));
-    let v = (
-        parts.next().unwrap_or(0),
-        parts.next().unwrap_or(0),
-        parts.next().unwrap_or(0),
-    );
-    v >= (2, 12, 1)
+    env.nats.version_at_least((2, 12, 1))
 }
 
 /// The `Nats-Batch-Id` prefix of a message's transaction: its commit LSN as `X-Y` (hex).

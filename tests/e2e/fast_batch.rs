@@ -22,17 +22,7 @@ const OLD_SERVER: &str = "/usr/sbin/nats-server";
 
 /// Whether the test's nats-server has fast batches (2.14.0+).
 fn fast_batches_supported(env: &Env) -> bool {
-    let version = env.nats.version();
-    let mut parts = version
-        .trim_start_matches('v')
-        .split(['.', '-'])
-        .map(|p| p.parse::<u64>().unwrap_or(0));
-    let v = (
-        parts.next().unwrap_or(0),
-        parts.next().unwrap_or(0),
-        parts.next().unwrap_or(0),
-    );
-    v >= (2, 14, 0)
+    env.nats.version_at_least((2, 14, 0))
 }
 
 /// Inserts `rows` outbox rows in one transaction.

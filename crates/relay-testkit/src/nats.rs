@@ -258,6 +258,18 @@ impl NatsServer {
         self.version.clone()
     }
 
+    /// Whether the server is at least version `min` (major, minor, patch): for tests of a
+    /// feature that newer servers have (a pre-release suffix such as `-beta` is ignored).
+    pub fn version_at_least(&self, min: (u64, u64, u64)) -> bool {
+        let mut parts = self
+            .version
+            .trim_start_matches('v')
+            .split(['.', '-'])
+            .map(|p| p.parse::<u64>().unwrap_or(0));
+        let mut next = || parts.next().unwrap_or(0);
+        (next(), next(), next()) >= min
+    }
+
     /// The server's log so far (all starts), for debugging failures.
     pub fn log(&self) -> String {
         procs::read_lossy(&self.log_path)
