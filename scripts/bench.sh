@@ -14,6 +14,8 @@
 #                                    # --backfill-rows 0 / --restore-events 0 skip them)
 #   scripts/bench.sh --soak-cleanup --no-debezium   # only cleanup, 10 min per mode (issue 14)
 #   scripts/bench.sh --rows 50000    # any relay-bench option (see `--help`)
+#   scripts/bench.sh --rounds 3      # each catch-up backlog's limit and relay runs 3 times, one
+#                                    # after the other: medians, and the median of each round's ratio
 #   scripts/bench.sh --mode-rows 0   # without issue 15's rows: catch-up per publish mode
 #                                    # (--publish-modes per-message,atomic-batch,fast-batch, tx sizes
 #                                    # --mode-tx-sizes 1,100,10000, backlogs of --mode-rows

@@ -50,6 +50,13 @@ pub struct Args {
     /// Relay `max_in_flight` values to run catch-up with.
     #[arg(long, value_delimiter = ',', default_values_t = vec![1024_usize, 4096])]
     pub max_in_flight: Vec<usize>,
+    /// Rounds of each catch-up backlog's timed runs (decode limit, broker limit, every relay
+    /// run), one round after the other on the same backlog: the table gives the median round's
+    /// figures and judges the median of the rounds' ratios (each relay run against the limits
+    /// of its own round), with every round's ratio beside it. One run on a shared machine swings
+    /// by ±10 points (docs/benchmarks.md).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub rounds: u32,
     /// Seconds per latency rate (default 15; 3 with --quick).
     #[arg(long)]
     pub latency_secs: Option<u64>,

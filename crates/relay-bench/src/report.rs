@@ -51,11 +51,29 @@ fn catch_up_rows(out: &mut String, sc: &Scenario, startup_cpu: Option<f64>) {
             rate(sc.broker)
         );
     }
-    for r in &sc.relays {
-        let ratio = limit.map(|l| r.events_per_s / l);
+    for (i, r) in sc.relays.iter().enumerate() {
+        // With --rounds: each round's run against the limits of its own round, and the median.
+        let mut ratios: Vec<f64> = sc
+            .rounds
+            .iter()
+            .filter_map(|round| round.ratio(i))
+            .collect();
+        let (ratio, rounds) = if ratios.len() > 1 {
+            let each: Vec<String> = ratios
+                .iter()
+                .map(|x| format!("{:.0}%", x * 100.0))
+                .collect();
+            ratios.sort_by(f64::total_cmp);
+            (
+                Some(ratios[ratios.len() / 2]),
+                format!(" (median of {} rounds: {})", ratios.len(), each.join(", ")),
+            )
+        } else {
+            (limit.map(|l| r.events_per_s / l), String::new())
+        };
         let _ = writeln!(
             out,
-            "| **Catch-up, {}**, max_in_flight {}{} ({:.2} s; first event stored at {:.2} s, last at {:.2} s) | {:.0}/s | min(decode, broker) {} | {} | >= 90% | {} |",
+            "| **Catch-up, {}**, max_in_flight {}{} ({:.2} s; first event stored at {:.2} s, last at {:.2} s) | {:.0}/s | min(decode, broker) {} | {}{rounds} | >= 90% | {} |",
             sc.label,
             r.max_in_flight,
             variant_note(r),
@@ -339,7 +357,7 @@ pub fn render(args: &Args, res: &Results) -> String {
     }
     let _ = writeln!(
         out,
-        "\nLatency: `ts` = clock_timestamp() at INSERT of a 1-row autocommit transaction; ack time = the JetStream stream timestamp of the stored message (`info().published`), same clock.\nCatch-up: from spawning the relay until outbox_relay.checkpoint.confirmed_lsn is past the last transaction and the stream holds every event (checkpoint_interval 100ms, status_interval 1s); the first and last event stored are the broker's timestamps, counted from the spawn.\nMachine CPU: per event, each process's utime+stime over the run (the walsender of pg_recvlogical sampled every 10 ms while it runs; the broker limit's publisher is this bench), and the cores the whole machine kept busy meanwhile (/proc/stat, every process).\nCPU per event: utime+stime of the relay process (/proc/PID/stat) at the end of the catch-up / events; \"without start-up\" subtracts the CPU the latency run's relay used from its start to its first 100 rows ({}); pg_recvlogical's from getrusage of the waited-for child.",
+        "\nLatency: `ts` = clock_timestamp() at INSERT of a 1-row autocommit transaction; ack time = the JetStream stream timestamp of the stored message (`info().published`), same clock.\nCatch-up: from spawning the relay until outbox_relay.checkpoint.confirmed_lsn is past the last transaction and the stream holds every event (checkpoint_interval 100ms, status_interval 1s); the first and last event stored are the broker's timestamps, counted from the spawn. With --rounds N each backlog's limit and relay runs are repeated N times one after the other: the figures are the median round's, the ratio judged is the median of each round's relay run against that round's limits.\nMachine CPU: per event, each process's utime+stime over the run (the walsender of pg_recvlogical sampled every 10 ms while it runs; the broker limit's publisher is this bench), and the cores the whole machine kept busy meanwhile (/proc/stat, every process).\nCPU per event: utime+stime of the relay process (/proc/PID/stat) at the end of the catch-up / events; \"without start-up\" subtracts the CPU the latency run's relay used from its start to its first 100 rows ({}); pg_recvlogical's from getrusage of the waited-for child.",
         res.relay_startup_cpu_secs.map_or_else(
             || "not measured".to_owned(),
             |s| format!("{:.0} ms", s * 1000.0)
@@ -365,87 +383,4 @@ fn variant_note(r: &RelayRun) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use clap::Parser as _;
-
-    use super::*;
-    use crate::workload::LatencyRun;
-
-    fn empty_run(target_rate: u64) -> LatencyRun {
-        LatencyRun {
-            target_rate,
-            achieved_rate: 0.0,
-            samples: 0,
-            p50_ms: f64::NAN,
-            p99_ms: f64::NAN,
-            p999_ms: f64::NAN,
-            max_ms: f64::NAN,
-            relay_rss: 0,
-            relay_cpu_secs: 0.0,
-            relay_switches: None,
-        }
-    }
-
-    #[test]
-    fn a_latency_run_without_events_is_not_judged() {
-        let args = Args::parse_from(["relay-bench", "--quick", "--latency-secs", "0"]);
-        let res = Results {
-            latency: vec![empty_run(1_000), empty_run(10_000)],
-            ..Results::default()
-        };
-        let table = render(&args, &res);
-        let rows: Vec<&str> = table
-            .lines()
-            .filter(|l| l.contains("**Latency**"))
-            .collect();
-        assert_eq!(rows.len(), 2, "{table}");
-        for row in rows {
-            assert!(row.contains("not run: no events measured"), "{row}");
-            assert!(!row.contains("PASS") && !row.contains("FAIL"), "{row}");
-        }
-        assert!(!table.contains("live at 1000/s"), "{table}");
-        let rss = table.lines().find(|l| l.contains("**Peak RSS**")).unwrap();
-        assert!(
-            rss.contains("not measured") && !rss.contains("PASS"),
-            "{rss}"
-        );
-    }
-
-    #[test]
-    fn a_latency_run_with_events_is_judged() {
-        let args = Args::parse_from(["relay-bench", "--quick"]);
-        let run = LatencyRun {
-            samples: 3_000,
-            achieved_rate: 1_000.0,
-            p50_ms: 0.5,
-            p99_ms: 1.5,
-            p999_ms: 2.0,
-            max_ms: 3.0,
-            relay_cpu_secs: 0.3,
-            relay_rss: 40 * 1024 * 1024,
-            relay_switches: Some(7_200),
-            ..empty_run(1_000)
-        };
-        let res = Results {
-            latency: vec![run],
-            ..Results::default()
-        };
-        let table = render(&args, &res);
-        let latency = table.lines().find(|l| l.contains("**Latency**")).unwrap();
-        assert!(latency.ends_with("| PASS |"), "{latency}");
-        // 0.3 CPU s over 3,000 events: 100 µs, over the 40 µs target.
-        let cpu = table
-            .lines()
-            .find(|l| l.contains("live at 1000/s"))
-            .unwrap();
-        assert!(
-            cpu.contains("100.0 µs") && cpu.ends_with("| FAIL |"),
-            "{cpu}"
-        );
-        let rss = table.lines().find(|l| l.contains("**Peak RSS**")).unwrap();
-        assert!(
-            rss.contains("40.0 MB") && rss.ends_with("| PASS |"),
-            "{rss}"
-        );
-    }
-}
+mod tests;

@@ -35,7 +35,7 @@ pub use self::slots::{SLOTS_PER_TX, SlotsRun};
 
 use self::debezium::{Debezium, debezium_catch_up};
 use self::latency::latency;
-use self::limits::{DecodeRun, broker_limit, decode_limit};
+use self::limits::{broker_limit, decode_limit};
 use self::polling::polling;
 use self::relay::relay_catch_up;
 use self::setup::{Env, drop_slot, insert_lsn, reset, start, write_backlog};
@@ -99,7 +99,10 @@ pub struct Scenario {
     pub broker: Option<f64>,
     /// The machine's CPU during the broker limit run: the publisher (this bench), nats-server.
     pub broker_budget: Option<CpuBudget>,
+    /// The median round's run per `max_in_flight` and variant (every round's with --rounds 1).
     pub relays: Vec<RelayRun>,
+    /// Every round's rates (`--rounds`), for the ratio of each round.
+    pub rounds: Vec<Round>,
     pub polling: Option<PollRun>,
     /// Debezium's embedded engine on the same backlog: its run, or why it failed.
     pub debezium: Option<Result<DebeziumRun, String>>,
@@ -111,6 +114,23 @@ impl Scenario {
             (Some(d), Some(b)) => Some(d.min(b)),
             (d, b) => d.or(b),
         }
+    }
+}
+
+/// One round of a backlog's timed runs: the two limits, then each relay run, in the order of
+/// [`Scenario::relays`].
+#[derive(Debug, Clone, Default)]
+pub struct Round {
+    pub decode: f64,
+    pub broker: Option<f64>,
+    pub relays: Vec<f64>,
+}
+
+impl Round {
+    /// Relay run `i` of this round against min(decode, broker) of the same round.
+    pub fn ratio(&self, i: usize) -> Option<f64> {
+        let limit = self.broker.map_or(self.decode, |b| b.min(self.decode));
+        self.relays.get(i).map(|r| r / limit)
     }
 }
 
@@ -232,6 +252,13 @@ pub async fn run_all(args: &Args, relay_bin: &Path) -> Result<Results> {
     Ok(results)
 }
 
+/// The median of `runs` by `key` (the upper one of an even count), or None for no runs.
+pub(crate) fn median_by<T>(mut runs: Vec<T>, key: impl Fn(&T) -> f64) -> Option<T> {
+    runs.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    let middle = runs.len() / 2;
+    runs.into_iter().nth(middle)
+}
+
 fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -289,46 +316,74 @@ async fn scenario(
         "   written in {write_secs:.1} s, {:.0} MB of WAL",
         sc.wal_bytes as f64 / 1e6
     ));
-    let DecodeRun { secs, cpu, budget } = decode_limit(env, end).await?;
-    sc.decode = Some(rows as f64 / secs);
-    sc.decode_cpu_secs = Some(cpu);
-    sc.decode_budget = Some(budget);
-    say(format!(
-        "   decode limit (pg_recvlogical): {:.0} rows/s ({secs:.2} s, {:.2} CPU µs/row)",
-        rows as f64 / secs,
-        micros_per_event(cpu, rows)
-    ));
-    if with_broker_and_polling {
-        let (secs, budget) = broker_limit(env, rows).await?;
-        sc.broker = Some(rows as f64 / secs);
-        sc.broker_budget = Some(budget);
-        say(format!(
-            "   broker limit (raw JetStream, {BROKER_WINDOW} outstanding): {:.0} msgs/s ({secs:.2} s)",
-            rows as f64 / secs
-        ));
-    }
     let mut variants = vec![("", env.relay_bin.clone())];
     if let Some(bin) = &args.compare_bin {
         variants.push(("compare", bin.clone()));
     }
-    for &mif in mifs {
-        for (variant, bin) in &variants {
-            let run = relay_catch_up(env, bin, variant, mif, rows, inside_last).await?;
-            say(format!(
-                "   relay{} max_in_flight={mif}: {:.0} events/s ({:.2} s), peak RSS {:.1} MB, {:.2} CPU s ({:.2} µs/event)",
-                if variant.is_empty() {
-                    String::new()
-                } else {
-                    format!(" ({variant})")
-                },
-                run.events_per_s,
-                run.secs,
-                run.peak_rss as f64 / 1048576.0,
-                run.cpu_secs,
-                micros_per_event(run.cpu_secs, rows)
-            ));
-            sc.relays.push(run);
+    let (mut decodes, mut brokers, mut relays) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 1..=args.rounds {
+        if args.rounds > 1 {
+            say(format!("   round {round} of {}", args.rounds));
         }
+        let run = decode_limit(env, end).await?;
+        say(format!(
+            "   decode limit (pg_recvlogical): {:.0} rows/s ({:.2} s, {:.2} CPU µs/row)",
+            rows as f64 / run.secs,
+            run.secs,
+            micros_per_event(run.cpu, rows)
+        ));
+        decodes.push(run);
+        let broker = if with_broker_and_polling {
+            let (secs, budget) = broker_limit(env, rows).await?;
+            say(format!(
+                "   broker limit (raw JetStream, {BROKER_WINDOW} outstanding): {:.0} msgs/s ({secs:.2} s)",
+                rows as f64 / secs
+            ));
+            brokers.push((secs, budget));
+            Some(rows as f64 / secs)
+        } else {
+            None
+        };
+        let mut round = Round {
+            decode: rows as f64 / decodes.last().map_or(f64::NAN, |d| d.secs),
+            broker,
+            relays: Vec::new(),
+        };
+        for &mif in mifs {
+            for (variant, bin) in &variants {
+                let run = relay_catch_up(env, bin, variant, mif, rows, inside_last).await?;
+                say(format!(
+                    "   relay{} max_in_flight={mif}: {:.0} events/s ({:.2} s), peak RSS {:.1} MB, {:.2} CPU s ({:.2} µs/event)",
+                    if variant.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({variant})")
+                    },
+                    run.events_per_s,
+                    run.secs,
+                    run.peak_rss as f64 / 1048576.0,
+                    run.cpu_secs,
+                    micros_per_event(run.cpu_secs, rows)
+                ));
+                round.relays.push(run.events_per_s);
+                relays.push(run);
+            }
+        }
+        sc.rounds.push(round);
+    }
+    // The median round's run of each kind stands for it in the table.
+    let decode = median_by(decodes, |d| d.secs).context("no decode limit run")?;
+    sc.decode = Some(rows as f64 / decode.secs);
+    sc.decode_cpu_secs = Some(decode.cpu);
+    sc.decode_budget = Some(decode.budget);
+    if let Some((secs, budget)) = median_by(brokers, |b| b.0) {
+        sc.broker = Some(rows as f64 / secs);
+        sc.broker_budget = Some(budget);
+    }
+    let per_round = mifs.len() * variants.len();
+    for i in 0..per_round {
+        let runs = relays.iter().skip(i).step_by(per_round).cloned().collect();
+        sc.relays.extend(median_by(runs, |r: &RelayRun| r.secs));
     }
     if let Some(dbz) = dbz {
         let run = debezium_catch_up(env, dbz, label, rows).await;

@@ -240,6 +240,25 @@ pub(super) async fn relay_catch_up_with(
 ) -> Result<CaughtUp> {
     let slot = format!("relay_m{mif}{variant}");
     copy_slot(env, &slot).await?;
+    // A fresh copy of the slot: without the checkpoint an earlier run of the same name (an
+    // earlier --rounds round) stored, which would end this run before it began.
+    // (The relay's migrations make the tables at its first start.)
+    for table in ["outbox_relay.checkpoint", "outbox_relay.position_map"] {
+        let exists = env
+            .client
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+            .await?
+            .get::<_, bool>(0);
+        if exists {
+            env.client
+                .execute(
+                    &format!("DELETE FROM {table} WHERE slot_name = $1"),
+                    &[&slot],
+                )
+                .await
+                .with_context(|| format!("clearing {table} for {slot}"))?;
+        }
+    }
     let _ = env.js.delete_stream(STREAM).await;
     let config = relay_config_full(env, &slot, mif, extra.nats, extra.relay)?;
     let timeout = Duration::from_secs(120 + rows / 2_000);

@@ -1,0 +1,136 @@
+//! The table's judgements: rows that measured nothing, rounds, latency targets.
+
+use clap::Parser as _;
+
+use super::*;
+use crate::workload::LatencyRun;
+
+fn empty_run(target_rate: u64) -> LatencyRun {
+    LatencyRun {
+        target_rate,
+        achieved_rate: 0.0,
+        samples: 0,
+        p50_ms: f64::NAN,
+        p99_ms: f64::NAN,
+        p999_ms: f64::NAN,
+        max_ms: f64::NAN,
+        relay_rss: 0,
+        relay_cpu_secs: 0.0,
+        relay_switches: None,
+    }
+}
+
+#[test]
+fn a_latency_run_without_events_is_not_judged() {
+    let args = Args::parse_from(["relay-bench", "--quick", "--latency-secs", "0"]);
+    let res = Results {
+        latency: vec![empty_run(1_000), empty_run(10_000)],
+        ..Results::default()
+    };
+    let table = render(&args, &res);
+    let rows: Vec<&str> = table
+        .lines()
+        .filter(|l| l.contains("**Latency**"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{table}");
+    for row in rows {
+        assert!(row.contains("not run: no events measured"), "{row}");
+        assert!(!row.contains("PASS") && !row.contains("FAIL"), "{row}");
+    }
+    assert!(!table.contains("live at 1000/s"), "{table}");
+    let rss = table.lines().find(|l| l.contains("**Peak RSS**")).unwrap();
+    assert!(
+        rss.contains("not measured") && !rss.contains("PASS"),
+        "{rss}"
+    );
+}
+
+#[test]
+fn rounds_judge_the_median_of_each_rounds_own_ratio() {
+    let args = Args::parse_from(["relay-bench", "--quick", "--rounds", "3"]);
+    let run = RelayRun {
+        variant: "",
+        max_in_flight: 1024,
+        secs: 1.0,
+        events_per_s: 90.0,
+        peak_rss: 0,
+        cpu_secs: 0.5,
+        first_stored_secs: 0.1,
+        last_stored_secs: 0.9,
+        budget: None,
+    };
+    let round = |decode: f64, broker: f64, relay: f64| crate::workload::Round {
+        decode,
+        broker: Some(broker),
+        relays: vec![relay],
+    };
+    let sc = Scenario {
+        label: "100-row txs".into(),
+        rows: 100,
+        per_tx: 100,
+        decode: Some(100.0),
+        broker: Some(100.0),
+        relays: vec![run],
+        // Against its own round's min(decode, broker): 80 %, 95 %, 91 %; the median is 91 %
+        // (the median relay against the median limits would be 90 / 100).
+        rounds: vec![
+            round(100.0, 110.0, 80.0),
+            round(120.0, 100.0, 95.0),
+            round(100.0, 100.0, 91.0),
+        ],
+        ..Scenario::default()
+    };
+    let res = Results {
+        scenarios: vec![sc],
+        ..Results::default()
+    };
+    let table = render(&args, &res);
+    let row = table.lines().find(|l| l.contains("**Catch-up")).unwrap();
+    assert!(
+        row.contains("| 91% (median of 3 rounds: 80%, 95%, 91%) |") && row.ends_with("| PASS |"),
+        "{row}"
+    );
+    assert_eq!(
+        crate::workload::median_by(vec![3.0, 1.0, 2.0, 9.0], |x| *x),
+        Some(3.0)
+    );
+    assert_eq!(crate::workload::median_by(Vec::<f64>::new(), |x| *x), None);
+}
+
+#[test]
+fn a_latency_run_with_events_is_judged() {
+    let args = Args::parse_from(["relay-bench", "--quick"]);
+    let run = LatencyRun {
+        samples: 3_000,
+        achieved_rate: 1_000.0,
+        p50_ms: 0.5,
+        p99_ms: 1.5,
+        p999_ms: 2.0,
+        max_ms: 3.0,
+        relay_cpu_secs: 0.3,
+        relay_rss: 40 * 1024 * 1024,
+        relay_switches: Some(7_200),
+        ..empty_run(1_000)
+    };
+    let res = Results {
+        latency: vec![run],
+        ..Results::default()
+    };
+    let table = render(&args, &res);
+    let latency = table.lines().find(|l| l.contains("**Latency**")).unwrap();
+    assert!(latency.ends_with("| PASS |"), "{latency}");
+    // 0.3 CPU s over 3,000 events: 100 µs, over the 40 µs target.
+    let cpu = table
+        .lines()
+        .find(|l| l.contains("live at 1000/s"))
+        .unwrap();
+    assert!(
+        cpu.contains("100.0 µs") && cpu.ends_with("| FAIL |"),
+        "{cpu}"
+    );
+    let rss = table.lines().find(|l| l.contains("**Peak RSS**")).unwrap();
+    assert!(
+        rss.contains("40.0 MB") && rss.ends_with("| PASS |"),
+        "{rss}"
+    );
+}
