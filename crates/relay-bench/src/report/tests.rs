@@ -90,6 +90,11 @@ fn rounds_judge_the_median_of_each_rounds_own_ratio() {
         row.contains("| 91% (median of 3 rounds: 80%, 95%, 91%) |") && row.ends_with("| PASS |"),
         "{row}"
     );
+    // 99 gaps between 100 events stored 0.8 s apart.
+    assert!(
+        row.contains("| 90/s (first to last stored: 124/s) |"),
+        "{row}"
+    );
     assert_eq!(
         crate::workload::median_by(vec![3.0, 1.0, 2.0, 9.0], |x| *x),
         Some(3.0)
