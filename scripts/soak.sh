@@ -22,7 +22,7 @@ if [ "${CLEANUP_SOAK:-0}" = 1 ]; then
   # shellcheck disable=SC2086 # CLEANUP_SOAK_ARGS is a list of options
   scripts/bench.sh --soak-cleanup --no-debezium ${CLEANUP_SOAK_ARGS:-} || status=$?
 fi
-# Opt-in (FAULT_MODES="atomic-batch"): the fault suite again in each publish mode (issue 15:
+# Opt-in (FAULT_MODES="atomic-batch fast-batch"): the fault suite again in each publish mode (issue 15:
 # "the fault scenarios pass in every mode"), on the newer servers (atomic batches need
 # nats-server >= 2.12.1); each row is named "[mode]" and the relay must log that it took the mode.
 if [ -n "${FAULT_MODES:-}" ]; then

@@ -31,6 +31,7 @@ async fn s15_three_node_cluster_with_leader_stepdowns_and_a_node_kill() -> Resul
         num_replicas: 3,
         storage: async_nats::jetstream::stream::StorageType::File,
         allow_atomic_publish: publish_mode().as_deref() == Some("atomic-batch"),
+        allow_batch_publish: publish_mode().as_deref() == Some("fast-batch"),
         ..Default::default()
     })
     .await?;

@@ -34,7 +34,7 @@ fn settle() -> Duration {
     }
 }
 
-/// `FAULT_PUBLISH_MODE` (e.g. `atomic-batch`; scripts/soak.sh with `FAULT_MODES`): every
+/// `FAULT_PUBLISH_MODE` (`atomic-batch` or `fast-batch`; scripts/soak.sh with `FAULT_MODES`): every
 /// scenario's relay publishes in that `[nats] publish_mode`, and the report names it.
 pub(crate) fn publish_mode() -> Option<String> {
     std::env::var("FAULT_PUBLISH_MODE")
@@ -73,13 +73,13 @@ async fn started(config: &std::path::Path, env: &[(&str, &str)]) -> Result<Relay
         .wait_log("replication started", Duration::from_secs(30))
         .await?;
     // A run in a publish mode proves the relay took it (it falls back where it cannot).
-    if publish_mode().as_deref() == Some("atomic-batch") {
-        relay
-            .wait_log(
-                "publishing each transaction as one atomic batch",
-                Duration::from_secs(5),
-            )
-            .await?;
+    let took = match publish_mode().as_deref() {
+        Some("atomic-batch") => Some("publishing each transaction as one atomic batch"),
+        Some("fast-batch") => Some("publishing in fast batches (one flow ack for many messages)"),
+        _ => None,
+    };
+    if let Some(line) = took {
+        relay.wait_log(line, Duration::from_secs(5)).await?;
     }
     Ok(relay)
 }
