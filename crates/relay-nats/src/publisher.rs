@@ -202,14 +202,18 @@ impl JetStreamPublisher {
         }
         // What a batch does not take (a one-message transaction, a message left at the end of
         // a transaction, a dead letter) goes out in commit order between the batches, so on
-        // their connection: the server orders nothing across two connections, and on the lean
-        // one a 1-row transaction was stored after the batch of the next (e2e fast_batch,
-        // under load). Only re-sends, out of order by nature, take the lean path.
+        // their connection: the server orders nothing across two connections, and a 1-row
+        // transaction on the lean one was stored after the batch of the next on async-nats
+        // (e2e fast_batch, under load). Fast batches go on the lean connection (their messages
+        // framed as in per-message mode), so everything does; atomic batches go on async-nats,
+        // and so does what they do not take. Re-sends, out of order by nature, take the lean
+        // path in both.
         let mut plain = self.clone();
-        plain.lean = None;
-        plain.reply_len = plain.nats_reply_len;
-        // Re-sends go through the lean path, the rest through async-nats: limits must hold for
-        // the longer reply subject of the two.
+        if mode == PublishMode::AtomicBatch {
+            plain.lean = None;
+            plain.reply_len = plain.nats_reply_len;
+        }
+        // Limits must hold for the longer reply subject of the paths a message may take.
         self.reply_len = self.reply_len.max(self.nats_reply_len);
         let how = if mode == PublishMode::FastBatch {
             self.framer = Some(Arc::new(fast_batch::start(

@@ -70,7 +70,11 @@ impl RelayProc {
             .arg("--config")
             .arg(config)
             .arg("run")
-            .env("RUST_LOG", "info")
+            // RELAY_BENCH_LOG: the relays' log filter (e.g. `info,relay_nats=debug`).
+            .env(
+                "RUST_LOG",
+                std::env::var("RELAY_BENCH_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)

@@ -36,6 +36,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::JetStreamPublisher;
 use super::framing::{Command, Framer, FramingMode, Reply, batchable, reply_when_acked, unknown};
+use crate::wire::LeanConnection;
 
 /// The oldest nats-server with fast batches.
 const MIN_SERVER: (u64, u64, u64) = (2, 14, 0);
@@ -94,6 +95,10 @@ struct OpenBatch {
     members: mpsc::UnboundedSender<Member>,
     /// Set by the reader once the server ended the batch (or stopped answering).
     ended: Arc<AtomicBool>,
+    /// The lean connection the batch's messages and commit go on, as the messages published
+    /// on their own between batches do (one connection keeps commit order); async-nats' only
+    /// where the server refused the lean connection.
+    lean: Option<Arc<LeanConnection>>,
 }
 
 struct Worker {
@@ -191,7 +196,18 @@ impl Worker {
     async fn start(&self, (msg, reply): (Arc<OutboundMessage>, Reply)) -> Option<OpenBatch> {
         let client = self.plain.client();
         let inbox = client.new_inbox();
-        let subscriber = match client.subscribe(format!("{inbox}.>")).await {
+        let lean = match &self.plain.lean {
+            Some(lean) if lean.ready(self.ack_timeout).await => Some(lean.clone()),
+            _ => None,
+        };
+        let subscribed = match client.subscribe(format!("{inbox}.>")).await {
+            Ok(s) if lean.is_some() => {
+                subscribed_at_server(client, &inbox, s, self.ack_timeout).await
+            }
+            Ok(s) => Ok(s),
+            Err(e) => Err(e.to_string()),
+        };
+        let subscriber = match subscribed {
             Ok(s) => s,
             Err(e) => {
                 tracing::debug!(error = %e, "cannot subscribe to a fast batch's replies; publishing on its own");
@@ -218,6 +234,7 @@ impl Worker {
             last_subject: msg.subject.clone(),
             members,
             ended,
+            lean,
         };
         send_member(&self.plain, &mut open, msg, reply, 0).await;
         match tokio::time::timeout(self.ack_timeout, is_started).await {
@@ -233,12 +250,18 @@ impl Worker {
             && !open.ended.load(Ordering::Relaxed)
         {
             let reply = format!("{}.{}.3.$FI", open.base, open.next);
-            if let Err(e) = self
-                .plain
-                .client()
-                .publish_with_reply(open.last_subject.clone(), reply, bytes::Bytes::new())
-                .await
-            {
+            let sent = match &open.lean {
+                Some(lean) => lean
+                    .publish_empty(&open.last_subject, &reply)
+                    .map_err(|e| e.to_string()),
+                None => self
+                    .plain
+                    .client()
+                    .publish_with_reply(open.last_subject.clone(), reply, bytes::Bytes::new())
+                    .await
+                    .map_err(|e| e.to_string()),
+            };
+            if let Err(e) = sent {
                 // The reader sees no answer and the outstanding messages are re-sent.
                 tracing::debug!(error = %e, "cannot send a fast batch's commit");
             }
@@ -246,6 +269,30 @@ impl Worker {
         if let Some((msg, reply)) = self.held.take() {
             self.alone(msg, reply).await;
         }
+    }
+}
+
+/// `subscriber` (to `<inbox>.>`) once the server has its subscription: the answers come on
+/// async-nats' connection and the batch's messages on the lean one, which the server does not
+/// order against it, so the first answer could otherwise come before the subscription and be
+/// lost (a flush only writes the `SUB`; this waits for a message to `<inbox>.subscribed` to
+/// come back through it, before the reader sees any).
+async fn subscribed_at_server(
+    client: &async_nats::Client,
+    inbox: &str,
+    mut subscriber: async_nats::Subscriber,
+    wait: Duration,
+) -> Result<async_nats::Subscriber, String> {
+    client
+        .publish(format!("{inbox}.subscribed"), bytes::Bytes::new())
+        .await
+        .map_err(|e| e.to_string())?;
+    match tokio::time::timeout(wait, subscriber.next()).await {
+        Ok(Some(_)) => Ok(subscriber),
+        Ok(None) => Err("the subscription closed".into()),
+        Err(_) => Err(format!(
+            "the subscription was not confirmed within {wait:?}"
+        )),
     }
 }
 
@@ -260,17 +307,29 @@ async fn send_member(
     let seq = open.next;
     open.next += 1;
     open.last_subject = msg.subject.clone();
-    let subject = msg.subject.clone();
-    let payload = msg.payload.clone();
-    let headers = plain.headers(&msg);
-    // Registered before it is sent, so no answer can come for a message the reader lacks.
-    let _ = open.members.send(Member { seq, msg, reply });
     let reply_to = format!("{}.{seq}.{operation}.$FI", open.base);
-    if let Err(e) = plain
-        .client()
-        .publish_with_reply_and_headers(subject, reply_to, headers, payload)
-        .await
-    {
+    // Registered before it is sent, so no answer can come for a message the reader lacks.
+    let _ = open.members.send(Member {
+        seq,
+        msg: msg.clone(),
+        reply,
+    });
+    let sent = match &open.lean {
+        Some(lean) => lean
+            .publish_to(&plain.stream, &msg, &reply_to)
+            .map_err(|e| e.to_string()),
+        None => plain
+            .client()
+            .publish_with_reply_and_headers(
+                msg.subject.clone(),
+                reply_to,
+                plain.headers(&msg),
+                msg.payload.clone(),
+            )
+            .await
+            .map_err(|e| e.to_string()),
+    };
+    if let Err(e) = sent {
         // No answer will cover it: the reader's timeout makes its outcome unknown.
         tracing::debug!(error = %e, "cannot publish a fast batch message");
     }

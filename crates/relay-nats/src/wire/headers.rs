@@ -29,7 +29,7 @@ impl WireHeaders {
         out: &mut BytesMut,
         stream: &str,
         msg: &OutboundMessage,
-        reply: (&str, u64),
+        reply: proto::ReplyTo<'_>,
     ) {
         let (shared, own) = split(msg);
         let mut names_known = same_names(&self.own_names, own);
@@ -182,13 +182,28 @@ mod tests {
         let mut reused = WireHeaders::default();
         for msg in &messages {
             let (mut again, mut fresh) = (BytesMut::new(), BytesMut::new());
-            reused.write_hpub(&mut again, "OUTBOX", msg, ("_INBOX.t", 1));
-            WireHeaders::default().write_hpub(&mut fresh, "OUTBOX", msg, ("_INBOX.t", 1));
+            reused.write_hpub(
+                &mut again,
+                "OUTBOX",
+                msg,
+                proto::ReplyTo::Numbered("_INBOX.t", 1),
+            );
+            WireHeaders::default().write_hpub(
+                &mut fresh,
+                "OUTBOX",
+                msg,
+                proto::ReplyTo::Numbered("_INBOX.t", 1),
+            );
             assert_eq!(again, fresh, "message {}", msg.event_id);
         }
         // The repeated name was written once, with the later value.
         let mut out = BytesMut::new();
-        WireHeaders::default().write_hpub(&mut out, "OUTBOX", &messages[3], ("_INBOX.t", 1));
+        WireHeaders::default().write_hpub(
+            &mut out,
+            "OUTBOX",
+            &messages[3],
+            proto::ReplyTo::Numbered("_INBOX.t", 1),
+        );
         let text = String::from_utf8_lossy(&out);
         assert_eq!(text.matches("Outbox-Table:").count(), 1, "{text}");
         assert!(text.contains("Outbox-Table: x\r\n"), "{text}");

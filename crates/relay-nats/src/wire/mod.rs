@@ -178,18 +178,13 @@ impl LeanConnection {
         let receiver = {
             let mut state = inner.lock();
             if !state.live {
-                return Err(PublishError::new(
-                    PublishErrorKind::Unknown,
-                    format!(
-                        "not connected to NATS at {} (reconnecting)",
-                        inner.settings.display_url
-                    ),
-                ));
+                return Err(not_connected(&inner.settings));
             }
             let n = state.next_n;
             state.next_n += 1;
             let Shared { out, headers, .. } = &mut *state;
-            headers.write_hpub(out, stream, msg, (&inner.reply_prefix, n));
+            let reply = proto::ReplyTo::Numbered(&inner.reply_prefix, n);
+            headers.write_hpub(out, stream, msg, reply);
             state
                 .pending
                 .push(n, msg.clone(), Instant::now() + inner.ack_timeout)
@@ -197,6 +192,49 @@ impl LeanConnection {
         inner.wake_writer.notify_one();
         Ok(receiver)
     }
+
+    /// Queues `msg` (into `stream`) replying to `reply`, with no PubAck awaited: a fast batch's
+    /// message, whose answers the batch's own subscription reads. Fails while the connection
+    /// is down (the batch's reader then sees no answer, and the message is re-sent).
+    pub(crate) fn publish_to(
+        &self,
+        stream: &str,
+        msg: &OutboundMessage,
+        reply: &str,
+    ) -> Result<(), PublishError> {
+        self.queue(|state| {
+            let Shared { out, headers, .. } = state;
+            headers.write_hpub(out, stream, msg, proto::ReplyTo::Subject(reply));
+        })
+    }
+
+    /// Queues an empty message to `subject` replying to `reply` (a fast batch's commit).
+    pub(crate) fn publish_empty(&self, subject: &str, reply: &str) -> Result<(), PublishError> {
+        self.queue(|state| proto::write_empty_pub(&mut state.out, subject, reply))
+    }
+
+    fn queue(&self, write: impl FnOnce(&mut Shared)) -> Result<(), PublishError> {
+        let inner = &self.inner;
+        {
+            let mut state = inner.lock();
+            if !state.live {
+                return Err(not_connected(&inner.settings));
+            }
+            write(&mut state);
+        }
+        inner.wake_writer.notify_one();
+        Ok(())
+    }
+}
+
+fn not_connected(settings: &WireSettings) -> PublishError {
+    PublishError::new(
+        PublishErrorKind::Unknown,
+        format!(
+            "not connected to NATS at {} (reconnecting)",
+            settings.display_url
+        ),
+    )
 }
 
 /// The headers of `msg` exactly as the lean path frames them, as `(name, value)` lines in
@@ -204,7 +242,12 @@ impl LeanConnection {
 #[cfg(test)]
 pub(crate) fn framed_header_lines(stream: &str, msg: &OutboundMessage) -> Vec<(String, String)> {
     let mut out = BytesMut::new();
-    WireHeaders::default().write_hpub(&mut out, stream, msg, ("_INBOX.t", 0));
+    WireHeaders::default().write_hpub(
+        &mut out,
+        stream,
+        msg,
+        proto::ReplyTo::Numbered("_INBOX.t", 0),
+    );
     let text = std::str::from_utf8(&out).expect("utf-8 frame");
     let (line, rest) = text.split_once("\r\n").expect("a control line");
     let header_len: usize = line

@@ -297,13 +297,43 @@ pub(crate) fn put_header_line(out: &mut BytesMut, name: &str, value: &str) {
     out.put_slice(b"\r\n");
 }
 
-/// One `HPUB` of publish number `n`: `HPUB <subject> <reply_prefix>.<token> <hdr_len> <total_len>\r\n`, the header
-/// block (`head` — the version line and lines prepared once — then the lines `tail` writes,
-/// `tail_len` bytes, then the blank line), the payload, `\r\n`.
+/// The reply subject of a frame.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ReplyTo<'a> {
+    /// Publish number `n`: `<prefix>.<16 hex digits of n>`, its PubAck matched by the number.
+    Numbered(&'a str, u64),
+    /// A subject of the caller's: a fast batch's, whose answers the batch's own subscription
+    /// reads (`publisher::fast_batch`).
+    Subject(&'a str),
+}
+
+impl ReplyTo<'_> {
+    fn len(self) -> usize {
+        match self {
+            Self::Numbered(prefix, _) => prefix.len() + 1 + REPLY_TOKEN_LEN,
+            Self::Subject(subject) => subject.len(),
+        }
+    }
+
+    fn put(self, out: &mut BytesMut) {
+        match self {
+            Self::Numbered(prefix, n) => {
+                out.put_slice(prefix.as_bytes());
+                out.put_u8(b'.');
+                put_reply_token(out, n);
+            }
+            Self::Subject(subject) => out.put_slice(subject.as_bytes()),
+        }
+    }
+}
+
+/// One `HPUB`: `HPUB <subject> <reply> <hdr_len> <total_len>\r\n`, the header block (`head` —
+/// the version line and lines prepared once — then the lines `tail` writes, `tail_len` bytes,
+/// then the blank line), the payload, `\r\n`.
 pub(crate) fn write_hpub(
     out: &mut BytesMut,
     subject: &str,
-    (reply_prefix, n): (&str, u64),
+    reply: ReplyTo<'_>,
     head: &[u8],
     tail_len: usize,
     tail: impl FnOnce(&mut BytesMut),
@@ -311,13 +341,11 @@ pub(crate) fn write_hpub(
 ) {
     let header_len = head.len() + tail_len + 2;
     let total_len = header_len + payload.len();
-    out.reserve(subject.len() + reply_prefix.len() + 64 + total_len);
+    out.reserve(subject.len() + reply.len() + 64 + total_len);
     out.put_slice(b"HPUB ");
     out.put_slice(subject.as_bytes());
     out.put_u8(b' ');
-    out.put_slice(reply_prefix.as_bytes());
-    out.put_u8(b'.');
-    put_reply_token(out, n);
+    reply.put(out);
     out.put_u8(b' ');
     put_decimal(out, header_len as u64);
     out.put_u8(b' ');
@@ -330,6 +358,17 @@ pub(crate) fn write_hpub(
     out.put_slice(b"\r\n");
     out.put_slice(payload);
     out.put_slice(b"\r\n");
+}
+
+/// One `PUB` without payload or headers: `PUB <subject> <reply> 0\r\n\r\n` (a fast batch's
+/// commit).
+pub(crate) fn write_empty_pub(out: &mut BytesMut, subject: &str, reply: &str) {
+    out.reserve(subject.len() + reply.len() + 12);
+    out.put_slice(b"PUB ");
+    out.put_slice(subject.as_bytes());
+    out.put_u8(b' ');
+    out.put_slice(reply.as_bytes());
+    out.put_slice(b" 0\r\n\r\n");
 }
 
 fn put_decimal(out: &mut BytesMut, mut n: u64) {
@@ -384,7 +423,7 @@ mod tests {
         write_hpub(
             &mut out,
             "outbox.a",
-            ("_INBOX.x", 26),
+            ReplyTo::Numbered("_INBOX.x", 26),
             head,
             tail_len,
             |out| put_header_line(out, "Nats-Msg-Id", "ev-1"),
@@ -397,6 +436,29 @@ mod tests {
             block.len() + 5
         );
         assert_eq!(std::str::from_utf8(&out).unwrap(), expected);
+        // A reply subject of the caller's (a fast batch's), and a batch's commit.
+        let mut out = BytesMut::new();
+        write_hpub(
+            &mut out,
+            "outbox.a",
+            ReplyTo::Subject("_INBOX.b.500.fail.3.1.$FI"),
+            head,
+            tail_len,
+            |out| put_header_line(out, "Nats-Msg-Id", "ev-1"),
+            b"hello",
+        );
+        assert!(
+            std::str::from_utf8(&out)
+                .unwrap()
+                .starts_with("HPUB outbox.a _INBOX.b.500.fail.3.1.$FI "),
+            "{out:?}"
+        );
+        let mut out = BytesMut::new();
+        write_empty_pub(&mut out, "outbox.a", "_INBOX.b.500.fail.4.3.$FI");
+        assert_eq!(
+            &out[..],
+            b"PUB outbox.a _INBOX.b.500.fail.4.3.$FI 0\r\n\r\n"
+        );
         assert_eq!(
             header_block_lines(block.as_bytes()).unwrap(),
             vec![
