@@ -36,12 +36,7 @@ fn event(id: &str, commit_lsn: u64) -> Arc<OutboundMessage> {
 /// Messages the lean and the async-nats connection have published so far, from the
 /// monitoring endpoint.
 async fn published_by(monitor: u16) -> Result<(u64, u64)> {
-    let body = reqwest::get(format!("http://127.0.0.1:{monitor}/connz"))
-        .await
-        .context("GET /connz")?
-        .text()
-        .await?;
-    let connz: serde_json::Value = serde_json::from_str(&body).context("parsing /connz")?;
+    let (connz, body) = connz(monitor).await?;
     let count = |name: &str| -> Result<u64> {
         let conns = connz["connections"].as_array().context("no connections")?;
         let mine: Vec<_> = conns.iter().filter(|c| c["name"] == name).collect();
@@ -150,15 +145,22 @@ async fn in_batch_modes_batches_and_messages_alone_share_one_connection_and_rese
     Ok(())
 }
 
+/// The server's connection list, parsed and as text (for failure messages).
+async fn connz(monitor: u16) -> Result<(serde_json::Value, String)> {
+    let body = reqwest::get(format!("http://127.0.0.1:{monitor}/connz"))
+        .await
+        .context("GET /connz")?
+        .text()
+        .await?;
+    let connz = serde_json::from_str(&body).context("parsing /connz")?;
+    Ok((connz, body))
+}
+
 /// Waits until the server has no client connection left.
 async fn connections_closed(monitor: u16) -> Result<()> {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let body = reqwest::get(format!("http://127.0.0.1:{monitor}/connz"))
-            .await?
-            .text()
-            .await?;
-        let connz: serde_json::Value = serde_json::from_str(&body)?;
+        let (connz, body) = connz(monitor).await?;
         if connz["num_connections"].as_u64() == Some(0) {
             return Ok(());
         }

@@ -175,11 +175,7 @@ impl LeanConnection {
         msg: &Arc<OutboundMessage>,
     ) -> Result<oneshot::Receiver<Outcome>, PublishError> {
         let inner = &self.inner;
-        let receiver = {
-            let mut state = inner.lock();
-            if !state.live {
-                return Err(not_connected(&inner.settings));
-            }
+        self.queue(|state| {
             let n = state.next_n;
             state.next_n += 1;
             let Shared { out, headers, .. } = &mut *state;
@@ -188,9 +184,7 @@ impl LeanConnection {
             state
                 .pending
                 .push(n, msg.clone(), Instant::now() + inner.ack_timeout)
-        };
-        inner.wake_writer.notify_one();
-        Ok(receiver)
+        })
     }
 
     /// Queues `msg` (into `stream`) replying to `reply`, with no PubAck awaited: a fast batch's
@@ -213,17 +207,19 @@ impl LeanConnection {
         self.queue(|state| proto::write_empty_pub(&mut state.out, subject, reply))
     }
 
-    fn queue(&self, write: impl FnOnce(&mut Shared)) -> Result<(), PublishError> {
+    /// Runs `write` (appending frames) on the shared state and wakes the writer; fails as
+    /// unknown while the connection is down.
+    fn queue<T>(&self, write: impl FnOnce(&mut Shared) -> T) -> Result<T, PublishError> {
         let inner = &self.inner;
-        {
+        let written = {
             let mut state = inner.lock();
             if !state.live {
                 return Err(not_connected(&inner.settings));
             }
-            write(&mut state);
-        }
+            write(&mut state)
+        };
         inner.wake_writer.notify_one();
-        Ok(())
+        Ok(written)
     }
 }
 
