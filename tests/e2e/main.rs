@@ -5,6 +5,7 @@ mod alerts;
 mod backfill;
 mod backfill_on_create;
 mod bad_config;
+mod batch_restart;
 mod batches;
 mod cleanup;
 mod compose;

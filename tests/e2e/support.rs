@@ -44,8 +44,16 @@ impl Env {
     }
 
     pub async fn start_with_pg(options: relay_testkit::PgOptions) -> Result<Self> {
+        Self::start_with(options, relay_testkit::NatsOptions::default()).await
+    }
+
+    /// Servers started with `pg` and `nats` options.
+    pub async fn start_with(
+        pg: relay_testkit::PgOptions,
+        nats: relay_testkit::NatsOptions,
+    ) -> Result<Self> {
         let (pg, nats) =
-            tokio::try_join!(PostgresServer::start_with(options), NatsServer::start())?;
+            tokio::try_join!(PostgresServer::start_with(pg), NatsServer::start_with(nats))?;
         pg.create_database(DB).await?;
         let client = pg.connect(DB).await?;
         for sql in migrations() {

@@ -11,23 +11,42 @@
 //! dead letter of an earlier transaction, a non-transactional logical message, a re-send) is
 //! published on its own, as in `per-message` mode.
 //!
-//! A batch the server refuses whole — one of its ids is already stored (10201: a re-send after
-//! a lost ack or a crash), atomic publish disabled (10174) or `Nats-Msg-Id` refused (10177,
-//! 2.12.0) — is published again message by message, where JetStream's deduplication answers
-//! for each; the last two also end batching for the process. A commit ack without the batch's
-//! id comes from a server that ignored the batch headers and stored each message as it came:
-//! batching ends, and the other messages of the batch are re-sent on their own (duplicates).
+//! Every batch gets an id no batch had before, in this process or any other (see [`BatchIds`]):
+//! nats-server keeps an abandoned batch open for its `max_batch_timeout` (10 s) and refuses its
+//! id until then (10176 "incomplete"), so a relay restarted, taken over or reconnected within
+//! that time must not reuse the id of a batch its predecessor left half sent.
+//!
+//! A batch that was not committed, or whose outcome is unknown, is published again **whole**,
+//! under a new id, never message by message: a crash during a message-by-message re-send would
+//! leave consumers with part of a transaction. The outcomes (`docs/message-format.md`, "Batch
+//! errors"):
+//! - incomplete (10176), missing sequence (10175), too many open batches (10210), a timeout, a
+//!   lost connection, a store failure: published again as a new batch, with backoff, until it
+//!   is committed (the server stores nothing of a batch it did not commit);
+//! - an id the stream already has (10201): the batch was stored before (a re-send after a lost
+//!   ack or a crash): each message is re-sent on its own and answered as a duplicate;
+//! - atomic publish disabled (10174) or `Nats-Msg-Id` refused (10177, 2.12.0): batching ends
+//!   for the process with a warning, and the batch's messages go on their own;
+//! - too large (10199), an invalid id (10179) or commit (10200): refused for good, with the fix;
+//!   nothing of the batch is stored and the relay stops before the checkpoint passes it.
+//!
+//! A commit ack without the batch's id comes from a server that ignored the batch headers and
+//! stored each message as it came: batching ends, and the other messages of the batch are
+//! re-sent on their own (duplicates).
 
 use std::error::Error as _;
+use std::hash::{BuildHasher as _, Hasher as _};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
+use async_nats::jetstream;
 use async_nats::jetstream::message::PublishMessage;
-use async_nats::jetstream::{self, ErrorCode};
 use relay_core::Lsn;
 use relay_core::message::OutboundMessage;
-use relay_core::stage::{PubReceipt, PublishError, Publisher};
+use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind, Publisher};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::time::Instant;
 
 use super::JetStreamPublisher;
 use super::framing::{Command, Framer, FramingMode, Reply, batchable, reply_when_acked, unknown};
@@ -43,6 +62,68 @@ const BATCH_DUPLICATE: u64 = 10201;
 const BATCH_DISABLED: u64 = 10174;
 /// 10177: a header the server does not allow in a batch (`Nats-Msg-Id` before 2.12.1).
 const BATCH_UNSUPPORTED_HEADER: u64 = 10177;
+/// 10175: a batch message without `Nats-Batch-Sequence`.
+const BATCH_MISSING_SEQUENCE: u64 = 10175;
+/// 10176: the server holds no complete batch under this id: a gap in its sequence, an id it
+/// still holds open for a batch abandoned mid-way, or a batch it timed out.
+const BATCH_INCOMPLETE: u64 = 10176;
+/// 10179: the batch id is over 64 characters.
+const BATCH_INVALID_ID: u64 = 10179;
+/// 10199: more messages than the server's `max_batch_size`.
+const BATCH_TOO_LARGE: u64 = 10199;
+/// 10200: a `Nats-Batch-Commit` value the server does not know.
+const BATCH_INVALID_COMMIT: u64 = 10200;
+/// 10210: the stream or the server has its most open batches already.
+const BATCH_TOO_MANY_OPEN: u64 = 10210;
+
+/// The failpoint between a batch's messages and its commit.
+const BEFORE_COMMIT: &str = "atomic_batch_before_commit";
+
+/// First wait before a batch is published again; doubled up to [`REPUBLISH_MAX_DELAY`].
+const REPUBLISH_FIRST_DELAY: Duration = Duration::from_millis(100);
+const REPUBLISH_MAX_DELAY: Duration = Duration::from_secs(5);
+/// How long "no responders" (a leader election) is retried before it counts as no stream, as
+/// the pipeline's `no_stream_grace` default.
+const NO_STREAM_GRACE: Duration = Duration::from_secs(30);
+
+/// Mints batch ids: `<commit LSN as HI-LO hex>-<part>-<run>-<n>`, where `<run>` is 48 random
+/// bits drawn when the process starts and `<n>` counts the batches it framed. No id repeats
+/// within a process (the count), and two processes share one with a chance of 2^-48 per pair
+/// (the run): a restarted or standby relay never reuses an id the server may still hold open.
+/// Deduplication does not need the id: it is by `Nats-Msg-Id`, the event id.
+#[derive(Debug)]
+pub(crate) struct BatchIds {
+    run: u64,
+    next: AtomicU64,
+}
+
+impl BatchIds {
+    pub(crate) fn new() -> Self {
+        // RandomState is seeded from the operating system's randomness once per process.
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u32(std::process::id());
+        if let Ok(now) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+            hasher.write_u128(now.as_nanos());
+        }
+        Self {
+            run: hasher.finish() & 0xFFFF_FFFF_FFFF,
+            next: AtomicU64::new(0),
+        }
+    }
+
+    /// A new id for part `part` of the transaction committed at `commit_lsn`.
+    pub(crate) fn mint(&self, commit_lsn: Lsn, part: u32) -> String {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let lsn = commit_lsn.0;
+        // At most 8+1+8+1+10+1+12+1+16 = 58 characters; the server takes 64.
+        format!(
+            "{:X}-{:X}-{part}-{:012X}-{n:X}",
+            lsn >> 32,
+            lsn & 0xFFFF_FFFF,
+            self.run
+        )
+    }
+}
 
 /// Starts the framing task over `plain`, a publisher that sends each message on its own, and
 /// returns the handle the publisher keeps.
@@ -53,6 +134,7 @@ pub(crate) fn start(plain: JetStreamPublisher, max_in_flight: usize) -> Framer {
         plain,
         limit,
         permits: Arc::new(Semaphore::new(MAX_OPEN_BATCHES)),
+        ids: Arc::new(BatchIds::new()),
         current: None,
         part: 0,
         open: None,
@@ -65,6 +147,10 @@ pub(crate) fn start(plain: JetStreamPublisher, max_in_flight: usize) -> Framer {
 /// A batch being framed.
 struct OpenBatch {
     id: String,
+    /// The transaction's commit LSN and this batch's part of it, for a new id if it is
+    /// published again.
+    commit_lsn: Lsn,
+    part: u32,
     /// Published already, without the commit header, in batch order.
     sent: Vec<(Arc<OutboundMessage>, Reply)>,
     /// The newest message, held back: it carries the commit header if nothing follows.
@@ -78,6 +164,7 @@ struct Worker {
     plain: JetStreamPublisher,
     limit: usize,
     permits: Arc<Semaphore>,
+    ids: Arc<BatchIds>,
     /// Commit LSN of the open transaction.
     current: Option<Lsn>,
     /// Part number of the next batch of the open transaction.
@@ -124,10 +211,10 @@ impl Worker {
                 let _ = reply.send(Err(unknown("the batch publisher stopped")));
                 return;
             };
-            let lsn = msg.commit_lsn.0;
             self.open = Some(OpenBatch {
-                // Readable in the stream: the transaction's commit LSN and the part.
-                id: format!("{:X}-{:X}-{}", lsn >> 32, lsn & 0xFFFF_FFFF, self.part),
+                id: self.ids.mint(msg.commit_lsn, self.part),
+                commit_lsn: msg.commit_lsn,
+                part: self.part,
                 sent: Vec::new(),
                 held: None,
                 failed: None,
@@ -140,20 +227,10 @@ impl Worker {
         };
         if let Some((previous, previous_reply)) = open.held.take() {
             let sequence = open.sent.len() + 1;
-            if open.failed.is_none() {
-                let headers = batch_headers(&self.plain, &previous, &open.id, sequence, false);
-                if let Err(e) = self
-                    .plain
-                    .client()
-                    .publish_with_headers(
-                        previous.subject.clone(),
-                        headers,
-                        previous.payload.clone(),
-                    )
-                    .await
-                {
-                    open.failed = Some(unknown(&format!("cannot publish to NATS: {e}")));
-                }
+            if open.failed.is_none()
+                && let Err(e) = send_member(&self.plain, &previous, &open.id, sequence).await
+            {
+                open.failed = Some(e);
             }
             open.sent.push((previous, previous_reply));
         }
@@ -183,34 +260,76 @@ impl Worker {
         }
         let mut members = std::mem::take(&mut open.sent);
         members.push((last.clone(), last_reply));
-        if let Some(failed) = open.failed.take() {
-            for (_, reply) in members {
-                let _ = reply.send(Err(failed.clone()));
-            }
-            return;
+        if relay_core::failpoint::is_armed(BEFORE_COMMIT) {
+            // The fault suite's crash mid-batch: the other messages on the wire, no commit.
+            let _ = self.plain.client().flush().await;
+            relay_core::failpoint::hit(BEFORE_COMMIT);
         }
-        let headers = batch_headers(&self.plain, &last, &open.id, count, true);
-        let publish = PublishMessage::build()
-            .headers(headers)
-            .payload(last.payload.clone());
-        let ack = self
-            .plain
-            .context()
-            .send_publish(last.subject.clone(), publish)
-            .await;
-        let plain = self.plain.clone();
-        let disabled = self.disabled.clone();
-        let id = open.id.clone();
+        let first = match open.failed.take() {
+            // Some of the batch never reached the connection: nothing of it can be committed,
+            // so it is published again whole, like any batch the server did not commit.
+            Some(failed) => Err(failed),
+            None => Ok(send_commit(&self.plain, &last, &open.id, count).await),
+        };
+        let settling = Settling {
+            plain: self.plain.clone(),
+            disabled: self.disabled.clone(),
+            ids: self.ids.clone(),
+            commit_lsn: open.commit_lsn,
+            part: open.part,
+            id: open.id,
+            members,
+        };
         let permit = open.permit;
         tokio::spawn(async move {
-            let outcome = match ack {
-                Ok(ack) => ack.await,
-                Err(e) => Err(e),
+            let outcome = match first {
+                Ok(Ok(ack)) => ack.await,
+                Ok(Err(e)) => Err(e),
+                Err(failed) => {
+                    settling.republish_whole(failed).await;
+                    drop(permit);
+                    return;
+                }
             };
+            settling.settle(outcome).await;
+            // The server's limit counts open batches until they are committed or refused.
             drop(permit);
-            settle(plain, disabled, id, members, outcome).await;
         });
     }
+}
+
+type CommitAck = Result<jetstream::publish::PublishAck, jetstream::context::PublishError>;
+
+/// Publishes a batch member other than the last (no answer: only the commit is acknowledged).
+async fn send_member(
+    plain: &JetStreamPublisher,
+    msg: &OutboundMessage,
+    id: &str,
+    sequence: usize,
+) -> Result<(), PublishError> {
+    let headers = batch_headers(plain, msg, id, sequence, false);
+    plain
+        .client()
+        .publish_with_headers(msg.subject.clone(), headers, msg.payload.clone())
+        .await
+        .map_err(|e| unknown(&format!("cannot publish to NATS: {e}")))
+}
+
+/// Publishes a batch's last message with the commit header; the future sees its ack.
+async fn send_commit(
+    plain: &JetStreamPublisher,
+    last: &OutboundMessage,
+    id: &str,
+    count: usize,
+) -> Result<jetstream::context::PublishAckFuture, jetstream::context::PublishError> {
+    let headers = batch_headers(plain, last, id, count, true);
+    let publish = PublishMessage::build()
+        .headers(headers)
+        .payload(last.payload.clone());
+    plain
+        .context()
+        .send_publish(last.subject.clone(), publish)
+        .await
 }
 
 /// The headers of `msg` as the publisher sends it, plus the batch's.
@@ -233,79 +352,193 @@ fn batch_headers(
     headers
 }
 
-/// Hands each member of a batch its outcome from the commit's ack.
-async fn settle(
+/// A batch whose commit was sent (or could not be), waiting for its outcome.
+struct Settling {
     plain: JetStreamPublisher,
     disabled: Arc<AtomicBool>,
+    ids: Arc<BatchIds>,
+    commit_lsn: Lsn,
+    part: u32,
+    /// The id it was last published under.
     id: String,
     members: Vec<(Arc<OutboundMessage>, Reply)>,
-    outcome: Result<jetstream::publish::PublishAck, jetstream::context::PublishError>,
-) {
-    let count = members.len() as u64;
-    match outcome {
-        Ok(ack) if ack.batch_id.as_deref() == Some(id.as_str()) => {
-            let stored = ack.batch_size.unwrap_or(count);
-            let first = ack.sequence.saturating_sub(stored.saturating_sub(1));
-            for (i, (_, reply)) in members.into_iter().enumerate() {
-                let _ = reply.send(Ok(PubReceipt {
-                    stream_seq: first + i as u64,
-                    duplicate: false,
-                }));
+}
+
+/// What a commit's outcome means for the batch.
+#[derive(Debug)]
+enum Verdict {
+    /// Committed: every member is stored, in consecutive sequences ending at the ack's.
+    Committed(jetstream::publish::PublishAck),
+    /// A server that ignores batch headers stored each message as it came.
+    StoredOneByOne(jetstream::publish::PublishAck),
+    /// Refused whole because the stream has one of its ids: stored before.
+    StoredBefore,
+    /// The stream or server takes no batches (10174, 10177).
+    NoBatches,
+    /// Not committed, or the outcome is unknown: publish it again as a new batch.
+    Again(PublishError),
+    /// Refused for good; nothing of it is stored.
+    Refused(PublishError),
+}
+
+/// What the outcome of the commit of batch `id` means.
+fn judge(id: &str, outcome: CommitAck, since: Instant) -> Verdict {
+    let error = match outcome {
+        Ok(ack) if ack.batch_id.as_deref() == Some(id) => return Verdict::Committed(ack),
+        Ok(ack) => return Verdict::StoredOneByOne(ack),
+        Err(error) => error,
+    };
+    let code = error
+        .source()
+        .and_then(|s| s.downcast_ref::<jetstream::Error>())
+        .map(|e| e.error_code().0);
+    let refused = |fix: &str| {
+        Verdict::Refused(PublishError::new(
+            PublishErrorKind::Rejected,
+            format!("JetStream refused atomic batch {id} ({error}): {fix}"),
+        ))
+    };
+    match code {
+        Some(BATCH_DUPLICATE) => Verdict::StoredBefore,
+        Some(BATCH_DISABLED | BATCH_UNSUPPORTED_HEADER) => Verdict::NoBatches,
+        Some(BATCH_INCOMPLETE | BATCH_MISSING_SEQUENCE | BATCH_TOO_MANY_OPEN) => {
+            Verdict::Again(crate::publisher::classify(error))
+        }
+        Some(BATCH_TOO_LARGE) => refused(
+            "the server's jetstream max_batch_size is below the relay's batch size, min(1000, [relay] max_in_flight); set max_in_flight at or below the server's max_batch_size",
+        ),
+        Some(BATCH_INVALID_ID | BATCH_INVALID_COMMIT) => refused(
+            "the server does not take this relay's batch headers; set [nats] publish_mode = \"per-message\" and report the server version",
+        ),
+        _ => {
+            let error = crate::publisher::classify(error);
+            match error.kind {
+                PublishErrorKind::Unknown => Verdict::Again(error),
+                PublishErrorKind::NoStream if since.elapsed() < NO_STREAM_GRACE => {
+                    Verdict::Again(error)
+                }
+                _ => Verdict::Refused(error),
             }
         }
-        Ok(ack) => {
-            // The server stored each message as it came (it ignores the batch headers): the
-            // last one is acknowledged, the others' outcomes are unknown.
-            if !disabled.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    batch = %id,
-                    "a NATS server acknowledged an atomic batch without its id: it ignores batch headers (before 2.12); publishing each message on its own from now on"
-                );
+    }
+}
+
+impl Settling {
+    /// Hands each member its outcome from the commit's ack, publishing the batch again whole
+    /// while it is not committed.
+    async fn settle(self, outcome: CommitAck) {
+        let since = Instant::now();
+        match judge(&self.id, outcome, since) {
+            Verdict::Again(error) => self.republish_whole(error).await,
+            verdict => self.conclude(verdict).await,
+        }
+    }
+
+    /// Publishes the batch again under a new id, with backoff, until its outcome is known.
+    async fn republish_whole(mut self, mut error: PublishError) {
+        let since = Instant::now();
+        let mut delay = REPUBLISH_FIRST_DELAY;
+        loop {
+            if self.members.iter().all(|(_, reply)| reply.is_closed()) {
+                // The session that waited for it ended; its transaction is read again.
+                return;
             }
-            let last = members.len().saturating_sub(1);
-            for (i, (_, reply)) in members.into_iter().enumerate() {
-                let outcome = if i == last {
-                    Ok(PubReceipt {
-                        stream_seq: ack.sequence,
-                        duplicate: ack.duplicate,
-                    })
+            tracing::warn!(
+                batch = %self.id,
+                error = %error,
+                retry_in = ?delay,
+                "atomic batch not committed or its outcome unknown; publishing the whole transaction again as a new batch"
+            );
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(REPUBLISH_MAX_DELAY);
+            self.id = self.ids.mint(self.commit_lsn, self.part);
+            let outcome = self.publish_whole().await;
+            match judge(&self.id, outcome, since) {
+                Verdict::Again(again) => error = again,
+                verdict => return self.conclude(verdict).await,
+            }
+        }
+    }
+
+    /// Sends every member under the current id, the last with the commit header.
+    async fn publish_whole(&self) -> CommitAck {
+        let count = self.members.len();
+        for (i, (msg, _)) in self.members.iter().enumerate().take(count - 1) {
+            if let Err(e) = send_member(&self.plain, msg, &self.id, i + 1).await {
+                return Err(jetstream::context::PublishError::with_source(
+                    jetstream::context::PublishErrorKind::BrokenPipe,
+                    e,
+                ));
+            }
+        }
+        let (last, _) = &self.members[count - 1];
+        send_commit(&self.plain, last, &self.id, count).await?.await
+    }
+
+    async fn conclude(self, verdict: Verdict) {
+        let Self {
+            plain,
+            disabled,
+            id,
+            members,
+            ..
+        } = self;
+        match verdict {
+            Verdict::Committed(ack) => {
+                let stored = ack.batch_size.unwrap_or(members.len() as u64);
+                let first = ack.sequence.saturating_sub(stored.saturating_sub(1));
+                for (i, (_, reply)) in members.into_iter().enumerate() {
+                    let _ = reply.send(Ok(PubReceipt {
+                        stream_seq: first + i as u64,
+                        duplicate: false,
+                    }));
+                }
+            }
+            Verdict::StoredOneByOne(ack) => {
+                // The last one is acknowledged, the others' outcomes are unknown.
+                if !disabled.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        batch = %id,
+                        "a NATS server acknowledged an atomic batch without its id: it ignores batch headers (before 2.12); publishing each message on its own from now on"
+                    );
+                }
+                let last = members.len().saturating_sub(1);
+                for (i, (_, reply)) in members.into_iter().enumerate() {
+                    let outcome = if i == last {
+                        Ok(PubReceipt {
+                            stream_seq: ack.sequence,
+                            duplicate: ack.duplicate,
+                        })
+                    } else {
+                        Err(unknown(
+                            "the server stored the batch's messages one by one: re-sending it alone",
+                        ))
+                    };
+                    let _ = reply.send(outcome);
+                }
+            }
+            Verdict::StoredBefore | Verdict::NoBatches => {
+                if matches!(verdict, Verdict::NoBatches) && !disabled.swap(true, Ordering::Relaxed)
+                {
+                    tracing::warn!(batch = %id, "JetStream refuses atomic batches here; publishing each message on its own from now on");
                 } else {
-                    Err(unknown(
-                        "the server stored the batch's messages one by one: re-sending it alone",
-                    ))
-                };
-                let _ = reply.send(outcome);
+                    tracing::debug!(batch = %id, "batch refused whole, its ids stored before; publishing its messages one by one");
+                }
+                // Nothing of this batch was stored: each message on its own, in order, where
+                // the stream's deduplication answers for those it already holds (all of them
+                // after 10201: the batch that stored them was atomic too).
+                for (msg, reply) in members {
+                    let outcome = match plain.send(&msg).await {
+                        Ok(ack) => ack.await,
+                        Err(e) => Err(e),
+                    };
+                    let _ = reply.send(outcome);
+                }
             }
-        }
-        Err(error) => {
-            let code = error
-                .source()
-                .and_then(|s| s.downcast_ref::<jetstream::Error>())
-                .map(|e| e.error_code());
-            let refused_whole = [BATCH_DUPLICATE, BATCH_DISABLED, BATCH_UNSUPPORTED_HEADER]
-                .map(ErrorCode)
-                .into_iter()
-                .any(|c| Some(c) == code);
-            if !refused_whole {
-                let error = crate::publisher::classify(error);
+            Verdict::Refused(error) | Verdict::Again(error) => {
                 for (_, reply) in members {
                     let _ = reply.send(Err(error.clone()));
                 }
-                return;
-            }
-            if code != Some(ErrorCode(BATCH_DUPLICATE)) && !disabled.swap(true, Ordering::Relaxed) {
-                tracing::warn!(batch = %id, error = %error, "JetStream refuses atomic batches here; publishing each message on its own from now on");
-            } else {
-                tracing::debug!(batch = %id, error = %error, "batch refused whole; publishing its messages one by one");
-            }
-            // Nothing of the batch was stored: each message on its own, in order, where the
-            // stream's deduplication answers for those it already holds.
-            for (msg, reply) in members {
-                let outcome = match plain.send(&msg).await {
-                    Ok(ack) => ack.await,
-                    Err(e) => Err(e),
-                };
-                let _ = reply.send(outcome);
             }
         }
     }
@@ -319,7 +552,36 @@ pub(crate) fn supports_atomic_batches(version: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::supports_atomic_batches;
+    use relay_core::Lsn;
+
+    use super::{BatchIds, supports_atomic_batches};
+
+    /// An id never repeats in a process, differs between two processes' minters (a restarted
+    /// or standby relay), names its transaction and part, and fits the server's 64 characters.
+    #[test]
+    fn batch_ids_never_repeat_and_fit_the_server() {
+        let (dead, restarted) = (BatchIds::new(), BatchIds::new());
+        assert_ne!(dead.run, restarted.run);
+        let lsn = Lsn(0x1_0000_2000);
+        let first = dead.mint(lsn, 0);
+        assert!(first.starts_with("1-2000-0-"), "{first}");
+        assert_ne!(
+            dead.mint(lsn, 0),
+            first,
+            "the same transaction again: a new id"
+        );
+        assert_ne!(restarted.mint(lsn, 0), first);
+        let longest = BatchIds {
+            run: 0xFFFF_FFFF_FFFF,
+            next: u64::MAX.into(),
+        }
+        .mint(Lsn(u64::MAX), u32::MAX);
+        assert!(
+            longest.len() <= 64,
+            "{longest}: {} characters",
+            longest.len()
+        );
+    }
 
     #[test]
     fn nats_msg_id_in_batches_needs_2_12_1() {
