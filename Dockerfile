@@ -1,5 +1,7 @@
-# Build: docker build -t outbox-relay .
+# Build: docker build --build-arg OUTBOX_RELAY_COMMIT=$(git rev-parse --short=12 HEAD) -t outbox-relay .
+# (.git is not copied in: the commit `outbox-relay --version` prints comes from the argument.)
 FROM rust:1-bookworm AS build
+ARG OUTBOX_RELAY_COMMIT=unknown
 WORKDIR /src
 COPY . .
 RUN cargo build --release --locked -p outbox-relay

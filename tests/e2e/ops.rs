@@ -451,3 +451,32 @@ async fn config_print_redacts_secrets_and_names_sources() -> Result<()> {
     assert!(line("outbox.0.table").contains("public.outbox"));
     Ok(())
 }
+
+/// `--version` names the version and the commit the binary was built from, which matches the
+/// checkout's HEAD when built from one.
+#[test]
+fn version_names_the_commit_it_was_built_from() -> Result<()> {
+    let out = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .arg("--version")
+        .output()?;
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout)?;
+    let expected = format!("outbox-relay {} (commit ", env!("CARGO_PKG_VERSION"));
+    assert!(text.starts_with(&expected), "{text}");
+    let commit = text[expected.len()..].trim_end().trim_end_matches(')');
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()?;
+    if head.status.success() {
+        let head = String::from_utf8(head.stdout)?;
+        assert_eq!(
+            commit.trim_end_matches("-dirty"),
+            head.trim(),
+            "built from this checkout"
+        );
+    } else {
+        assert_eq!(commit, "unknown", "no git: {text}");
+    }
+    Ok(())
+}

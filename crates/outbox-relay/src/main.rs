@@ -31,7 +31,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// JetStream. The replication slot is advanced only after JetStream acknowledged every event
 /// before the new position: restarts may re-send (deduplicated by Nats-Msg-Id), never skip.
 #[derive(Debug, Parser)]
-#[command(version, propagate_version = true)]
+#[command(version = telemetry::LONG_VERSION, propagate_version = true)]
 struct Cli {
     /// TOML configuration file. Every key can be overridden by an environment variable
     /// RELAY_<SECTION>__<KEY>, e.g. RELAY_POSTGRES__URL, RELAY_POSTGRES__PASSWORD,

@@ -111,6 +111,18 @@ pub const WAL_RATE_WINDOW: Duration = Duration::from_secs(300);
 /// The relay's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
+/// The commit the relay was built from (`build.rs`): 12 hex digits, `-dirty` with uncommitted
+/// changes, or `unknown`.
+pub const COMMIT: &str = env!("OUTBOX_RELAY_COMMIT");
+
+/// What `--version` prints after the name: the version and the commit.
+pub const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("OUTBOX_RELAY_COMMIT"),
+    ")"
+);
+
 /// The stream as last sampled.
 #[derive(Debug, Clone, Default)]
 pub struct StreamSample {
@@ -315,6 +327,7 @@ impl Telemetry {
         let stream = lock(&self.stream_sample).clone();
         json!({
             "version": VERSION,
+            "commit": COMMIT,
             "uptime_seconds": self.started.elapsed().as_secs(),
             "ready": ready,
             "reasons": reasons,

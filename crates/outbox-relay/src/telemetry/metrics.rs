@@ -54,7 +54,7 @@ impl Collector for MetricsCollector {
         let s = &t.stats;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         enc.encode_descriptor(BUILD, "Build information", None, MetricType::Info)?
-            .encode_info(&[("version", VERSION)])?;
+            .encode_info(&[("version", VERSION), ("commit", COMMIT)])?;
         counter(
             &mut enc,
             EVENTS_RECEIVED,
