@@ -2,8 +2,9 @@
 //! `HPUB` frames whose shared header lines are serialised once per transaction, one `SUB` for
 //! every PubAck, PubAcks matched by number and parsed into a plain struct, and one deadline
 //! sweep instead of a timer per message (docs/benchmarks.md, "What would move it").
-//! Everything else (stream management, direct gets, the duplicate check, batches) stays on
-//! async-nats.
+//! It carries per-message publishes, fast batches and what they do not take; atomic batches
+//! and management (stream checks, direct gets, the duplicate check) use async-nats. Where each
+//! message goes in each mode: `docs/design.md`, "Where each message goes".
 //!
 //! - [`proto`]: framing and parsing, no IO.
 //! - [`connect`]: servers, credentials and TLS from [`crate::NatsSettings`]; the handshake.
