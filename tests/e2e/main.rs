@@ -14,6 +14,7 @@ mod delivery;
 mod deploy;
 mod drift;
 mod durable_checkpoint;
+mod emit_functions;
 mod failover;
 mod fast_batch;
 mod faults;

@@ -349,6 +349,20 @@ pub async fn wal_insert_position(
 }
 
 /// The connected database's name.
+/// Whether both helpers of the table-free outbox exist: `outbox_relay.emit_event` and
+/// `outbox_relay.emit_envelope` (`migrations/0005_emit_outbox_message.sql`).
+pub async fn emit_functions_present(client: &Client) -> Result<bool, tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            "SELECT count(DISTINCT p.proname) = 2 FROM pg_catalog.pg_proc p \
+             JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace \
+             WHERE n.nspname = 'outbox_relay' AND p.proname IN ('emit_event', 'emit_envelope')",
+            &[],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
 pub async fn current_database(client: &Client) -> Result<String, tokio_postgres::Error> {
     Ok(client
         .query_one("SELECT current_database()::text", &[])

@@ -11,6 +11,7 @@ pub mod bootstrap;
 pub mod catalog;
 pub mod checkpoint;
 pub mod cleanup;
+pub mod emit_functions;
 pub mod probe;
 pub mod publication_order;
 mod settings;

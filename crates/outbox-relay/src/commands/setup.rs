@@ -1,7 +1,9 @@
 //! `outbox-relay setup`: creates what is missing, idempotently: the checkpoint table
-//! (`migrations/0002_relay_checkpoint.sql`), the publication, the slot (publication first, and
-//! never a slot while a checkpoint for it exists), and with `--create-stream` the stream. The
-//! outbox tables themselves belong to the application's migrations.
+//! (`migrations/0002_relay_checkpoint.sql`), with `[[messages]]` the SQL helpers
+//! `outbox_relay.emit_event`/`emit_envelope` (`migrations/0005_emit_outbox_message.sql`), the
+//! publication, the slot (publication first, and never a slot while a checkpoint for it
+//! exists), and with `--create-stream` the stream. The outbox tables themselves belong to the
+//! application's migrations.
 
 use relay_core::stage::CheckpointStore as _;
 use relay_postgres::bootstrap;
@@ -19,6 +21,9 @@ pub async fn setup(config: &RelayConfig, create_stream: bool) -> Result<(), Exit
         .await
         .map_err(|e| Exit::new(ExitKind::Config, e))?;
     println!("ok       checkpoint table outbox_relay.checkpoint");
+    if !config.messages.is_empty() {
+        setup_emit_functions(store.client()).await?;
+    }
     let checkpoint = store
         .load()
         .await
@@ -71,6 +76,31 @@ pub async fn setup(config: &RelayConfig, create_stream: bool) -> Result<(), Exit
         println!("ok       checkpoint {c} for slot {}", pg.slot);
     }
     setup_stream(config, create_stream).await
+}
+
+/// Installs the `[[messages]]` SQL helpers unless they are there.
+async fn setup_emit_functions(client: &tokio_postgres::Client) -> Result<(), Exit> {
+    use relay_postgres::emit_functions::{self, EmitFunctions};
+    let what = "functions outbox_relay.emit_event, outbox_relay.emit_envelope";
+    match emit_functions::ensure(client).await {
+        Ok(EmitFunctions::Present) => println!("ok       {what}"),
+        Ok(EmitFunctions::Created) => println!("created  {what}"),
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) => {
+            return Err(Exit::new(
+                ExitKind::Config,
+                anyhow::Error::new(e).context(format!(
+                    "[[messages]] is configured, and the relay's role may not create the {what}: apply migrations/0005_emit_outbox_message.sql as the schema's owner, or run `outbox-relay setup` as one"
+                )),
+            ));
+        }
+        Err(e) => {
+            return Err(Exit::new(
+                ExitKind::Unavailable,
+                anyhow::Error::new(e).context(format!("creating the {what}")),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The stream part of setup.

@@ -313,6 +313,25 @@ async fn catalog_checks(
         ),
     }
 
+    // The table-free outbox's SQL helpers: applications may call pg_logical_emit_message
+    // themselves, so missing helpers are a warning.
+    if !config.messages.is_empty() {
+        let check = "emit functions";
+        if catalog::emit_functions_present(client).await? {
+            r.pass(
+                check,
+                "outbox_relay.emit_event and outbox_relay.emit_envelope exist",
+            );
+        } else {
+            r.hinted(
+                Verdict::Warn,
+                check,
+                "[[messages]] is configured, but outbox_relay.emit_event / outbox_relay.emit_envelope do not exist: applications must call pg_logical_emit_message themselves",
+                "run `outbox-relay setup` (it installs them), or apply migrations/0005_emit_outbox_message.sql",
+            );
+        }
+    }
+
     // Outbox tables.
     let tables = config.tables();
     for (schema, table) in &tables {
