@@ -10,6 +10,8 @@ mod exit;
 mod http;
 mod inspect;
 mod otlp;
+#[cfg(test)]
+mod reference_drift;
 mod run;
 mod signals;
 mod tail;
