@@ -186,9 +186,22 @@ async fn a_non_transactional_message_is_refused_by_default_and_delivered_when_al
             &format!("at LSN {}", lsn_text(lsn)),
             "non-transactional",
             "allow_non_transactional",
+            "Every restart stops at this same message",
+            "dead_letter_subject",
         ],
     )
     .await?;
+    // The cause and the fixes lead, not "fix the mapping".
+    let first_error = log
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or_default();
+    assert!(
+        first_error.contains("non-transactional logical message")
+            && first_error.contains("allow_non_transactional"),
+        "{log}"
+    );
+    assert!(!log.contains("fix the mapping"), "{log}");
     let checkpoint = env.checkpoint().await?.context("checkpoint")?;
     let slot = env.slot_confirmed().await?.context("slot")?;
     println!(

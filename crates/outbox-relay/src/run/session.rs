@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use relay_core::Lsn;
 use relay_core::pipeline::{Pipeline, PipelineError};
-use relay_core::route::Router;
+use relay_core::route::{RouteError, Router};
 use relay_core::stage::{BoundaryError, CheckpointStore, ErrorClass};
 use relay_core::trail::{ReplayRetention, SlotTrail};
 use relay_postgres::PgError;
@@ -374,6 +374,21 @@ impl Supervisor<'_> {
             Err(PipelineError::Source(e)) => Err(boundary(e, None)),
             Err(PipelineError::Store { error, lsn }) => {
                 Err(boundary(error, Some(format!("storing checkpoint {lsn}"))))
+            }
+            Err(PipelineError::Route {
+                error: RouteError::NonTransactional { prefix, lsn },
+                ..
+            }) => {
+                // The cause and the fixes first: the mapping is not what is wrong.
+                source.stop(stop_wait).await;
+                Err(Exit::new(
+                    ExitKind::DataSafety,
+                    anyhow::anyhow!(
+                        "stopped at a non-transactional logical message (pg_logical_emit_message(false, …)) with prefix `{prefix}` at LSN {lsn}: PostgreSQL delivers such a message even when its transaction rolled back, so the relay does not publish it unless told to. Every restart stops at this same message until one of these is done: set allow_non_transactional = true on [[messages]] prefix \"{prefix}\" (publish it, rolled back or not), or set [relay] dead_letter_subject (park it there); and emit such messages transactionally from now on (pg_logical_emit_message(true, …) or outbox_relay.emit_event). Confirmed position stays at {}",
+                        confirmed()
+                    ),
+                )
+                .into())
             }
             Err(e @ (PipelineError::Route { .. } | PipelineError::Publish { .. })) => {
                 source.stop(stop_wait).await;

@@ -189,9 +189,22 @@ pub enum RouteError {
         /// The size and the limit it breaks.
         reason: String,
     },
+    /// A non-transactional logical message (`pg_logical_emit_message(false, …)`) of a
+    /// configured prefix without `allow_non_transactional`: PostgreSQL delivers it even when
+    /// the transaction that emitted it rolls back.
+    #[error(
+        "non-transactional logical message (pg_logical_emit_message(false, …)) with prefix `{}` at LSN {lsn}: PostgreSQL delivers it even when its transaction rolls back, so it is not published unless allow_non_transactional = true is set on [[messages]] prefix \"{}\"",
+        .prefix.escape_debug(),
+        .prefix.escape_debug()
+    )]
+    NonTransactional {
+        /// The `pg_logical_emit_message` prefix.
+        prefix: String,
+        /// The message's own LSN.
+        lsn: Lsn,
+    },
     /// A logical decoding message of a configured prefix that cannot be published: a bad
-    /// envelope, a subject outside its filters, too large, or non-transactional without
-    /// `allow_non_transactional`.
+    /// envelope, a subject outside its filters, or too large.
     #[error("logical message with prefix `{}` at LSN {lsn}: {problem}", .prefix.escape_debug())]
     Message {
         /// The `pg_logical_emit_message` prefix.

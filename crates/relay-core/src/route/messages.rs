@@ -268,10 +268,10 @@ impl Router {
             problem,
         };
         if !message.transactional && !route.config.allow_non_transactional {
-            return Err(refuse(format!(
-                "non-transactional message (pg_logical_emit_message(false, …)): PostgreSQL delivers it even when its transaction rolls back. Emit it with transactional = true, or set allow_non_transactional = true on [[messages]] prefix \"{}\"",
-                message.prefix
-            )));
+            return Err(RouteError::NonTransactional {
+                prefix: message.prefix.clone(),
+                lsn: message.lsn,
+            });
         }
         let msg = route.build(message, tx, tx_index).map_err(refuse)?;
         match limits.check(&msg) {
