@@ -13,9 +13,11 @@ use relay_postgres::PostgresSettings;
 use serde::{Deserialize, Serialize};
 
 mod cleanup;
+pub mod presets;
 pub mod replay_retention;
 
 pub use cleanup::{CleanupMode, CleanupSettings};
+pub use presets::AppliedPreset;
 
 /// Prefix of environment overrides; `__` separates section and key.
 pub const ENV_PREFIX: &str = "RELAY_";
@@ -86,6 +88,8 @@ pub struct OutboxTables {
     tables: Vec<OutboxTableConfig>,
     cleanup: Vec<Option<CleanupSettings>>,
     backfill: Vec<BackfillSetting>,
+    /// `preset = "…"` of each entry, and the keys it filled in.
+    presets: Vec<Option<AppliedPreset>>,
 }
 
 /// `[[outbox]] backfill`: whether the rows a table already holds when the relay creates its
@@ -106,10 +110,12 @@ impl From<Vec<OutboxTableConfig>> for OutboxTables {
     fn from(tables: Vec<OutboxTableConfig>) -> Self {
         let cleanup = vec![None; tables.len()];
         let backfill = vec![BackfillSetting::Off; tables.len()];
+        let presets = vec![None; tables.len()];
         Self {
             tables,
             cleanup,
             backfill,
+            presets,
         }
     }
 }
@@ -140,6 +146,17 @@ impl OutboxTables {
             .map(|(t, _)| t)
     }
 
+    /// The preset that set key `key` (as `config print` names it below the entry: `subject`,
+    /// `headers.Foo`, `cleanup.status_column`) of entry `index`, if one did.
+    pub fn preset_of(&self, index: usize, key: &str) -> Option<&str> {
+        let preset = self.presets.get(index)?.as_ref()?;
+        preset
+            .keys
+            .iter()
+            .any(|k| k == key)
+            .then_some(preset.name.as_str())
+    }
+
     /// The `[outbox.cleanup]` of `table` (`schema.table`), if any.
     pub fn cleanup_of(&self, schema: &str, table: &str) -> Option<&CleanupSettings> {
         self.cleanup()
@@ -155,10 +172,17 @@ impl Serialize for OutboxTables {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::{Error as _, SerializeSeq as _};
         let mut seq = serializer.serialize_seq(Some(self.tables.len()))?;
-        for ((table, cleanup), backfill) in
-            self.tables.iter().zip(&self.cleanup).zip(&self.backfill)
+        for (((table, cleanup), backfill), preset) in self
+            .tables
+            .iter()
+            .zip(&self.cleanup)
+            .zip(&self.backfill)
+            .zip(&self.presets)
         {
             let mut entry = serde_json::to_value(table).map_err(S::Error::custom)?;
+            if let (Some(preset), Some(map)) = (preset, entry.as_object_mut()) {
+                map.insert("preset".into(), preset.name.clone().into());
+            }
             if let (BackfillSetting::OnCreate, Some(map)) = (backfill, entry.as_object_mut()) {
                 map.insert(
                     "backfill".into(),
@@ -183,6 +207,26 @@ impl<'de> Deserialize<'de> for OutboxTables {
         let entries = Vec::<serde_json::Map<String, serde_json::Value>>::deserialize(deserializer)?;
         let mut out = Self::default();
         for mut entry in entries {
+            let preset = match entry.remove("preset") {
+                None => None,
+                Some(serde_json::Value::String(name)) => {
+                    Some(presets::apply(&name, &mut entry).map_err(|e| {
+                        D::Error::custom(format!(
+                            "[[outbox]] {}: {e}",
+                            entry.get("table").and_then(|t| t.as_str()).map_or_else(
+                                || format!("preset `{name}`"),
+                                |t| format!("table `{t}`")
+                            )
+                        ))
+                    })?)
+                }
+                Some(other) => {
+                    return Err(D::Error::custom(format!(
+                        "[[outbox]] preset = {other}: a preset is a name, one of {}",
+                        presets::names().collect::<Vec<_>>().join(", ")
+                    )));
+                }
+            };
             let table = entry
                 .get("table")
                 .and_then(|t| t.as_str())
@@ -210,6 +254,7 @@ impl<'de> Deserialize<'de> for OutboxTables {
             out.tables.push(mapping);
             out.cleanup.push(cleanup);
             out.backfill.push(backfill);
+            out.presets.push(preset);
         }
         Ok(out)
     }

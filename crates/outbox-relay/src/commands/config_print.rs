@@ -1,5 +1,6 @@
 //! `outbox-relay config print`: the merged configuration, secrets redacted, each value with
-//! where it came from: the file, an environment variable, or the default.
+//! where it came from: the file, an environment variable, an `[[outbox]]` preset, or the
+//! default.
 
 use std::path::Path;
 
@@ -15,7 +16,8 @@ pub fn print(config: &RelayConfig, figment: &Figment) -> anyhow::Result<()> {
     let mut lines = Vec::new();
     flatten("", &value, &mut lines);
     for (key, value) in lines {
-        println!("{key} = {value}  # {}", source_of(figment, &key));
+        let source = preset_of(config, &key).unwrap_or_else(|| source_of(figment, &key));
+        println!("{key} = {value}  # {source}");
     }
     Ok(())
 }
@@ -39,6 +41,14 @@ fn flatten(prefix: &str, value: &Value, out: &mut Vec<(String, String)>) {
         }
         other => out.push((prefix.to_owned(), other.to_string())),
     }
+}
+
+/// `preset <name>` when an `[[outbox]]` preset set `key` (`outbox.<i>.<key below the entry>`).
+fn preset_of(config: &RelayConfig, key: &str) -> Option<String> {
+    let rest = key.strip_prefix("outbox.")?;
+    let (index, below) = rest.split_once('.')?;
+    let name = config.outbox.preset_of(index.parse().ok()?, below)?;
+    Some(format!("preset {name}"))
 }
 
 /// Where `key` came from. Array elements (`outbox.0.table`) are attributed to their array.

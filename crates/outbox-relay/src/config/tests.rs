@@ -419,3 +419,87 @@ fn fast_batch_needs_a_window_of_two() {
     c.relay.max_in_flight = 1;
     c.validate().unwrap();
 }
+
+#[test]
+#[allow(clippy::result_large_err)] // figment's Jail API
+fn presets_fill_what_the_entry_leaves_out() {
+    figment::Jail::expect_with(|jail| {
+        jail.create_file(
+            "relay.toml",
+            r#"
+            [[outbox]]
+            preset = "debezium"
+            subject = "events.{type}"
+            [outbox.headers]
+            X-Tenant = "aggregateid"
+            Outbox-Event-Type = "type?"
+
+            [[outbox]]
+            preset = "debezium"
+            table = "shop.outboxevent"
+            [outbox.cleanup]
+            mode = "delete"
+            "#,
+        )?;
+        let c = RelayConfig::load(Some(Path::new("relay.toml"))).expect("loads");
+        let (first, second) = (&c.outbox[0], &c.outbox[1]);
+        // The entry's own keys win; the rest is the preset's.
+        assert_eq!(first.subject, "events.{type}");
+        assert_eq!(first.table, "public.outboxevent");
+        assert_eq!(first.headers["X-Tenant"], "aggregateid");
+        assert_eq!(first.headers["Outbox-Event-Type"], "type?");
+        assert_eq!(first.headers["Outbox-Aggregate-Id"], "aggregateid");
+        assert_eq!(c.outbox.preset_of(0, "table"), Some("debezium"));
+        assert_eq!(c.outbox.preset_of(0, "subject"), None);
+        assert_eq!(c.outbox.preset_of(0, "headers.X-Tenant"), None);
+        assert_eq!(
+            c.outbox.preset_of(0, "headers.Outbox-Aggregate-Id"),
+            Some("debezium")
+        );
+        // Cleanup defaults only where the entry turned cleanup on.
+        assert!(c.outbox.cleanup_of("public", "outboxevent").is_none());
+        assert_eq!(second.table, "shop.outboxevent");
+        let cleanup = c.outbox.cleanup().next().expect("cleanup").1;
+        assert_eq!(cleanup.age_column, "timestamp");
+        assert_eq!(
+            c.outbox.preset_of(1, "cleanup.age_column"),
+            Some("debezium")
+        );
+        // What config print shows: the preset by name.
+        let printed = serde_json::to_value(&c.outbox).expect("serializes");
+        assert_eq!(printed[0]["preset"], "debezium");
+        Ok(())
+    });
+}
+
+#[test]
+#[allow(clippy::result_large_err)] // figment's Jail API
+fn a_preset_says_which_keys_it_needs_and_unknown_ones_are_named() {
+    figment::Jail::expect_with(|jail| {
+        jail.create_file("needs.toml", "[[outbox]]\npreset = \"watermill\"\n")?;
+        let error = chain(RelayConfig::load(Some(Path::new("needs.toml"))).expect_err("needs"));
+        assert!(
+            error.contains("preset `watermill` needs `subject`")
+                && error.contains("`table` (Watermill keeps one table per topic"),
+            "{error}"
+        );
+        jail.create_file("unknown.toml", "[[outbox]]\npreset = \"axon\"\n")?;
+        let error = chain(RelayConfig::load(Some(Path::new("unknown.toml"))).expect_err("unknown"));
+        assert!(
+            error.contains("unknown preset `axon`") && error.contains("cap, debezium"),
+            "{error}"
+        );
+        Ok(())
+    });
+}
+
+/// An error and its causes, as the relay prints them.
+fn chain(error: ConfigError) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(&error);
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
+}
