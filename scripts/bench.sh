@@ -4,7 +4,7 @@
 # (wal_level=logical) and nats-server (-js, file storage) on free ports and prints one table:
 # decode limit (pg_recvlogical), broker limit (raw JetStream), relay catch-up, polling relay,
 # latency, peak RSS and CPU, Debezium's embedded engine (optional), publish modes, the
-# emit-message outbox and sharded slots (issue 15), with the targets and PASS/FAIL.
+# emit-message outbox and sharded slots, with the targets and PASS/FAIL.
 #
 #   scripts/bench.sh                 # full run: 200,000-row backlogs, 1,000,000-row tx, backfill
 #                                    # of 1,000,000 rows, position on 10,000,000 messages, restore
@@ -12,11 +12,11 @@
 #   scripts/bench.sh --quick         # 20,000-row backlogs, no 1M-row tx, 200,000-row backfill,
 #                                    # 20,000-event restore (< 3 min on a quiet machine;
 #                                    # --backfill-rows 0 / --restore-events 0 skip them)
-#   scripts/bench.sh --soak-cleanup --no-debezium   # only cleanup, 10 min per mode (issue 14)
+#   scripts/bench.sh --soak-cleanup --no-debezium   # only the cleanup rows, 10 min per mode
 #   scripts/bench.sh --rows 50000    # any relay-bench option (see `--help`)
 #   scripts/bench.sh --rounds 3      # each catch-up backlog's limit and relay runs 3 times, one
 #                                    # after the other: medians, and the median of each round's ratio
-#   scripts/bench.sh --mode-rows 0   # without issue 15's rows: catch-up per publish mode
+#   scripts/bench.sh --mode-rows 0   # without the publish-mode rows: catch-up per publish mode
 #                                    # (--publish-modes per-message,atomic-batch,fast-batch, tx sizes
 #                                    # --mode-tx-sizes 1,100,10000, backlogs of --mode-rows
 #                                    # 100,000; 10,000 with --quick) and latency per mode at

@@ -16,14 +16,14 @@ if [ "${BACKFILL_SOAK:-0}" = 1 ]; then
   cargo test --locked -p outbox-relay --all-features --test e2e backfill_on_create::soak -- --ignored --nocapture || status=$?
 fi
 # Opt-in (CLEANUP_SOAK=1): relay-bench's cleanup rows for 10 minutes per [outbox.cleanup] mode
-# beside a 10,000 events/s load (issue 14: table size flat); CLEANUP_SOAK_ARGS adds options,
+# beside a 10,000 events/s load (the table size must stay flat); CLEANUP_SOAK_ARGS adds options,
 # e.g. "--cleanup-secs 300 --cleanup-modes off,delete".
 if [ "${CLEANUP_SOAK:-0}" = 1 ]; then
   # shellcheck disable=SC2086 # CLEANUP_SOAK_ARGS is a list of options
   scripts/bench.sh --soak-cleanup --no-debezium ${CLEANUP_SOAK_ARGS:-} || status=$?
 fi
-# Opt-in (FAULT_MODES="atomic-batch fast-batch"): the fault suite again in each publish mode (issue 15:
-# "the fault scenarios pass in every mode"), on the newer servers (atomic batches need
+# Opt-in (FAULT_MODES="atomic-batch fast-batch"): the fault suite again in each publish mode (the
+# fault scenarios must pass in every mode), on the newer servers (atomic batches need
 # nats-server >= 2.12.1); each row is named "[mode]" and the relay must log that it took the mode.
 if [ -n "${FAULT_MODES:-}" ]; then
   (

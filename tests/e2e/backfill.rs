@@ -473,7 +473,7 @@ headers = { "Outbox-Event-Type" = "kind", "Outbox-Flag" = "flag" }
 
 /// Pages walk the page key's index. With random keys (UUIDs) and no statistics yet, the planner
 /// prices a sequential scan plus a top-N sort below an index scan for `key > last ORDER BY key LIMIT n`, and that
-/// plan reads the whole table for every page: the backfill was quadratic (issue 12's benchmark:
+/// plan reads the whole table for every page: the backfill was quadratic (the backfill benchmark:
 /// 200,000 rows at 20,000 rows/s, 1,000,000 far slower). The read session must not take it.
 #[tokio::test(flavor = "multi_thread")]
 async fn pages_walk_the_key_index_not_the_whole_table() -> Result<()> {

@@ -1,4 +1,4 @@
-//! `[nats] publish_mode = "atomic-batch"` (issue 15 item 2): one PostgreSQL transaction = one
+//! `[nats] publish_mode = "atomic-batch"`: one PostgreSQL transaction = one
 //! JetStream atomic batch on nats-server 2.12.1+, split at the batch limit; a batch the stream
 //! already holds is not stored twice; older servers fall back to per-message with one warning.
 

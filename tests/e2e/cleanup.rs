@@ -1,4 +1,4 @@
-//! `[outbox.cleanup]` (issue 14): rows deleted or marked, partitions dropped, only once the
+//! `[outbox.cleanup]`: rows deleted or marked, partitions dropped, only once the
 //! stored checkpoint is past them. The oracle is the database's own record: a trigger notes every
 //! row cleanup deletes or updates (an event trigger every table it drops) with the checkpoint the
 //! statement saw, and each such row's event must be in the stream with a commit LSN before that

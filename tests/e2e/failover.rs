@@ -1,4 +1,4 @@
-//! Failover to a promoted standby (issue 13): a primary and a streaming standby, the relay on
+//! Failover to a promoted standby: a primary and a streaming standby, the relay on
 //! a multi-host `postgres.url`. The fault scenarios (kill -9 of the primary under load, with and
 //! without `synchronized_standby_slots`, and without a failover slot) are in
 //! `faults/scenarios/failover.rs`; this module has their fixture and the preflight's and

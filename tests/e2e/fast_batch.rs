@@ -1,4 +1,4 @@
-//! `[nats] publish_mode = "fast-batch"` (issue 15 item 3): JetStream fast batches (flow acks for
+//! `[nats] publish_mode = "fast-batch"`: JetStream fast batches (flow acks for
 //! many messages) on nats-server 2.14+ with a stream the relay creates with `allow_batched`;
 //! every event exactly once in commit order, the checkpoint and the slot past the last commit;
 //! a kill -9 mid-transaction loses nothing and the re-sent copies are deduplicated; older

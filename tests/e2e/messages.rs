@@ -1,4 +1,4 @@
-//! The table-free outbox (issue 15): events emitted with `pg_logical_emit_message` (through
+//! The table-free outbox: events emitted with `pg_logical_emit_message` (through
 //! `outbox_relay.emit_event`, migrations/0005) and published for a `[[messages]]` prefix.
 
 use std::collections::{HashMap, HashSet};

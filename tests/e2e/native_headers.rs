@@ -1,4 +1,4 @@
-//! Broker-native headers from outbox columns (issue 15 item 4): `ttl_column` → `Nats-TTL`
+//! Broker-native headers from outbox columns: `ttl_column` → `Nats-TTL`
 //! (nats-server 2.11+, `allow_msg_ttl`), `schedule_column` → `Nats-Schedule: @at …`
 //! (2.12+, `allow_msg_schedules`), and CloudEvents binary-mode headers. A mapping the server or
 //! the stream cannot honour is refused at start and by `validate --connect`; a bad value is a

@@ -1,4 +1,4 @@
-//! Partitioned outbox tables (issue 14): configured like any outbox table, published as the
+//! Partitioned outbox tables: configured like any outbox table, published as the
 //! root's rows (`publish_via_partition_root`, set by the relay when it creates the
 //! publication), so events carry the configured table's name whatever partition holds them;
 //! partitions created, attached, detached and dropped while the relay runs change nothing for

@@ -1,4 +1,4 @@
-//! Going back in time (issue 12): `outbox-relay position` maps a commit LSN or time to the first
+//! Going back in time: `outbox-relay position` maps a commit LSN or time to the first
 //! stream sequence to replay from, through the position map or, pruned, a search of the stream;
 //! `outbox-relay replay` points a durable consumer there. Real PostgreSQL, NATS and relay.
 

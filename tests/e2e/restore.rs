@@ -1,4 +1,4 @@
-//! Restore from WAL (issue 12, part 3): with `[relay] replay_retention` the slot's confirmed
+//! Restore from WAL: with `[relay] replay_retention` the slot's confirmed
 //! position trails the stored checkpoint, restarts still resume at the checkpoint (nothing of the
 //! window is sent again), and `outbox-relay restore --from-lsn X` publishes the window's events
 //! the stream lost (purged; deleted and re-created) once each, from a copy of the slot, never

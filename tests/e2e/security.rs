@@ -1,4 +1,4 @@
-//! Locked-down PostgreSQL connections (issue 4): TLS with verify-full, hostssl-only servers,
+//! Locked-down PostgreSQL connections: TLS with verify-full, hostssl-only servers,
 //! certificate name mismatches, wrong passwords, cleartext passwords, client-certificate login.
 //! Each case ends in the documented outcome (docs/security.md). Roles: `security_roles.rs`;
 //! NATS: `security_nats.rs`.

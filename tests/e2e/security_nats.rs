@@ -1,4 +1,4 @@
-//! Locked-down NATS connections (issue 4): TLS with a custom CA and client certificates, NKeys,
+//! Locked-down NATS connections: TLS with a custom CA and client certificates, NKeys,
 //! user/password and tokens from files, `.creds` files in operator mode, and a missing publish
 //! permission. Each case ends in the documented outcome (docs/security.md).
 

@@ -1,4 +1,4 @@
-//! The PostgreSQL role (issue 4): the least-privilege role of docs/security.md works without
+//! The PostgreSQL role: the least-privilege role of docs/security.md works without
 //! CREATE on the database, and a login refused while the relay runs stops it instead of a retry
 //! loop (docs/security.md).
 

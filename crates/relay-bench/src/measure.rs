@@ -85,7 +85,7 @@ fn busy_ticks_in_stat(stat: &str) -> Option<u64> {
     Some(user + nice + system + irq + softirq + steal)
 }
 
-/// Where the machine's CPU went during one timed run (issue 15: on 2 cores the relay, the
+/// Where the machine's CPU went during one timed run (on 2 cores the relay, the
 /// walsender and nats-server share them, so a run can be bound by the machine, not by the
 /// process under test).
 #[derive(Debug, Clone, Default)]

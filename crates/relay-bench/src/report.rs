@@ -23,7 +23,7 @@ fn rate(v: Option<f64>) -> String {
     v.map_or_else(|| "–".to_owned(), |v| format!("{v:.0}/s"))
 }
 
-/// The relay's own CPU per event the issue sets (issue 15): at most 5 µs in transactions of
+/// The relay's own CPU per event the bench holds it to: at most 5 µs in transactions of
 /// 100 rows or more, 40 µs in 1-row transactions (where per-transaction work dominates).
 fn cpu_target_us(per_tx: u64) -> f64 {
     if per_tx >= 100 { 5.0 } else { 40.0 }

@@ -1,5 +1,5 @@
 //! The measurements: servers, backlog, decode limit, broker limit, relay, polling, latency,
-//! and the commands of issues 12 and 14 (backfill, position, restore, cleanup).
+//! backfill, position, restore and cleanup.
 //!
 //! This module holds the results and drives the run; the pieces live in the submodules.
 
@@ -57,26 +57,26 @@ pub struct Results {
     pub nats_version: String,
     pub machine: String,
     pub debezium: DebeziumStatus,
-    /// `outbox-relay backfill` beside a live load (issue 12).
+    /// `outbox-relay backfill` beside a live load.
     pub backfill: Option<BackfillRun>,
-    /// `outbox-relay position` on a large stream (issue 12).
+    /// `outbox-relay position` on a large stream.
     pub position: Option<PositionRun>,
-    /// `outbox-relay restore` of a purged window against the catch-up rate (issue 12).
+    /// `outbox-relay restore` of a purged window against the catch-up rate.
     pub restore: Option<RestoreRun>,
-    /// `[outbox.cleanup]` beside a steady load, per mode (issue 14).
+    /// `[outbox.cleanup]` beside a steady load, per mode.
     pub cleanup: Vec<CleanupRun>,
     /// Cleanup modes whose run failed: `mode: error`.
     pub cleanup_failed: Vec<String>,
     /// CPU seconds the relay used from its start until it delivered its first 100 rows (the
     /// latency run's warm-up): the start-up part of each catch-up's CPU.
     pub relay_startup_cpu_secs: Option<f64>,
-    /// Issue 15: catch-up of each backlog per `[nats] publish_mode`.
+    /// Catch-up of each backlog per `[nats] publish_mode`.
     pub modes: Vec<ModeScenario>,
-    /// Issue 15: commit-to-ack latency per `[nats] publish_mode`.
+    /// Commit-to-ack latency per `[nats] publish_mode`.
     pub mode_latency: Vec<(PublishModeArg, ModeOutcome<LatencyRun>)>,
-    /// Issue 15: the emit-message outbox beside the table outbox.
+    /// The emit-message outbox beside the table outbox.
     pub messages: Vec<MessagesRun>,
-    /// Issue 15: 1, 2, 4 … sharded relays (slots) on one backlog.
+    /// 1, 2, 4 … sharded relays (slots) on one backlog.
     pub slots: Vec<SlotsRun>,
 }
 

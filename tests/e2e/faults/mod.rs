@@ -1,4 +1,4 @@
-//! The fault suite (issue 3): scenarios that crash, pause or restart the relay, PostgreSQL and
+//! The fault suite (docs/guarantees.md, "Scenarios"): scenarios that crash, pause or restart the relay, PostgreSQL and
 //! NATS under load, then let the oracle classify every committed event id.
 //!
 //! Each scenario appends one row to the report (`target/fault-suite.tsv`, or `$FAULT_REPORT`);

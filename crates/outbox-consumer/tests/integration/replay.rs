@@ -1,4 +1,4 @@
-//! Going back in time (issue 12) on the consumer side: a new durable starts at a stream
+//! Going back in time (docs/replay.md) on the consumer side: a new durable starts at a stream
 //! sequence, commit LSN or commit time; an existing one keeps its position; a re-apply runs
 //! the handler again for events the ledger recorded, replacing each ledger row in the handler's
 //! transaction, once.

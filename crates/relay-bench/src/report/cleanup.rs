@@ -1,4 +1,4 @@
-//! Rows of issue 14: `[outbox.cleanup]` beside a steady load, per mode, against the run
+//! Cleanup rows: `[outbox.cleanup]` beside a steady load, per mode, against the run
 //! without cleanup on the same kind of table.
 
 use std::fmt::Write as _;

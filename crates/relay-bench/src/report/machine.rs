@@ -1,4 +1,4 @@
-//! The machine's CPU beside each catch-up (issue 15): on 2 cores the relay, its walsender and
+//! The machine's CPU beside each catch-up: on 2 cores the relay, its walsender and
 //! nats-server share the machine, so a catch-up can be bound by the cores, not by the relay.
 
 use std::fmt::Write as _;

@@ -1,4 +1,4 @@
-//! Issue 15's rows: publish modes side by side, the emit-message outbox beside the table
+//! Publish-mode rows: publish modes side by side, the emit-message outbox beside the table
 //! outbox, and 1/2/4 sharded slots.
 
 use std::fmt::Write as _;
@@ -8,7 +8,7 @@ use crate::workload::{ModeOutcome, ModeScenario, PublishModeArg, RelayRun, Resul
 
 use super::{cpu_target_us, verdict};
 
-/// Every issue-15 row of `res`, in the order they ran.
+/// Every publish-mode, emit-message and slots row of `res`, in the order they ran.
 pub(super) fn rows(out: &mut String, res: &Results) {
     for sc in &res.modes {
         mode_rows(out, sc, res.relay_startup_cpu_secs);
@@ -116,7 +116,7 @@ fn mode_rows(out: &mut String, sc: &ModeScenario, startup_cpu: Option<f64>) {
     }
 }
 
-/// Commit-to-ack latency per mode against the bar of issue 15 (p99 <= 10 ms at 1,000/s).
+/// Commit-to-ack latency per mode against its target (p99 <= 10 ms at 1,000/s).
 fn latency_rows(out: &mut String, res: &Results) {
     let per_message_p99 = res.mode_latency.iter().find_map(|(mode, o)| match o {
         ModeOutcome::Ran { run, .. } if *mode == PublishModeArg::PerMessage => Some(run.p99_ms),
@@ -181,7 +181,7 @@ fn first_line(e: &str) -> String {
     e.lines().next().unwrap_or("").replace('|', "/")
 }
 
-/// How the issue-15 rows were measured, when any ran.
+/// How the publish-mode, emit-message and slots rows were measured, when any ran.
 pub(super) fn note(out: &mut String, res: &Results) {
     if !res.modes.is_empty() || !res.mode_latency.is_empty() {
         let _ = writeln!(

@@ -1,4 +1,4 @@
-//! Rows of issue 12: backfill beside a live load, `position` on a large stream.
+//! Going-back-in-time rows: backfill beside a live load, `position` on a large stream.
 
 use std::fmt::Write as _;
 

@@ -1,4 +1,4 @@
-//! The row of issue 12's restore: `outbox-relay restore` of a purged window against the relay's
+//! The restore row: `outbox-relay restore` of a purged window against the relay's
 //! catch-up of the same backlog.
 
 use std::fmt::Write as _;
@@ -8,7 +8,7 @@ use crate::workload::RestoreRun;
 
 use super::verdict;
 
-/// Restore's rate over the catch-up's, at least (issue 12).
+/// Restore's rate over the catch-up's, at least.
 const RATIO_TARGET: f64 = 0.9;
 
 pub(super) fn row(out: &mut String, r: &RestoreRun) {

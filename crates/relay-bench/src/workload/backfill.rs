@@ -1,4 +1,4 @@
-//! On-demand backfill beside a live load (issue 12): `outbox-relay backfill --table
+//! On-demand backfill beside a live load: `outbox-relay backfill --table
 //! public.outbox` publishes rows written before the relay's slot existed while the relay
 //! streams a steady live load. Measured: backfill rows/s against the broker limit of the same
 //! run, and the live commit-to-ack latency of the rows committed while the backfill ran.

@@ -1,4 +1,4 @@
-//! `[outbox.cleanup]` beside a steady load (issue 14): for each mode, the relay runs with that
+//! `[outbox.cleanup]` beside a steady load: for each mode, the relay runs with that
 //! cleanup (or none) while 1-row transactions arrive at `--cleanup-rate`; measured are the rate
 //! the relay delivered them at, their commit-to-ack latency (the latency rows' method), and the
 //! table's size (`pg_total_relation_size` over its partitions and the partitions cleanup

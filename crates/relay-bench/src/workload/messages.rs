@@ -1,4 +1,4 @@
-//! Issue 15's emit-message row: the same backlog written once as outbox rows and once with
+//! The emit-message row: the same backlog written once as outbox rows and once with
 //! `pg_logical_emit_message` (through `outbox_relay.emit_event`, migrations/0005) and relayed
 //! through a `[[messages]]` entry, each caught up by the relay in the same run.
 

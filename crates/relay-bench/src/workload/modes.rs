@@ -1,4 +1,4 @@
-//! Issue 15's publish-mode rows: catch-up of the same backlog per `[nats] publish_mode`, for
+//! The publish-mode rows: catch-up of the same backlog per `[nats] publish_mode`, for
 //! each transaction size, and commit-to-ack latency at a steady rate per mode.
 //!
 //! A mode the bench can run is one value of [`PublishModeArg`]: its config spelling, and the
@@ -233,7 +233,7 @@ mod tests {
     }
 
     #[test]
-    fn each_issue_15_part_is_on_by_default_and_off_with_an_empty_list() {
+    fn each_mode_emit_and_slots_part_is_on_by_default_and_off_with_an_empty_list() {
         use clap::Parser as _;
         let default = crate::Args::try_parse_from(["relay-bench"]).unwrap();
         assert_eq!(

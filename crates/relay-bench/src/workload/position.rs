@@ -1,4 +1,4 @@
-//! `outbox-relay position --lsn X | --time T` on a large stream (issue 12).
+//! `outbox-relay position --lsn X | --time T` on a large stream.
 //!
 //! The stream is filled with raw JetStream publishes shaped like the relay's messages (its
 //! headers: `Nats-Msg-Id`, `Outbox-Commit-Lsn`, `Outbox-Xid`, `Outbox-Commit-Time`,

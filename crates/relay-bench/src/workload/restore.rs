@@ -1,5 +1,5 @@
 //! `outbox-relay restore --from-lsn X` of a 200,000-event window against the catch-up rate of
-//! the same backlog (issue 12).
+//! the same backlog.
 //!
 //! The relay catches up on a backlog of 100-row transactions with `[relay] replay_retention`
 //! (its catch-up timed as in the catch-up rows), so its slot keeps the backlog's WAL behind the

@@ -1,4 +1,4 @@
-//! Issue 15's slots row: 1, 2, 4 … relays over one outbox, hash-sharded by `aggregateid`
+//! The slots row: 1, 2, 4 … relays over one outbox, hash-sharded by `aggregateid`
 //! (`[postgres] shard`, docs/scaling.md), each with its own slot and row-filtered publication,
 //! catching up one backlog together; timed from their start until every relay's checkpoint is
 //! past the last transaction. With the CPU of the relays, their walsenders and nats-server over

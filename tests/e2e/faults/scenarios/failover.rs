@@ -1,4 +1,4 @@
-//! Fault scenarios 17-19: the primary killed and a standby promoted (issue 13). The relay runs
+//! Fault scenarios 17-19: the primary killed and a standby promoted. The relay runs
 //! on a multi-host `postgres.url` (`target_session_attrs=read-write`) and finds the new primary
 //! by itself. The oracle reads the outbox table of the promoted standby: a row the old primary
 //! committed but never sent to the standby is gone with it, and its event, if published, is a

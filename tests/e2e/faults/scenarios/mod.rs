@@ -1,11 +1,11 @@
-//! Fault scenarios against the real relay, PostgreSQL and NATS. Numbers follow issue 3.
+//! Fault scenarios against the real relay, PostgreSQL and NATS. Numbers follow docs/guarantees.md's scenario table.
 //!
 //! * `crashes`: the relay killed or aborted (1-3, 14).
 //! * `outages`: NATS or PostgreSQL down, restarted or cut off (4-7).
 //! * `slots`: the replication slot: lag, standby takeover, lost or advanced slots, transaction
 //!   shapes (8-13).
 //! * `cluster`: a three-node NATS cluster (15).
-//! * `failover`: the PostgreSQL primary killed and a standby promoted (17-19, issue 13).
+//! * `failover`: the PostgreSQL primary killed and a standby promoted (17-19).
 
 mod cluster;
 mod crashes;
