@@ -166,6 +166,9 @@ fn notification_outbox_works_by_configuration_alone() {
         schedule_column: None,
         schedule_subject: None,
         cloudevents: None,
+        headers_json: None,
+        headers_json_pointer: None,
+        payload_pointer: None,
     };
     let mut router = Router::new(&[config]).unwrap();
     router
