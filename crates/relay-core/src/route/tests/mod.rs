@@ -472,6 +472,7 @@ fn a_mapped_column_type_change_is_refused_by_name() {
     assert!(v["extra"].is_null());
 }
 
+mod envelopes;
 mod native;
 mod relations;
 
