@@ -473,6 +473,7 @@ fn a_mapped_column_type_change_is_refused_by_name() {
 }
 
 mod envelopes;
+mod header_objects;
 mod native;
 mod relations;
 
