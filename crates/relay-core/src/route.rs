@@ -1,7 +1,8 @@
 //! Route: outbox row → JetStream message.
 //!
 //! A mapping ([`OutboxTableConfig`]) names the event-id column, a subject template, the payload
-//! column and the header columns of one outbox table. It is compiled against each pgoutput
+//! column and the header columns of one outbox table, and optionally a JSON header-object
+//! column and JSON Pointers into envelope columns (`json`). It is compiled against each pgoutput
 //! Relation message (sent before a table's first row in a session and again after DDL), so
 //! columns are found by name and a dropped or renamed mapped column is reported by name.
 

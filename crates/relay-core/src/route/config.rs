@@ -21,7 +21,8 @@ pub struct OutboxTableConfig {
     /// Column whose value is the event id, sent as `Nats-Msg-Id`. Default `id`.
     #[serde(default = "default_event_id")]
     pub event_id: String,
-    /// Subject template; `{column}` is replaced by the column's value under the token rule.
+    /// Subject template; `{column}` is replaced by the column's value under the token rule,
+    /// `{levels:column}` by its dot-separated levels under the levels rule (`crate::subject`).
     /// Default `outbox.{aggregatetype}.{type}`.
     #[serde(default = "default_subject")]
     pub subject: String,
