@@ -524,7 +524,8 @@ impl RelayConfig {
         let mut samples: Vec<(String, String)> = self
             .outbox
             .iter()
-            .filter_map(|o| o.validate().ok().map(|t| (o.table.clone(), t.sample("x"))))
+            .filter_map(|o| o.validate().ok().map(|t| (o, t)))
+            .flat_map(|(o, t)| t.samples("x").into_iter().map(|s| (o.table.clone(), s)))
             .collect();
         for o in self.outbox.iter() {
             if let Some(sample) = o.schedule_sample() {

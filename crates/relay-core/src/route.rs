@@ -1,7 +1,8 @@
 //! Route: outbox row → JetStream message.
 //!
 //! A mapping ([`OutboxTableConfig`]) names the event-id column, a subject template, the payload
-//! column and the header columns of one outbox table. It is compiled against each pgoutput
+//! column and the header columns of one outbox table, and optionally a JSON header-object
+//! column and JSON Pointers into envelope columns (`json`). It is compiled against each pgoutput
 //! Relation message (sent before a table's first row in a session and again after DDL), so
 //! columns are found by name and a dropped or renamed mapped column is reported by name.
 
@@ -12,11 +13,13 @@ use pgoutput::{Insert, Lsn, Oid, Relation};
 
 use crate::message::{OutboundMessage, TxContext};
 use crate::subject::{Segment, SubjectTemplate};
+use crate::value;
 
 mod build;
 mod config;
 mod dead_letter;
 mod error;
+mod json;
 mod limits;
 mod messages;
 mod native;
@@ -26,6 +29,7 @@ use config::OPTIONAL_SUFFIX;
 pub use config::{ConfigError, OutboxTableConfig, PAYLOAD_WHOLE_ROW, PayloadFormat};
 pub use dead_letter::dead_letter_collision;
 pub use error::RouteError;
+pub use json::{HeaderObjectError, JsonPointer, MemberError};
 pub use limits::{Limit, MessageLimits, Oversize, Part};
 pub use messages::{
     HEADER_MESSAGE_PREFIX, MessageConfigError, MessagePolicy, MessageRouteConfig,
@@ -40,8 +44,20 @@ enum PayloadPlan {
         index: usize,
         type_oid: u32,
         json: bool,
+        /// `payload_pointer`: the payload is this member of the column's JSON value.
+        pointer: Option<JsonPointer>,
     },
     WholeRow,
+}
+
+/// `headers_json`: a column whose JSON object's members become headers.
+#[derive(Debug, Clone)]
+struct HeaderObjectPlan {
+    index: usize,
+    /// `headers_json_pointer`: the object is this member of the column's JSON value.
+    pointer: Option<JsonPointer>,
+    /// `[outbox.cloudevents]` is on: its `ce-*` headers are the mapping's.
+    cloudevents: bool,
 }
 
 /// A mapping compiled against one Relation message.
@@ -53,6 +69,8 @@ struct CompiledRoute {
     subject: Vec<SubjectPart>,
     payload: PayloadPlan,
     headers: Vec<(Arc<str>, usize)>,
+    /// `headers_json`; `None` (the usual case) costs nothing per row.
+    header_object: Option<Box<HeaderObjectPlan>>,
     /// `ttl_column`, `schedule_column`, `[outbox.cloudevents]`; `None` (the usual case) costs
     /// nothing per row.
     native: Option<Box<native::NativePlan>>,
@@ -61,7 +79,20 @@ struct CompiledRoute {
 #[derive(Debug, Clone)]
 enum SubjectPart {
     Literal(String),
+    /// A column under the token rule.
     Column(usize),
+    /// A column under the levels rule (`{levels:column}`).
+    Levels(usize),
+}
+
+impl SubjectPart {
+    /// The column the part reads, if any.
+    fn column(&self) -> Option<usize> {
+        match self {
+            Self::Column(index) | Self::Levels(index) => Some(*index),
+            Self::Literal(_) => None,
+        }
+    }
 }
 
 /// What the router knows about one relation OID.
@@ -85,6 +116,10 @@ enum RelationRoute {
 struct TableRoute {
     config: OutboxTableConfig,
     subject: SubjectTemplate,
+    /// `payload_pointer`, parsed.
+    payload_pointer: Option<JsonPointer>,
+    /// `headers_json_pointer`, parsed.
+    headers_pointer: Option<JsonPointer>,
 }
 
 /// Turns decoded Relation and Insert messages into outbound messages.
@@ -113,6 +148,7 @@ impl Router {
         let mut tables: Vec<TableRoute> = Vec::with_capacity(configs.len());
         for config in configs {
             let subject = config.validate()?;
+            let (payload_pointer, headers_pointer) = config.pointers()?;
             if tables
                 .iter()
                 .any(|t| t.config.qualified_name() == config.qualified_name())
@@ -122,6 +158,8 @@ impl Router {
             tables.push(TableRoute {
                 config: config.clone(),
                 subject,
+                payload_pointer,
+                headers_pointer,
             });
         }
         Ok(Self {
@@ -188,6 +226,7 @@ fn compile(table: &TableRoute, relation: Arc<Relation>) -> Result<CompiledRoute,
         .map(|s| match s {
             Segment::Literal(l) => Ok(SubjectPart::Literal(l.clone())),
             Segment::Column(c) => find(c, "subject").map(SubjectPart::Column),
+            Segment::Levels(c) => find(c, "subject").map(SubjectPart::Levels),
         })
         .collect::<Result<Vec<_>, _>>()?;
     let payload = if config.payload == PAYLOAD_WHOLE_ROW {
@@ -199,6 +238,7 @@ fn compile(table: &TableRoute, relation: Arc<Relation>) -> Result<CompiledRoute,
             index,
             type_oid,
             json: config.payload_format == PayloadFormat::Json,
+            pointer: table.payload_pointer.clone(),
         }
     };
     let mut headers = Vec::with_capacity(config.headers.len());
@@ -213,9 +253,31 @@ fn compile(table: &TableRoute, relation: Arc<Relation>) -> Result<CompiledRoute,
             Err(e) => return Err(e),
         }
     }
+    let header_object = match &config.headers_json {
+        None => None,
+        Some(column) => {
+            let index = find(column, "headers_json")?;
+            let type_oid = relation.columns.get(index).map_or(0, |c| c.type_oid);
+            if type_oid == value::oid::BYTEA {
+                return Err(RouteError::ColumnType {
+                    table: name.to_string(),
+                    column: column.clone(),
+                    role: "headers_json",
+                    type_oid,
+                    expected: "json, jsonb or a text type",
+                });
+            }
+            Some(Box::new(HeaderObjectPlan {
+                index,
+                pointer: table.headers_pointer.clone(),
+                cloudevents: config.cloudevents.is_some(),
+            }))
+        }
+    };
     let native = native::compile(config, &name, &relation)?.map(Box::new);
     Ok(CompiledRoute {
         table: name,
+        header_object,
         native,
         relation,
         event_id,

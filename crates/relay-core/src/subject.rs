@@ -6,6 +6,12 @@
 //! prefixes) and `%` (the escape itself, so the encoding stays reversible) becomes `%XX`. So
 //! `a.b` becomes `a%2Eb` and `$JS.API.STREAM.DELETE.X` stays one harmless token. A NULL or empty
 //! value cannot be encoded into a token and is rejected: the row fails closed.
+//!
+//! **The levels rule.** A `{levels:column}` placeholder keeps the value's dots as subject levels
+//! (`orders.created` → two levels): the value is split at `.`, every level is checked and then
+//! escaped by the token rule. A level that is empty (`a..b`, a leading or trailing dot) or holds
+//! `*`, `>`, whitespace or a control character is refused, as is a value of more than
+//! [`MAX_SUBJECT_LEVELS`] levels: such a row is a bad row, never a subject of another shape.
 
 use std::fmt;
 
@@ -25,6 +31,14 @@ const SUBJECT_TOKEN_ESCAPES: &AsciiSet = &CONTROLS
 fn needs_no_escape(byte: u8) -> bool {
     byte.is_ascii_graphic() && !matches!(byte, b'.' | b'*' | b'>' | b'$' | b'%')
 }
+
+/// The most subject levels one `{levels:column}` value may make: a bound of the relay's own
+/// against a runaway value (a sentence, a list of host names); the whole subject is further
+/// bounded by the server's `max_control_line` (see `route::limits`).
+pub const MAX_SUBJECT_LEVELS: usize = 32;
+
+/// The placeholder prefix that keeps a value's dots as subject levels: `{levels:column}`.
+pub const LEVELS_PREFIX: &str = "levels:";
 
 /// NATS subject matching: `*` matches one token, `>` one or more trailing tokens.
 pub fn subject_matches(filter: &str, subject: &str) -> bool {
@@ -53,6 +67,92 @@ pub fn push_escaped_token(out: &mut String, value: &str) {
     }
 }
 
+/// Why a value cannot be subject levels (see the levels rule in the module docs).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LevelsError {
+    /// A level is empty: `a..b`, or a leading or trailing dot.
+    #[error("level {level} is empty (`..`, or a leading or trailing dot)")]
+    EmptyLevel {
+        /// 1-based position of the level.
+        level: usize,
+    },
+    /// A level holds `*` or `>`, which NATS reads as wildcards.
+    #[error("level {level} `{text}` holds a wildcard (`*` or `>`)")]
+    Wildcard {
+        /// 1-based position of the level.
+        level: usize,
+        /// The level, escaped and cut when long.
+        text: String,
+    },
+    /// A level holds whitespace or a control character, which no NATS subject can carry.
+    #[error("level {level} `{text}` holds whitespace or a control character")]
+    Unprintable {
+        /// 1-based position of the level.
+        level: usize,
+        /// The level, escaped and cut when long.
+        text: String,
+    },
+    /// More levels than [`MAX_SUBJECT_LEVELS`].
+    #[error("the value has more than {max} levels")]
+    TooMany {
+        /// The limit.
+        max: usize,
+    },
+}
+
+/// A level for an error text: control characters escaped, cut when long.
+fn level_text(level: &str) -> String {
+    let text = level.escape_debug().to_string();
+    match text.char_indices().nth(40) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text,
+    }
+}
+
+/// Appends `value` to `out` as subject levels under the levels rule: split at `.`, each level
+/// checked and escaped by the token rule. `value` must be non-empty (an empty value is the
+/// caller's NULL-or-empty case). On an error `out` holds part of the value: discard it.
+pub fn push_levels(out: &mut String, value: &str) -> Result<(), LevelsError> {
+    // The common case: printable ASCII that needs no escape, dots between non-empty levels.
+    let plain = !value.is_empty()
+        && value.bytes().all(|b| b == b'.' || needs_no_escape(b))
+        && !value.starts_with('.')
+        && !value.ends_with('.')
+        && !value.contains("..");
+    if plain && value.bytes().filter(|b| *b == b'.').count() < MAX_SUBJECT_LEVELS {
+        out.push_str(value);
+        return Ok(());
+    }
+    for (i, level) in value.split('.').enumerate() {
+        let number = i + 1;
+        if number > MAX_SUBJECT_LEVELS {
+            return Err(LevelsError::TooMany {
+                max: MAX_SUBJECT_LEVELS,
+            });
+        }
+        if level.is_empty() {
+            return Err(LevelsError::EmptyLevel { level: number });
+        }
+        if level.contains(['*', '>']) {
+            return Err(LevelsError::Wildcard {
+                level: number,
+                text: level_text(level),
+            });
+        }
+        if level.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(LevelsError::Unprintable {
+                level: number,
+                text: level_text(level),
+            });
+        }
+        if i > 0 {
+            out.push('.');
+        }
+        push_escaped_token(out, level);
+    }
+    Ok(())
+}
+
 /// One piece of a parsed template.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Segment {
@@ -60,6 +160,10 @@ pub enum Segment {
     Literal(String),
     /// The value of the named column, escaped by the token rule.
     Column(String),
+    /// `{levels:column}`: the value of the named column as subject levels, under the levels
+    /// rule. Always whole tokens: a dot or the template's start before it, a dot or its end
+    /// after it.
+    Levels(String),
 }
 
 /// A parsed, validated subject template.
@@ -92,13 +196,23 @@ pub enum TemplateError {
         /// The offending token.
         token: String,
     },
+    /// A `{levels:column}` placeholder shares a token with other text or another placeholder.
+    #[error(
+        "subject template `{template}`: `{{{placeholder}}}` must be whole subject tokens (a `.` or the template's start before it, a `.` or its end after it)"
+    )]
+    LevelsNotWholeTokens {
+        /// The template.
+        template: String,
+        /// The placeholder, without braces.
+        placeholder: String,
+    },
     /// Starts with `$`, the prefix NATS reserves for its own APIs.
     #[error("subject template `{0}` starts with `$`, which NATS reserves for system subjects")]
     Reserved(String),
 }
 
 impl SubjectTemplate {
-    /// Parses `template`; placeholders are `{column}`.
+    /// Parses `template`; placeholders are `{column}` and `{levels:column}`.
     pub fn parse(template: &str) -> Result<Self, TemplateError> {
         if template.is_empty() {
             return Err(TemplateError::Empty);
@@ -132,18 +246,49 @@ impl SubjectTemplate {
                     if name.trim().is_empty() {
                         return Err(TemplateError::EmptyPlaceholder(template.to_owned()));
                     }
-                    segments.push(Segment::Column(name.trim().to_owned()));
+                    let name = name.trim();
+                    let segment = match name.strip_prefix(LEVELS_PREFIX) {
+                        Some(column) if column.trim().is_empty() => {
+                            return Err(TemplateError::EmptyPlaceholder(template.to_owned()));
+                        }
+                        Some(column) => Segment::Levels(column.trim().to_owned()),
+                        None => Segment::Column(name.to_owned()),
+                    };
+                    segments.push(segment);
                     rest = &after[close + 1..];
                 }
             }
         }
-        // Validate the fixed text token by token: a placeholder always yields a non-empty,
-        // separator-free token, so only tokens made purely of literals can be wrong.
+        for (i, segment) in segments.iter().enumerate() {
+            let Segment::Levels(column) = segment else {
+                continue;
+            };
+            let before = i.checked_sub(1).map(|b| &segments[b]);
+            let after = segments.get(i + 1);
+            let starts_token = match before {
+                None => true,
+                Some(Segment::Literal(l)) => l.ends_with('.'),
+                Some(_) => false,
+            };
+            let ends_token = match after {
+                None => true,
+                Some(Segment::Literal(l)) => l.starts_with('.'),
+                Some(_) => false,
+            };
+            if !(starts_token && ends_token) {
+                return Err(TemplateError::LevelsNotWholeTokens {
+                    template: template.to_owned(),
+                    placeholder: format!("{LEVELS_PREFIX}{column}"),
+                });
+            }
+        }
+        // Validate the fixed text token by token: a placeholder always yields non-empty,
+        // checked tokens, so only tokens made purely of literals can be wrong.
         let shape: String = segments
             .iter()
             .map(|s| match s {
                 Segment::Literal(l) => l.as_str(),
-                Segment::Column(_) => "x",
+                Segment::Column(_) | Segment::Levels(_) => "x",
             })
             .collect();
         for token in shape.split('.') {
@@ -171,19 +316,48 @@ impl SubjectTemplate {
     /// Column names the template reads, in order of appearance.
     pub fn columns(&self) -> impl Iterator<Item = &str> {
         self.segments.iter().filter_map(|s| match s {
-            Segment::Column(c) => Some(c.as_str()),
+            Segment::Column(c) | Segment::Levels(c) => Some(c.as_str()),
             Segment::Literal(_) => None,
         })
     }
 
-    /// A subject of this template's shape with every placeholder replaced by `token`, for
-    /// checking at start-up that a stream captures the template's subjects.
+    /// A subject of this template's shape with every placeholder replaced by `token` (one
+    /// level for a `{levels:…}` placeholder).
     pub fn sample(&self, token: &str) -> String {
+        self.sample_with_levels(token, 1)
+    }
+
+    /// Subjects of every shape this template makes, for checking at start-up that a stream
+    /// captures them: [`Self::sample`], and with `{levels:…}` placeholders also the subject
+    /// with two levels in their place (a stream that captures one and two levels there, e.g.
+    /// `cap.>`, captures any number; one listing `cap.*` and `cap.*.*` only would be caught
+    /// at publish time instead, as "no responders").
+    pub fn samples(&self, token: &str) -> Vec<String> {
+        let mut out = vec![self.sample(token)];
+        if self
+            .segments
+            .iter()
+            .any(|s| matches!(s, Segment::Levels(_)))
+        {
+            out.push(self.sample_with_levels(token, 2));
+        }
+        out
+    }
+
+    fn sample_with_levels(&self, token: &str, levels: usize) -> String {
         let mut out = String::new();
         for s in &self.segments {
             match s {
                 Segment::Literal(l) => out.push_str(l),
                 Segment::Column(_) => push_escaped_token(&mut out, token),
+                Segment::Levels(_) => {
+                    for level in 0..levels {
+                        if level > 0 {
+                            out.push('.');
+                        }
+                        push_escaped_token(&mut out, token);
+                    }
+                }
             }
         }
         out
@@ -197,106 +371,4 @@ impl fmt::Display for SubjectTemplate {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The fast path's byte rule and the encoder's set agree on every byte (and so on every
-    /// string, which the encoder handles byte by byte; non-ASCII is always encoded).
-    #[test]
-    fn the_no_escape_rule_is_the_escape_set() {
-        for byte in 0..=u8::MAX {
-            let by_encoder = byte.is_ascii()
-                && utf8_percent_encode(
-                    std::str::from_utf8(&[byte]).expect("ASCII"),
-                    SUBJECT_TOKEN_ESCAPES,
-                )
-                .to_string()
-                    == char::from(byte).to_string();
-            assert_eq!(needs_no_escape(byte), by_encoder, "byte {byte:#04x}");
-        }
-    }
-
-    fn escaped(v: &str) -> String {
-        let mut s = String::new();
-        push_escaped_token(&mut s, v);
-        s
-    }
-
-    #[test]
-    fn parses_placeholders_and_literals() {
-        let t = SubjectTemplate::parse("outbox.{aggregatetype}.{type}").unwrap();
-        assert_eq!(
-            t.segments(),
-            &[
-                Segment::Literal("outbox.".into()),
-                Segment::Column("aggregatetype".into()),
-                Segment::Literal(".".into()),
-                Segment::Column("type".into()),
-            ]
-        );
-        assert_eq!(t.columns().collect::<Vec<_>>(), ["aggregatetype", "type"]);
-        assert_eq!(t.sample("x"), "outbox.x.x");
-        let mixed = SubjectTemplate::parse("t.{tenant_id}-orders.{event_type}").unwrap();
-        assert_eq!(mixed.sample("v"), "t.v-orders.v");
-    }
-
-    #[test]
-    fn refuses_bad_templates() {
-        assert_eq!(SubjectTemplate::parse(""), Err(TemplateError::Empty));
-        for bad in ["a..b", ".a", "a.", "a.*", "a.>", "a b.{x}", "{x}..y"] {
-            assert!(
-                matches!(
-                    SubjectTemplate::parse(bad),
-                    Err(TemplateError::InvalidToken { .. })
-                ),
-                "{bad}"
-            );
-        }
-        for bad in ["a.{x", "a.x}", "a.{x{y}}"] {
-            assert!(
-                matches!(
-                    SubjectTemplate::parse(bad),
-                    Err(TemplateError::Unbalanced(_))
-                ),
-                "{bad}"
-            );
-        }
-        assert!(matches!(
-            SubjectTemplate::parse("a.{}"),
-            Err(TemplateError::EmptyPlaceholder(_))
-        ));
-        assert!(matches!(
-            SubjectTemplate::parse("$JS.{x}"),
-            Err(TemplateError::Reserved(_))
-        ));
-    }
-
-    #[test]
-    fn token_rule_keeps_values_inside_one_token() {
-        assert_eq!(escaped("Order"), "Order");
-        assert_eq!(escaped("order-item_v2"), "order-item_v2");
-        assert_eq!(escaped("a.b"), "a%2Eb");
-        assert_eq!(escaped("*"), "%2A");
-        assert_eq!(escaped(">"), "%3E");
-        assert_eq!(escaped("a b\tc"), "a%20b%09c");
-        assert_eq!(
-            escaped("$JS.API.STREAM.DELETE.X"),
-            "%24JS%2EAPI%2ESTREAM%2EDELETE%2EX"
-        );
-        assert_eq!(escaped("50%"), "50%25");
-        assert_eq!(escaped("é"), "%C3%A9");
-        for v in [
-            "a.b",
-            "*",
-            ">",
-            "x y",
-            "\u{1F600}",
-            "\u{5D0}\u{5D1}",
-            "$SYS",
-        ] {
-            let e = escaped(v);
-            assert!(!e.contains(['.', '*', '>', ' ', '$']), "{v} -> {e}");
-            assert!(e.is_ascii());
-        }
-    }
-}
+mod tests;

@@ -420,6 +420,57 @@ fn fast_batch_needs_a_window_of_two() {
     c.validate().unwrap();
 }
 
+/// The framework-shape keys of `[[outbox]]` are read from TOML, checked at load (a bad JSON
+/// Pointer names the table and the key), and a `{levels:…}` subject adds a two-level sample for
+/// the stream check.
+#[test]
+#[allow(clippy::result_large_err)] // figment's Jail API
+fn envelope_keys_are_read_checked_and_sampled() {
+    figment::Jail::expect_with(|jail| {
+        jail.create_file(
+            "relay.toml",
+            r#"
+            [[outbox]]
+            table = "cap.published"
+            event_id = "Id"
+            subject = "cap.{levels:Name}"
+            payload = "Content"
+            payload_pointer = "/Value"
+            headers = {}
+            headers_json = "Content"
+            headers_json_pointer = "/Headers"
+            "#,
+        )?;
+        let c = RelayConfig::load(Some(Path::new("relay.toml"))).expect("loads");
+        assert_eq!(c.outbox[0].payload_pointer.as_deref(), Some("/Value"));
+        assert_eq!(c.outbox[0].headers_json.as_deref(), Some("Content"));
+        assert_eq!(
+            c.outbox[0].headers_json_pointer.as_deref(),
+            Some("/Headers")
+        );
+        c.validate().expect("valid");
+        let samples: Vec<String> = c.sample_subjects().into_iter().map(|(_, s)| s).collect();
+        assert_eq!(samples, ["cap.x", "cap.x.x"]);
+
+        jail.create_file(
+            "bad.toml",
+            r#"
+            [[outbox]]
+            table = "cap.published"
+            payload = "Content"
+            payload_pointer = "Content.Value"
+            "#,
+        )?;
+        let err = RelayConfig::load(Some(Path::new("bad.toml")))
+            .and_then(|c| c.validate().map(|()| c))
+            .unwrap_err();
+        let text = format!("{err:#}");
+        assert!(text.contains("payload_pointer"), "{text}");
+        assert!(text.contains("cap.published"), "{text}");
+        Ok(())
+    });
+}
+
 #[test]
 #[allow(clippy::result_large_err)] // figment's Jail API
 fn presets_fill_what_the_entry_leaves_out() {

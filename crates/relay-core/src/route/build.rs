@@ -5,13 +5,18 @@ use std::sync::Arc;
 use bytes::Bytes;
 use pgoutput::{Insert, TupleValue};
 
-use super::{CompiledRoute, PayloadPlan, RouteError, SubjectPart};
+use super::json::expand_headers;
+use super::{
+    CompiledRoute, HeaderObjectError, HeaderObjectPlan, JsonPointer, MemberError, PayloadPlan,
+    RouteError, SubjectPart,
+};
 use crate::message::{
     HEADER_COMMIT_LSN, HEADER_COMMIT_TIME, HEADER_TABLE, HEADER_TX_INDEX, HEADER_XID,
     OutboundMessage, TxContext,
 };
-use crate::subject::push_escaped_token;
+use crate::subject::{push_escaped_token, push_levels};
 use crate::value::{self, oid};
+use outbox_contract::CE_PREFIX;
 
 /// Text bytes of a value, `None` for NULL; other kinds are unusable in an INSERT.
 fn text_of(value: &TupleValue) -> Result<Option<&Bytes>, &'static str> {
@@ -35,16 +40,17 @@ impl CompiledRoute {
             }
         };
         push(self.event_id, "event_id");
-        for part in &self.subject {
-            if let SubjectPart::Column(i) = part {
-                push(*i, "subject");
-            }
+        for i in self.subject.iter().filter_map(SubjectPart::column) {
+            push(i, "subject");
         }
         if let PayloadPlan::Column { index, .. } = &self.payload {
             push(*index, "payload");
         }
         for (_, i) in &self.headers {
             push(*i, "header");
+        }
+        if let Some(plan) = &self.header_object {
+            push(plan.index, "headers_json");
         }
         for (i, role) in self.native.iter().flat_map(|n| n.columns()) {
             push(i, role);
@@ -126,18 +132,26 @@ impl CompiledRoute {
         for part in &self.subject {
             match part {
                 SubjectPart::Literal(l) => subject.push_str(l),
-                SubjectPart::Column(index) => match text(*index, &event_id)? {
-                    Some(b) if !b.is_empty() => {
-                        push_escaped_token(&mut subject, &value::text_lossy(b))
-                    }
-                    _ => {
+                SubjectPart::Column(index) | SubjectPart::Levels(index) => {
+                    let Some(b) = text(*index, &event_id)?.filter(|b| !b.is_empty()) else {
                         return Err(RouteError::EmptySubjectValue {
                             table: self.table.to_string(),
                             event_id,
                             column: self.column_name(*index),
                         });
+                    };
+                    let value = value::text_lossy(b);
+                    if matches!(part, SubjectPart::Column(_)) {
+                        push_escaped_token(&mut subject, &value);
+                    } else if let Err(reason) = push_levels(&mut subject, &value) {
+                        return Err(RouteError::InvalidSubjectLevels {
+                            table: self.table.to_string(),
+                            event_id,
+                            column: self.column_name(*index),
+                            reason,
+                        });
                     }
-                },
+                }
             }
         }
 
@@ -153,13 +167,20 @@ impl CompiledRoute {
                 index,
                 type_oid,
                 json,
+                pointer,
             } => {
+                let missing = |reason| {
+                    self.missing_member(&event_id, *index, "payload_pointer", pointer, reason)
+                };
                 let body = match values.get(*index) {
                     Some(TupleValue::Text(b)) if *type_oid == oid::BYTEA => {
                         value::decode_bytea_hex(b)
                             .map_err(|_| unusable(&event_id, *index, "bytea not in hex format"))?
                     }
                     Some(TupleValue::Text(b)) => b.clone(),
+                    Some(TupleValue::Null) | None if pointer.is_some() => {
+                        return Err(missing(MemberError::Null));
+                    }
                     Some(TupleValue::Null) | None if *json => {
                         return Err(self.invalid_payload(&event_id, *index, "NULL".into()));
                     }
@@ -172,22 +193,35 @@ impl CompiledRoute {
                         ));
                     }
                 };
-                if *json {
-                    let text = std::str::from_utf8(&body).map_err(|e| {
-                        self.invalid_payload(&event_id, *index, format!("not valid UTF-8 ({e})"))
-                    })?;
-                    serde_json::from_str::<serde::de::IgnoredAny>(text)
-                        .map_err(|e| self.invalid_payload(&event_id, *index, e.to_string()))?;
+                if let Some(pointer) = pointer {
+                    let text =
+                        std::str::from_utf8(&body).map_err(|_| missing(MemberError::NotUtf8))?;
+                    let member = pointer.resolve(text).map_err(missing)?;
+                    slice_of(&body, member)
+                } else {
+                    if *json {
+                        let text = std::str::from_utf8(&body).map_err(|e| {
+                            self.invalid_payload(
+                                &event_id,
+                                *index,
+                                format!("not valid UTF-8 ({e})"),
+                            )
+                        })?;
+                        serde_json::from_str::<serde::de::IgnoredAny>(text)
+                            .map_err(|e| self.invalid_payload(&event_id, *index, e.to_string()))?;
+                    }
+                    body
                 }
-                body
             }
         };
 
+        // Room for a header object's members without growing, in the usual case.
+        let object_room = if self.header_object.is_some() { 8 } else { 0 };
         let mut headers = relay_headers(
             tx,
             Origin::Table(self.table.clone()),
             tx_index,
-            self.headers.len(),
+            self.headers.len() + object_room,
         );
         for (header, index) in &self.headers {
             let Some(raw) = text(*index, &event_id)? else {
@@ -206,6 +240,11 @@ impl CompiledRoute {
                 });
             }
             headers.push((header.clone(), value.as_ref().into()));
+        }
+        if let Some(plan) = &self.header_object
+            && let Some(raw) = text(plan.index, &event_id)?
+        {
+            self.expand_header_object(plan, raw, &event_id, &mut headers)?;
         }
         if let Some(native) = &self.native {
             let bad = |index: usize, header: &'static str, reason: String| {
@@ -237,6 +276,82 @@ impl CompiledRoute {
             commit_lsn: tx.commit_lsn,
             commit_time_micros: tx.commit_time_micros,
         })
+    }
+}
+
+impl CompiledRoute {
+    fn missing_member(
+        &self,
+        event_id: &str,
+        index: usize,
+        key: &'static str,
+        pointer: &Option<JsonPointer>,
+        reason: MemberError,
+    ) -> RouteError {
+        RouteError::MissingMember {
+            table: self.table.to_string(),
+            event_id: event_id.to_owned(),
+            column: self.column_name(index),
+            key,
+            pointer: pointer
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default(),
+            reason: Box::new(reason),
+        }
+    }
+
+    /// The members of a `headers_json` value (`raw`, not NULL) as headers.
+    fn expand_header_object(
+        &self,
+        plan: &HeaderObjectPlan,
+        raw: &[u8],
+        event_id: &str,
+        headers: &mut Vec<(Arc<str>, Arc<str>)>,
+    ) -> Result<(), RouteError> {
+        let invalid = |reason| RouteError::InvalidHeaderObject {
+            table: self.table.to_string(),
+            event_id: event_id.to_owned(),
+            column: self.column_name(plan.index),
+            reason,
+        };
+        let text = std::str::from_utf8(raw).map_err(|_| invalid(HeaderObjectError::NotUtf8))?;
+        let object = match &plan.pointer {
+            None => text,
+            Some(pointer) => pointer.resolve(text).map_err(|reason| {
+                self.missing_member(
+                    event_id,
+                    plan.index,
+                    "headers_json_pointer",
+                    &plan.pointer,
+                    reason,
+                )
+            })?,
+        };
+        if object == "null" {
+            return Ok(());
+        }
+        let mapped = |name: &str| {
+            self.headers
+                .iter()
+                .any(|(header, _)| header.eq_ignore_ascii_case(name))
+                || (plan.cloudevents
+                    && name
+                        .as_bytes()
+                        .get(..CE_PREFIX.len())
+                        .is_some_and(|p| p.eq_ignore_ascii_case(CE_PREFIX.as_bytes())))
+        };
+        expand_headers(object, headers, &mapped).map_err(invalid)
+    }
+}
+
+/// `member` (a sub-slice of `body`'s text) as a slice of `body`: the producer's bytes, no copy.
+fn slice_of(body: &Bytes, member: &str) -> Bytes {
+    let start = (member.as_ptr() as usize).wrapping_sub(body.as_ptr() as usize);
+    if body.get(start..start.saturating_add(member.len())) == Some(member.as_bytes()) {
+        body.slice(start..start + member.len())
+    } else {
+        Bytes::copy_from_slice(member.as_bytes())
     }
 }
 

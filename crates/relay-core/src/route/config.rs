@@ -21,7 +21,8 @@ pub struct OutboxTableConfig {
     /// Column whose value is the event id, sent as `Nats-Msg-Id`. Default `id`.
     #[serde(default = "default_event_id")]
     pub event_id: String,
-    /// Subject template; `{column}` is replaced by the column's value under the token rule.
+    /// Subject template; `{column}` is replaced by the column's value under the token rule,
+    /// `{levels:column}` by its dot-separated levels under the levels rule (`crate::subject`).
     /// Default `outbox.{aggregatetype}.{type}`.
     #[serde(default = "default_subject")]
     pub subject: String,
@@ -52,6 +53,20 @@ pub struct OutboxTableConfig {
     /// CloudEvents binary-mode headers (`ce-*`) on every event of the table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cloudevents: Option<super::native::CloudEventsConfig>,
+    /// A column holding a JSON object whose members become headers (strings as their text,
+    /// numbers, booleans, objects and arrays as their JSON text, `null` skipped); a NULL value
+    /// adds none. A member naming a header the relay or the mapping sets is a bad row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers_json: Option<String>,
+    /// JSON Pointer (RFC 6901, e.g. `/Headers`) to the header object inside `headers_json`'s
+    /// value, for envelope columns (CAP's `Content`); unset: the whole value is the object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers_json_pointer: Option<String>,
+    /// JSON Pointer (RFC 6901, e.g. `/Value`) to the payload inside the payload column's JSON
+    /// value: the member's JSON text, sliced byte-exact from the value; a missing member is a
+    /// bad row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload_pointer: Option<String>,
 }
 
 /// Validation applied to the payload column.
@@ -106,6 +121,9 @@ impl OutboxTableConfig {
             schedule_column: None,
             schedule_subject: None,
             cloudevents: None,
+            headers_json: None,
+            headers_json_pointer: None,
+            payload_pointer: None,
         }
     }
 
@@ -138,6 +156,7 @@ impl OutboxTableConfig {
             table: self.table.clone(),
             reason,
         })?;
+        self.pointers()?;
         SubjectTemplate::parse(&self.subject).map_err(|source| ConfigError::Subject {
             table: self.table.clone(),
             source,
@@ -180,4 +199,12 @@ pub enum ConfigError {
     /// Two mappings for one table.
     #[error("outbox table `{0}` is configured twice")]
     DuplicateTable(String),
+    /// `headers_json`, `headers_json_pointer` or `payload_pointer` refused.
+    #[error("outbox table `{table}`: {reason}")]
+    Json {
+        /// The table.
+        table: String,
+        /// Why.
+        reason: String,
+    },
 }

@@ -146,6 +146,52 @@ pub enum RouteError {
         /// The column.
         column: String,
     },
+    /// A `{levels:column}` value cannot be subject levels.
+    #[error(
+        "event {event_id} in `{table}`: subject column `{column}` (a {{levels:{column}}} placeholder) cannot be subject levels: {reason}. Fix the value where it is written, or map the column as {{{column}}} to keep it in one escaped token"
+    )]
+    InvalidSubjectLevels {
+        /// The table.
+        table: String,
+        /// The event id.
+        event_id: String,
+        /// The column.
+        column: String,
+        /// What is wrong.
+        reason: crate::subject::LevelsError,
+    },
+    /// A `headers_json` value cannot become headers.
+    #[error(
+        "event {event_id} in `{table}`: column `{column}` (mapped as headers_json) cannot become headers: {reason}"
+    )]
+    InvalidHeaderObject {
+        /// The table.
+        table: String,
+        /// The event id.
+        event_id: String,
+        /// The column.
+        column: String,
+        /// What is wrong, and the fix.
+        reason: crate::route::HeaderObjectError,
+    },
+    /// The member a `payload_pointer` or `headers_json_pointer` names is not in the value.
+    #[error(
+        "event {event_id} in `{table}`: column `{column}` has no member {pointer} ({key}): {reason}. Write the member where the row is written, or fix `{key}` in the [[outbox]] entry"
+    )]
+    MissingMember {
+        /// The table.
+        table: String,
+        /// The event id.
+        event_id: String,
+        /// The column.
+        column: String,
+        /// `payload_pointer` or `headers_json_pointer`.
+        key: &'static str,
+        /// The pointer.
+        pointer: String,
+        /// What is wrong (boxed: the error stays small on the routing path).
+        reason: Box<crate::route::MemberError>,
+    },
     /// A value holds a control character (CR, LF, ...) and cannot be a header value.
     #[error(
         "event {event_id} in `{table}`: column `{column}` holds a control character and cannot be header `{header}`"

@@ -261,10 +261,7 @@ impl Router {
             Part::Subject => route
                 .subject
                 .iter()
-                .filter_map(|p| match p {
-                    SubjectPart::Column(index) => Some(*index),
-                    SubjectPart::Literal(_) => None,
-                })
+                .filter_map(SubjectPart::column)
                 .max_by_key(|index| match insert.new.values.get(*index) {
                     Some(TupleValue::Text(b)) => b.len(),
                     _ => 0,
@@ -273,11 +270,21 @@ impl Router {
             Part::Header(name) if name.eq_ignore_ascii_case(HEADER_MSG_ID) => {
                 column(route.event_id)
             }
-            Part::Header(name) => route
-                .headers
-                .iter()
-                .find(|(header, _)| header == name)
-                .map_or_else(|| "the relay's own headers".into(), |(_, i)| column(*i)),
+            Part::Header(name) => match route.headers.iter().find(|(header, _)| header == name) {
+                Some((_, index)) => column(*index),
+                // Any other header not the relay's own came from the header object.
+                None => match &route.header_object {
+                    Some(plan)
+                        if !(outbox_contract::is_reserved(name)
+                            || outbox_contract::is_relay_owned(name)
+                            || plan.cloudevents
+                                && name.starts_with(outbox_contract::CE_PREFIX)) =>
+                    {
+                        format!("{} (member `{name}` of headers_json)", column(plan.index))
+                    }
+                    _ => "the relay's own headers".into(),
+                },
+            },
             Part::Payload => match &route.payload {
                 PayloadPlan::Column { index, .. } => column(*index),
                 PayloadPlan::WholeRow => "the whole row (payload = \"*\")".into(),

@@ -40,7 +40,7 @@ use serde_json::value::RawValue;
 use super::build::{Origin, relay_headers};
 use super::{MessageLimits, RouteError, Router};
 use crate::message::{HEADER_COMMIT_LSN, HEADER_TX_INDEX, HEADER_XID, OutboundMessage, TxContext};
-use crate::subject::{Segment, SubjectTemplate, TemplateError, push_escaped_token};
+use crate::subject::{Segment, SubjectTemplate, TemplateError, push_escaped_token, push_levels};
 use outbox_contract::HEADER_DLQ_REASON;
 
 pub use outbox_contract::HEADER_MESSAGE_PREFIX;
@@ -128,7 +128,7 @@ impl MessageRouteConfig {
     /// replaced.
     pub fn sample_subjects(&self) -> Vec<String> {
         if let Some(Ok(template)) = self.subject.as_deref().map(SubjectTemplate::parse) {
-            return vec![template.sample("x")];
+            return template.samples("x");
         }
         self.subjects
             .iter()
@@ -395,20 +395,8 @@ impl MessageRoute {
         let mut headers =
             relay_headers(tx, Origin::MessagePrefix(self.prefix.clone()), tx_index, 1);
         if let Some(raw) = fields.get("headers").filter(|r| r.get() != "null") {
-            let map = Fields::parse(raw.get().as_bytes())
+            super::json::expand_headers(raw.get(), &mut headers, &|_| false)
                 .map_err(|e| bad_id(&format!("`headers`: {e}")))?;
-            for (name, value) in map.0 {
-                check_header_name(&name).map_err(|e| bad_id(&e))?;
-                let value: String = serde_json::from_str(value.get()).map_err(|_| {
-                    bad_id(&format!("header `{}` is not a string", name.escape_debug()))
-                })?;
-                if value.chars().any(char::is_control) {
-                    return Err(bad_id(&format!(
-                        "header `{name}` holds a control character"
-                    )));
-                }
-                headers.push((name.into(), value.into()));
-            }
         }
 
         let payload = match fields.get("payload").map(|r| r.get()) {
@@ -466,7 +454,7 @@ fn fill_template(template: &SubjectTemplate, fields: &Fields<'_>) -> Result<Stri
     for segment in template.segments() {
         match segment {
             Segment::Literal(l) => subject.push_str(l),
-            Segment::Column(name) => {
+            Segment::Column(name) | Segment::Levels(name) => {
                 let raw = fields.get(name).ok_or_else(|| {
                     format!("the envelope has no field `{name}` for the subject template")
                 })?;
@@ -479,7 +467,13 @@ fn fill_template(template: &SubjectTemplate, fields: &Fields<'_>) -> Result<Stri
                         ));
                     }
                 };
-                push_escaped_token(&mut subject, &value);
+                if matches!(segment, Segment::Column(_)) {
+                    push_escaped_token(&mut subject, &value);
+                } else {
+                    push_levels(&mut subject, &value).map_err(|e| {
+                        format!("field `{name}` ({{levels:{name}}} in the subject template) cannot be subject levels: {e}")
+                    })?;
+                }
             }
         }
     }
@@ -523,23 +517,6 @@ fn check_filter(filter: &str) -> Result<(), ()> {
                 && t.bytes().all(|b| b.is_ascii_graphic()) => {}
             _ => return Err(()),
         }
-    }
-    Ok(())
-}
-
-/// A header an envelope may set: a valid name, not in the `Nats-` namespace, not one the relay
-/// sets itself.
-fn check_header_name(name: &str) -> Result<(), String> {
-    if name.is_empty() || name.contains(|c: char| !c.is_ascii_graphic() || c == ':') {
-        return Err(format!(
-            "header name `{}` is not a valid NATS header name (printable ASCII, no `:`)",
-            name.escape_debug()
-        ));
-    }
-    if outbox_contract::is_reserved(name) || outbox_contract::is_relay_owned(name) {
-        return Err(format!(
-            "header `{name}` is set by the relay or NATS and cannot come from the envelope"
-        ));
     }
     Ok(())
 }

@@ -123,15 +123,15 @@ fn bad_envelopes_are_refused_naming_prefix_lsn_and_problem() {
         ),
         (
             r#"{"id": "x", "subject": "outbox.a", "headers": {"Nats-Msg-Id": "y"}}"#,
-            "cannot come from the envelope",
+            "sets itself",
         ),
         (
             r#"{"id": "x", "subject": "outbox.a", "headers": {"outbox-tx-index": "9"}}"#,
-            "cannot come from the envelope",
+            "sets itself",
         ),
         (
-            r#"{"id": "x", "subject": "outbox.a", "headers": {"A": 1}}"#,
-            "is not a string",
+            r#"{"id": "x", "subject": "outbox.a", "headers": {"A": "1", "A": "2"}}"#,
+            "appears twice",
         ),
         (
             r#"{"id": "x", "subject": "outbox.a", "headers": {"A": "1\r\nB: 2"}}"#,
@@ -139,7 +139,7 @@ fn bad_envelopes_are_refused_naming_prefix_lsn_and_problem() {
         ),
         (
             r#"{"id": "x", "subject": "outbox.a", "headers": {"A B": "1"}}"#,
-            "not a valid NATS header name",
+            "is not a NATS header name",
         ),
     ] {
         let text = problem(&r, content);
@@ -151,6 +151,24 @@ fn bad_envelopes_are_refused_naming_prefix_lsn_and_problem() {
     m.content = Bytes::from_static(b"\xff\xfe");
     let text = route(&r, &m).unwrap_err().to_string();
     assert!(text.contains("not UTF-8"), "{text}");
+}
+
+/// The envelope's `headers` follow the same rule as a table's `headers_json` (one
+/// implementation): numbers and booleans as their JSON text, `null` skipped, nested values as
+/// their JSON text as written.
+#[test]
+fn envelope_headers_take_the_header_object_rule() {
+    let r = router(&[MessageRouteConfig::with_defaults("outbox")]);
+    let m = message(
+        "outbox",
+        r#"{"id": "h", "subject": "outbox.a", "headers": {"N": 12.50, "B": false, "Z": null, "O": {"k": [1, "\u00e9"]}, "S": "caf\u00e9"}}"#,
+    );
+    let msg = route(&r, &m).unwrap().unwrap();
+    assert_eq!(msg.header("N"), Some("12.50"));
+    assert_eq!(msg.header("B"), Some("false"));
+    assert_eq!(msg.header("Z"), None);
+    assert_eq!(msg.header("O"), Some(r#"{"k": [1, "\u00e9"]}"#));
+    assert_eq!(msg.header("S"), Some("café"));
 }
 
 #[test]
@@ -181,6 +199,34 @@ fn a_template_fills_tokens_from_envelope_fields() {
             .unwrap_err()
             .to_string();
         assert!(err.contains(needle), "{content}: {err}");
+    }
+}
+
+#[test]
+fn a_levels_placeholder_keeps_an_envelope_fields_dots() {
+    let config = MessageRouteConfig {
+        subject: Some("outbox.{levels:topic}".into()),
+        ..MessageRouteConfig::with_defaults("events")
+    };
+    let r = router(&[config]);
+    let m = message("events", r#"{"id": "e", "topic": "orders.created"}"#);
+    assert_eq!(
+        route(&r, &m).unwrap().unwrap().subject,
+        "outbox.orders.created"
+    );
+    for (content, needle) in [
+        (
+            r#"{"id": "e", "topic": "orders..created"}"#,
+            "level 2 is empty",
+        ),
+        (r#"{"id": "e", "topic": "orders.*"}"#, "wildcard"),
+        (r#"{"id": "e", "topic": "orders.a b"}"#, "whitespace"),
+    ] {
+        let err = route(&r, &message("events", content))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(needle), "{content}: {err}");
+        assert!(err.contains("{levels:topic}"), "{content}: {err}");
     }
 }
 

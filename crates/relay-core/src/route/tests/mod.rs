@@ -166,6 +166,9 @@ fn notification_outbox_works_by_configuration_alone() {
         schedule_column: None,
         schedule_subject: None,
         cloudevents: None,
+        headers_json: None,
+        headers_json_pointer: None,
+        payload_pointer: None,
     };
     let mut router = Router::new(&[config]).unwrap();
     router
@@ -469,6 +472,8 @@ fn a_mapped_column_type_change_is_refused_by_name() {
     assert!(v["extra"].is_null());
 }
 
+mod envelopes;
+mod header_objects;
 mod native;
 mod relations;
 

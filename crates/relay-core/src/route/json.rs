@@ -1,0 +1,404 @@
+//! JSON inside a column value: a member found by a JSON Pointer and sliced from the producer's
+//! text (`payload_pointer`, `headers_json_pointer`), and a JSON object expanded into NATS
+//! headers (`headers_json`, and the `headers` of a `[[messages]]` envelope: one rule for both).
+//!
+//! Nothing is re-serialised: serde_json's `RawValue` borrows each member's text from the input,
+//! so a member is the very bytes the producer (or PostgreSQL, for `jsonb`) wrote. Keys are
+//! compared and values classified without building a `serde_json::Value`; the only per-row
+//! allocations are the header names and values themselves.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+
+use serde::de::{DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, Visitor};
+use serde_json::value::RawValue;
+
+use super::config::{ConfigError, OutboxTableConfig, PAYLOAD_WHOLE_ROW};
+
+impl OutboxTableConfig {
+    /// `payload_pointer` and `headers_json_pointer`, parsed; refuses the combinations that
+    /// cannot work.
+    pub(super) fn pointers(
+        &self,
+    ) -> Result<(Option<JsonPointer>, Option<JsonPointer>), ConfigError> {
+        let refuse = |reason: String| ConfigError::Json {
+            table: self.table.clone(),
+            reason,
+        };
+        if self.headers_json.as_deref().is_some_and(str::is_empty) {
+            return Err(refuse("`headers_json` must name a column".into()));
+        }
+        if self.headers_json_pointer.is_some() && self.headers_json.is_none() {
+            return Err(refuse(
+                "`headers_json_pointer` needs `headers_json`, the column it points into".into(),
+            ));
+        }
+        if self.payload_pointer.is_some() && self.payload == PAYLOAD_WHOLE_ROW {
+            return Err(refuse(
+                "`payload_pointer` needs a payload column, not `payload = \"*\"`".into(),
+            ));
+        }
+        let parse = |key: &str, pointer: Option<&String>| {
+            pointer
+                .map(|p| JsonPointer::parse(p).map_err(|e| refuse(format!("`{key}`: {e}"))))
+                .transpose()
+        };
+        Ok((
+            parse("payload_pointer", self.payload_pointer.as_ref())?,
+            parse("headers_json_pointer", self.headers_json_pointer.as_ref())?,
+        ))
+    }
+}
+
+/// A JSON Pointer (RFC 6901) to a member of nested objects, e.g. `/Value` or `/Headers`:
+/// each `/`-separated token names an object member, `~1` stands for `/` and `~0` for `~`.
+/// Arrays are not indexed (a token is always a member name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JsonPointer {
+    source: String,
+    tokens: Vec<String>,
+}
+
+impl JsonPointer {
+    /// Parses `pointer`; the error says what is wrong and what works.
+    pub fn parse(pointer: &str) -> Result<Self, String> {
+        let Some(rest) = pointer.strip_prefix('/') else {
+            return Err(format!(
+                "`{}` is not a JSON Pointer: it starts with `/` and names members, e.g. `/Value` or `/Content/Headers`",
+                pointer.escape_debug()
+            ));
+        };
+        let mut tokens = Vec::new();
+        for raw in rest.split('/') {
+            let mut token = String::with_capacity(raw.len());
+            let mut chars = raw.chars();
+            while let Some(c) = chars.next() {
+                if c != '~' {
+                    token.push(c);
+                    continue;
+                }
+                match chars.next() {
+                    Some('0') => token.push('~'),
+                    Some('1') => token.push('/'),
+                    _ => {
+                        return Err(format!(
+                            "JSON Pointer `{}`: inside a member name `~` is written `~0` and `/` is written `~1`",
+                            pointer.escape_debug()
+                        ));
+                    }
+                }
+            }
+            tokens.push(token);
+        }
+        Ok(Self {
+            source: pointer.to_owned(),
+            tokens,
+        })
+    }
+
+    /// The member's JSON text inside `document`, a sub-slice of it (byte-exact).
+    pub(super) fn resolve<'a>(&self, document: &'a str) -> Result<&'a str, MemberError> {
+        let mut current = document;
+        for (depth, token) in self.tokens.iter().enumerate() {
+            match member(current, token) {
+                Ok(Lookup::Found(raw)) => current = raw.get(),
+                Ok(Lookup::Missing) => {
+                    return Err(MemberError::Missing {
+                        member: self.prefix(depth + 1),
+                    });
+                }
+                Ok(Lookup::Twice) => {
+                    return Err(MemberError::Twice {
+                        member: self.prefix(depth + 1),
+                    });
+                }
+                Err(e) if depth == 0 && !e.is_data() => {
+                    return Err(MemberError::NotJson(e.to_string()));
+                }
+                Err(e) => {
+                    return Err(MemberError::NotObject {
+                        at: self.prefix(depth),
+                        found: e.to_string(),
+                    });
+                }
+            }
+        }
+        Ok(current)
+    }
+
+    /// The pointer's first `depth` tokens, as written (for errors).
+    fn prefix(&self, depth: usize) -> String {
+        self.source
+            .split('/')
+            .take(depth + 1)
+            .collect::<Vec<_>>()
+            .join("/")
+    }
+}
+
+impl fmt::Display for JsonPointer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.source)
+    }
+}
+
+/// Why a JSON Pointer finds no member in a column value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MemberError {
+    /// The column is NULL.
+    #[error("the column is NULL")]
+    Null,
+    /// The value is not UTF-8 text.
+    #[error("the value is not UTF-8 text")]
+    NotUtf8,
+    /// The value is not JSON.
+    #[error("the value is not JSON: {0}")]
+    NotJson(String),
+    /// The value on the way is not an object.
+    #[error("{} is not a JSON object: {found}", describe(.at))]
+    NotObject {
+        /// The pointer to it (empty: the whole value).
+        at: String,
+        /// The parser's description.
+        found: String,
+    },
+    /// The member is not there.
+    #[error("member `{member}` is missing")]
+    Missing {
+        /// The pointer to it.
+        member: String,
+    },
+    /// The member appears twice (which one counts would depend on the parser).
+    #[error("member `{member}` appears twice")]
+    Twice {
+        /// The pointer to it.
+        member: String,
+    },
+}
+
+fn describe(at: &str) -> String {
+    if at.is_empty() {
+        "the value".to_owned()
+    } else {
+        format!("member `{at}`")
+    }
+}
+
+/// One member looked up in an object.
+enum Lookup<'a> {
+    Found(&'a RawValue),
+    Missing,
+    Twice,
+}
+
+/// The member `key` of the JSON object `object` (which is parsed to its end).
+fn member<'a>(object: &'a str, key: &str) -> Result<Lookup<'a>, serde_json::Error> {
+    let mut de = serde_json::Deserializer::from_str(object);
+    let found = (&mut de).deserialize_map(MemberVisitor(key))?;
+    de.end()?;
+    Ok(found)
+}
+
+/// A map key compared with a name, without allocating.
+struct KeyIs<'t>(&'t str);
+
+impl<'de> DeserializeSeed<'de> for KeyIs<'_> {
+    type Value = bool;
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl Visitor<'_> for KeyIs<'_> {
+    type Value = bool;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a member name")
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<bool, E> {
+        Ok(v == self.0)
+    }
+}
+
+struct MemberVisitor<'t>(&'t str);
+
+impl<'de> Visitor<'de> for MemberVisitor<'_> {
+    type Value = Lookup<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut found = None;
+        let mut twice = false;
+        while let Some(is_key) = map.next_key_seed(KeyIs(self.0))? {
+            if is_key {
+                let value: &'de RawValue = map.next_value()?;
+                twice |= found.replace(value).is_some();
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(match (found, twice) {
+            (_, true) => Lookup::Twice,
+            (Some(value), false) => Lookup::Found(value),
+            (None, false) => Lookup::Missing,
+        })
+    }
+}
+
+/// Why a JSON object cannot become NATS headers.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeaderObjectError {
+    /// The value is not UTF-8 text.
+    #[error("the value is not UTF-8 text; write a JSON object (or NULL for no headers)")]
+    NotUtf8,
+    /// The value is not JSON.
+    #[error("the value is not JSON ({0}); write a JSON object (or NULL for no headers)")]
+    NotJson(String),
+    /// The value is JSON but not an object.
+    #[error("the value is not a JSON object ({0}); headers come from an object's members")]
+    NotObject(String),
+    /// A member name NATS cannot carry as a header name.
+    #[error(
+        "member `{0}` is not a NATS header name (printable ASCII, no spaces, no `:`); rename it where it is written"
+    )]
+    Name(String),
+    /// A member that would set a header the relay or NATS sets itself.
+    #[error(
+        "member `{0}` would set a header the relay or NATS sets itself (`Nats-*`, `Outbox-Commit-Lsn`, `Outbox-Table`, …); such members are refused, never copied: rename or remove it where it is written"
+    )]
+    Owned(String),
+    /// A member that would set a header the mapping already sets.
+    #[error(
+        "member `{0}` would set a header the mapping already sets (from `headers` or `[outbox.cloudevents]`); remove one of the two"
+    )]
+    Mapped(String),
+    /// A member given twice.
+    #[error("member `{0}` appears twice")]
+    Twice(String),
+    /// A value NATS cannot carry in a header.
+    #[error(
+        "the value of member `{0}` holds a control character (CR, LF, tab, …), which a header cannot carry"
+    )]
+    ControlCharacter(String),
+    /// A string value with an escape that is not a character (a lone surrogate).
+    #[error("the value of member `{0}` is not a valid JSON string: {1}")]
+    BadString(String, String),
+}
+
+/// Appends the members of the JSON object `object` to `out` as headers, in order: strings as
+/// their text, numbers and booleans as their JSON text, nested objects and arrays as their JSON
+/// text as written, `null` skipped. Names must be printable ASCII without `:`; names in the
+/// `Nats-` namespace or set by the relay are refused, as are those `mapped` says the mapping
+/// sets itself. On an error `out` may hold some of the members: discard it.
+pub(super) fn expand_headers(
+    object: &str,
+    out: &mut Vec<(Arc<str>, Arc<str>)>,
+    mapped: &dyn Fn(&str) -> bool,
+) -> Result<(), HeaderObjectError> {
+    let mut problem = None;
+    let visitor = HeaderVisitor {
+        out,
+        mapped,
+        problem: &mut problem,
+    };
+    let mut de = serde_json::Deserializer::from_str(object);
+    let parsed = (&mut de).deserialize_map(visitor).and_then(|()| de.end());
+    match (problem, parsed) {
+        (Some(problem), _) => Err(problem),
+        (None, Ok(())) => Ok(()),
+        (None, Err(e)) if e.is_data() => Err(HeaderObjectError::NotObject(e.to_string())),
+        (None, Err(e)) => Err(HeaderObjectError::NotJson(e.to_string())),
+    }
+}
+
+struct HeaderVisitor<'o, 'f, 'p> {
+    out: &'o mut Vec<(Arc<str>, Arc<str>)>,
+    mapped: &'f dyn Fn(&str) -> bool,
+    problem: &'p mut Option<HeaderObjectError>,
+}
+
+/// A map key as a header name, allocated once.
+struct Name;
+
+impl<'de> DeserializeSeed<'de> for Name {
+    type Value = Arc<str>;
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Arc<str>, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl Visitor<'_> for Name {
+    type Value = Arc<str>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a member name")
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Arc<str>, E> {
+        Ok(v.into())
+    }
+}
+
+impl<'de> Visitor<'de> for HeaderVisitor<'_, '_, '_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let start = self.out.len();
+        while let Some(name) = map.next_key_seed(Name)? {
+            let raw: &'de RawValue = map.next_value()?;
+            let checked = check_name(&name, self.mapped).and_then(|()| {
+                if self.out[start..].iter().any(|(n, _)| *n == name) {
+                    return Err(HeaderObjectError::Twice(name.to_string()));
+                }
+                header_value(&name, raw.get())
+            });
+            match checked {
+                Ok(Some(value)) => self.out.push((name, value.as_ref().into())),
+                Ok(None) => {}
+                Err(problem) => {
+                    *self.problem = Some(problem);
+                    // Stops the parse; the problem above is what is reported.
+                    return Err(A::Error::custom("refused member"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_name(name: &str, mapped: &dyn Fn(&str) -> bool) -> Result<(), HeaderObjectError> {
+    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic() && b != b':') {
+        return Err(HeaderObjectError::Name(name.escape_debug().to_string()));
+    }
+    if outbox_contract::is_reserved(name) || outbox_contract::is_relay_owned(name) {
+        return Err(HeaderObjectError::Owned(name.to_owned()));
+    }
+    if mapped(name) {
+        return Err(HeaderObjectError::Mapped(name.to_owned()));
+    }
+    Ok(())
+}
+
+/// A member's header value: `None` for `null`.
+fn header_value<'a>(name: &str, raw: &'a str) -> Result<Option<Cow<'a, str>>, HeaderObjectError> {
+    let value = match raw.as_bytes().first() {
+        Some(b'n') => return Ok(None),
+        Some(b'"') => match raw.get(1..raw.len() - 1) {
+            Some(inner) if !inner.contains('\\') => Cow::Borrowed(inner),
+            _ => Cow::Owned(
+                serde_json::from_str::<String>(raw)
+                    .map_err(|e| HeaderObjectError::BadString(name.to_owned(), e.to_string()))?,
+            ),
+        },
+        // Numbers, booleans, objects and arrays: their JSON text as written.
+        _ => Cow::Borrowed(raw),
+    };
+    if value.chars().any(char::is_control) {
+        return Err(HeaderObjectError::ControlCharacter(name.to_owned()));
+    }
+    Ok(Some(value))
+}
+
+#[cfg(test)]
+mod tests;
