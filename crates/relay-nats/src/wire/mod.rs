@@ -255,4 +255,8 @@ pub(crate) fn framed_header_lines(stream: &str, msg: &OutboundMessage) -> Vec<(S
 }
 
 #[cfg(test)]
+mod parser_props;
+#[cfg(test)]
+mod pub_ack_props;
+#[cfg(test)]
 mod tests;
