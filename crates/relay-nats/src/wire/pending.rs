@@ -11,7 +11,7 @@ use serde::Deserialize;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::error_codes::kind_for_error_code;
+use crate::error_codes::{ApiError, kind_for_error_code};
 
 /// What JetStream stored: the stream sequence, and whether the message was a duplicate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,16 +37,6 @@ struct PubAck {
     duplicate: bool,
     #[serde(default)]
     error: Option<ApiError>,
-}
-
-#[derive(Debug, Deserialize)]
-struct ApiError {
-    #[serde(default)]
-    code: u64,
-    #[serde(default)]
-    err_code: u64,
-    #[serde(default)]
-    description: String,
 }
 
 /// The outcome a PubAck's payload says.
