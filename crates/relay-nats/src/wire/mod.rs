@@ -6,7 +6,8 @@
 //! async-nats.
 //!
 //! - [`proto`]: framing and parsing, no IO.
-//! - [`connect`]: servers, credentials and TLS from [`crate::NatsSettings`]; the handshake.
+//! - [`connect`]: servers from [`crate::NatsSettings`], credentials and TLS from
+//!   [`crate::client_auth`] (shared with the async-nats connection); the handshake.
 //! - [`session`]: the connection's life (reader, writer, reconnects).
 //! - [`pending`]: the outstanding publishes and PubAck parsing.
 
