@@ -10,6 +10,7 @@
 //!   asks), capture every subject the mappings can produce, and not be configured in a way that
 //!   loses acknowledged events.
 
+mod client_auth;
 mod closes;
 mod connection;
 mod connection_state;
@@ -25,6 +26,7 @@ mod wire;
 
 use std::sync::Arc;
 
+use client_auth::ClientAuth;
 use connection_state::ConnectionState;
 
 pub use connection::{JetStream, NatsConnection};
@@ -144,44 +146,10 @@ pub async fn connect(settings: &NatsSettings) -> Result<NatsConnection, NatsErro
             let events = events.clone();
             async move { events.on_event(&event) }
         });
-    if let Some(path) = &settings.credentials_file {
-        // A file that cannot be read or parsed is a configuration error (78), not an outage;
-        // the message names the file, never its contents.
-        options = options.credentials_file(path).await.map_err(|e| {
-            NatsError::Settings(format!(
-                "cannot use nats.credentials_file {}: {e} (expected a .creds file with a user JWT and an NKey seed, as `nsc generate creds` writes)",
-                path.display()
-            ))
-        })?;
-    }
-    if let Some(user) = &settings.user {
-        let password = settings.resolved_password()?.ok_or_else(|| {
-            NatsError::Settings(
-                "nats.user is set without nats.password or nats.password_file".into(),
-            )
-        })?;
-        options = options.user_and_password(user.clone(), password.expose().to_owned());
-    }
-    if let Some(token) = settings.resolved_token()? {
-        options = options.token(token.expose().to_owned());
-    }
-    if let Some(seed) = settings.resolved_nkey_seed()? {
-        options = options.nkey(seed.expose().to_owned());
-    }
-    if let Some(ca) = &settings.tls_ca_file {
-        options = options.add_root_certificates(ca.clone());
-    }
-    match (&settings.tls_cert_file, &settings.tls_key_file) {
-        (Some(cert), Some(key)) => {
-            options = options.add_client_certificate(cert.clone(), key.clone());
-        }
-        (None, None) => {}
-        _ => {
-            return Err(NatsError::Settings(
-                "nats.tls_cert_file and nats.tls_key_file must be set together".into(),
-            ));
-        }
-    }
+    // A file that cannot be read or parsed is a configuration error (78), not an outage; the
+    // message names the file, never its contents. Both connections use what is read here.
+    let auth = Arc::new(ClientAuth::from_settings(settings)?);
+    options = auth.configure(options);
     if settings.tls_required {
         options = options.require_tls(true);
     }
@@ -206,7 +174,7 @@ pub async fn connect(settings: &NatsSettings) -> Result<NatsConnection, NatsErro
             source,
         })?;
     // The lean publish path opens its own connection from the same settings, on first use.
-    let lean = match wire::WireSettings::from_settings(settings) {
+    let lean = match wire::WireSettings::from_settings(settings, auth) {
         Ok(lean) => Some(Arc::new(lean)),
         Err(e) => {
             tracing::info!(error = %e, "publishing through async-nats: the lean publish path cannot use these settings");

@@ -99,47 +99,10 @@ pub struct NatsSettings {
 }
 
 impl NatsSettings {
-    /// `password_file`'s contents, else `password`.
-    pub fn resolved_password(&self) -> Result<Option<Secret>, crate::NatsError> {
-        resolve("nats.password_file", &self.password_file, &self.password)
-    }
-
-    /// `token_file`'s contents, else `token`.
-    pub fn resolved_token(&self) -> Result<Option<Secret>, crate::NatsError> {
-        resolve("nats.token_file", &self.token_file, &self.token)
-    }
-
-    /// `nkey_seed_file`'s contents, else `nkey_seed`.
-    pub fn resolved_nkey_seed(&self) -> Result<Option<Secret>, crate::NatsError> {
-        resolve("nats.nkey_seed_file", &self.nkey_seed_file, &self.nkey_seed)
-    }
-
     /// `url` with any password replaced, for messages.
     pub fn display_url(&self) -> String {
         relay_core::secret::redact_url(&self.url)
     }
-}
-
-/// Trimmed contents of `file` if set, else `value`. Errors name the file, never the contents.
-fn resolve(
-    what: &str,
-    file: &Option<PathBuf>,
-    value: &Option<Secret>,
-) -> Result<Option<Secret>, crate::NatsError> {
-    let Some(path) = file else {
-        return Ok(value.clone());
-    };
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        crate::NatsError::Settings(format!("cannot read {what} {}: {e}", path.display()))
-    })?;
-    let trimmed = text.trim();
-    if trimmed.is_empty() {
-        return Err(crate::NatsError::Settings(format!(
-            "{what} {} is empty",
-            path.display()
-        )));
-    }
-    Ok(Some(Secret::from(trimmed)))
 }
 
 impl std::fmt::Debug for NatsSettings {
@@ -219,6 +182,7 @@ impl Default for NatsSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::client_auth::{resolved_nkey_seed, resolved_password, resolved_token};
 
     #[test]
     fn secrets_come_from_files_and_are_never_printed() {
@@ -236,17 +200,17 @@ mod tests {
         };
         let exposed = |s: Option<Secret>| s.map(|s| s.expose().to_owned());
         assert_eq!(
-            exposed(s.resolved_token().unwrap()).as_deref(),
+            exposed(resolved_token(&s).unwrap()).as_deref(),
             Some("tok-from-file")
         );
         assert_eq!(
-            exposed(s.resolved_password().unwrap()).as_deref(),
+            exposed(resolved_password(&s).unwrap()).as_deref(),
             Some("pw-inline")
         );
         let printed = format!(
             "{s:?} {s:#?} {} {:?} {}",
             serde_json::to_string(&s).unwrap(),
-            s.resolved_token().unwrap(),
+            resolved_token(&s).unwrap(),
             s.display_url()
         );
         for secret in [
@@ -266,7 +230,7 @@ mod tests {
             nkey_seed_file: Some(dir.join("nope")),
             ..Default::default()
         };
-        let err = missing.resolved_nkey_seed().unwrap_err().to_string();
+        let err = resolved_nkey_seed(&missing).unwrap_err().to_string();
         assert!(err.contains("nats.nkey_seed_file"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
     }

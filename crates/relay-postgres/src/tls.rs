@@ -55,7 +55,7 @@ pub(crate) fn client_config(
     let builder = match mode {
         SslMode::Disable | SslMode::Prefer | SslMode::Require => builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(NoVerify(provider()))),
+            .with_custom_certificate_verifier(Arc::new(BelowVerifyFull::new(None))),
         SslMode::VerifyCa | SslMode::VerifyFull => {
             let path = settings.sslrootcert.as_deref().ok_or_else(|| {
                 tls_err(format!(
@@ -77,7 +77,7 @@ pub(crate) fn client_config(
             } else {
                 builder
                     .dangerous()
-                    .with_custom_certificate_verifier(Arc::new(ChainOnly(webpki)))
+                    .with_custom_certificate_verifier(Arc::new(BelowVerifyFull::new(Some(webpki))))
             }
         }
     };
@@ -129,57 +129,26 @@ pub(crate) fn replication_tls(
     Ok(tls)
 }
 
-/// `sslmode = prefer | require`: encryption without authentication of the server, as libpq.
+/// The server check of the sslmodes below `verify-full`, as libpq: `prefer` and `require`
+/// (`chain: None`) encrypt without authenticating the server; `verify-ca` (`chain` the CA's
+/// verifier) needs a chain to the CA but accepts any name. Both still check the handshake's
+/// signatures, with the provider's algorithms (what the WebPKI verifier itself uses).
 #[derive(Debug)]
-struct NoVerify(Arc<rustls::crypto::CryptoProvider>);
+struct BelowVerifyFull {
+    chain: Option<Arc<WebPkiServerVerifier>>,
+    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
+}
 
-impl ServerCertVerifier for NoVerify {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+impl BelowVerifyFull {
+    fn new(chain: Option<Arc<WebPkiServerVerifier>>) -> Self {
+        Self {
+            chain,
+            algorithms: provider().signature_verification_algorithms,
+        }
     }
 }
 
-/// `sslmode = verify-ca`: the chain must verify; a name mismatch is accepted.
-#[derive(Debug)]
-struct ChainOnly(Arc<WebPkiServerVerifier>);
-
-impl ServerCertVerifier for ChainOnly {
+impl ServerCertVerifier for BelowVerifyFull {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -188,10 +157,10 @@ impl ServerCertVerifier for ChainOnly {
         ocsp: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
-        {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
             Err(rustls::Error::InvalidCertificate(
                 rustls::CertificateError::NotValidForName
                 | rustls::CertificateError::NotValidForNameContext { .. },
@@ -205,7 +174,7 @@ impl ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
     }
     fn verify_tls13_signature(
         &self,
@@ -213,9 +182,9 @@ impl ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
     }
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.algorithms.supported_schemes()
     }
 }

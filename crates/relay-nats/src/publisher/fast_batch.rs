@@ -36,6 +36,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::JetStreamPublisher;
 use super::framing::{Command, Framer, FramingMode, Reply, batchable, reply_when_acked, unknown};
+use crate::error_codes::ApiError;
 use crate::wire::LeanConnection;
 
 /// The oldest nats-server with fast batches.
@@ -347,14 +348,6 @@ struct Answer {
     #[serde(default)]
     duplicate: bool,
     error: Option<ApiError>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct ApiError {
-    #[serde(default)]
-    err_code: u64,
-    #[serde(default)]
-    description: String,
 }
 
 /// Reads one batch's answers and settles its members.

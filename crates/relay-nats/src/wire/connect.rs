@@ -1,18 +1,19 @@
-//! Opening the lean path's own NATS connection: the servers and credentials from
-//! [`NatsSettings`] (resolved once), TCP, TLS (rustls), `INFO`, `CONNECT` and the first
-//! `PING`/`PONG`.
+//! Opening the lean path's own NATS connection: the servers from [`NatsSettings`], the
+//! credentials and TLS configuration [`crate::client_auth`] resolved for both clients, TCP, TLS
+//! (rustls), `INFO`, `CONNECT` and the first `PING`/`PONG`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
 use nkeys::KeyPair;
-use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use relay_core::secret::Secret;
+use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
 use super::proto::{self, ConnectInfo, ServerInfo, ServerOp};
+use crate::client_auth::ClientAuth;
 use crate::{NatsError, NatsSettings};
 
 /// The default NATS port.
@@ -96,22 +97,11 @@ fn decode(text: &str) -> String {
         .into_owned()
 }
 
-/// Credentials sent in `CONNECT`, as [`crate::connect`] configures async-nats.
-#[derive(Default)]
-struct Credentials {
-    user: Option<(String, String)>,
-    token: Option<String>,
-    /// `nkey_seed`: the public key goes in `CONNECT`, the seed signs the nonce.
-    nkey: Option<Arc<KeyPair>>,
-    /// `.creds`: the user JWT, and the seed that signs the nonce.
-    jwt: Option<(String, Arc<KeyPair>)>,
-}
-
 /// Everything needed to (re)connect, resolved from [`NatsSettings`] once.
 pub(crate) struct WireSettings {
     pub(crate) servers: Vec<ServerUrl>,
-    credentials: Credentials,
-    tls: Arc<rustls::ClientConfig>,
+    /// Credentials and TLS, shared with the async-nats connection.
+    auth: Arc<ClientAuth>,
     tls_required: bool,
     pub(crate) connect_timeout: Duration,
     /// `[nats] url` with passwords replaced, for messages.
@@ -127,9 +117,12 @@ impl std::fmt::Debug for WireSettings {
 }
 
 impl WireSettings {
-    /// The lean connection's settings; errors name the setting and the fix, as
-    /// [`crate::connect`]'s do.
-    pub(crate) fn from_settings(settings: &NatsSettings) -> Result<Self, NatsError> {
+    /// The lean connection's settings: the servers of `[nats] url`, with `auth` (what
+    /// [`crate::connect`] resolved for both connections). Errors name the setting and the fix.
+    pub(crate) fn from_settings(
+        settings: &NatsSettings,
+        auth: Arc<ClientAuth>,
+    ) -> Result<Self, NatsError> {
         let servers = settings
             .url
             .split(',')
@@ -141,129 +134,14 @@ impl WireSettings {
                     settings.display_url()
                 ))
             })?;
-        let mut credentials = Credentials::default();
-        if let Some(path) = &settings.credentials_file {
-            let (jwt, seed) = read_creds(path).map_err(|e| {
-                NatsError::Settings(format!(
-                    "cannot use nats.credentials_file {}: {e} (expected a .creds file with a user JWT and an NKey seed, as `nsc generate creds` writes)",
-                    path.display()
-                ))
-            })?;
-            credentials.jwt = Some((jwt, Arc::new(seed)));
-        }
-        if let Some(user) = &settings.user {
-            let password = settings.resolved_password()?.ok_or_else(|| {
-                NatsError::Settings(
-                    "nats.user is set without nats.password or nats.password_file".into(),
-                )
-            })?;
-            credentials.user = Some((user.clone(), password.expose().to_owned()));
-        }
-        if let Some(token) = settings.resolved_token()? {
-            credentials.token = Some(token.expose().to_owned());
-        }
-        if let Some(seed) = settings.resolved_nkey_seed()? {
-            let pair = KeyPair::from_seed(seed.expose()).map_err(|e| {
-                NatsError::Settings(format!(
-                    "nats.nkey_seed (or nats.nkey_seed_file) is not an NKey seed: {e} (expected a user seed starting with SU, as `nsc` or `nk -gen user` writes)"
-                ))
-            })?;
-            credentials.nkey = Some(Arc::new(pair));
-        }
         Ok(Self {
             servers,
-            credentials,
-            tls: Arc::new(tls_config(settings)?),
+            auth,
             tls_required: settings.tls_required,
             connect_timeout: settings.connect_timeout,
             display_url: settings.display_url(),
         })
     }
-}
-
-/// The user JWT and NKey seed of a `.creds` file.
-fn read_creds(path: &std::path::Path) -> Result<(String, KeyPair), String> {
-    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
-    // Each part sits between a `-----BEGIN ...-----` line and a `------END ...------` line.
-    let section = |begin: &str| -> Option<String> {
-        let mut lines = text.lines().skip_while(|l| !l.contains(begin));
-        lines.next()?;
-        lines
-            .map(str::trim)
-            .find(|l| !l.is_empty())
-            .filter(|l| !l.starts_with("---"))
-            .map(str::to_owned)
-    };
-    let jwt = section("BEGIN NATS USER JWT").ok_or("no user JWT")?;
-    let seed = section("BEGIN USER NKEY SEED").ok_or("no NKey seed")?;
-    let pair = KeyPair::from_seed(&seed).map_err(|e| format!("bad NKey seed: {e}"))?;
-    Ok((jwt, pair))
-}
-
-fn tls_config(settings: &NatsSettings) -> Result<rustls::ClientConfig, NatsError> {
-    let err = NatsError::Settings;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| err(format!("TLS set-up failed: {e}")))?;
-    let mut roots = rustls::RootCertStore::empty();
-    match &settings.tls_ca_file {
-        Some(path) => {
-            for cert in load_certs("nats.tls_ca_file", path)? {
-                roots
-                    .add(cert)
-                    .map_err(|e| err(format!("nats.tls_ca_file {}: {e}", path.display())))?;
-            }
-        }
-        // The platform's trust store, as async-nats uses for the relay's other connection: a
-        // CA installed system-wide must work for both.
-        None => {
-            let native = rustls_native_certs::load_native_certs();
-            if native.certs.is_empty() && !native.errors.is_empty() {
-                let errors: Vec<String> = native.errors.iter().map(ToString::to_string).collect();
-                return Err(err(format!(
-                    "cannot load the platform's CA certificates ({}): set nats.tls_ca_file",
-                    errors.join("; ")
-                )));
-            }
-            roots.add_parsable_certificates(native.certs);
-        }
-    }
-    let builder = builder.with_root_certificates(roots);
-    match (&settings.tls_cert_file, &settings.tls_key_file) {
-        (Some(cert), Some(key)) => {
-            let chain = load_certs("nats.tls_cert_file", cert)?;
-            let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
-                err(format!(
-                    "cannot read nats.tls_key_file {}: {e}",
-                    key.display()
-                ))
-            })?;
-            builder
-                .with_client_auth_cert(chain, key)
-                .map_err(|e| err(format!("nats.tls_cert_file/tls_key_file: {e}")))
-        }
-        (None, None) => Ok(builder.with_no_client_auth()),
-        _ => Err(err(
-            "nats.tls_cert_file and nats.tls_key_file must be set together".into(),
-        )),
-    }
-}
-
-fn load_certs(
-    what: &str,
-    path: &std::path::Path,
-) -> Result<Vec<CertificateDer<'static>>, NatsError> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| NatsError::Settings(format!("cannot read {what} {}: {e}", path.display())))?;
-    if certs.is_empty() {
-        return Err(NatsError::Settings(format!(
-            "{what} {} holds no PEM certificate",
-            path.display()
-        )));
-    }
-    Ok(certs)
 }
 
 /// The read half of a connection.
@@ -341,7 +219,12 @@ async fn handshake(
         }
         let name = ServerName::try_from(server.host.clone())
             .map_err(|e| OpenError::Tls(format!("`{}` as a TLS server name: {e}", server.host)))?;
-        let tls = tokio_rustls::TlsConnector::from(settings.tls.clone())
+        let config = settings
+            .auth
+            .tls
+            .config()
+            .map_err(|e| OpenError::Tls(e.to_owned()))?;
+        let tls = tokio_rustls::TlsConnector::from(config.clone())
             .connect(name, tcp)
             .await
             .map_err(|e| OpenError::Tls(format!("TLS handshake failed: {e}")))?;
@@ -358,14 +241,15 @@ async fn handshake(
             .map_err(|e| OpenError::Refused(format!("cannot sign the server's nonce: {e}")))?;
         Ok(data_encoding::BASE64URL_NOPAD.encode(&signed))
     };
-    let creds = &settings.credentials;
-    let nkey_public = creds.nkey.as_ref().map(|pair| pair.public_key());
-    let sig = match (&creds.jwt, &creds.nkey) {
-        (Some((_, pair)), _) | (None, Some(pair)) => Some(signature(pair)?),
+    let auth = &settings.auth;
+    let nkey_public = auth.nkey.as_ref().map(|nkey| nkey.pair.public_key());
+    let sig = match (&auth.jwt, &auth.nkey) {
+        (Some((_, pair)), _) => Some(signature(pair)?),
+        (None, Some(nkey)) => Some(signature(&nkey.pair)?),
         (None, None) => None,
     };
     // Settings first; the URL's userinfo when the settings name no user or token.
-    let (user, pass, token) = match (&creds.user, &creds.token) {
+    let (user, pass, token) = match (&auth.user, &auth.token) {
         (None, None) => match (&server.user, &server.password) {
             (Some(user), Some(password)) => (Some(user.as_str()), Some(password.as_str()), None),
             (Some(token), None) => (None, None, Some(token.as_str())),
@@ -373,8 +257,8 @@ async fn handshake(
         },
         (user, token) => (
             user.as_ref().map(|(u, _)| u.as_str()),
-            user.as_ref().map(|(_, p)| p.as_str()),
-            token.as_deref(),
+            user.as_ref().map(|(_, p)| p.expose()),
+            token.as_ref().map(Secret::expose),
         ),
     };
     let connect = ConnectInfo {
@@ -391,8 +275,8 @@ async fn handshake(
         user,
         pass,
         auth_token: token,
-        jwt: creds.jwt.as_ref().map(|(jwt, _)| jwt.as_str()),
-        nkey: if creds.jwt.is_none() {
+        jwt: auth.jwt.as_ref().map(|(jwt, _)| jwt.as_str()),
+        nkey: if auth.jwt.is_none() {
             nkey_public.as_deref()
         } else {
             None
@@ -472,31 +356,5 @@ mod tests {
         assert_eq!(url.addr(), "[::1]:4222");
         assert!(ServerUrl::parse("http://x:1").is_err());
         assert!(ServerUrl::parse("nats://x:port").is_err());
-    }
-
-    #[test]
-    fn creds_files_give_the_jwt_and_the_seed() {
-        let pair = KeyPair::new_user();
-        let seed = pair.seed().unwrap();
-        let text = format!(
-            "-----BEGIN NATS USER JWT-----\neyJ0eXAi.payload.sig\n------END NATS USER JWT------\n\n\
-************************* IMPORTANT *************************\n\n\
------BEGIN USER NKEY SEED-----\n{seed}\n------END USER NKEY SEED------\n"
-        );
-        let dir = tempfile_dir();
-        let path = dir.join("user.creds");
-        std::fs::write(&path, text).unwrap();
-        let (jwt, read) = read_creds(&path).unwrap();
-        assert_eq!(jwt, "eyJ0eXAi.payload.sig");
-        assert_eq!(read.public_key(), pair.public_key());
-        std::fs::write(&path, "nothing").unwrap();
-        assert!(read_creds(&path).unwrap_err().contains("no user JWT"));
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    fn tempfile_dir() -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("relay-nats-wire-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
     }
 }

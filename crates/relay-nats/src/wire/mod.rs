@@ -7,7 +7,8 @@
 //! message goes in each mode: `docs/design.md`, "Where each message goes".
 //!
 //! - [`proto`]: framing and parsing, no IO.
-//! - [`connect`]: servers, credentials and TLS from [`crate::NatsSettings`]; the handshake.
+//! - [`connect`]: servers from [`crate::NatsSettings`], credentials and TLS from
+//!   [`crate::client_auth`] (shared with the async-nats connection); the handshake.
 //! - [`session`]: the connection's life (reader, writer, reconnects).
 //! - [`pending`]: the outstanding publishes and PubAck parsing.
 
@@ -255,5 +256,9 @@ pub(crate) fn framed_header_lines(stream: &str, msg: &OutboundMessage) -> Vec<(S
     proto::header_block_lines(&rest.as_bytes()[..header_len]).expect("a header block")
 }
 
+#[cfg(test)]
+mod parser_props;
+#[cfg(test)]
+mod pub_ack_props;
 #[cfg(test)]
 mod tests;

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::error_codes::kind_for_error_code;
+use crate::error_codes::{ApiError, kind_for_error_code};
 
 /// What JetStream stored: the stream sequence, and whether the message was a duplicate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,9 +27,10 @@ pub(crate) type Outcome = Result<Stored, PublishError>;
 /// without them is not taken for a stored message.
 #[derive(Debug, Deserialize)]
 struct PubAck {
-    /// Only its presence counts (not read: no allocation per ack).
+    /// Only its presence counts, as a string (this is the slow path: [`plain_pub_ack`] reads
+    /// the common PubAck without allocating).
     #[serde(default)]
-    stream: Option<serde::de::IgnoredAny>,
+    stream: Option<String>,
     #[serde(default)]
     seq: Option<u64>,
     #[serde(default)]
@@ -38,22 +39,12 @@ struct PubAck {
     error: Option<ApiError>,
 }
 
-#[derive(Debug, Deserialize)]
-struct ApiError {
-    #[serde(default)]
-    code: u64,
-    #[serde(default)]
-    err_code: u64,
-    #[serde(default)]
-    description: String,
-}
-
 /// The outcome a PubAck's payload says.
 pub(crate) fn parse_pub_ack(payload: &[u8]) -> Outcome {
     if let Some(stored) = plain_pub_ack(payload) {
         return Ok(stored);
     }
-    let ack: PubAck = serde_json::from_slice(payload).map_err(|e| {
+    let unreadable = |e: &dyn std::fmt::Display| {
         PublishError::new(
             PublishErrorKind::Unknown,
             format!(
@@ -61,7 +52,11 @@ pub(crate) fn parse_pub_ack(payload: &[u8]) -> Outcome {
                 String::from_utf8_lossy(&payload[..payload.len().min(200)])
             ),
         )
-    })?;
+    };
+    // From a `str`: serde_json skips the strings of fields it ignores without checking that
+    // they are UTF-8, so bytes that are not JSON would otherwise pass.
+    let text = std::str::from_utf8(payload).map_err(|e| unreadable(&e))?;
+    let ack: PubAck = serde_json::from_str(text).map_err(|e| unreadable(&e))?;
     if let Some(error) = ack.error {
         return Err(PublishError::new(
             kind_for_error_code(error.err_code),
@@ -92,13 +87,21 @@ pub(crate) fn parse_pub_ack(payload: &[u8]) -> Outcome {
 /// a tenth of the relay's instructions per message. `None` for anything else (an error, other
 /// fields, escapes in a string): [`parse_pub_ack`] then reads it with serde_json.
 fn plain_pub_ack(payload: &[u8]) -> Option<Stored> {
+    /// JSON's whitespace only (`is_ascii_whitespace` would also skip a form feed).
     fn ws(b: &[u8]) -> &[u8] {
-        let n = b.iter().take_while(|c| c.is_ascii_whitespace()).count();
+        let n = b
+            .iter()
+            .take_while(|c| matches!(c, b' ' | b'\t' | b'\n' | b'\r'))
+            .count();
         &b[n..]
     }
-    /// The rest after a JSON string without escapes (the opening quote already taken).
+    /// The rest after a JSON string of printable ASCII without escapes (the opening quote
+    /// already taken); anything else (a control character JSON forbids, bytes that may not be
+    /// UTF-8) is left to serde_json.
     fn string_end(b: &[u8]) -> Option<&[u8]> {
-        let end = b.iter().position(|&c| c == b'"' || c == b'\\')?;
+        let end = b
+            .iter()
+            .position(|&c| c == b'"' || c == b'\\' || !(0x20..0x7f).contains(&c))?;
         (b[end] == b'"').then(|| &b[end + 1..])
     }
     fn entry<'a>(b: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
@@ -325,6 +328,30 @@ mod tests {
                     "{text}"
                 );
             }
+        }
+    }
+
+    /// Minimal cases the property tests (parser_props.rs) found: each was taken for a stored
+    /// message, though none is JSON.
+    #[test]
+    fn what_is_not_json_is_never_stored() {
+        for bad in [
+            // Invalid UTF-8 in the stream name, or in a field serde skips unchecked.
+            &b"{\"batch\":\"b\",\"stream\":\"\xff\",\"seq\":1}"[..],
+            b"{\"domain\":\"\xff\",\"stream\":\"T\",\"seq\":1}",
+            b"{\"stream\":\"\xff\",\"seq\":1}",
+            // A control character inside a string, a form feed as whitespace.
+            b"{\"stream\":\"T\x01\",\"seq\":1}",
+            b"{\"stream\":\"T\",\x0c\"seq\":1}",
+            // A stream that is not a string.
+            br#"{"stream":1,"seq":1}"#,
+        ] {
+            assert_eq!(
+                parse_pub_ack(bad).unwrap_err().kind,
+                PublishErrorKind::Unknown,
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 

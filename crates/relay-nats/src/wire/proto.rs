@@ -89,7 +89,12 @@ pub(crate) struct ProtocolError(pub(crate) String);
 
 /// The longest control line accepted from the server before it counts as garbage (an `INFO`
 /// with many `connect_urls` is the longest).
-const MAX_SERVER_LINE: usize = 1 << 20;
+pub(crate) const MAX_SERVER_LINE: usize = 1 << 20;
+
+/// The most bytes (headers and payload) one `MSG`/`HMSG` can carry: nats-server's
+/// `max_payload` is an int32, and it refuses to take a bigger message from any publisher. A
+/// larger length is garbage, not a message to wait for (the buffer would grow without end).
+pub(crate) const MAX_SERVER_MESSAGE: usize = i32::MAX as usize;
 
 /// Takes one complete operation off the front of `buf`; `None` while it is incomplete (read
 /// more and call again).
@@ -106,12 +111,22 @@ pub(crate) fn parse_op(buf: &mut BytesMut) -> Result<Option<ServerOp>, ProtocolE
         None => (line, &[][..]),
     };
     let is = |name: &[u8]| op.eq_ignore_ascii_case(name);
+    let bare = |op: ServerOp| {
+        if args.is_empty() {
+            Ok(Some(op))
+        } else {
+            Err(ProtocolError(format!(
+                "unexpected arguments after {}",
+                String::from_utf8_lossy(&line[..line.len().min(64)])
+            )))
+        }
+    };
     let simple = if is(b"PING") {
-        Some(ServerOp::Ping)
+        bare(ServerOp::Ping)?
     } else if is(b"PONG") {
-        Some(ServerOp::Pong)
+        bare(ServerOp::Pong)?
     } else if is(b"+OK") {
-        Some(ServerOp::Ok)
+        bare(ServerOp::Ok)?
     } else if is(b"-ERR") {
         let text = String::from_utf8_lossy(args);
         Some(ServerOp::Err(text.trim().trim_matches('\'').to_owned()))
@@ -169,14 +184,24 @@ pub(crate) fn parse_op(buf: &mut BytesMut) -> Result<Option<ServerOp>, ProtocolE
     if header_len > total_len {
         return Err(ProtocolError("header length over total length".into()));
     }
-    // A length the server made up must not wrap (the split below would then panic).
-    let Some(frame_len) = total_len.checked_add(end + 4) else {
-        return Err(ProtocolError(format!(
-            "message length {total_len} out of range"
-        )));
-    };
+    // `number` bounds both lengths by MAX_SERVER_MESSAGE, so this cannot wrap.
+    let frame_len = end + 2 + total_len + 2;
     if buf.len() < frame_len {
         return Ok(None);
+    }
+    // The lengths must land exactly on the frame's end: a payload of another length than the
+    // line says would otherwise be taken short (or long) and the rest read as the next frame.
+    if &buf[frame_len - 2..frame_len] != b"\r\n" {
+        return Err(ProtocolError(format!(
+            "no CRLF after the {total_len} bytes that {} announces",
+            String::from_utf8_lossy(&line[..line.len().min(200)])
+        )));
+    }
+    if with_headers && !is_header_block(&buf[end + 2..end + 2 + header_len]) {
+        return Err(ProtocolError(format!(
+            "the {header_len} header bytes of {} are not a NATS/1.0 header block",
+            String::from_utf8_lossy(&line[..line.len().min(200)])
+        )));
     }
     // The subject as a slice of the frame's bytes: no copy.
     let subject_at = subject.as_ptr() as usize - line.as_ptr() as usize;
@@ -207,26 +232,50 @@ fn find_crlf(buf: &[u8]) -> Option<usize> {
     None
 }
 
+/// `NATS/1.0`, optionally a status, then header lines, then the blank line.
+fn is_header_block(block: &[u8]) -> bool {
+    let Some(after_version) = block.strip_prefix(&HEADER_VERSION_LINE[..8]) else {
+        return false;
+    };
+    (after_version.starts_with(b"\r\n") || after_version.starts_with(b" "))
+        && block.len() >= HEADER_VERSION_LINE.len() + 2
+        && block.ends_with(b"\r\n\r\n")
+}
+
+/// Without the spaces and tabs (the protocol's field separators) at either end.
 fn trim(bytes: &[u8]) -> &[u8] {
-    let start = bytes
-        .iter()
-        .position(|b| !b.is_ascii_whitespace())
-        .unwrap_or(bytes.len());
+    let blank = |b: &u8| *b == b' ' || *b == b'\t';
+    let start = bytes.iter().position(|b| !blank(b)).unwrap_or(bytes.len());
     let end = bytes
         .iter()
-        .rposition(|b| !b.is_ascii_whitespace())
+        .rposition(|b| !blank(b))
         .map_or(start, |i| i + 1);
     &bytes[start..end]
 }
 
+/// A length field: decimal digits only (`usize::from_str` would also take a `+`), at most
+/// [`MAX_SERVER_MESSAGE`].
 fn number(field: &[u8]) -> Result<usize, ProtocolError> {
-    std::str::from_utf8(field)
+    let bad = |why: &str| {
+        ProtocolError(format!(
+            "bad length `{}`{why}",
+            String::from_utf8_lossy(&field[..field.len().min(32)])
+        ))
+    };
+    if field.is_empty() || !field.iter().all(u8::is_ascii_digit) {
+        return Err(bad(""));
+    }
+    // Digits only, so a failed parse means more than a u64 holds.
+    let n = std::str::from_utf8(field)
         .ok()
-        .and_then(|s| s.parse().ok())
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(u64::MAX);
+    usize::try_from(n)
+        .ok()
+        .filter(|n| *n <= MAX_SERVER_MESSAGE)
         .ok_or_else(|| {
-            ProtocolError(format!(
-                "bad length `{}`",
-                String::from_utf8_lossy(&field[..field.len().min(32)])
+            bad(&format!(
+                " (over {MAX_SERVER_MESSAGE}, nats-server's largest message)"
             ))
         })
 }
@@ -585,6 +634,37 @@ HMSG s 1 r 12 14\r\nNATS/1.0\r\n\r\nhi\r\n";
                 ops.push(op);
             }
             assert_eq!(ops, whole, "cut at {cut}");
+        }
+    }
+
+    /// Minimal cases the property tests (parser_props.rs) found: each was read as a frame.
+    #[test]
+    fn a_frame_ends_exactly_where_its_lengths_say() {
+        for bad in [
+            // A length short of the payload: `hell` was taken, `o\r` skipped as the CRLF.
+            &b"MSG s 1 4\r\nhello\r\n"[..],
+            // A length one over: the CRLF taken as the payload, `\nx` as the CRLF.
+            b"MSG A A 1\r\n\r\nxxx",
+            // The control line's CRLF missing: the next bytes were taken as the CRLF.
+            b"MSG\t>\ta\t0\r\nPING\r\n",
+            // Not a NATS/1.0 header block.
+            b"HMSG > A 12 13\r\nNATS/2.0\r\n\r\nx\r\n",
+            b"HMSG > A 10 10\r\nNATS/1.0\r\n\r\n",
+            // A sign is not a digit (`usize::from_str` takes `+5`).
+            b"MSG s 1 +5\r\nhello\r\n",
+            // No message is that long: an error now, not a wait for bytes that never come.
+            b"MSG s 1 18446744073709551000\r\nx",
+            b"MSG s 1 2147483648\r\nx",
+            // PING, PONG and +OK take no arguments.
+            b"PING 0\r\n",
+            b"+OK x\r\n",
+        ] {
+            let mut buf = BytesMut::from(bad);
+            assert!(
+                parse_op(&mut buf).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 

@@ -15,6 +15,10 @@ use super::*;
 use crate::NatsSettings;
 use crate::connection_state::ConnectionState;
 
+fn auth(settings: &NatsSettings) -> Arc<crate::client_auth::ClientAuth> {
+    Arc::new(crate::client_auth::ClientAuth::from_settings(settings).unwrap())
+}
+
 fn msg(id: &str) -> Arc<OutboundMessage> {
     Arc::new(OutboundMessage::bare(
         "outbox.a",
@@ -70,7 +74,7 @@ async fn the_session_answers_pings_learns_servers_and_reports_closes() {
         ..Default::default()
     };
     let lean = LeanConnection::new(
-        Arc::new(WireSettings::from_settings(&settings).unwrap()),
+        Arc::new(WireSettings::from_settings(&settings, auth(&settings)).unwrap()),
         Arc::new(ConnectionState::with_default_limits()),
         Duration::from_secs(30),
     );
@@ -147,7 +151,7 @@ async fn an_unanswered_publish_times_out_as_unknown_without_a_timer_of_its_own()
     };
     let ack_timeout = Duration::from_millis(300);
     let lean = LeanConnection::new(
-        Arc::new(WireSettings::from_settings(&settings).unwrap()),
+        Arc::new(WireSettings::from_settings(&settings, auth(&settings)).unwrap()),
         Arc::new(ConnectionState::with_default_limits()),
         ack_timeout,
     );
