@@ -40,6 +40,9 @@ pub(crate) async fn connect_publisher(
     for warning in &report.warnings {
         tracing::warn!(stream = %config.nats.stream, "{warning}");
     }
+    for (table, template) in config.unsampled_subjects() {
+        tracing::warn!(stream = %config.nats.stream, "{}", config.unsampled_warning(&table, &template));
+    }
     let publisher = publisher.with_publish_mode(mode, report.allows(mode), max_in_flight);
     Ok((nats, publisher, report))
 }

@@ -525,6 +525,7 @@ impl RelayConfig {
             .outbox
             .iter()
             .filter_map(|o| o.validate().ok().map(|t| (o, t)))
+            .filter(|(_, t)| !t.starts_with_placeholder())
             .flat_map(|(o, t)| t.samples("x").into_iter().map(|s| (o.table.clone(), s)))
             .collect();
         for o in self.outbox.iter() {
@@ -541,6 +542,24 @@ impl RelayConfig {
             samples.push(("[relay] dead_letter_subject".into(), dlq.clone()));
         }
         samples
+    }
+
+    /// `(table, subject template)` of every mapping whose template starts with a placeholder
+    /// (a framework's topic as the whole subject): the stream check cannot sample it.
+    pub fn unsampled_subjects(&self) -> Vec<(String, String)> {
+        self.outbox
+            .iter()
+            .filter(|o| o.validate().is_ok_and(|t| t.starts_with_placeholder()))
+            .map(|o| (o.table.clone(), o.subject.clone()))
+            .collect()
+    }
+
+    /// What a template `unsampled_subjects` names means for the stream check.
+    pub fn unsampled_warning(&self, table: &str, template: &str) -> String {
+        format!(
+            "the subject template `{template}` of outbox table `{table}` starts with a column, so the relay cannot check at start that stream `{}` captures its subjects: give the stream every subject the column can hold ([nats] stream_subjects); a row whose subject it does not capture is retried for [relay] no_stream_grace and then stops the relay, before its transaction (nothing is skipped)",
+            self.nats.stream
+        )
     }
 
     /// What the mappings' broker-native headers need from the server and stream.

@@ -321,6 +321,12 @@ impl SubjectTemplate {
         })
     }
 
+    /// Whether the template starts with a placeholder (`{levels:Name}`, a framework's topic as
+    /// the whole subject): no sample of it says which subjects a stream must capture.
+    pub fn starts_with_placeholder(&self) -> bool {
+        !matches!(self.segments.first(), Some(Segment::Literal(_)) | None)
+    }
+
     /// A subject of this template's shape with every placeholder replaced by `token` (one
     /// level for a `{levels:…}` placeholder).
     pub fn sample(&self, token: &str) -> String {

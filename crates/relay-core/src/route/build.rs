@@ -197,7 +197,13 @@ impl CompiledRoute {
                     let text =
                         std::str::from_utf8(&body).map_err(|_| missing(MemberError::NotUtf8))?;
                     let member = pointer.resolve(text).map_err(missing)?;
-                    slice_of(&body, member)
+                    if member == "null" {
+                        // A JSON null member is no payload: an empty body, as a NULL payload
+                        // column gives and as CAP's transports publish a null Value.
+                        Bytes::new()
+                    } else {
+                        slice_of(&body, member)
+                    }
                 } else {
                     if *json {
                         let text = std::str::from_utf8(&body).map_err(|e| {

@@ -108,6 +108,14 @@ pub(super) async fn nats_checks(config: &RelayConfig, r: &mut Report) {
         name.clone(),
         format!("exists, subjects [{}]", c.subjects.join(", ")),
     );
+    for (table, template) in config.unsampled_subjects() {
+        r.hinted(
+            Verdict::Warn,
+            format!("{name} captures {template}"),
+            format!("cannot be checked: the template of {table} starts with a column"),
+            config.unsampled_warning(&table, &template),
+        );
+    }
     for (table, subject) in config.sample_subjects() {
         let check = format!("{name} captures {subject}");
         if c.subjects.iter().any(|f| subject_matches(f, &subject)) {

@@ -136,7 +136,9 @@ fn envelope_members_keep_the_producers_bytes() {
             .route_insert(&cap_row("orders", Some(&content)), &tx(), 0)
             .unwrap()
             .unwrap();
-        assert_eq!(&msg.payload[..], value.as_bytes(), "{value}");
+        // A null member is no payload, as CAP's transports publish a null Value.
+        let expected = if value == "null" { "" } else { value };
+        assert_eq!(&msg.payload[..], expected.as_bytes(), "{value}");
     }
     let large = format!(
         r#"{{"blob": "{}", "n": 12.50}}"#,
