@@ -166,6 +166,7 @@ fn notification_outbox_works_by_configuration_alone() {
         schedule_column: None,
         schedule_subject: None,
         cloudevents: None,
+        row_filter: None,
     };
     let mut router = Router::new(&[config]).unwrap();
     router
