@@ -16,6 +16,7 @@ mod durable_checkpoint;
 mod failover;
 mod fast_batch;
 mod faults;
+mod framework_tables;
 mod hostile;
 mod limits;
 mod localized;
