@@ -18,6 +18,7 @@ mod emit_functions;
 mod failover;
 mod fast_batch;
 mod faults;
+mod framework_tables;
 mod hostile;
 mod limits;
 mod localized;

@@ -160,7 +160,7 @@ impl OutboxTables {
     /// The `[outbox.cleanup]` of `table` (`schema.table`), if any.
     pub fn cleanup_of(&self, schema: &str, table: &str) -> Option<&CleanupSettings> {
         self.cleanup()
-            .find(|(t, _)| t.qualified_name() == (schema, table))
+            .find(|(t, _)| t.is_table(schema, table))
             .map(|(_, c)| c)
     }
 }
@@ -436,6 +436,12 @@ impl RelayConfig {
                     table.table
                 )));
             }
+            if table.row_filter.is_some() && cleanup.mode == CleanupMode::DropPartitions {
+                return Err(ConfigError::Invalid(format!(
+                    "[[outbox]] table `{}`: [outbox.cleanup] mode = \"drop-partitions\" drops every row of a partition, also those row_filter leaves out (which the relay never publishes): use mode = \"delete\" or \"mark\", which touch only rows row_filter keeps",
+                    table.table
+                )));
+            }
         }
         if self.relay.max_in_flight == 0 {
             return Err(ConfigError::Invalid(
@@ -567,16 +573,42 @@ impl RelayConfig {
         self.outbox.iter().flat_map(|o| o.broker_needs()).collect()
     }
 
-    /// `(schema, table)` of every outbox table.
+    /// `(schema, table)` of every outbox table, as the catalog stores them.
     pub fn tables(&self) -> Vec<(String, String)> {
         self.outbox
             .iter()
             .map(|o| {
                 let (s, t) = o.qualified_name();
-                (s.to_owned(), t.to_owned())
+                (s.into_owned(), t.into_owned())
             })
             .collect()
     }
+
+    /// Every outbox table with its `row_filter`, for the start-up checks.
+    pub fn published_tables(&self) -> Vec<relay_postgres::bootstrap::PublishedTable> {
+        self.outbox
+            .iter()
+            .map(|o| {
+                let (s, t) = o.qualified_name();
+                relay_postgres::bootstrap::PublishedTable {
+                    row_filter: o.row_filter.clone(),
+                    ..relay_postgres::bootstrap::PublishedTable::new(s, t)
+                }
+            })
+            .collect()
+    }
+}
+
+/// The time column a table's age is read from: its `[outbox.cleanup]`'s, else `created_at`.
+pub fn age_spec_of(cleanup: Option<&CleanupSettings>) -> relay_postgres::cleanup::AgeSpec {
+    cleanup.map_or_else(
+        || relay_postgres::cleanup::AgeSpec {
+            column: "created_at".into(),
+            unit: None,
+            time_zone: None,
+        },
+        CleanupSettings::age_spec,
+    )
 }
 
 #[cfg(test)]

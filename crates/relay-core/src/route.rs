@@ -204,8 +204,7 @@ impl Router {
 fn compile(table: &TableRoute, relation: Arc<Relation>) -> Result<CompiledRoute, RouteError> {
     // The configured name, not the relation's: rows written under an earlier name of the same
     // table (see `Router::bind_catalog`) are the configured table's events.
-    let (schema, table_name) = table.config.qualified_name();
-    let name: Arc<str> = format!("{schema}.{table_name}").into();
+    let name: Arc<str> = table.config.display_name().into();
     let find = |column: &str, role: &'static str| -> Result<usize, RouteError> {
         relation
             .columns

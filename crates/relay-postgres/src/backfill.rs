@@ -190,7 +190,7 @@ pub async fn table_shape(
     event_id: &str,
     publication: &str,
 ) -> Result<TableShape, BackfillError> {
-    let name = format!("{schema}.{table}");
+    let name = crate::sql::display_relation(schema, table);
     let info = catalog::table(client, schema, table)
         .await
         .map_err(query_err(format!("cannot look up table {name}")))?
@@ -280,10 +280,9 @@ pub async fn table_shape(
             event_id: event_id.to_owned(),
         })?;
     let from = format!(
-        "{}{}.{}",
+        "{}{}",
         if info.partitioned { "" } else { "ONLY " },
-        quote_ident(schema),
-        quote_ident(table)
+        crate::sql::quote_relation(schema, table)
     );
     let event_id = columns.iter().position(|c| c.name == event_id);
     Ok(TableShape {

@@ -17,8 +17,10 @@ use crate::sqlstate::SqlStateKind;
 use crate::{PgError, PostgresSettings};
 
 mod export;
+mod filters;
 
 pub use export::ExportedSlot;
+pub use filters::PublishedTable;
 
 /// The options of a publication the relay creates: inserts only, and a partitioned table's
 /// rows as the table's own, not as their partitions' (`publish_via_partition_root`, PostgreSQL
@@ -49,8 +51,6 @@ fn query_err(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -
 fn parse_lsn(text: Option<String>) -> Option<Lsn> {
     text.and_then(|t| Lsn::from_str(&t).ok())
 }
-
-use crate::sql::quote_ident;
 
 /// Fails closed instead of creating the publication after the slot: the slot decodes its WAL
 /// with the catalog as it was, so rows committed between the slot's position and the new
@@ -200,11 +200,11 @@ async fn check_failover_flag(
 }
 
 /// Checks the server, tables, publication and slot; creates the publication and slot where
-/// allowed. `tables` are `(schema, table)`; `checkpoint` is the relay's stored position.
+/// allowed. `checkpoint` is the relay's stored position.
 pub async fn prepare(
     client: &Client,
     settings: &PostgresSettings,
-    tables: &[(String, String)],
+    tables: &[PublishedTable],
     checkpoint: Option<Lsn>,
 ) -> Result<SlotState, PgError> {
     prepare_slot(client, settings, tables, checkpoint, false)
@@ -217,7 +217,7 @@ pub async fn prepare(
 pub async fn prepare_slot(
     client: &Client,
     settings: &PostgresSettings,
-    tables: &[(String, String)],
+    tables: &[PublishedTable],
     checkpoint: Option<Lsn>,
     export: bool,
 ) -> Result<(SlotState, Option<ExportedSlot>), PgError> {
@@ -232,17 +232,14 @@ pub async fn prepare_slot(
     }
 
     let mut quoted_tables = Vec::with_capacity(tables.len());
-    for (schema, table) in tables {
-        let found = catalog::table(client, schema, table)
+    for t in tables {
+        let found = catalog::table(client, &t.schema, &t.table)
             .await
-            .map_err(query_err(format!("cannot look up table {schema}.{table}")))?;
+            .map_err(query_err(format!("cannot look up table {}", t.name())))?;
         if found.is_none() {
-            return Err(PgError::TableMissing {
-                table: format!("{schema}.{table}"),
-                database: server.database,
-            });
+            return Err(filters::table_missing(client, t, server.database).await);
         }
-        quoted_tables.push(format!("{}.{}", quote_ident(schema), quote_ident(table)));
+        quoted_tables.push(t.relation());
     }
 
     let publication = &settings.publication;
@@ -251,6 +248,14 @@ pub async fn prepare_slot(
             "postgres.shard needs publication row filters, which PostgreSQL {} does not have (since 15): remove postgres.shard and run one relay, or upgrade",
             crate::version_text(server.version_num)
         )));
+    }
+    let filtered: Vec<String> = tables
+        .iter()
+        .filter(|t| t.row_filter.is_some())
+        .map(PublishedTable::name)
+        .collect();
+    if let Some(problem) = crate::shard::row_filters_unsupported(&filtered, server.version_num) {
+        return Err(PgError::Settings(problem));
     }
     let found = catalog::publication(client, publication)
         .await
@@ -268,14 +273,15 @@ pub async fn prepare_slot(
             refuse_publication_after_slot(client, settings).await?;
             // Names are validated identifiers; tables are quoted. Partitioned tables' rows are
             // published as the table's own (its OID and name), not as their partitions'.
-            // A shard's publication keeps its shard's rows of every table.
-            let members: Vec<String> = match &settings.shard {
-                None => quoted_tables.clone(),
-                Some(shard) => quoted_tables
-                    .iter()
-                    .map(|t| format!("{t} WHERE ({})", shard.row_filter()))
-                    .collect(),
-            };
+            // A shard's publication keeps its shard's rows of every table, and a table's
+            // row_filter its rows (as the server prints the filter back: one condition).
+            let mut members = Vec::with_capacity(tables.len());
+            for t in tables {
+                members.push(match filters::creation_filter(client, settings, t).await? {
+                    Some(filter) => format!("{} WHERE ({filter})", t.relation()),
+                    None => t.relation(),
+                });
+            }
             let sql = format!(
                 "CREATE PUBLICATION {publication} FOR TABLE {} WITH ({PUBLICATION_OPTIONS})",
                 members.join(", ")
@@ -283,7 +289,7 @@ pub async fn prepare_slot(
             client.batch_execute(&sql).await.map_err(query_err(format!(
                 "cannot create publication {publication}"
             )))?;
-            tracing::info!(publication = %publication, tables = %quoted_tables.join(", "), "created publication");
+            tracing::info!(publication = %publication, tables = %members.join(", "), "created publication");
             true
         }
         None => {
@@ -293,11 +299,11 @@ pub async fn prepare_slot(
             });
         }
     };
-    for (schema, table) in tables {
-        let membership = partitions::membership(client, publication, schema, table)
+    for t in tables {
+        let membership = partitions::membership(client, publication, &t.schema, &t.table)
             .await
             .map_err(query_err(format!("cannot read publication {publication}")))?;
-        let name = format!("{schema}.{table}");
+        let name = t.name();
         match membership {
             Membership::Member => {}
             Membership::NotInPublication => {
@@ -312,7 +318,7 @@ pub async fn prepare_slot(
                 ));
             }
         }
-        check_row_filter(client, settings, server.version_num, schema, table).await?;
+        filters::check_row_filter(client, settings, server.version_num, t).await?;
     }
 
     let slot = &settings.slot;
@@ -443,35 +449,4 @@ async fn create_slot(client: &Client, slot: &str, failover: bool) -> Result<Lsn,
     }
     let row = created.map_err(query_err(format!("cannot create replication slot {slot}")))?;
     Ok(parse_lsn(row.get(0)).unwrap_or_default())
-}
-
-/// The publication's row filter on `schema.table` against `[postgres] shard` (see
-/// [`crate::catalog::row_filter::row_filter_verdict`]): refused when it is not the shard's; a filter without a
-/// shard is the publication owner's choice, said once at start.
-async fn check_row_filter(
-    client: &Client,
-    settings: &PostgresSettings,
-    version_num: i32,
-    schema: &str,
-    table: &str,
-) -> Result<(), PgError> {
-    let publication = &settings.publication;
-    let verdict = crate::catalog::row_filter::row_filter_verdict(
-        client,
-        settings,
-        version_num,
-        schema,
-        table,
-    )
-    .await
-    .map_err(query_err(format!(
-        "cannot check the row filter of {schema}.{table} in publication {publication}"
-    )))?;
-    if let Some(problem) = verdict.problem() {
-        return Err(PgError::Settings(problem));
-    }
-    if let Some(warning) = verdict.warning() {
-        tracing::warn!(publication = %publication, table = %format!("{schema}.{table}"), "{warning}");
-    }
-    Ok(())
 }

@@ -110,6 +110,54 @@ pub async fn table(
     }))
 }
 
+/// Tables (ordinary or partitioned, not partitions) whose name is close to `schema.table`,
+/// which does not exist: the same parts in another case (`OutboxEvent` configured for the
+/// catalog's `outboxevent`, or the reverse), the same name in another schema, and the whole
+/// text as one table name in `public` (`a.b` written for the table `"a.b"`). `(schema, table)`,
+/// at most five.
+pub async fn table_lookalikes(
+    client: &Client,
+    schema: &str,
+    table: &str,
+) -> Result<Vec<(String, String)>, tokio_postgres::Error> {
+    let joined = format!("{schema}.{table}");
+    let rows = client
+        .query(
+            "SELECT n.nspname::text, c.relname::text \
+             FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+             WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition \
+               AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
+               AND (lower(c.relname) = lower($2) \
+                    OR (n.nspname = 'public' AND lower(c.relname) = lower($3))) \
+             ORDER BY lower(n.nspname) = lower($1) DESC, n.nspname, c.relname LIMIT 5",
+            &[&schema, &table, &joined],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// What to tell about [`table_lookalikes`]: `""` for none, else `; the catalog has …: write …`.
+#[must_use]
+pub fn lookalikes_hint(found: &[(String, String)]) -> String {
+    if found.is_empty() {
+        return String::new();
+    }
+    let lines: Vec<String> = found
+        .iter()
+        .map(|(schema, table)| {
+            format!(
+                "`{}` ({})",
+                crate::sql::display_relation(schema, table),
+                relay_core::ident::toml_line("table", &crate::sql::display_relation(schema, table))
+            )
+        })
+        .collect();
+    format!(
+        "; the catalog has {}: write that line ([[outbox]] table names each part exactly as the catalog stores it, without folding case as SQL does; a part holding a dot is double-quoted)",
+        lines.join(" or ")
+    )
+}
+
 /// The outbox tables' relation OIDs as the catalog has them now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboxOids {
@@ -147,7 +195,10 @@ pub async fn outbox_table_oids(
         let info = table(client, schema, name)
             .await
             .map_err(|source| PgError::Query {
-                context: format!("cannot look up table {schema}.{name}"),
+                context: format!(
+                    "cannot look up table {}",
+                    crate::sql::display_relation(schema, name)
+                ),
                 source,
             })?;
         if let Some(info) = info {
@@ -227,9 +278,9 @@ pub async fn publication_gap(
     }
     for (schema, table) in tables {
         if !publication_has_table(client, name, schema, table).await? {
-            return Ok(Some(PublicationGap::MissingTable(format!(
-                "{schema}.{table}"
-            ))));
+            return Ok(Some(PublicationGap::MissingTable(
+                crate::sql::display_relation(schema, table),
+            )));
         }
     }
     Ok(None)

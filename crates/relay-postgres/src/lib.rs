@@ -101,13 +101,16 @@ pub enum PgError {
     },
     /// A configured outbox table does not exist.
     #[error(
-        "outbox table `{table}` does not exist in database `{database}`: create it (see migrations/0001_outbox.sql) or fix [[outbox]] table"
+        "outbox table `{table}` does not exist in database `{database}`{lookalikes}: create it (see migrations/0001_outbox.sql) or fix [[outbox]] table"
     )]
     TableMissing {
         /// The table.
         table: String,
         /// The database.
         database: String,
+        /// Tables of a similar name and the line that names them
+        /// ([`catalog::lookalikes_hint`]), or empty.
+        lookalikes: String,
     },
     /// The publication is missing and may not be created.
     #[error(
@@ -129,12 +132,13 @@ pub enum PgError {
     },
     /// An outbox table is not in the publication.
     #[error(
-        "outbox table `{table}` is not in publication `{publication}`: ALTER PUBLICATION {publication} ADD TABLE {table}"
+        "outbox table `{table}` is not in publication `{publication}`: ALTER PUBLICATION {publication} ADD TABLE {}",
+        sql::quote_displayed(table)
     )]
     PublicationMissingTable {
         /// The publication.
         publication: String,
-        /// The table.
+        /// The table, as the configuration writes it.
         table: String,
     },
     /// The slot is missing and may not be created.

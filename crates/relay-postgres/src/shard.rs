@@ -117,31 +117,90 @@ pub enum RowFilterVerdict {
         /// The filter found, if any.
         found: Option<String>,
     },
+    /// The table's `row_filter` (with the shard's, if one is configured), as configured.
+    Configured {
+        /// The filter as PostgreSQL prints it.
+        filter: String,
+    },
+    /// A `row_filter` is configured and the publication's filter (or its absence) is not it.
+    NotTheConfigured {
+        /// `schema.table`.
+        table: String,
+        /// `"schema"."table"`.
+        relation: String,
+        /// The publication.
+        publication: String,
+        /// `row_filter` as configured.
+        configured: String,
+        /// The filter the publication must have, as PostgreSQL prints it.
+        expected: String,
+        /// The filter found, if any.
+        found: Option<String>,
+    },
+    /// The configured `row_filter` is no valid condition on the table.
+    InvalidFilter {
+        /// `schema.table`.
+        table: String,
+        /// `row_filter` as configured.
+        configured: String,
+        /// The server's message.
+        reason: String,
+    },
+    /// The configured `row_filter` could not be compared (a privilege the check needs).
+    CannotCheck {
+        /// `schema.table`.
+        table: String,
+        /// `"schema"."table"`.
+        relation: String,
+        /// The server's message.
+        reason: String,
+    },
 }
 
 impl RowFilterVerdict {
     /// Why the relay must not start on it, with the fix.
     #[must_use]
     pub fn problem(&self) -> Option<String> {
-        let Self::NotTheShard {
-            table,
-            relation,
-            publication,
-            shard,
-            found,
-        } = self
-        else {
-            return None;
-        };
-        Some(format!(
-            "postgres.shard = {}: publication {publication} {} on {table}, which is not that shard's: rows of this shard would be skipped or another shard's doubled. ALTER PUBLICATION {publication} SET TABLE {relation} WHERE ({}) (every outbox table likewise), or fix postgres.shard / postgres.publication",
-            shard.describe(),
-            found.as_ref().map_or_else(
-                || "has no row filter".to_owned(),
-                |f| format!("has row filter ({f})")
-            ),
-            shard.row_filter()
-        ))
+        match self {
+            Self::NotTheShard {
+                table,
+                relation,
+                publication,
+                shard,
+                found,
+            } => Some(format!(
+                "postgres.shard = {}: publication {publication} {} on {table}, which is not that shard's: rows of this shard would be skipped or another shard's doubled. ALTER PUBLICATION {publication} SET TABLE {relation} WHERE ({}) (every outbox table likewise), or fix postgres.shard / postgres.publication",
+                shard.describe(),
+                describe_found(found.as_deref()),
+                shard.row_filter()
+            )),
+            Self::NotTheConfigured {
+                table,
+                relation,
+                publication,
+                configured,
+                expected,
+                found,
+            } => Some(format!(
+                "outbox table {table}: row_filter = {configured:?}, but publication {publication} {} on it: rows the configuration keeps would be skipped, or rows it leaves out relayed. Fix the publication in one transaction (rows committed before it keep the old filter): BEGIN; ALTER PUBLICATION {publication} DROP TABLE {relation}; ALTER PUBLICATION {publication} ADD TABLE {relation} WHERE ({expected}); COMMIT; or fix [[outbox]] row_filter",
+                describe_found(found.as_deref())
+            )),
+            Self::InvalidFilter {
+                table,
+                configured,
+                reason,
+            } => Some(format!(
+                "outbox table {table}: row_filter = {configured:?} is not a valid condition on {table}: {reason}. Fix [[outbox]] row_filter (a condition on the table's columns, as after WHERE in CREATE PUBLICATION … FOR TABLE … WHERE (…))"
+            )),
+            Self::CannotCheck {
+                table,
+                relation,
+                reason,
+            } => Some(format!(
+                "outbox table {table}: cannot check row_filter against the publication: {reason}. The check parses the filter on an empty temporary copy of the table's columns: it needs SELECT on the table and TEMP on the database (GRANT SELECT ON {relation} TO <role>; GRANT TEMP ON DATABASE <database> TO <role>)"
+            )),
+            _ => None,
+        }
     }
 
     /// What an operator should know although the relay runs.
@@ -159,6 +218,27 @@ impl RowFilterVerdict {
             "publication {publication} keeps only the rows of {table} where ({filter}): rows it does not keep are never relayed. If that is not meant, ALTER PUBLICATION {publication} SET TABLE {table}; if it shards the outbox, configure postgres.shard"
         ))
     }
+}
+
+/// `has row filter (…)` or `has no row filter`.
+fn describe_found(found: Option<&str>) -> String {
+    found.map_or_else(
+        || "has no row filter".to_owned(),
+        |f| format!("has row filter ({f})"),
+    )
+}
+
+/// Why the configured row filters cannot be used on PostgreSQL `version_num`, if they cannot:
+/// publication row filters exist from 15 on. `tables` names the tables that have one.
+#[must_use]
+pub fn row_filters_unsupported(tables: &[String], version_num: i32) -> Option<String> {
+    (version_num < ROW_FILTERS_SINCE && !tables.is_empty()).then(|| {
+        format!(
+            "outbox table {}: row_filter needs publication row filters, which PostgreSQL {} does not have (since 15): remove row_filter (every row of the table is then relayed) or upgrade PostgreSQL",
+            tables.join(", "),
+            crate::version_text(version_num)
+        )
+    })
 }
 
 #[cfg(test)]
@@ -185,5 +265,38 @@ mod tests {
             };
             assert!(bad.problem().is_some(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn row_filters_are_refused_before_15_naming_the_tables() {
+        let tables = vec!["public.event_publication".to_owned()];
+        let problem = row_filters_unsupported(&tables, 140_011).expect("refused on 14");
+        assert!(problem.contains("public.event_publication"), "{problem}");
+        assert!(problem.contains("PostgreSQL 14.11"), "{problem}");
+        assert!(problem.contains("remove row_filter"), "{problem}");
+        assert_eq!(row_filters_unsupported(&tables, 150_000), None);
+        assert_eq!(row_filters_unsupported(&[], 130_000), None);
+    }
+
+    #[test]
+    fn a_filter_that_is_not_the_configured_one_names_the_fix() {
+        let verdict = RowFilterVerdict::NotTheConfigured {
+            table: "public.event_publication".into(),
+            relation: "\"public\".\"event_publication\"".into(),
+            publication: "relay_pub".into(),
+            configured: "listener_id = 'a'".into(),
+            expected: "(listener_id = 'a'::text)".into(),
+            found: None,
+        };
+        let problem = verdict.problem().expect("refused");
+        assert!(problem.contains("has no row filter"), "{problem}");
+        assert!(
+            problem.contains("ALTER PUBLICATION relay_pub ADD TABLE \"public\".\"event_publication\" WHERE ((listener_id = 'a'::text))"),
+            "{problem}"
+        );
+        assert_eq!(
+            RowFilterVerdict::Configured { filter: "x".into() }.problem(),
+            None
+        );
     }
 }

@@ -1,11 +1,7 @@
 //! Quoting for the SQL the relay builds from names and values it was given (tables, columns,
 //! partition bounds, mark values). One home, so every statement quotes alike.
 
-/// `"name"`, quotes doubled.
-#[must_use]
-pub fn quote_ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
+pub use relay_core::ident::{display_relation, quote_displayed, quote_ident, quote_relation};
 
 /// A string literal that reads back as `value` whatever `standard_conforming_strings` says.
 #[must_use]

@@ -76,24 +76,21 @@ pub(crate) fn mapping<'a>(
     config: &'a RelayConfig,
     table: &str,
 ) -> Result<&'a OutboxTableConfig, Exit> {
-    let wanted = table.split_once('.').unwrap_or(("public", table));
+    let wanted = relay_core::ident::TableName::parse(table)
+        .map_err(|e| Exit::config(anyhow!("--table: {e}")))?;
     config
         .outbox
         .iter()
-        .find(|o| o.qualified_name() == wanted)
+        .find(|o| o.is_table(&wanted.schema, &wanted.table))
         .ok_or_else(|| {
             let configured: Vec<String> = config
                 .outbox
                 .iter()
-                .map(|o| {
-                    let (s, t) = o.qualified_name();
-                    format!("{s}.{t}")
-                })
+                .map(OutboxTableConfig::display_name)
                 .collect();
             Exit::config(anyhow!(
-                "table `{}.{}` is not configured as an outbox table (configured: {}): add an [[outbox]] entry for it, or name one of those",
-                wanted.0,
-                wanted.1,
+                "table `{}` is not configured as an outbox table (configured: {}): add an [[outbox]] entry for it, or name one of those",
+                wanted.display(),
                 configured.join(", ")
             ))
         })
@@ -109,9 +106,31 @@ pub(crate) async fn checked_shape(
 ) -> Result<TableShape, Exit> {
     let pg = &config.postgres;
     let (schema, table) = mapping.qualified_name();
-    let shape = sql::table_shape(reader, schema, table, &mapping.event_id, &pg.publication)
+    let shape = sql::table_shape(reader, &schema, &table, &mapping.event_id, &pg.publication)
         .await
         .map_err(backfill_exit)?;
+    // The pages keep what the publication keeps; with a row_filter that must be the configured
+    // one, or rows the relay would never stream get published (or the reverse).
+    if mapping.row_filter.is_some() {
+        let unavailable = |e: tokio_postgres::Error| Exit::new(ExitKind::Unavailable, e);
+        let version = relay_postgres::catalog::server(reader)
+            .await
+            .map_err(unavailable)?
+            .version_num;
+        let verdict = relay_postgres::catalog::row_filter::row_filter_verdict(
+            reader,
+            pg,
+            version,
+            &schema,
+            &table,
+            mapping.row_filter.as_deref(),
+        )
+        .await
+        .map_err(unavailable)?;
+        if let Some(problem) = verdict.problem() {
+            return Err(Exit::config(anyhow!("{problem}")));
+        }
+    }
     if !shape.in_publication {
         tracing::warn!(table = %shape.table, publication = %pg.publication, "the table is not in the publication: the live relay does not publish its new rows");
     }

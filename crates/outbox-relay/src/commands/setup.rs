@@ -34,8 +34,13 @@ pub async fn setup(config: &RelayConfig, create_stream: bool) -> Result<(), Exit
     // reads the snapshot the slot exports, which lives only as long as that start's session.
     let on_create = config.outbox.backfill_on_create().next().is_some();
     settings.create_slot = !on_create;
-    let state = match bootstrap::prepare(store.client(), &settings, &config.tables(), checkpoint)
-        .await
+    let state = match bootstrap::prepare(
+        store.client(),
+        &settings,
+        &config.published_tables(),
+        checkpoint,
+    )
+    .await
     {
         Err(relay_postgres::PgError::SlotMissing { .. }) if on_create && checkpoint.is_none() => {
             println!(

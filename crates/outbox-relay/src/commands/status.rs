@@ -425,11 +425,11 @@ async fn tables_state(
     let mut out = serde_json::Map::new();
     for table in config.outbox.iter() {
         let (schema, name) = table.qualified_name();
-        let qualified = format!("{schema}.{name}");
-        let cleanup = config.outbox.cleanup_of(schema, name);
-        let column = cleanup.map_or("created_at", |c| c.age_column.as_str());
+        let qualified = table.display_name();
+        let cleanup = config.outbox.cleanup_of(&schema, &name);
+        let age = crate::config::age_spec_of(cleanup);
         let running = &relay_status["postgres"]["tables"][&qualified];
-        let value = match outbox_stats::sample(client, schema, name, column, since).await {
+        let value = match outbox_stats::sample(client, &schema, &name, &age, since).await {
             Ok(None) => json!({ "error": "does not exist" }),
             Err(e) => json!({ "error": format!("cannot sample it: {e}") }),
             Ok(Some(sample)) => json!({

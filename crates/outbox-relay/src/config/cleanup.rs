@@ -33,9 +33,22 @@ pub struct CleanupSettings {
         skip_serializing_if = "Option::is_none"
     )]
     pub retain: Option<Duration>,
-    /// The row's time column `retain` counts from. Default `created_at`.
+    /// The row's time column `retain` counts from. Default `created_at`. A `timestamptz`, a
+    /// `timestamp without time zone` (with `age_time_zone`) or a `bigint`/`integer` epoch count
+    /// (with `age_unit`); its type is read at start and every round, and anything else is
+    /// refused (`relay_postgres::cleanup::AgeSpec`).
     #[serde(default = "default_age_column")]
     pub age_column: String,
+    /// The epoch unit of an integer `age_column` (`drop-partitions`: partition key): `"s"`,
+    /// `"ms"` (Eventuate's `creation_time`) or `"us"`. Required for such a column, refused for
+    /// any other.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub age_unit: Option<relay_postgres::cleanup::EpochUnit>,
+    /// The time zone the values of a `timestamp without time zone` `age_column`
+    /// (`drop-partitions`: partition key) are in, e.g. `"UTC"` or `"Europe/Berlin"` (CAP's
+    /// `Added`). Required for such a column, refused for any other.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub age_time_zone: Option<String>,
     /// How often a round runs. Default `1m`.
     #[serde(default = "default_cleanup_interval", with = "humantime_serde")]
     pub interval: Duration,
@@ -123,6 +136,18 @@ impl CleanupSettings {
         if self.age_column.is_empty() {
             return Some("age_column must name a column".into());
         }
+        if self.age_unit.is_some() && self.age_time_zone.is_some() {
+            return Some(
+                "age_unit (an integer epoch column) and age_time_zone (a timestamp without time zone column) exclude each other: keep the one that fits the column's type".into(),
+            );
+        }
+        if self
+            .age_time_zone
+            .as_deref()
+            .is_some_and(|z| z.trim().is_empty())
+        {
+            return Some("age_time_zone must name a time zone, e.g. \"UTC\"".into());
+        }
         let marks = self.status_column.is_some() || self.sent_at_column.is_some();
         match self.mode {
             CleanupMode::Mark if !marks => Some(
@@ -156,14 +181,22 @@ impl CleanupSettings {
 
     /// The row cleanups of `schema.table`, in the order a round runs them: `delete`; `mark`, then
     /// with `delete_after` a delete of the rows older than that; none for `drop-partitions`.
-    pub fn row_plans(&self, schema: &str, table: &str) -> Vec<relay_postgres::cleanup::RowPlan> {
+    /// `row_filter` is the table's: only rows it keeps (the rows the relay publishes) are
+    /// cleaned.
+    pub fn row_plans(
+        &self,
+        schema: &str,
+        table: &str,
+        row_filter: Option<&str>,
+    ) -> Vec<relay_postgres::cleanup::RowPlan> {
         use relay_postgres::cleanup::{CleanupAction, RowPlan};
         let plan = |action, retain| RowPlan {
             schema: schema.to_owned(),
             table: table.to_owned(),
+            row_filter: row_filter.map(str::to_owned),
             action,
             retain,
-            age_column: self.age_column.clone(),
+            age: self.age_spec(),
             batch_size: i64::from(self.batch_size),
             statement_timeout: self.statement_timeout,
             lock_timeout: self.lock_timeout,
@@ -202,7 +235,56 @@ impl CleanupSettings {
             statement_timeout: self.statement_timeout,
             lock_timeout: self.lock_timeout,
             create_ahead: self.create_ahead,
+            age_unit: self.age_unit,
+            age_time_zone: self.age_time_zone.clone(),
         })
+    }
+
+    /// `age_column` and how to read it.
+    pub fn age_spec(&self) -> relay_postgres::cleanup::AgeSpec {
+        relay_postgres::cleanup::AgeSpec {
+            column: self.age_column.clone(),
+            unit: self.age_unit,
+            time_zone: self.age_time_zone.clone(),
+        }
+    }
+
+    /// Why the time column of this cleanup on `schema.table` cannot be read as a time, if it
+    /// cannot: `age_column` (when rows' age counts) or the partition key (`drop-partitions`),
+    /// its catalog type against `age_unit`/`age_time_zone`. A column that does not exist is
+    /// not judged here (each round says so, and `validate --connect`).
+    pub async fn time_column_problem(
+        &self,
+        client: &tokio_postgres::Client,
+        schema: &str,
+        table: &str,
+    ) -> Result<Option<String>, tokio_postgres::Error> {
+        use relay_postgres::cleanup::of_partition_key;
+        let mut specs = Vec::new();
+        if self.uses_age() {
+            specs.push((self.age_spec(), false));
+        }
+        if let Some(drop) = self.drop_plan(schema, table) {
+            specs.extend(drop.key_spec(client).await?.map(|spec| (spec, true)));
+        }
+        for (spec, key) in specs {
+            if let Some(Err(problem)) = spec.resolve(client, schema, table).await? {
+                return Ok(Some(if key {
+                    of_partition_key(&problem)
+                } else {
+                    problem
+                }));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Whether a round counts rows' age (`retain` or `delete_after` above zero): only then
+    /// must `age_column` be a time column.
+    pub fn uses_age(&self) -> bool {
+        self.row_plans("", "", None)
+            .iter()
+            .any(|p| !p.retain.is_zero())
     }
 }
 

@@ -222,10 +222,29 @@ fn cleanup_is_per_table_and_strict() {
         let zero = RelayConfig::load(Some(Path::new("zero.toml"))).expect("loads");
         let retain = zero.outbox.cleanup().map(|(_, s)| s.retain()).next();
         assert_eq!(retain, Some(Duration::ZERO));
+        jail.create_file(
+            "epoch.toml",
+            "[[outbox]]\ntable = 'public.\"watermill.orders\"'\nrow_filter = \"kind = 'a'\"\n[outbox.cleanup]\nmode = \"delete\"\nage_column = \"creation_time\"\nage_unit = \"ms\"\n",
+        )?;
+        let epoch = RelayConfig::load(Some(Path::new("epoch.toml"))).expect("loads");
+        let (table, settings) = epoch.outbox.cleanup().next().expect("a cleanup");
+        assert!(table.is_table("public", "watermill.orders"));
+        assert_eq!(
+            settings.age_spec().unit,
+            Some(relay_postgres::cleanup::EpochUnit::Milliseconds)
+        );
+        assert_eq!(
+            epoch.outbox.cleanup_of("public", "watermill.orders"),
+            Some(settings)
+        );
+        assert_eq!(
+            epoch.published_tables()[0].row_filter.as_deref(),
+            Some("kind = 'a'")
+        );
         let plans = c
             .outbox
             .cleanup_of("public", "polled")
-            .map(|s| s.row_plans("public", "polled"))
+            .map(|s| s.row_plans("public", "polled", None))
             .expect("a cleanup");
         assert_eq!(plans.len(), 1, "mark without delete_after only marks");
         assert_eq!(plans[0].batch_size, 1000);
@@ -237,7 +256,7 @@ fn cleanup_is_per_table_and_strict() {
         let plans: Vec<_> = both
             .outbox
             .cleanup()
-            .flat_map(|(_, s)| s.row_plans("public", "t"))
+            .flat_map(|(_, s)| s.row_plans("public", "t", None))
             .map(|p| (p.action, p.retain))
             .collect();
         assert_eq!(
@@ -298,6 +317,26 @@ fn cleanup_is_per_table_and_strict() {
                 "delete_before_retain.toml",
                 "[[outbox]]\ntable = \"t\"\n[outbox.cleanup]\nmode = \"mark\"\nsent_at_column = \"s\"\nretain = \"2d\"\ndelete_after = \"1d\"\n",
                 "delete_after must be at least retain",
+            ),
+            (
+                "unit_and_zone.toml",
+                "[[outbox]]\ntable = \"t\"\n[outbox.cleanup]\nmode = \"delete\"\nage_unit = \"ms\"\nage_time_zone = \"UTC\"\n",
+                "exclude each other",
+            ),
+            (
+                "unit.toml",
+                "[[outbox]]\ntable = \"t\"\n[outbox.cleanup]\nmode = \"delete\"\nage_unit = \"minutes\"\n",
+                "minutes",
+            ),
+            (
+                "drop_filtered.toml",
+                "[[outbox]]\ntable = \"t\"\nrow_filter = \"a = 1\"\n[outbox.cleanup]\nmode = \"drop-partitions\"\n",
+                "also those row_filter leaves out",
+            ),
+            (
+                "three_parts.toml",
+                "[[outbox]]\ntable = \"public.orders.created\"\n",
+                "table = 'public.\"orders.created\"'",
             ),
         ] {
             jail.create_file(file, text)?;

@@ -130,7 +130,8 @@ async fn publication_problem(
             "publication `{publication}` no longer publishes inserts: ALTER PUBLICATION {publication} SET (publish = 'insert')"
         ),
         PublicationGap::MissingTable(table) => format!(
-            "outbox table `{table}` is no longer in publication `{publication}` (dropped and re-created, or removed from the publication): its inserts would silently stop arriving. ALTER PUBLICATION {publication} ADD TABLE {table}"
+            "outbox table `{table}` is no longer in publication `{publication}` (dropped and re-created, or removed from the publication): its inserts would silently stop arriving. ALTER PUBLICATION {publication} ADD TABLE {}",
+            relay_core::ident::quote_displayed(&table)
         ),
     }))
 }
@@ -267,19 +268,21 @@ pub(super) fn spawn_outbox_upkeep(
 ) {
     for (table, cleanup) in config.outbox.cleanup() {
         let (schema, name) = table.qualified_name();
-        let qualified = format!("{schema}.{name}");
+        let qualified = table.display_name();
         telemetry.update_table(&qualified, |t| t.cleanup_mode = Some(cleanup.mode.as_str()));
         let task = cleanup::CleanupTask {
             slot: config.postgres.slot.clone(),
             publication: config.postgres.publication.clone(),
             table: qualified,
+            schema: schema.to_string(),
+            name: name.to_string(),
             interval: cleanup.interval,
             batch_pause: cleanup.batch_pause,
             max_wait: config.relay.idle_checkpoint_interval * 3
                 + config.relay.checkpoint_interval
                 + Duration::from_secs(10),
-            rows: cleanup.row_plans(schema, name),
-            drops: cleanup.drop_plan(schema, name),
+            rows: cleanup.row_plans(&schema, &name, table.row_filter.as_deref()),
+            drops: cleanup.drop_plan(&schema, &name),
         };
         tokio::spawn(task.run(config.postgres.clone(), telemetry.clone(), shutdown.clone()));
     }
@@ -356,14 +359,11 @@ async fn sample_tables(
     let since = since.or(pairs.front().map(|(t, _)| *t));
     for table in config.outbox.iter() {
         let (schema, name) = table.qualified_name();
-        let column = config
-            .outbox
-            .cleanup_of(schema, name)
-            .map_or("created_at", |c| c.age_column.as_str());
-        let Some(sample) = outbox_stats::sample(client, schema, name, column, since).await? else {
+        let age = crate::config::age_spec_of(config.outbox.cleanup_of(&schema, &name));
+        let Some(sample) = outbox_stats::sample(client, &schema, &name, &age, since).await? else {
             continue;
         };
-        telemetry.update_table(&format!("{schema}.{name}"), |t| {
+        telemetry.update_table(&table.display_name(), |t| {
             t.rows_estimate = Some(sample.rows_estimate);
             t.size_bytes = Some(sample.size_bytes);
             t.oldest_unconfirmed_age = sample.oldest_unconfirmed_age;

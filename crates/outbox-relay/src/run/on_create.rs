@@ -49,10 +49,7 @@ fn tables(config: &RelayConfig) -> Vec<String> {
     config
         .outbox
         .backfill_on_create()
-        .map(|t| {
-            let (schema, table) = t.qualified_name();
-            format!("{schema}.{table}")
-        })
+        .map(relay_core::route::OutboxTableConfig::display_name)
         .collect()
 }
 

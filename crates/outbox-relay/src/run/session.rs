@@ -108,6 +108,7 @@ impl Supervisor<'_> {
             .with_position_retention(self.config.relay.position_retention);
         let export = super::on_create::before_prepare(self.config, store.client()).await?;
         let (state, exported) = self.prepare(&mut store, export).await?;
+        self.check_cleanup_columns(store.client()).await?;
         let backfills = if export {
             super::on_create::prepare(self.config, &server, store.client(), exported).await?
         } else {
@@ -221,7 +222,7 @@ impl Supervisor<'_> {
         let slot = self.config.postgres.slot.as_str();
         let checkpoint = store.load().await.map_err(|e| boundary(e, None))?;
         failpoint::pause("after_checkpoint_read").await;
-        let tables = self.config.tables();
+        let tables = self.config.published_tables();
         match bootstrap::prepare_slot(
             store.client(),
             &self.config.postgres,
@@ -249,6 +250,28 @@ impl Supervisor<'_> {
             }
             Err(e) => Err(postgres(e)),
         }
+    }
+
+    /// Refuses to run cleanup on a time column its settings do not fit (a `bigint` without
+    /// `age_unit`, a `timestamp without time zone` without `age_time_zone`, a type that is no
+    /// time): rows would be cleaned by a guess, perhaps early.
+    async fn check_cleanup_columns(&self, client: &tokio_postgres::Client) -> Step<()> {
+        for (table, cleanup) in self.config.outbox.cleanup() {
+            let (schema, name) = table.qualified_name();
+            let problem = cleanup
+                .time_column_problem(client, &schema, &name)
+                .await
+                .map_err(|e| {
+                    postgres(PgError::Query {
+                        context: format!("cannot read the time column of {}", table.display_name()),
+                        source: e,
+                    })
+                })?;
+            if let Some(problem) = problem {
+                return Err(Exit::config(anyhow::anyhow!("{problem}")).into());
+            }
+        }
+        Ok(())
     }
 
     /// Where this session resumes: the stored checkpoint, or on a slot's first run its

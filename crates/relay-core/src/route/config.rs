@@ -2,8 +2,11 @@
 
 use std::collections::BTreeMap;
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
+use crate::ident::{TableName, TableNameError};
 use crate::subject::{SubjectTemplate, TemplateError};
 
 /// `payload` value that publishes the whole row as a JSON object.
@@ -15,8 +18,9 @@ pub(super) const OPTIONAL_SUFFIX: char = '?';
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OutboxTableConfig {
-    /// The table, `schema.table` (or `table` for `public`), as stored in the catalog
-    /// (lower-case unless created with quotes).
+    /// The table, `schema.table` (or `table` for `public`); each part bare (exactly as the
+    /// catalog stores it, no case folding) or double-quoted (dots, spaces, `""`): see
+    /// [`crate::ident`].
     pub table: String,
     /// Column whose value is the event id, sent as `Nats-Msg-Id`. Default `id`.
     #[serde(default = "default_event_id")]
@@ -67,6 +71,10 @@ pub struct OutboxTableConfig {
     /// bad row.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payload_pointer: Option<String>,
+    /// A publication row filter (PostgreSQL 15+): only rows it keeps are relayed. The SQL
+    /// condition of `CREATE PUBLICATION … WHERE (…)`, checked against the publication at start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub row_filter: Option<String>,
 }
 
 /// Validation applied to the payload column.
@@ -124,21 +132,42 @@ impl OutboxTableConfig {
             headers_json: None,
             headers_json_pointer: None,
             payload_pointer: None,
+            row_filter: None,
         }
     }
 
-    /// `(schema, table)`.
-    pub fn qualified_name(&self) -> (&str, &str) {
-        self.table
-            .split_once('.')
-            .unwrap_or(("public", &self.table))
+    /// `(schema, table)` as the catalog stores them (see [`crate::ident`]); a name that does not
+    /// parse ([`Self::validate`] refuses it) as `public` and the text.
+    pub fn qualified_name(&self) -> (Cow<'_, str>, Cow<'_, str>) {
+        match TableName::parse(&self.table) {
+            Ok(name) => (name.schema, name.table),
+            Err(_) => (
+                Cow::Borrowed(crate::ident::DEFAULT_SCHEMA),
+                Cow::Borrowed(&self.table),
+            ),
+        }
+    }
+
+    /// Whether this maps the catalog's `schema.table`.
+    pub fn is_table(&self, schema: &str, table: &str) -> bool {
+        let (s, t) = self.qualified_name();
+        s == schema && t == table
+    }
+
+    /// The table as the configuration writes it, quoted only where needed
+    /// ([`crate::ident::display_relation`]): its name in messages, headers and metrics.
+    pub fn display_name(&self) -> String {
+        let (schema, table) = self.qualified_name();
+        crate::ident::display_relation(&schema, &table)
     }
 
     /// Checks everything that can be checked without the database.
     pub fn validate(&self) -> Result<SubjectTemplate, ConfigError> {
-        let (schema, table) = self.qualified_name();
-        if schema.is_empty() || table.is_empty() || table.contains('.') {
-            return Err(ConfigError::TableName(self.table.clone()));
+        TableName::parse(&self.table).map_err(ConfigError::TableName)?;
+        if let Some(filter) = &self.row_filter
+            && filter.trim().is_empty()
+        {
+            return Err(ConfigError::EmptyRowFilter(self.table.clone()));
         }
         if self.event_id.is_empty() || self.payload.is_empty() {
             return Err(ConfigError::EmptyColumn(self.table.clone()));
@@ -167,9 +196,9 @@ impl OutboxTableConfig {
 /// A mapping that cannot work whatever the database holds.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
-    /// Not `schema.table` or `table`.
-    #[error("outbox table name `{0}` is not `schema.table` or `table`")]
-    TableName(String),
+    /// Not `schema.table` or `table`, each part bare or double-quoted.
+    #[error(transparent)]
+    TableName(TableNameError),
     /// `event_id` or `payload` is empty.
     #[error("outbox table `{0}`: `event_id` and `payload` must name a column")]
     EmptyColumn(String),
@@ -207,4 +236,7 @@ pub enum ConfigError {
         /// Why.
         reason: String,
     },
+    /// `row_filter = ""`.
+    #[error("outbox table `{0}`: row_filter is empty: leave it out to relay every row")]
+    EmptyRowFilter(String),
 }

@@ -20,7 +20,7 @@ impl Router {
             if let Some(index) = self
                 .tables
                 .iter()
-                .position(|t| t.config.qualified_name() == (schema.as_str(), table.as_str()))
+                .position(|t| t.config.is_table(schema, table))
             {
                 self.outbox_oids.insert(*oid, index);
                 self.catalog_oids.insert(*oid, index);
@@ -44,7 +44,7 @@ impl Router {
             if let Some(index) = self
                 .tables
                 .iter()
-                .position(|t| t.config.qualified_name() == (schema.as_str(), table.as_str()))
+                .position(|t| t.config.is_table(schema, table))
             {
                 self.partition_oids.insert(*oid, index);
             }
@@ -65,9 +65,10 @@ impl Router {
         commit_lsn: Option<Lsn>,
     ) -> Result<(), RouteError> {
         let id = relation.id;
-        let by_name = self.tables.iter().position(|t| {
-            t.config.qualified_name() == (relation.namespace.as_str(), relation.name.as_str())
-        });
+        let by_name = self
+            .tables
+            .iter()
+            .position(|t| t.config.is_table(&relation.namespace, &relation.name));
         let partition_of = self.partition_oids.get(&id).copied();
         let index = match (by_name, self.outbox_oids.get(&id).copied(), partition_of) {
             (None, None, Some(index)) => {

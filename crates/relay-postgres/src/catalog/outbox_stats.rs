@@ -30,12 +30,13 @@ pub struct TableSample {
 }
 
 /// Samples `schema.table`: rows, bytes, and the oldest row created after `since` (Unix seconds;
-/// `None`: every row counts) by `age_column`. `None` when the table does not exist.
+/// `None`: every row counts) by the time column `age`, read by its type
+/// ([`crate::cleanup::AgeSpec`]). `None` when the table does not exist.
 pub async fn sample(
     client: &Client,
     schema: &str,
     name: &str,
-    age_column: &str,
+    age: &crate::cleanup::AgeSpec,
     since: Option<f64>,
 ) -> Result<Option<TableSample>, tokio_postgres::Error> {
     let Some(info) = table(client, schema, name).await? else {
@@ -51,32 +52,29 @@ pub async fn sample(
             &[&info.oid],
         )
         .await?;
-    let has_column = client
-        .query_opt(
-            "SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = $1 AND attname = $2 \
-               AND attnum > 0 AND NOT attisdropped",
-            &[&info.oid, &age_column],
-        )
-        .await?
-        .is_some();
-    let oldest_unconfirmed_age = if has_column && info.readable {
-        let sql = format!(
-            "SELECT COALESCE(extract(epoch FROM clock_timestamp() - min({col}))::float8, 0) \
-             FROM {}.{} WHERE {col} > to_timestamp($1)",
-            quote_ident(schema),
-            quote_ident(name),
-            col = quote_ident(age_column)
-        );
-        let since = since.unwrap_or(f64::NEG_INFINITY);
-        Some(
-            client
-                .query_one(&sql, &[&since])
-                .await?
-                .get::<_, f64>(0)
-                .max(0.0),
-        )
-    } else {
-        None
+    // A column that is missing or cannot be read as a time has no age to report.
+    let column = match age.resolve(client, schema, name).await? {
+        Some(Ok(column)) if info.readable => Some(column),
+        _ => None,
+    };
+    let oldest_unconfirmed_age = match column {
+        Some(column) => {
+            let instant = column.instant(&quote_ident(&column.column));
+            let sql = format!(
+                "SELECT COALESCE(extract(epoch FROM clock_timestamp() - min({instant}))::float8, 0) \
+                 FROM {} WHERE {instant} > to_timestamp($1)",
+                crate::sql::quote_relation(schema, name),
+            );
+            let since = since.unwrap_or(f64::NEG_INFINITY);
+            Some(
+                client
+                    .query_one(&sql, &[&since])
+                    .await?
+                    .get::<_, f64>(0)
+                    .max(0.0),
+            )
+        }
+        None => None,
     };
     Ok(Some(TableSample {
         rows_estimate: row.get(0),

@@ -107,15 +107,22 @@ impl Membership {
         match self {
             Self::Member => None,
             Self::NotInPublication => Some(format!(
-                "outbox table `{table}` is not in publication `{publication}`: ALTER PUBLICATION {publication} ADD TABLE {table}"
+                "outbox table `{table}` is not in publication `{publication}`: ALTER PUBLICATION {publication} ADD TABLE {}",
+                quote_displayed(table)
             )),
             Self::PublishedAsPartitions => Some(via_root_problem(publication, table)),
             Self::PublishedAsAncestor(ancestor) => Some(format!(
-                "outbox table `{table}` is a partition of `{ancestor}`, and publication `{publication}` publishes its rows as `{ancestor}`'s (publish_via_partition_root = true): they would not arrive as `{table}`'s. Configure [[outbox]] table = \"{ancestor}\" instead, or remove `{ancestor}` from the publication: ALTER PUBLICATION {publication} DROP TABLE {ancestor}; ALTER PUBLICATION {publication} ADD TABLE {table}"
+                "outbox table `{table}` is a partition of `{ancestor}`, and publication `{publication}` publishes its rows as `{ancestor}`'s (publish_via_partition_root = true): they would not arrive as `{table}`'s. Configure [[outbox]] {} instead, or remove `{ancestor}` from the publication: ALTER PUBLICATION {publication} DROP TABLE {}; ALTER PUBLICATION {publication} ADD TABLE {}",
+                toml_line("table", ancestor),
+                quote_displayed(ancestor),
+                quote_displayed(table)
             )),
         }
     }
 }
+
+use crate::sql::quote_displayed;
+use relay_core::ident::toml_line;
 
 /// The message for a partitioned outbox table published per partition.
 fn via_root_problem(publication: &str, table: &str) -> String {
@@ -184,7 +191,7 @@ pub async fn membership(
     // A partition published through an ancestor: name the ancestor pg_publication_tables lists.
     let ancestor = client
         .query_opt(
-            "SELECT t.schemaname || '.' || t.tablename \
+            "SELECT t.schemaname::text, t.tablename::text \
              FROM pg_catalog.pg_partition_ancestors($2::oid::regclass) a \
              JOIN pg_catalog.pg_class c ON c.oid = a.relid \
              JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
@@ -194,7 +201,7 @@ pub async fn membership(
             &[&publication, &info.oid],
         )
         .await?
-        .map(|r| r.get::<_, String>(0));
+        .map(|r| crate::sql::display_relation(r.get(0), r.get(1)));
     Ok(match ancestor {
         Some(ancestor) => Membership::PublishedAsAncestor(ancestor),
         // Covered, yet listed neither as itself nor as an ancestor (e.g. a column list or
@@ -213,7 +220,7 @@ pub async fn first_problem(
     for (schema, name) in tables {
         let found = membership(client, publication, schema, name).await?;
         if found != Membership::Member {
-            return Ok(Some((format!("{schema}.{name}"), found)));
+            return Ok(Some((crate::sql::display_relation(schema, name), found)));
         }
     }
     Ok(None)

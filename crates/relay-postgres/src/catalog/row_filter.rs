@@ -1,5 +1,6 @@
 //! Publication row filters (PostgreSQL 15+): what a publication keeps of an outbox table, and
-//! whether that is exactly a shard ([`crate::shard`]).
+//! whether that is exactly a shard ([`crate::shard`]) or the table's configured `row_filter`
+//! (with the shard's, both).
 
 use tokio_postgres::Client;
 
@@ -63,18 +64,146 @@ pub async fn filter_is_shard(
     }
 }
 
+/// What the server makes of a configured row filter on a table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Canonical {
+    /// The filter as PostgreSQL prints it back (as `pg_publication_tables.rowfilter` does).
+    Filter(String),
+    /// Not one valid condition on the table: the server's message.
+    Invalid(String),
+    /// The check could not run (a privilege): the server's message.
+    CannotCheck(String),
+}
+
+/// The probe table [`canonical_filter`] parses a filter on.
+const PROBE: &str = "pg_temp.outbox_relay_row_filter";
+
+/// How PostgreSQL prints the condition `filter` on `schema.table` back: parsed as a `CHECK`
+/// constraint of an empty temporary copy of the table's columns (`LIKE`: names, types,
+/// collations), then printed by `pg_get_expr` as `pg_publication_tables` prints a row filter
+/// (both are the expression as parsed, printed against one relation). So a publication's filter
+/// equals the configured one exactly when the two printed texts are equal, whatever spacing,
+/// casts or parentheses the configuration wrote. Everything is rolled back; the statement that
+/// parses the filter goes over the extended protocol, which takes one statement only.
+pub async fn canonical_filter(
+    client: &Client,
+    schema: &str,
+    table: &str,
+    filter: &str,
+) -> Result<Canonical, tokio_postgres::Error> {
+    client.batch_execute("BEGIN").await?;
+    let result = probe(client, schema, table, filter).await;
+    client.batch_execute("ROLLBACK").await?;
+    result
+}
+
+async fn probe(
+    client: &Client,
+    schema: &str,
+    table: &str,
+    filter: &str,
+) -> Result<Canonical, tokio_postgres::Error> {
+    let server_message = |e: &tokio_postgres::Error| {
+        e.as_db_error()
+            .map(|db| db.message().to_owned())
+            .unwrap_or_else(|| e.to_string())
+    };
+    let copy = format!(
+        "CREATE TEMP TABLE {} (LIKE {})",
+        quote_ident("outbox_relay_row_filter"),
+        crate::sql::quote_relation(schema, table)
+    );
+    if let Err(e) = client.execute(&copy, &[]).await {
+        return match e.as_db_error() {
+            Some(_) => Ok(Canonical::CannotCheck(server_message(&e))),
+            None => Err(e),
+        };
+    }
+    // On lines of its own: a `--` comment in the filter ends with its line.
+    let parse = format!(
+        "ALTER TABLE {PROBE} ADD CONSTRAINT outbox_relay_row_filter CHECK (\n{filter}\n) NOT VALID"
+    );
+    if let Err(e) = client.execute(&parse, &[]).await {
+        return match e.code() {
+            Some(code) if sqlstate::is_expression_mismatch(code) => {
+                Ok(Canonical::Invalid(server_message(&e)))
+            }
+            Some(_) => Ok(Canonical::CannotCheck(server_message(&e))),
+            None => Err(e),
+        };
+    }
+    let row = client
+        .query_one(
+            &format!(
+                "SELECT (SELECT pg_catalog.pg_get_expr(conbin, conrelid) FROM pg_catalog.pg_constraint \
+                         WHERE conrelid = '{PROBE}'::regclass AND conname = 'outbox_relay_row_filter'), \
+                        (SELECT count(*) FROM pg_catalog.pg_constraint \
+                         WHERE conrelid = '{PROBE}'::regclass AND contype = 'c')"
+            ),
+            &[],
+        )
+        .await?;
+    Ok(
+        match (row.get::<_, Option<String>>(0), row.get::<_, i64>(1)) {
+            (Some(printed), 1) => Canonical::Filter(printed),
+            _ => Canonical::Invalid(
+                "it is not one condition (it closes the parentheses around it)".into(),
+            ),
+        },
+    )
+}
+
+/// The condition a publication keeps of a table when both a shard and a row filter apply.
+#[must_use]
+pub fn shard_and_filter(shard: Option<&ShardSpec>, filter: &str) -> String {
+    match shard {
+        Some(shard) => format!("({}) AND ({filter})", shard.row_filter()),
+        None => filter.to_owned(),
+    }
+}
+
 /// Reads and judges the filter of `schema.table` in `settings.publication` against the
-/// configured shard.
+/// configured shard and the table's `row_filter` (`configured`).
 pub async fn row_filter_verdict(
     client: &tokio_postgres::Client,
     settings: &crate::PostgresSettings,
     version_num: i32,
     schema: &str,
     table: &str,
+    configured: Option<&str>,
 ) -> Result<RowFilterVerdict, tokio_postgres::Error> {
     let publication = settings.publication.clone();
     let filter = row_filter(client, version_num, &publication, schema, table).await?;
-    let name = format!("{schema}.{table}");
+    let name = crate::sql::display_relation(schema, table);
+    let relation = crate::sql::quote_relation(schema, table);
+    if let Some(configured) = configured {
+        let wanted = shard_and_filter(settings.shard.as_ref(), configured);
+        return Ok(
+            match canonical_filter(client, schema, table, &wanted).await? {
+                Canonical::Filter(expected) if filter.as_ref() == Some(&expected) => {
+                    RowFilterVerdict::Configured { filter: expected }
+                }
+                Canonical::Filter(expected) => RowFilterVerdict::NotTheConfigured {
+                    table: name,
+                    relation,
+                    publication,
+                    configured: configured.to_owned(),
+                    expected,
+                    found: filter,
+                },
+                Canonical::Invalid(reason) => RowFilterVerdict::InvalidFilter {
+                    table: name,
+                    configured: configured.to_owned(),
+                    reason,
+                },
+                Canonical::CannotCheck(reason) => RowFilterVerdict::CannotCheck {
+                    table: name,
+                    relation,
+                    reason,
+                },
+            },
+        );
+    }
     Ok(match (&settings.shard, filter) {
         (None, None) => RowFilterVerdict::Unfiltered,
         (None, Some(filter)) => RowFilterVerdict::FilteredWithoutShard {
@@ -92,7 +221,7 @@ pub async fn row_filter_verdict(
             } else {
                 RowFilterVerdict::NotTheShard {
                     table: name,
-                    relation: format!("{}.{}", quote_ident(schema), quote_ident(table)),
+                    relation,
                     publication,
                     shard: shard.clone(),
                     found,

@@ -79,7 +79,7 @@ pub async fn fence(
     table: &str,
     publication: &str,
 ) -> Result<Option<String>, tokio_postgres::Error> {
-    let name = format!("{schema}.{table}");
+    let name = crate::sql::display_relation(schema, table);
     let read = async || -> Result<Option<String>, tokio_postgres::Error> {
         Ok(client
             .query_opt(
@@ -131,7 +131,7 @@ pub async fn privilege_problem(
     table: &str,
     mode: &PrivilegeNeed<'_>,
 ) -> Result<Option<String>, tokio_postgres::Error> {
-    let relation = format!("{}.{}", quote_ident(schema), quote_ident(table));
+    let relation = crate::sql::quote_relation(schema, table);
     let row = client
         .query_opt(
             "SELECT c.oid, current_user::text, pg_catalog.pg_get_userbyid(c.relowner)::text, \

@@ -88,7 +88,7 @@ impl DropPlan {
                 ));
                 break;
             }
-            let qualified = format!("{}.{}", quote_ident(&self.schema), quote_ident(&name));
+            let qualified = crate::sql::quote_relation(&self.schema, &name);
             client
                 .batch_execute(&format!(
                     "CREATE TABLE {qualified} PARTITION OF {} FOR VALUES FROM ({}) TO ({})",

@@ -21,6 +21,10 @@ pub struct DropPlan {
     /// Partitions are created so that they cover at least this far past now ([`super::ahead`]);
     /// `None`: none are created.
     pub create_ahead: Option<Duration>,
+    /// `age_unit`: the epoch unit of an integer partition key.
+    pub age_unit: Option<EpochUnit>,
+    /// `age_time_zone`: the zone of a `timestamp without time zone` partition key.
+    pub age_time_zone: Option<String>,
 }
 
 /// What one round of partition cleanup did.
@@ -36,6 +40,8 @@ pub struct DropReport {
     pub created: Vec<String>,
     /// Why partitions could not be created ahead, if they could not.
     pub ahead_problem: Option<String>,
+    /// Why no partition was judged by age this round (its key's type), if none was.
+    pub key_problem: Option<String>,
 }
 
 /// A detached partition on record.
@@ -50,11 +56,56 @@ impl DropPlan {
     /// `schema.table`.
     #[must_use]
     pub fn name(&self) -> String {
-        format!("{}.{}", self.schema, self.table)
+        crate::sql::display_relation(&self.schema, &self.table)
+    }
+
+    /// The partition key with `age_unit`/`age_time_zone`; `None` unless the table is
+    /// partitioned on one column.
+    pub async fn key_spec(
+        &self,
+        client: &Client,
+    ) -> Result<Option<AgeSpec>, tokio_postgres::Error> {
+        let key = client
+            .query_opt(
+                "SELECT a.attname::text FROM pg_catalog.pg_partitioned_table pt \
+                 JOIN pg_catalog.pg_attribute a \
+                   ON a.attrelid = pt.partrelid AND a.attnum = pt.partattrs[0] \
+                 WHERE pt.partrelid = $1::text::regclass AND pt.partnatts = 1",
+                &[&self.relation()],
+            )
+            .await?;
+        Ok(key.map(|r| AgeSpec {
+            column: r.get(0),
+            unit: self.age_unit,
+            time_zone: self.age_time_zone.clone(),
+        }))
+    }
+
+    /// The partition key, its type read now and judged ([`AgeSpec::judge`]); `Err` when it
+    /// cannot be read as a time (nothing is detached).
+    pub async fn key_column(
+        &self,
+        client: &Client,
+    ) -> Result<Result<AgeColumn, String>, tokio_postgres::Error> {
+        let Some(spec) = self.key_spec(client).await? else {
+            return Ok(Err(format!(
+                "[outbox.cleanup] of {}: mode = \"drop-partitions\" needs a table partitioned by RANGE on one time column (not an expression)",
+                self.name()
+            )));
+        };
+        Ok(
+            match spec.resolve(client, &self.schema, &self.table).await? {
+                Some(judged) => judged.map_err(|p| super::of_partition_key(&p)),
+                None => Err(format!(
+                    "[outbox.cleanup] of {}: no partition key column",
+                    self.name()
+                )),
+            },
+        )
     }
 
     pub(super) fn relation(&self) -> String {
-        format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.table))
+        crate::sql::quote_relation(&self.schema, &self.table)
     }
 
     /// One round: drops detached partitions the checkpoint of `slot` is past, then detaches the
@@ -104,10 +155,15 @@ impl DropPlan {
                 }
             }
         }
-        for (oid, name) in self.expired(client, fence).await? {
-            self.detach(client, oid, &name).await?;
-            report.detached.push(name);
-            report.waiting += 1;
+        match self.key_column(client).await? {
+            Ok(key) => {
+                for (oid, name) in self.expired(client, fence, &key).await? {
+                    self.detach(client, oid, &name).await?;
+                    report.detached.push(name);
+                    report.waiting += 1;
+                }
+            }
+            Err(problem) => report.key_problem = Some(problem),
         }
         if let Some(ahead) = self.create_ahead {
             let created = self.create_ahead(client, ahead).await?;
@@ -219,6 +275,7 @@ impl DropPlan {
         &self,
         client: &Client,
         fence: &str,
+        key: &AgeColumn,
     ) -> Result<Vec<(u32, String)>, tokio_postgres::Error> {
         let rows = client
             .query(
@@ -240,13 +297,10 @@ impl DropPlan {
             let Some(upper) = range_upper(&bound) else {
                 continue;
             };
-            // The literal is PostgreSQL's own rendering of the bound.
+            // The literal is PostgreSQL's own rendering of the bound, read in the key's terms.
             let old = client
                 .query_one(
-                    &format!(
-                        "SELECT ({upper})::timestamptz <= now() - make_interval(secs => {})",
-                        self.retain.as_secs_f64()
-                    ),
+                    &format!("SELECT {}", key.older_than(&key.typed(upper), self.retain)),
                     &[],
                 )
                 .await;

@@ -24,12 +24,14 @@ pub struct RowPlan {
     pub schema: String,
     /// Table.
     pub table: String,
+    /// The table's `row_filter`: only rows it keeps are the relay's to clean.
+    pub row_filter: Option<String>,
     /// Delete or mark.
     pub action: CleanupAction,
     /// Rows are left alone until `age_column` is older than this (zero: no age condition).
     pub retain: Duration,
-    /// The column `retain` is measured on (e.g. `created_at`).
-    pub age_column: String,
+    /// The column `retain` is measured on (e.g. `created_at`), and how to read it.
+    pub age: AgeSpec,
     /// Rows per batch.
     pub batch_size: i64,
     /// `statement_timeout` of every cleanup statement.
@@ -91,24 +93,49 @@ pub enum Applied {
 impl RowPlan {
     /// `schema.table`, quoted.
     fn relation(&self) -> String {
-        format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.table))
+        crate::sql::quote_relation(&self.schema, &self.table)
     }
 
     /// `schema.table`.
     #[must_use]
     pub fn name(&self) -> String {
-        format!("{}.{}", self.schema, self.table)
+        crate::sql::display_relation(&self.schema, &self.table)
     }
 
-    /// The conditions a candidate row meets (besides being behind the checkpoint).
-    fn conditions(&self) -> String {
+    /// The time column `retain` counts from, its type read now and judged
+    /// ([`AgeSpec::resolve`]); `Ok(None)` without an age condition (`retain` zero). An
+    /// `Err(problem)` means nothing may be cleaned: no such column, or one whose type does not
+    /// fit the configuration.
+    pub async fn age_column(
+        &self,
+        client: &Client,
+    ) -> Result<Result<Option<AgeColumn>, String>, tokio_postgres::Error> {
+        if self.retain.is_zero() {
+            return Ok(Ok(None));
+        }
+        Ok(
+            match self.age.resolve(client, &self.schema, &self.table).await? {
+                Some(judged) => judged.map(Some),
+                None => Err(format!(
+                    "[outbox.cleanup] of {}: no column `{}` (age_column): fix age_column or add the column",
+                    self.name(),
+                    self.age.column
+                )),
+            },
+        )
+    }
+
+    /// The conditions a candidate row meets (besides being behind the checkpoint); `age` is
+    /// [`Self::age_column`]'s.
+    fn conditions(&self, age: Option<&AgeColumn>) -> String {
         let mut parts = Vec::new();
-        if !self.retain.is_zero() {
-            parts.push(format!(
-                "{} < now() - make_interval(secs => {})",
-                quote_ident(&self.age_column),
-                self.retain.as_secs_f64()
-            ));
+        if let Some(age) = age.filter(|_| !self.retain.is_zero()) {
+            parts.push(age.older_than(&quote_ident(&age.column), self.retain));
+        }
+        // The condition the publication keeps the table's rows by (checked at start to be
+        // exactly that): rows it leaves out are never published, so never the relay's.
+        if let Some(filter) = &self.row_filter {
+            parts.push(format!("(\n{filter}\n)"));
         }
         if let CleanupAction::Mark { status, sent_at } = &self.action {
             // Not marked yet: a marked row is not selected again.
@@ -132,12 +159,14 @@ impl RowPlan {
     /// Selects the next batch: the horizon, then up to `limit` candidate rows, in one
     /// `REPEATABLE READ` snapshot (see the module documentation). Apply it in [`Batch::chunks`]
     /// of `batch_size`: one wait for the checkpoint serves them all.
-    /// Only rows committed after `fence` ([`fence`]) are selected.
+    /// Only rows committed after `fence` ([`fence`]) are selected; `age` is
+    /// [`Self::age_column`]'s.
     pub async fn select(
         &self,
         client: &mut Client,
         limit: i64,
         fence: &str,
+        age: Option<&AgeColumn>,
     ) -> Result<Batch, tokio_postgres::Error> {
         let tx = client
             .build_transaction()
@@ -156,7 +185,7 @@ impl RowPlan {
                     "SELECT tableoid::oid::text || ':' || ctid::text || ':' || xmin::text, ctid::text \
                      FROM {} WHERE {} AND {} LIMIT $1",
                     self.relation(),
-                    self.conditions(),
+                    self.conditions(age),
                     after_fence("$2")
                 ),
                 &[&limit, &fence],
@@ -172,12 +201,13 @@ impl RowPlan {
     }
 
     /// Deletes or marks the batch's rows if the stored checkpoint of `slot` is at or past its
-    /// horizon, checked in the same transaction.
+    /// horizon, checked in the same transaction; `age` is [`Self::age_column`]'s.
     pub async fn apply(
         &self,
         client: &mut Client,
         slot: &str,
         batch: &Batch,
+        age: Option<&AgeColumn>,
     ) -> Result<Applied, tokio_postgres::Error> {
         if batch.is_empty() {
             return Ok(Applied::Done(0));
@@ -210,7 +240,7 @@ impl RowPlan {
                     "UPDATE {} SET {} WHERE {matching} AND {}",
                     self.relation(),
                     set.join(", "),
-                    self.conditions()
+                    self.conditions(age)
                 )
             }
         };
@@ -229,18 +259,23 @@ mod tests {
         let plan = RowPlan {
             schema: "public".into(),
             table: "outbox".into(),
+            row_filter: None,
             action: CleanupAction::Mark {
                 status: Some(("status".into(), "it's sent".into())),
                 sent_at: Some("sent_at".into()),
             },
             retain: Duration::ZERO,
-            age_column: "created_at".into(),
+            age: AgeSpec {
+                column: "created_at".into(),
+                unit: None,
+                time_zone: None,
+            },
             batch_size: 10,
             statement_timeout: Duration::from_secs(5),
             lock_timeout: Duration::from_secs(1),
         };
         assert_eq!(
-            plan.conditions(),
+            plan.conditions(None),
             "\"status\" IS DISTINCT FROM E'it''s sent'"
         );
         let plan = RowPlan {
@@ -248,9 +283,21 @@ mod tests {
             retain: Duration::from_secs(90),
             ..plan
         };
+        let age = plan
+            .age
+            .judge("public.outbox", 1184, "timestamp with time zone")
+            .unwrap();
         assert_eq!(
-            plan.conditions(),
+            plan.conditions(Some(&age)),
             "\"created_at\" < now() - make_interval(secs => 90)"
+        );
+        let plan = RowPlan {
+            row_filter: Some("listener_id = 'relay'".into()),
+            ..plan
+        };
+        assert_eq!(
+            plan.conditions(Some(&age)),
+            "\"created_at\" < now() - make_interval(secs => 90) AND (\nlistener_id = 'relay'\n)"
         );
     }
 }

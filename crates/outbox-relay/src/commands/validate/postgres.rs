@@ -333,26 +333,30 @@ async fn catalog_checks(
     }
 
     // Outbox tables.
-    let tables = config.tables();
-    for (schema, table) in &tables {
-        let name = format!("table {schema}.{table}");
-        let info = catalog::table(client, schema, table).await?;
+    let tables = config.published_tables();
+    for t in &tables {
+        let name = format!("table {}", t.name());
+        let info = catalog::table(client, &t.schema, &t.table).await?;
         match info.map(|t| t.readable) {
             Some(true) => r.pass(name, "exists, readable"),
             Some(false) => r.fail(
                 name,
                 format!("role `{user}` lacks SELECT"),
-                format!("GRANT SELECT ON {schema}.{table} TO {user}"),
+                format!("GRANT SELECT ON {} TO {user}", t.relation()),
             ),
-            None => r.fail(
-                name,
-                format!("does not exist in database `{database}`"),
-                PgError::TableMissing {
-                    table: format!("{schema}.{table}"),
-                    database: database.clone(),
-                }
-                .to_string(),
-            ),
+            None => {
+                let lookalikes = catalog::table_lookalikes(client, &t.schema, &t.table).await?;
+                r.fail(
+                    name,
+                    format!("does not exist in database `{database}`"),
+                    PgError::TableMissing {
+                        table: t.name(),
+                        database: database.clone(),
+                        lookalikes: catalog::lookalikes_hint(&lookalikes),
+                    }
+                    .to_string(),
+                );
+            }
         }
     }
     cleanup_checks(config, client, r).await?;
@@ -361,7 +365,7 @@ async fn catalog_checks(
     let publication = &pg.publication;
     let quoted = tables
         .iter()
-        .map(|(s, t)| format!("{s}.{t}"))
+        .map(relay_postgres::bootstrap::PublishedTable::relation)
         .collect::<Vec<_>>()
         .join(", ");
     let found = catalog::publication(client, publication).await?;
@@ -390,10 +394,11 @@ async fn catalog_checks(
         ),
         Some(true) => {
             r.pass(name.clone(), "exists, publishes inserts");
-            for (schema, table) in &tables {
-                let membership = partitions::membership(client, publication, schema, table).await?;
-                let check = format!("{name} has {schema}.{table}");
-                let qualified = format!("{schema}.{table}");
+            for t in &tables {
+                let membership =
+                    partitions::membership(client, publication, &t.schema, &t.table).await?;
+                let qualified = t.name();
+                let check = format!("{name} has {qualified}");
                 let member = membership == Membership::Member;
                 match membership {
                     Membership::Member => r.pass(check, "member"),
@@ -416,7 +421,7 @@ async fn catalog_checks(
                     ),
                 }
                 if member {
-                    row_filter_check(pg, client, server.version_num, schema, table, r).await?;
+                    row_filter_check(pg, client, server.version_num, t, r).await?;
                 }
             }
         }
@@ -527,25 +532,39 @@ async fn catalog_checks(
     Ok(())
 }
 
-/// The publication's row filter on `schema.table`, judged as the relay judges it at start.
+/// The publication's row filter on the table, judged as the relay judges it at start.
 async fn row_filter_check(
     pg: &PostgresSettings,
     client: &Client,
     version_num: i32,
-    schema: &str,
-    table: &str,
+    t: &relay_postgres::bootstrap::PublishedTable,
     r: &mut Report,
 ) -> Result<(), tokio_postgres::Error> {
     use relay_postgres::shard::RowFilterVerdict;
-    let version = version_num;
-    let verdict =
-        relay_postgres::catalog::row_filter::row_filter_verdict(client, pg, version, schema, table)
-            .await?;
-    let check = format!("publication {} rows of {schema}.{table}", pg.publication);
+    let check = format!("publication {} rows of {}", pg.publication, t.name());
+    if t.row_filter.is_some()
+        && let Some(problem) =
+            relay_postgres::shard::row_filters_unsupported(&[t.name()], version_num)
+    {
+        r.fail(check, "row_filter needs PostgreSQL 15 or later", problem);
+        return Ok(());
+    }
+    let verdict = relay_postgres::catalog::row_filter::row_filter_verdict(
+        client,
+        pg,
+        version_num,
+        &t.schema,
+        &t.table,
+        t.row_filter.as_deref(),
+    )
+    .await?;
     match &verdict {
         RowFilterVerdict::Unfiltered => {}
         RowFilterVerdict::Shard(shard) => {
             r.pass(check, format!("shard {} (row filter)", shard.describe()));
+        }
+        RowFilterVerdict::Configured { filter } => {
+            r.pass(check, format!("row_filter ({filter})"));
         }
         RowFilterVerdict::FilteredWithoutShard { filter, .. } => r.hinted(
             Verdict::Warn,
@@ -556,6 +575,16 @@ async fn row_filter_check(
         RowFilterVerdict::NotTheShard { .. } => r.fail(
             check,
             "row filter is not the configured shard's",
+            verdict.problem().unwrap_or_default(),
+        ),
+        RowFilterVerdict::NotTheConfigured { .. } => r.fail(
+            check,
+            "row filter is not the configured row_filter",
+            verdict.problem().unwrap_or_default(),
+        ),
+        RowFilterVerdict::InvalidFilter { .. } | RowFilterVerdict::CannotCheck { .. } => r.fail(
+            check,
+            "row_filter cannot be checked",
             verdict.problem().unwrap_or_default(),
         ),
     }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use relay_postgres::PostgresSettings;
-use relay_postgres::cleanup::{Applied, Batch, DropPlan, RowPlan, stored_checkpoint};
+use relay_postgres::cleanup::{AgeColumn, Applied, Batch, DropPlan, RowPlan, stored_checkpoint};
 use tokio_util::sync::CancellationToken;
 
 use super::super::failpoint;
@@ -21,8 +21,11 @@ use crate::telemetry::Telemetry;
 pub(super) struct CleanupTask {
     pub(super) slot: String,
     pub(super) publication: String,
-    /// `schema.table`.
+    /// `schema.table`, as the configuration writes it.
     pub(super) table: String,
+    /// The catalog's schema and table.
+    pub(super) schema: String,
+    pub(super) name: String,
     pub(super) interval: Duration,
     pub(super) batch_pause: Duration,
     /// How long a batch waits for the checkpoint to pass its horizon before it is dropped (and
@@ -66,10 +69,7 @@ impl CleanupTask {
                 }
             }
             let round = async {
-                let (schema, name) = self
-                    .table
-                    .split_once('.')
-                    .unwrap_or(("public", &self.table));
+                let (schema, name) = (&self.schema, &self.name);
                 let Some(fence) =
                     relay_postgres::cleanup::fence(c, &self.slot, schema, name, &self.publication)
                         .await?
@@ -78,8 +78,16 @@ impl CleanupTask {
                     return Ok(None);
                 };
                 for plan in &self.rows {
+                    // Read every round: a column whose type no longer fits cleans nothing.
+                    let age = match plan.age_column(c).await? {
+                        Ok(age) => age,
+                        Err(problem) => {
+                            self.failed(&telemetry, problem);
+                            continue;
+                        }
+                    };
                     if let Some(end) = self
-                        .rows_round(c, plan, &fence, &telemetry, &shutdown)
+                        .rows_round(c, plan, age.as_ref(), &fence, &telemetry, &shutdown)
                         .await?
                     {
                         return Ok(Some(end));
@@ -93,7 +101,10 @@ impl CleanupTask {
                     for name in &report.dropped {
                         tracing::info!(table = %self.table, partition = %name, "partition dropped by cleanup: every row of it is behind the stored checkpoint");
                     }
-                    if let Some(problem) = &report.ahead_problem {
+                    for problem in [&report.ahead_problem, &report.key_problem]
+                        .into_iter()
+                        .flatten()
+                    {
                         self.failed(&telemetry, problem.clone());
                     }
                     telemetry.update_table(&self.table, |t| {
@@ -141,13 +152,14 @@ impl CleanupTask {
         &self,
         client: &mut tokio_postgres::Client,
         plan: &RowPlan,
+        age: Option<&AgeColumn>,
         fence: &str,
         telemetry: &Telemetry,
         shutdown: &CancellationToken,
     ) -> Result<Option<RoundEnd>, tokio_postgres::Error> {
         loop {
             let limit = plan.batch_size * BATCHES_PER_SELECT;
-            let selected = plan.select(client, limit, fence).await?;
+            let selected = plan.select(client, limit, fence, age).await?;
             telemetry.update_table(&self.table, |t| t.waiting = selected.len() as u64);
             if selected.is_empty() {
                 return Ok(None);
@@ -164,7 +176,7 @@ impl CleanupTask {
             failpoint::pause("cleanup_confirmed").await;
             let chunk = usize::try_from(plan.batch_size).unwrap_or(usize::MAX);
             for batch in selected.chunks(chunk) {
-                match plan.apply(client, &self.slot, &batch).await? {
+                match plan.apply(client, &self.slot, &batch, age).await? {
                     Applied::Done(n) => {
                         telemetry.update_table(&self.table, |t| {
                             t.cleaned_rows += n;

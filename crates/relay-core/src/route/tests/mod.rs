@@ -169,6 +169,7 @@ fn notification_outbox_works_by_configuration_alone() {
         headers_json: None,
         headers_json_pointer: None,
         payload_pointer: None,
+        row_filter: None,
     };
     let mut router = Router::new(&[config]).unwrap();
     router

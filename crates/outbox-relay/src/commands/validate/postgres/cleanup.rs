@@ -16,7 +16,8 @@ pub(super) async fn cleanup_checks(
 
     for (table, settings) in config.outbox.cleanup() {
         let (schema, name) = table.qualified_name();
-        let check = format!("cleanup {schema}.{name}");
+        let (schema, name) = (schema.as_ref(), name.as_ref());
+        let check = format!("cleanup {}", table.display_name());
         let Some(info) = catalog::table(client, schema, name).await? else {
             continue; // reported above
         };
@@ -45,6 +46,14 @@ pub(super) async fn cleanup_checks(
                 check,
                 format!("no column {}", missing.join(", ")),
                 "fix [outbox.cleanup] age_column / status_column / sent_at_column, or add the column",
+            );
+            continue;
+        }
+        if let Some(problem) = settings.time_column_problem(client, schema, name).await? {
+            r.fail(
+                check,
+                "the time column's type does not fit age_unit / age_time_zone",
+                problem,
             );
             continue;
         }
@@ -86,11 +95,7 @@ pub(super) async fn cleanup_checks(
                 );
                 continue;
             }
-            let relation = format!(
-                "{}.{}",
-                cleanup::quote_ident(schema),
-                cleanup::quote_ident(name)
-            );
+            let relation = relay_postgres::sql::quote_relation(schema, name);
             if settings.create_ahead.is_some()
                 && catalog::partitions::newest_range(client, &relation)
                     .await?
@@ -99,7 +104,7 @@ pub(super) async fn cleanup_checks(
                 r.fail(
                     check,
                     "create_ahead takes the width of new partitions from the newest one, and the table has no range partition with both bounds",
-                    format!("create the first partition by hand, e.g. CREATE TABLE {schema}.{name}_p1 PARTITION OF {relation} FOR VALUES FROM ('2030-01-01') TO ('2030-01-02')"),
+                    format!("create the first partition by hand, e.g. CREATE TABLE {} PARTITION OF {relation} FOR VALUES FROM ('2030-01-01') TO ('2030-01-02')", relay_postgres::sql::quote_relation(schema, &format!("{name}_p1"))),
                 );
                 continue;
             }
