@@ -19,6 +19,7 @@ mod failover;
 mod fast_batch;
 mod faults;
 mod framework_tables;
+mod frameworks;
 mod hostile;
 mod limits;
 mod localized;
