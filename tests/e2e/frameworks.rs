@@ -14,6 +14,8 @@ use relay_core::subject::push_escaped_token;
 
 use crate::support::*;
 
+const EX_DATAERR: i32 = 65;
+
 /// One message a consumer should receive.
 #[derive(Debug, serde::Deserialize)]
 struct Expected {
@@ -247,4 +249,126 @@ framework_tests! {
     debezium_by_preset => "debezium",
     wolverine_by_preset => "wolverine",
     brighter_by_preset => "brighter",
+}
+
+/// CAP rows each mapping refuses: an empty topic level, a wildcard topic, a header object that
+/// is not one, a header the relay sets itself, a missing envelope member, an envelope that is
+/// not JSON.
+const HOSTILE_CAP_ROWS: &[(i64, &str, &str, &str)] = &[
+    (2, "orders..created", r#"{"Headers":{},"Value":{}}"#, "Name"),
+    (3, "orders.*", r#"{"Headers":{},"Value":{}}"#, "Name"),
+    (
+        4,
+        "orders.created",
+        r#"{"Headers":"cap-msg-id","Value":{}}"#,
+        "Content",
+    ),
+    (
+        5,
+        "orders.created",
+        r#"{"Headers":{"Nats-Msg-Id":"forged"},"Value":{}}"#,
+        "Content",
+    ),
+    (6, "orders.created", r#"{"Headers":{}}"#, "Content"),
+    (7, "orders.created", "not json", "Content"),
+];
+
+async fn insert_cap(
+    db: &impl tokio_postgres::GenericClient,
+    id: i64,
+    name: &str,
+    content: &str,
+) -> Result<()> {
+    db.execute(
+        "INSERT INTO cap.published (\"Id\", \"Version\", \"Name\", \"Content\", \"Retries\", \"Added\", \"StatusName\") \
+         VALUES ($1, 'v1', $2, $3, 0, localtimestamp, 'Scheduled')",
+        &[&id, &name, &content],
+    )
+    .await?;
+    Ok(())
+}
+
+/// With a dead-letter subject each hostile CAP row is parked there with a reason naming the
+/// table, the row's id and the column, between the good rows, in commit order; without one
+/// the first stops the relay (exit 65) naming the same, and nothing past it is confirmed.
+#[tokio::test(flavor = "multi_thread")]
+async fn hostile_framework_rows_are_dead_lettered_or_stop_the_relay() -> Result<()> {
+    let fixture = fixture("cap")?;
+    let env = Env::start().await?;
+    let db = env.db().await?;
+    db.batch_execute(&fixture.ddl).await?;
+    let nats = "create_stream = true\nstream_subjects = [\"orders.>\", \"dlq.>\"]";
+    let outbox = "\n[[outbox]]\npreset = \"cap\"\n";
+    let parked = env.config_full(
+        nats,
+        &format!("dead_letter_subject = \"dlq.cap\"\n{outbox}"),
+    );
+    let relay = Relay::start_streaming(&parked).await?;
+    let good = r#"{"Headers":{"cap-msg-id":"ID"},"Value":{"ok":true}}"#;
+    let mut tx_db = env.db().await?;
+    let tx = tx_db.transaction().await?;
+    insert_cap(&tx, 1, "orders.created", &good.replace("ID", "1")).await?;
+    for (id, name, content, _) in HOSTILE_CAP_ROWS {
+        insert_cap(&tx, *id, name, content).await?;
+    }
+    insert_cap(&tx, 8, "orders.created", &good.replace("ID", "8")).await?;
+    tx.commit().await?;
+    let js = env.jetstream().await?;
+    let got = wait_for_messages(&js, 8, Duration::from_secs(60), Some(&relay)).await?;
+    assert_eq!(got.len(), 8, "{got:?}");
+    assert_eq!(
+        (got[0].id(), got[0].subject.as_str()),
+        ("1", "orders.created")
+    );
+    assert_eq!(
+        (got[7].id(), got[7].subject.as_str()),
+        ("8", "orders.created")
+    );
+    for (m, (id, _, _, column)) in got[1..7].iter().zip(HOSTILE_CAP_ROWS) {
+        assert_eq!(m.subject, "dlq.cap", "row {id} parked: {m:?}");
+        let reason = m.header("Outbox-Dlq-Reason");
+        for needle in [
+            format!("event {id} in `cap.published`"),
+            format!("`{column}`"),
+        ] {
+            assert!(reason.contains(&needle), "row {id}: {needle} in {reason:?}");
+        }
+        assert!(m.header("Nats-Msg-Id").starts_with("dlq:"), "{m:?}");
+    }
+    drop(relay);
+
+    // Without a dead-letter subject: the relay stops at the first one.
+    let env = Env::start().await?;
+    let db = env.db().await?;
+    db.batch_execute(&fixture.ddl).await?;
+    let mut relay = Relay::start_streaming(&env.config_full(nats, outbox)).await?;
+    insert_cap(&db, 1, "orders.created", &good.replace("ID", "1")).await?;
+    let js = env.jetstream().await?;
+    wait_for_id(&js, "1", &relay).await?;
+    let (id, name, content, column) = HOSTILE_CAP_ROWS[0];
+    insert_cap(&db, id, name, content).await?;
+    // The end of the refused row's transaction: confirming it would reach this.
+    let refused_end = env.current_wal().await?;
+    expect_exit(
+        &mut relay,
+        EX_DATAERR,
+        WAIT,
+        &[
+            &format!("event {id} in `cap.published`"),
+            &format!("`{column}`"),
+        ],
+    )
+    .await?;
+    let checkpoint = env.checkpoint().await?.context("checkpoint")?;
+    let slot = env.slot_confirmed().await?.context("slot")?;
+    assert!(
+        checkpoint < refused_end && slot < refused_end,
+        "checkpoint {checkpoint:X} / slot {slot:X} past the refused row's transaction (ends at {refused_end:X})"
+    );
+    assert_eq!(
+        stream_count(&js).await?,
+        1,
+        "nothing of the refused row published"
+    );
+    Ok(())
 }
