@@ -25,6 +25,9 @@ const PRESETS: &[(&str, &str)] = &[
     ("wolverine", include_str!("presets/wolverine.toml")),
 ];
 
+/// `[outbox.cleanup]` keys of `mode = "mark"` only.
+const MARK_KEYS: &[&str] = &["status_column", "status_value", "sent_at_column"];
+
 /// The preset an `[[outbox]]` entry names, and the keys it filled in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AppliedPreset {
@@ -96,6 +99,12 @@ pub fn apply(name: &str, entry: &mut Map<String, Value>) -> Result<AppliedPreset
     let mut filled = Vec::new();
     fill(entry, keys, "", &mut filled);
     if let Some(Value::Object(entry_cleanup)) = entry.get_mut("cleanup") {
+        // What the framework's dispatcher marks applies to `mode = "mark"` only.
+        let mark = entry_cleanup.get("mode").and_then(Value::as_str) == Some("mark");
+        let cleanup = cleanup
+            .into_iter()
+            .filter(|(key, _)| mark || !MARK_KEYS.contains(&key.as_str()))
+            .collect();
         fill(entry_cleanup, cleanup, "cleanup.", &mut filled);
     }
     Ok(AppliedPreset {

@@ -593,3 +593,39 @@ fn chain(error: ConfigError) -> String {
     }
     text
 }
+
+/// Every preset, with the keys it needs, makes a mapping the relay accepts: its keys are the
+/// relay's own, its subject template and pointers parse.
+#[test]
+#[allow(clippy::result_large_err)] // figment's Jail API
+fn every_preset_makes_a_valid_mapping() {
+    for name in presets::names() {
+        let needs = match name {
+            "watermill" => {
+                "table = 'public.\"watermill_orders.created\"'\nsubject = \"orders.created\"\n"
+            }
+            "spring-modulith" => "row_filter = \"listener_id = 'outbox-relay'\"\n",
+            _ => "",
+        };
+        // Mark mode where the framework marks sent rows (the others delete them).
+        let marks = matches!(name, "cap" | "eventuate" | "spring-modulith" | "brighter");
+        for mode in ["delete", "mark"]
+            .into_iter()
+            .filter(|m| marks || *m == "delete")
+        {
+            figment::Jail::expect_with(|jail| {
+                jail.create_file(
+                "relay.toml",
+                &format!("[[outbox]]\npreset = \"{name}\"\n{needs}[outbox.cleanup]\nmode = \"{mode}\"\n"),
+            )?;
+                let c = RelayConfig::load(Some(Path::new("relay.toml")));
+                let c = c.unwrap_or_else(|e| panic!("preset {name}: {}", chain(e)));
+                assert_eq!(c.outbox.len(), 1);
+                c.outbox[0]
+                    .validate()
+                    .unwrap_or_else(|e| panic!("preset {name}: {e}"));
+                Ok(())
+            });
+        }
+    }
+}
