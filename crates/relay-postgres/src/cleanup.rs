@@ -47,17 +47,16 @@ use relay_core::Lsn;
 use tokio_postgres::Client;
 
 mod access;
-mod age;
 mod ahead;
 mod partitions;
 mod rows;
 
+pub use crate::age_column::{AgeColumn, AgeKind, AgeSpec, EpochUnit, of_partition_key};
 pub(crate) use access::after_fence;
 pub use access::{
     PrivilegeNeed, cleanup_tables_access, cleanup_tables_grants, ensure_tables, fence,
     privilege_problem,
 };
-pub use age::{AgeColumn, AgeKind, AgeSpec, EpochUnit, of_partition_key};
 pub use ahead::{AheadReport, MAX_CREATED_PER_ROUND};
 pub use partitions::{DropPlan, DropReport};
 pub use rows::{Applied, Batch, CleanupAction, RowPlan};

@@ -6,6 +6,7 @@
 //! - [`source::PgSource`]: the replication stream (pgwire-replication, pgoutput v1) decoded by
 //!   the `pgoutput` crate into [`relay_core::stage::SourceEvent`]s.
 
+mod age_column;
 pub mod backfill;
 pub mod bootstrap;
 pub mod catalog;

@@ -31,12 +31,12 @@ pub struct TableSample {
 
 /// Samples `schema.table`: rows, bytes, and the oldest row created after `since` (Unix seconds;
 /// `None`: every row counts) by the time column `age`, read by its type
-/// ([`crate::cleanup::AgeSpec`]). `None` when the table does not exist.
+/// ([`crate::age_column::AgeSpec`]). `None` when the table does not exist.
 pub async fn sample(
     client: &Client,
     schema: &str,
     name: &str,
-    age: &crate::cleanup::AgeSpec,
+    age: &crate::age_column::AgeSpec,
     since: Option<f64>,
 ) -> Result<Option<TableSample>, tokio_postgres::Error> {
     let Some(info) = table(client, schema, name).await? else {

@@ -12,9 +12,12 @@
 //! Any other type, or a setting that does not fit the type, is refused: nothing is cleaned by a
 //! guess. Every cutoff is rounded so that a row is kept rather than taken early.
 
-use serde::{Deserialize, Serialize};
+use std::time::Duration;
 
-use super::*;
+use serde::{Deserialize, Serialize};
+use tokio_postgres::Client;
+
+use crate::sql::quote_literal;
 
 /// The unit of an epoch time column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
