@@ -372,3 +372,48 @@ async fn hostile_framework_rows_are_dead_lettered_or_stop_the_relay() -> Result<
     );
     Ok(())
 }
+
+/// `validate --connect` checks that the table has the preset's shape: the CAP table as CAP
+/// creates it passes; with `Content` renamed it fails naming the column, the key and the
+/// preset.
+#[tokio::test(flavor = "multi_thread")]
+async fn validate_checks_the_table_has_the_presets_shape() -> Result<()> {
+    let fixture = fixture("cap")?;
+    let env = Env::start().await?;
+    let db = env.db().await?;
+    db.batch_execute(&fixture.ddl).await?;
+    let config = env.config_full(
+        "create_stream = true\nstream_subjects = [\"orders.>\"]",
+        "\n[[outbox]]\npreset = \"cap\"\n",
+    );
+    let columns_line = |out: &std::process::Output| {
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find(|l| l.contains("columns of cap.published"))
+            .map(str::to_owned)
+            .unwrap_or_else(|| {
+                format!(
+                    "no columns check in:\n{}",
+                    String::from_utf8_lossy(&out.stdout)
+                )
+            })
+    };
+    let out = relay_cmd(&config, &["validate", "--connect"]).await?;
+    let line = columns_line(&out);
+    assert!(line.starts_with("PASS"), "{line}");
+
+    db.batch_execute("ALTER TABLE cap.published RENAME COLUMN \"Content\" TO \"Body\"")
+        .await?;
+    let out = relay_cmd(&config, &["validate", "--connect"]).await?;
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    let line = columns_line(&out);
+    assert!(line.starts_with("FAIL"), "{report}");
+    assert!(
+        line.contains("`Content` (payload, from preset cap)")
+            && line.contains("`Content` (headers_json, from preset cap)"),
+        "{line}"
+    );
+    assert!(report.contains("shape preset cap expects"), "{report}");
+    assert!(!out.status.success(), "validate fails");
+    Ok(())
+}

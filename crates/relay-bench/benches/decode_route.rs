@@ -6,6 +6,10 @@
 //! The input is the pgoutput frame of a real row of the bench table (Debezium outbox shape plus
 //! the polling baseline's `published_at`): uuid, two short varchars, a type, a ~300-byte jsonb
 //! payload, a NULL trace context, `created_at` and a NULL `published_at`.
+//!
+//! The framework mapping shapes route a CAP-shaped row (`Id`, `Name`, `Content`, the same
+//! ~300-byte body) three ways beside it: the topic as dotted subject levels, a 5-member JSON
+//! header column, and the whole CAP envelope (body and headers as members of `Content`).
 
 use std::hint::black_box;
 
@@ -82,6 +86,68 @@ fn insert_frame() -> Bytes {
     Bytes::from(b)
 }
 
+/// A relation frame of `schema.table` with `columns` (name, type oid).
+fn relation_of(oid: u32, schema: &str, table: &str, columns: &[(&str, u32)]) -> Bytes {
+    let mut b = vec![b'R'];
+    b.extend_from_slice(&oid.to_be_bytes());
+    cstr(&mut b, schema);
+    cstr(&mut b, table);
+    b.push(b'd');
+    b.extend_from_slice(&(columns.len() as i16).to_be_bytes());
+    for (i, (name, type_oid)) in columns.iter().enumerate() {
+        b.push(u8::from(i == 0));
+        cstr(&mut b, name);
+        b.extend_from_slice(&type_oid.to_be_bytes());
+        b.extend_from_slice(&(-1_i32).to_be_bytes());
+    }
+    Bytes::from(b)
+}
+
+/// An insert frame of relation `oid` with text `values`.
+fn insert_of(oid: u32, values: &[&str]) -> Bytes {
+    let mut b = vec![b'I'];
+    b.extend_from_slice(&oid.to_be_bytes());
+    b.push(b'N');
+    b.extend_from_slice(&(values.len() as i16).to_be_bytes());
+    for v in values {
+        b.push(b't');
+        b.extend_from_slice(&(v.len() as u32).to_be_bytes());
+        b.extend_from_slice(v.as_bytes());
+    }
+    Bytes::from(b)
+}
+
+/// A router for a CAP-shaped table mapped by `mapping` (on top of `Id`, `Content`), and
+/// one decoded row of it whose `Content` holds `content`.
+fn cap_shape(mapping: fn(&mut OutboxTableConfig), content: &str) -> (Router, pgoutput::Insert) {
+    const CAP_OID: u32 = 16_400;
+    let mut config = OutboxTableConfig::with_defaults("cap.published");
+    config.event_id = "Id".into();
+    config.headers.clear();
+    config.payload = "Content".into();
+    mapping(&mut config);
+    let mut router = Router::new(&[config]).expect("mapping is valid");
+    let relation = relation_of(
+        CAP_OID,
+        "cap",
+        "published",
+        &[("Id", 20), ("Name", 1043), ("Content", 25), ("Headers", 25)],
+    );
+    match decode(&relation) {
+        Ok(LogicalMessage::Relation(r)) => router.on_relation(r, None).expect("relation matches"),
+        other => panic!("relation frame did not decode: {other:?}"),
+    }
+    let headers = r#"{"cap-msg-id":"1884513265453617152","cap-msg-name":"orders.created","cap-msg-type":"OrderCreated","cap-corr-seq":"0","traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}"#;
+    let insert = insert_of(
+        CAP_OID,
+        &["1884513265453617152", "orders.created", content, headers],
+    );
+    match decode(&insert) {
+        Ok(LogicalMessage::Insert(i)) => (router, i),
+        other => panic!("insert frame did not decode: {other:?}"),
+    }
+}
+
 fn router() -> Router {
     let mut router = Router::new(&[OutboxTableConfig::with_defaults("public.outbox")])
         .expect("default mapping is valid");
@@ -129,6 +195,57 @@ fn benches(c: &mut Criterion) {
             router.route_insert(&ins, &tx, i).expect("routes")
         })
     });
+
+    // The framework mapping shapes, on a CAP-shaped row with the same body.
+    let body = format!(
+        r#"{{"ts": 1795952324123456, "note": "{}", "items": [{{"qty": 1, "sku": "SKU-42", "price": 1999}}], "amount": 1999, "currency": "EUR", "customer": "customer-123", "order_id": 123456}}"#,
+        "x".repeat(120)
+    );
+    let envelope = format!(
+        r#"{{"Headers":{{"cap-msg-id":"1884513265453617152","cap-msg-name":"orders.created","cap-msg-type":"OrderCreated","cap-corr-seq":"0","cap-senttime":"07/01/2026 16:02:20"}},"Value":{body}}}"#
+    );
+    let shapes: [(&str, fn(&mut OutboxTableConfig), &str); 4] = [
+        (
+            "route_cap_one_token",
+            |c| c.subject = "cap.{Name}".into(),
+            body.as_str(),
+        ),
+        (
+            "route_cap_dotted_levels",
+            |c| c.subject = "{levels:Name}".into(),
+            body.as_str(),
+        ),
+        (
+            "route_cap_json_header_column",
+            |c| {
+                c.subject = "cap.{Name}".into();
+                c.headers_json = Some("Headers".into());
+            },
+            body.as_str(),
+        ),
+        (
+            "route_cap_envelope",
+            |c| {
+                c.subject = "{levels:Name}".into();
+                c.payload_pointer = Some("/Value".into());
+                c.headers_json = Some("Content".into());
+                c.headers_json_pointer = Some("/Headers".into());
+            },
+            envelope.as_str(),
+        ),
+    ];
+    for (name, mapping, content) in shapes {
+        let (router, row) = cap_shape(mapping, content);
+        group.bench_function(name, |b| {
+            let mut i = 0_u64;
+            b.iter(|| {
+                i += 1;
+                router
+                    .route_insert(black_box(&row), &tx, i)
+                    .expect("routes")
+            })
+        });
+    }
 
     group.bench_function("tx_context_per_transaction", |b| {
         let mut xid = 0_u32;

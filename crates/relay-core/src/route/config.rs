@@ -161,6 +161,38 @@ impl OutboxTableConfig {
         crate::ident::display_relation(&schema, &table)
     }
 
+    /// The columns the mapping reads, each with the key that names it (`event_id`, `payload`,
+    /// `subject`, `headers.<name>`, `headers_json`, …), for checking a table's shape before the
+    /// relay starts; optional header columns (`column?`) are left out.
+    pub fn mapped_columns(&self) -> Vec<(String, String)> {
+        let mut out = vec![("event_id".to_owned(), self.event_id.clone())];
+        if self.payload != PAYLOAD_WHOLE_ROW {
+            out.push(("payload".into(), self.payload.clone()));
+        }
+        if let Ok(template) = SubjectTemplate::parse(&self.subject) {
+            out.extend(
+                template
+                    .columns()
+                    .map(|c| ("subject".to_owned(), c.to_owned())),
+            );
+        }
+        for (header, column) in &self.headers {
+            if !column.ends_with(OPTIONAL_SUFFIX) {
+                out.push((format!("headers.{header}"), column.clone()));
+            }
+        }
+        for (key, column) in [
+            ("headers_json", &self.headers_json),
+            ("ttl_column", &self.ttl_column),
+            ("schedule_column", &self.schedule_column),
+        ] {
+            if let Some(column) = column {
+                out.push((key.to_owned(), column.clone()));
+            }
+        }
+        out
+    }
+
     /// Checks everything that can be checked without the database.
     pub fn validate(&self) -> Result<SubjectTemplate, ConfigError> {
         TableName::parse(&self.table).map_err(ConfigError::TableName)?;

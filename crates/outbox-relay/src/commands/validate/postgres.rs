@@ -334,9 +334,12 @@ async fn catalog_checks(
 
     // Outbox tables.
     let tables = config.published_tables();
-    for t in &tables {
+    for (index, t) in tables.iter().enumerate() {
         let name = format!("table {}", t.name());
         let info = catalog::table(client, &t.schema, &t.table).await?;
+        if let Some(info) = &info {
+            column_checks(config, client, index, &t.name(), info.oid, r).await?;
+        }
         match info.map(|t| t.readable) {
             Some(true) => r.pass(name, "exists, readable"),
             Some(false) => r.fail(
@@ -533,6 +536,49 @@ async fn catalog_checks(
 }
 
 /// The publication's row filter on the table, judged as the relay judges it at start.
+/// Whether the table of `[[outbox]]` entry `index` has every column its mapping reads, naming
+/// the key (and the preset that set it) of each one it lacks.
+async fn column_checks(
+    config: &RelayConfig,
+    client: &tokio_postgres::Client,
+    index: usize,
+    table: &str,
+    oid: u32,
+    r: &mut Report,
+) -> Result<(), tokio_postgres::Error> {
+    let Some(mapping) = config.outbox.get(index) else {
+        return Ok(());
+    };
+    let mut missing = Vec::new();
+    let mut presets = std::collections::BTreeSet::new();
+    for (key, column) in mapping.mapped_columns() {
+        if !catalog::column_exists(client, oid, &column).await? {
+            match config.outbox.preset_of(index, &key) {
+                Some(preset) => {
+                    presets.insert(preset.to_owned());
+                    missing.push(format!("`{column}` ({key}, from preset {preset})"));
+                }
+                None => missing.push(format!("`{column}` ({key})")),
+            }
+        }
+    }
+    let check = format!("columns of {table}");
+    if missing.is_empty() {
+        r.pass(check, "every column the mapping reads exists");
+        return Ok(());
+    }
+    let hint = if presets.is_empty() {
+        "fix the [[outbox]] mapping (column names are exact, case included) or the table".to_owned()
+    } else {
+        format!(
+            "the table does not have the shape preset {} expects (the framework's current release, docs/frameworks.md): set those keys in the [[outbox]] entry to the table's own column names, or check that the framework created the table",
+            presets.into_iter().collect::<Vec<_>>().join(", ")
+        )
+    };
+    r.fail(check, format!("no column {}", missing.join(", ")), hint);
+    Ok(())
+}
+
 async fn row_filter_check(
     pg: &PostgresSettings,
     client: &Client,
