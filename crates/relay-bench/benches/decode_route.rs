@@ -117,9 +117,12 @@ fn insert_of(oid: u32, values: &[&str]) -> Bytes {
     Bytes::from(b)
 }
 
+/// Sets a CAP-shaped table's mapping keys.
+type Shape = fn(&mut OutboxTableConfig);
+
 /// A router for a CAP-shaped table mapped by `mapping` (on top of `Id`, `Content`), and
 /// one decoded row of it whose `Content` holds `content`.
-fn cap_shape(mapping: fn(&mut OutboxTableConfig), content: &str) -> (Router, pgoutput::Insert) {
+fn cap_shape(mapping: Shape, content: &str) -> (Router, pgoutput::Insert) {
     const CAP_OID: u32 = 16_400;
     let mut config = OutboxTableConfig::with_defaults("cap.published");
     config.event_id = "Id".into();
@@ -204,7 +207,7 @@ fn benches(c: &mut Criterion) {
     let envelope = format!(
         r#"{{"Headers":{{"cap-msg-id":"1884513265453617152","cap-msg-name":"orders.created","cap-msg-type":"OrderCreated","cap-corr-seq":"0","cap-senttime":"07/01/2026 16:02:20"}},"Value":{body}}}"#
     );
-    let shapes: [(&str, fn(&mut OutboxTableConfig), &str); 4] = [
+    let shapes: [(&str, Shape, &str); 4] = [
         (
             "route_cap_one_token",
             |c| c.subject = "cap.{Name}".into(),
