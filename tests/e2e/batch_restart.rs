@@ -27,6 +27,16 @@ async fn a_restart_mid_batch_commits_the_transaction_once_as_one_new_batch() -> 
 #[cfg(feature = "failpoints")]
 #[tokio::test(flavor = "multi_thread")]
 async fn a_batch_refused_as_one_too_many_is_published_again_whole() -> Result<()> {
+    // A server before 2.12 takes neither atomic batches nor this configuration block.
+    let probe = relay_testkit::NatsServer::start().await?;
+    if !probe.version_at_least((2, 12, 1)) {
+        println!(
+            "nats-server {}: no atomic batches; nothing to test",
+            probe.version()
+        );
+        return Ok(());
+    }
+    drop(probe);
     let nats = relay_testkit::NatsOptions {
         config: Some("jetstream { limits { batch { max_inflight_per_stream: 1 } } }".into()),
         ..Default::default()

@@ -268,7 +268,16 @@ async fn endpoints_metrics_status_and_readiness_follow_nats() -> Result<()> {
             .copied();
         let lag = m.get("outbox_relay_slot_lag_bytes").copied();
         let last_seq = m.get("outbox_relay_stream_last_sequence").copied();
-        if published == Some(3.0) && reserved == Some(1.0) && lag.is_some() && last_seq == Some(3.0)
+        // The checkpoint is stored after the acks (every checkpoint_interval): published can
+        // reach 3 first.
+        let checkpointed = m
+            .get("outbox_relay_checkpoint_lsn")
+            .is_some_and(|lsn| *lsn > last_commit as f64);
+        if published == Some(3.0)
+            && reserved == Some(1.0)
+            && lag.is_some()
+            && last_seq == Some(3.0)
+            && checkpointed
         {
             break m;
         }
