@@ -58,6 +58,9 @@ struct HeaderObjectPlan {
     pointer: Option<JsonPointer>,
     /// `[outbox.cloudevents]` is on: its `ce-*` headers are the mapping's.
     cloudevents: bool,
+    /// The object is a member of the payload column under `payload_pointer` too (CAP's
+    /// `Content`): both members are found in one pass over the column, with the payload.
+    in_payload_envelope: bool,
 }
 
 /// A mapping compiled against one Relation message.
@@ -266,10 +269,16 @@ fn compile(table: &TableRoute, relation: Arc<Relation>) -> Result<CompiledRoute,
                     expected: "json, jsonb or a text type",
                 });
             }
+            let in_payload_envelope = table.headers_pointer.is_some()
+                && matches!(
+                    &payload,
+                    PayloadPlan::Column { index: p, pointer: Some(_), .. } if *p == index
+                );
             Some(Box::new(HeaderObjectPlan {
                 index,
                 pointer: table.headers_pointer.clone(),
                 cloudevents: config.cloudevents.is_some(),
+                in_payload_envelope,
             }))
         }
     };

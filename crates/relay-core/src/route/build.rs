@@ -155,6 +155,8 @@ impl CompiledRoute {
             }
         }
 
+        // The header object when it was found in one pass with the payload (CAP's envelope).
+        let mut envelope_headers = None;
         let payload = match &self.payload {
             PayloadPlan::WholeRow => {
                 let mut cols = Vec::with_capacity(values.len());
@@ -194,9 +196,26 @@ impl CompiledRoute {
                     }
                 };
                 if let Some(pointer) = pointer {
-                    let text =
-                        std::str::from_utf8(&body).map_err(|_| missing(MemberError::NotUtf8))?;
-                    let member = pointer.resolve(text).map_err(missing)?;
+                    let member = match self.header_object.as_deref() {
+                        Some(HeaderObjectPlan {
+                            pointer: Some(headers_pointer),
+                            in_payload_envelope: true,
+                            ..
+                        }) => {
+                            // `headers_json` refuses bytea: the column's text is the body.
+                            let column = text(*index, &event_id)?.unwrap_or_default();
+                            let column = std::str::from_utf8(column)
+                                .map_err(|_| missing(MemberError::NotUtf8))?;
+                            let (member, object) = pointer.resolve_pair(headers_pointer, column);
+                            envelope_headers = Some(object);
+                            member.map_err(missing)?
+                        }
+                        _ => {
+                            let text = std::str::from_utf8(&body)
+                                .map_err(|_| missing(MemberError::NotUtf8))?;
+                            pointer.resolve(text).map_err(missing)?
+                        }
+                    };
                     if member == "null" {
                         // A JSON null member is no payload: an empty body, as a NULL payload
                         // column gives and as CAP's transports publish a null Value.
@@ -250,7 +269,7 @@ impl CompiledRoute {
         if let Some(plan) = &self.header_object
             && let Some(raw) = text(plan.index, &event_id)?
         {
-            self.expand_header_object(plan, raw, &event_id, &mut headers)?;
+            self.expand_header_object(plan, raw, envelope_headers, &event_id, &mut headers)?;
         }
         if let Some(native) = &self.native {
             let bad = |index: usize, header: &'static str, reason: String| {
@@ -307,11 +326,13 @@ impl CompiledRoute {
         }
     }
 
-    /// The members of a `headers_json` value (`raw`, not NULL) as headers.
+    /// The members of a `headers_json` value (`raw`, not NULL) as headers; `found` is the
+    /// object's member of `raw` (or why there is none) when the payload's pass found it.
     fn expand_header_object(
         &self,
         plan: &HeaderObjectPlan,
         raw: &[u8],
+        found: Option<Result<&str, MemberError>>,
         event_id: &str,
         headers: &mut Vec<(Arc<str>, Arc<str>)>,
     ) -> Result<(), RouteError> {
@@ -321,18 +342,25 @@ impl CompiledRoute {
             column: self.column_name(plan.index),
             reason,
         };
-        let text = std::str::from_utf8(raw).map_err(|_| invalid(HeaderObjectError::NotUtf8))?;
-        let object = match &plan.pointer {
-            None => text,
-            Some(pointer) => pointer.resolve(text).map_err(|reason| {
-                self.missing_member(
-                    event_id,
-                    plan.index,
-                    "headers_json_pointer",
-                    &plan.pointer,
-                    reason,
-                )
-            })?,
+        let missing = |reason| {
+            self.missing_member(
+                event_id,
+                plan.index,
+                "headers_json_pointer",
+                &plan.pointer,
+                reason,
+            )
+        };
+        let object = match (found, &plan.pointer) {
+            (Some(found), _) => found.map_err(missing)?,
+            (None, None) => {
+                std::str::from_utf8(raw).map_err(|_| invalid(HeaderObjectError::NotUtf8))?
+            }
+            (None, Some(pointer)) => {
+                let text =
+                    std::str::from_utf8(raw).map_err(|_| invalid(HeaderObjectError::NotUtf8))?;
+                pointer.resolve(text).map_err(missing)?
+            }
         };
         if object == "null" {
             return Ok(());

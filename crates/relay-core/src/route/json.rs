@@ -99,32 +99,90 @@ impl JsonPointer {
 
     /// The member's JSON text inside `document`, a sub-slice of it (byte-exact).
     pub(super) fn resolve<'a>(&self, document: &'a str) -> Result<&'a str, MemberError> {
+        self.resolve_from(0, document)
+    }
+
+    /// The members of `self` and `other` inside `document`, each as [`resolve`](Self::resolve)
+    /// gives it (value or error), with one scan of each object the two pass through: CAP's
+    /// `/Value` and `/Headers` of one `Content` cost one pass over it, not two.
+    pub(super) fn resolve_pair<'a>(
+        &self,
+        other: &Self,
+        document: &'a str,
+    ) -> (Result<&'a str, MemberError>, Result<&'a str, MemberError>) {
         let mut current = document;
-        for (depth, token) in self.tokens.iter().enumerate() {
-            match member(current, token) {
-                Ok(Lookup::Found(raw)) => current = raw.get(),
-                Ok(Lookup::Missing) => {
-                    return Err(MemberError::Missing {
-                        member: self.prefix(depth + 1),
-                    });
+        let mut depth = 0;
+        loop {
+            match (self.tokens.get(depth), other.tokens.get(depth)) {
+                (None, _) => return (Ok(current), other.resolve_from(depth, current)),
+                (_, None) => return (self.resolve_from(depth, current), Ok(current)),
+                // A shared step: its member is where both go on.
+                (Some(mine), Some(theirs)) if mine == theirs => {
+                    match members(current, [mine.as_str()]).and_then(|[found]| found.value()) {
+                        Ok(next) => {
+                            current = next;
+                            depth += 1;
+                        }
+                        Err(failure) => {
+                            return (
+                                Err(self.failure(depth, &failure)),
+                                Err(other.failure(depth, &failure)),
+                            );
+                        }
+                    }
                 }
-                Ok(Lookup::Twice) => {
-                    return Err(MemberError::Twice {
-                        member: self.prefix(depth + 1),
-                    });
-                }
-                Err(e) if depth == 0 && !e.is_data() => {
-                    return Err(MemberError::NotJson(e.to_string()));
-                }
-                Err(e) => {
-                    return Err(MemberError::NotObject {
-                        at: self.prefix(depth),
-                        found: e.to_string(),
-                    });
+                // The pointers part here: one scan of this object finds both members.
+                (Some(mine), Some(theirs)) => {
+                    return match members(current, [mine.as_str(), theirs.as_str()]) {
+                        Ok([found_mine, found_theirs]) => (
+                            self.go_on(depth, found_mine),
+                            other.go_on(depth, found_theirs),
+                        ),
+                        Err(failure) => (
+                            Err(self.failure(depth, &failure)),
+                            Err(other.failure(depth, &failure)),
+                        ),
+                    };
                 }
             }
         }
+    }
+
+    /// The member at token `depth` found (or not) by `found`, then the rest of the pointer.
+    fn go_on<'a>(&self, depth: usize, found: Lookup<'a>) -> Result<&'a str, MemberError> {
+        let member = found.value().map_err(|f| self.failure(depth, &f))?;
+        self.resolve_from(depth + 1, member)
+    }
+
+    /// The pointer's tokens from `depth` on, inside `current` (the member its first `depth`
+    /// tokens lead to).
+    fn resolve_from<'a>(&self, depth: usize, current: &'a str) -> Result<&'a str, MemberError> {
+        let mut current = current;
+        for (depth, token) in self.tokens.iter().enumerate().skip(depth) {
+            current = members(current, [token.as_str()])
+                .and_then(|[found]| found.value())
+                .map_err(|f| self.failure(depth, &f))?;
+        }
         Ok(current)
+    }
+
+    /// `failure` of the lookup of token `depth`, named by this pointer.
+    fn failure(&self, depth: usize, failure: &StepFailure) -> MemberError {
+        match failure {
+            StepFailure::Missing => MemberError::Missing {
+                member: self.prefix(depth + 1),
+            },
+            StepFailure::Twice => MemberError::Twice {
+                member: self.prefix(depth + 1),
+            },
+            StepFailure::Parse(e) if depth == 0 && !e.is_data() => {
+                MemberError::NotJson(e.to_string())
+            }
+            StepFailure::Parse(e) => MemberError::NotObject {
+                at: self.prefix(depth),
+                found: e.to_string(),
+            },
+        }
     }
 
     /// The pointer's first `depth` tokens, as written (for errors).
@@ -192,57 +250,83 @@ enum Lookup<'a> {
     Twice,
 }
 
-/// The member `key` of the JSON object `object` (which is parsed to its end).
-fn member<'a>(object: &'a str, key: &str) -> Result<Lookup<'a>, serde_json::Error> {
+impl<'a> Lookup<'a> {
+    fn value(self) -> Result<&'a str, StepFailure> {
+        match self {
+            Self::Found(raw) => Ok(raw.get()),
+            Self::Missing => Err(StepFailure::Missing),
+            Self::Twice => Err(StepFailure::Twice),
+        }
+    }
+}
+
+/// Why one token of a pointer found no member, before the pointer names it.
+enum StepFailure {
+    Missing,
+    Twice,
+    /// The object is not JSON, or not an object.
+    Parse(serde_json::Error),
+}
+
+/// The members `keys` of the JSON object `object`, in one scan of it to its end (so a syntax
+/// error anywhere in it is found, whichever members are asked for).
+fn members<'a, const N: usize>(
+    object: &'a str,
+    keys: [&str; N],
+) -> Result<[Lookup<'a>; N], StepFailure> {
     let mut de = serde_json::Deserializer::from_str(object);
-    let found = (&mut de).deserialize_map(MemberVisitor(key))?;
-    de.end()?;
+    let found = (&mut de)
+        .deserialize_map(MembersVisitor(keys))
+        .and_then(|found| de.end().map(|()| found))
+        .map_err(StepFailure::Parse)?;
     Ok(found)
 }
 
-/// A map key compared with a name, without allocating.
-struct KeyIs<'t>(&'t str);
+/// A map key compared with each of `N` names, without allocating: which ones it is.
+struct KeyAmong<'k, const N: usize>(&'k [&'k str; N]);
 
-impl<'de> DeserializeSeed<'de> for KeyIs<'_> {
-    type Value = bool;
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
+impl<'de, const N: usize> DeserializeSeed<'de> for KeyAmong<'_, N> {
+    type Value = [bool; N];
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<[bool; N], D::Error> {
         deserializer.deserialize_str(self)
     }
 }
 
-impl Visitor<'_> for KeyIs<'_> {
-    type Value = bool;
+impl<const N: usize> Visitor<'_> for KeyAmong<'_, N> {
+    type Value = [bool; N];
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a member name")
     }
-    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<bool, E> {
-        Ok(v == self.0)
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<[bool; N], E> {
+        Ok(self.0.map(|key| v == key))
     }
 }
 
-struct MemberVisitor<'t>(&'t str);
+struct MembersVisitor<'k, const N: usize>([&'k str; N]);
 
-impl<'de> Visitor<'de> for MemberVisitor<'_> {
-    type Value = Lookup<'de>;
+impl<'de, const N: usize> Visitor<'de> for MembersVisitor<'_, N> {
+    type Value = [Lookup<'de>; N];
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON object")
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut found = None;
-        let mut twice = false;
-        while let Some(is_key) = map.next_key_seed(KeyIs(self.0))? {
-            if is_key {
+        let mut found: [Option<&'de RawValue>; N] = [None; N];
+        let mut twice = [false; N];
+        while let Some(hits) = map.next_key_seed(KeyAmong(&self.0))? {
+            if hits.contains(&true) {
                 let value: &'de RawValue = map.next_value()?;
-                twice |= found.replace(value).is_some();
+                for (i, _) in hits.iter().enumerate().filter(|(_, hit)| **hit) {
+                    twice[i] |= found[i].replace(value).is_some();
+                }
             } else {
                 map.next_value::<IgnoredAny>()?;
             }
         }
-        Ok(match (found, twice) {
+        Ok(std::array::from_fn(|i| match (found[i], twice[i]) {
             (_, true) => Lookup::Twice,
             (Some(value), false) => Lookup::Found(value),
             (None, false) => Lookup::Missing,
-        })
+        }))
     }
 }
 

@@ -110,6 +110,170 @@ fn missing_members_and_non_objects_are_named() {
     );
 }
 
+/// Both members by [`JsonPointer::resolve_pair`], each checked to be what `resolve` gives
+/// alone (value or error) and, when found, a sub-slice of the document.
+fn pair<'a>(
+    a: &str,
+    b: &str,
+    document: &'a str,
+) -> (Result<&'a str, MemberError>, Result<&'a str, MemberError>) {
+    let (first, second) = pointer(a).resolve_pair(&pointer(b), document);
+    for (p, got) in [(a, &first), (b, &second)] {
+        assert_eq!(got, &pointer(p).resolve(document), "{p} in {document}");
+        if let Ok(member) = got {
+            let start = member.as_ptr() as usize - document.as_ptr() as usize;
+            assert_eq!(
+                &document[start..start + member.len()],
+                *member,
+                "a sub-slice"
+            );
+        }
+    }
+    (first, second)
+}
+
+#[test]
+fn one_pass_finds_both_members_in_either_order() {
+    let envelope = r#"{"Headers": {"cap-msg-id": "1", "cap-msg-name": "orders"}, "Value": {"price": 12.50, "note": "caf\u00e9 ünï"}}"#;
+    let headers = r#"{"cap-msg-id": "1", "cap-msg-name": "orders"}"#;
+    let value = r#"{"price": 12.50, "note": "caf\u00e9 ünï"}"#;
+    assert_eq!(
+        pair("/Value", "/Headers", envelope),
+        (Ok(value), Ok(headers))
+    );
+    assert_eq!(
+        pair("/Headers", "/Value", envelope),
+        (Ok(headers), Ok(value))
+    );
+    // The members' order in the document does not matter either.
+    let reversed =
+        format!(r#"{{"Value": {value}, "Other": [1, {{"Value": 2}}], "Headers": {headers}}}"#);
+    assert_eq!(
+        pair("/Value", "/Headers", &reversed),
+        (Ok(value), Ok(headers))
+    );
+    // The same pointer twice, and one pointer the prefix of the other.
+    assert_eq!(pair("/Value", "/Value", envelope), (Ok(value), Ok(value)));
+    assert_eq!(
+        pair("/Headers", "/Headers/cap-msg-name", envelope),
+        (Ok(headers), Ok(r#""orders""#))
+    );
+}
+
+#[test]
+fn one_pass_follows_nested_pointers_each_its_own_way() {
+    let doc =
+        r#"{"Content": {"Headers": {"a": "1"}, "Value": {"deep": {"x": [1, 2]}}}, "Content2": 1}"#;
+    // A shared first step, then apart.
+    assert_eq!(
+        pair("/Content/Value/deep", "/Content/Headers", doc),
+        (Ok(r#"{"x": [1, 2]}"#), Ok(r#"{"a": "1"}"#))
+    );
+    // Apart at once, one of them going deeper.
+    assert_eq!(
+        pair("/Content/Value/deep/x", "/Content2", doc),
+        (Ok("[1, 2]"), Ok("1"))
+    );
+    // A shared step that is missing or not an object fails both, each naming its own pointer.
+    assert_eq!(
+        pair("/Body/Value", "/Body/Headers", doc),
+        (
+            Err(MemberError::Missing {
+                member: "/Body".into()
+            }),
+            Err(MemberError::Missing {
+                member: "/Body".into()
+            })
+        )
+    );
+    let (value, headers) = pair("/Content2/Value", "/Content2/Headers", doc);
+    assert!(matches!(value, Err(MemberError::NotObject { at, .. }) if at == "/Content2"));
+    assert!(matches!(headers, Err(MemberError::NotObject { at, .. }) if at == "/Content2"));
+    // Past the parting, each fails on its own.
+    assert_eq!(
+        pair("/Content/Value/nope", "/Content/Headers", doc),
+        (
+            Err(MemberError::Missing {
+                member: "/Content/Value/nope".into()
+            }),
+            Ok(r#"{"a": "1"}"#)
+        )
+    );
+}
+
+#[test]
+fn one_pass_reports_either_member_missing_on_its_own() {
+    let no_value = r#"{"Headers": {"a": "1"}}"#;
+    assert_eq!(
+        pair("/Value", "/Headers", no_value),
+        (
+            Err(MemberError::Missing {
+                member: "/Value".into()
+            }),
+            Ok(r#"{"a": "1"}"#)
+        )
+    );
+    let no_headers = r#"{"Value": 7}"#;
+    assert_eq!(
+        pair("/Value", "/Headers", no_headers),
+        (
+            Ok("7"),
+            Err(MemberError::Missing {
+                member: "/Headers".into()
+            })
+        )
+    );
+    assert_eq!(
+        pair(
+            "/Value",
+            "/Headers",
+            r#"{"Headers": {}, "Value": 1, "Value": 2}"#
+        ),
+        (
+            Err(MemberError::Twice {
+                member: "/Value".into()
+            }),
+            Ok("{}")
+        )
+    );
+    // Not JSON, or not an object: both fail as each alone would.
+    for bad in [
+        r#"{"Headers": {}, "Value": 1"#,
+        r#"{"Value": 1} trailing"#,
+        "[1]",
+        "\"text\"",
+    ] {
+        let (value, headers) = pair("/Value", "/Headers", bad);
+        assert!(value.is_err() && headers.is_err(), "{bad}");
+    }
+    assert!(matches!(
+        pair("/Value", "/Headers", r#"{"Value": 1"#).0,
+        Err(MemberError::NotJson(_))
+    ));
+}
+
+#[test]
+fn one_pass_reads_keys_written_with_escapes() {
+    let doc = r#"{"H\u0065aders": {"a": "1"}, "V\u0061lue": 7, "a/b": 2, "c~d": 3}"#;
+    assert_eq!(
+        pair("/Value", "/Headers", doc),
+        (Ok("7"), Ok(r#"{"a": "1"}"#))
+    );
+    assert_eq!(pair("/a~1b", "/c~0d", doc), (Ok("2"), Ok("3")));
+    // A key spelled two ways is the same key, twice.
+    assert_eq!(
+        pair(
+            "/Value",
+            "/a~1b",
+            r#"{"Value": 1, "V\u0061lue": 2, "a/b": 3}"#
+        )
+        .0,
+        Err(MemberError::Twice {
+            member: "/Value".into()
+        })
+    );
+}
+
 fn headers(object: &str) -> Result<Vec<(String, String)>, HeaderObjectError> {
     headers_mapped(object, &|_| false)
 }
