@@ -28,29 +28,21 @@ fn cstr(buf: &mut Vec<u8>, s: &str) {
 
 /// `R` message of `public.outbox` with the bench columns.
 fn relation_frame() -> Bytes {
-    let columns: [(&str, u32); 8] = [
-        ("id", 2950),
-        ("aggregatetype", 1043),
-        ("aggregateid", 1043),
-        ("type", 1043),
-        ("payload", 3802),
-        ("tracingspancontext", 1043),
-        ("created_at", 1184),
-        ("published_at", 1184),
-    ];
-    let mut b = vec![b'R'];
-    b.extend_from_slice(&OID.to_be_bytes());
-    cstr(&mut b, "public");
-    cstr(&mut b, "outbox");
-    b.push(b'd');
-    b.extend_from_slice(&(columns.len() as i16).to_be_bytes());
-    for (i, (name, type_oid)) in columns.iter().enumerate() {
-        b.push(u8::from(i == 0));
-        cstr(&mut b, name);
-        b.extend_from_slice(&type_oid.to_be_bytes());
-        b.extend_from_slice(&(-1_i32).to_be_bytes());
-    }
-    Bytes::from(b)
+    relation_of(
+        OID,
+        "public",
+        "outbox",
+        &[
+            ("id", 2950),
+            ("aggregatetype", 1043),
+            ("aggregateid", 1043),
+            ("type", 1043),
+            ("payload", 3802),
+            ("tracingspancontext", 1043),
+            ("created_at", 1184),
+            ("published_at", 1184),
+        ],
+    )
 }
 
 /// `I` message of one bench row (~300-byte jsonb payload, as the bench inserts).
@@ -59,31 +51,19 @@ fn insert_frame() -> Bytes {
         r#"{{"ts": 1795952324123456, "note": "{}", "items": [{{"qty": 1, "sku": "SKU-42", "price": 1999}}], "amount": 1999, "currency": "EUR", "customer": "customer-123", "order_id": 123456}}"#,
         "x".repeat(120)
     );
-    let text: [Option<&[u8]>; 8] = [
-        Some(b"9b2e6a4c-6f0e-4f7e-9d55-0c6a3a6f8f21"),
-        Some(b"Order"),
-        Some(b"123456"),
-        Some(b"OrderCreated"),
-        Some(payload.as_bytes()),
-        None,
-        Some(b"2026-11-29 11:38:44.123456+00"),
-        None,
-    ];
-    let mut b = vec![b'I'];
-    b.extend_from_slice(&OID.to_be_bytes());
-    b.push(b'N');
-    b.extend_from_slice(&(text.len() as i16).to_be_bytes());
-    for v in text {
-        match v {
-            None => b.push(b'n'),
-            Some(v) => {
-                b.push(b't');
-                b.extend_from_slice(&(v.len() as u32).to_be_bytes());
-                b.extend_from_slice(v);
-            }
-        }
-    }
-    Bytes::from(b)
+    insert_of(
+        OID,
+        &[
+            Some("9b2e6a4c-6f0e-4f7e-9d55-0c6a3a6f8f21"),
+            Some("Order"),
+            Some("123456"),
+            Some("OrderCreated"),
+            Some(&payload),
+            None,
+            Some("2026-11-29 11:38:44.123456+00"),
+            None,
+        ],
+    )
 }
 
 /// A relation frame of `schema.table` with `columns` (name, type oid).
@@ -103,16 +83,21 @@ fn relation_of(oid: u32, schema: &str, table: &str, columns: &[(&str, u32)]) -> 
     Bytes::from(b)
 }
 
-/// An insert frame of relation `oid` with text `values`.
-fn insert_of(oid: u32, values: &[&str]) -> Bytes {
+/// An insert frame of relation `oid` with text `values` (`None`: NULL).
+fn insert_of(oid: u32, values: &[Option<&str>]) -> Bytes {
     let mut b = vec![b'I'];
     b.extend_from_slice(&oid.to_be_bytes());
     b.push(b'N');
     b.extend_from_slice(&(values.len() as i16).to_be_bytes());
     for v in values {
-        b.push(b't');
-        b.extend_from_slice(&(v.len() as u32).to_be_bytes());
-        b.extend_from_slice(v.as_bytes());
+        match v {
+            None => b.push(b'n'),
+            Some(v) => {
+                b.push(b't');
+                b.extend_from_slice(&(v.len() as u32).to_be_bytes());
+                b.extend_from_slice(v.as_bytes());
+            }
+        }
     }
     Bytes::from(b)
 }
@@ -143,7 +128,12 @@ fn cap_shape(mapping: Shape, content: &str) -> (Router, pgoutput::Insert) {
     let headers = r#"{"cap-msg-id":"1884513265453617152","cap-msg-name":"orders.created","cap-msg-type":"OrderCreated","cap-corr-seq":"0","traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}"#;
     let insert = insert_of(
         CAP_OID,
-        &["1884513265453617152", "orders.created", content, headers],
+        &[
+            Some("1884513265453617152"),
+            Some("orders.created"),
+            Some(content),
+            Some(headers),
+        ],
     );
     match decode(&insert) {
         Ok(LogicalMessage::Insert(i)) => (router, i),
