@@ -12,6 +12,7 @@ mod messages;
 mod modes;
 mod polling;
 mod position;
+mod publish_mode;
 mod relay;
 mod restore;
 mod setup;
@@ -28,8 +29,9 @@ pub use self::backfill::BackfillRun;
 pub use self::cleanup::{CleanupMode, CleanupRun};
 pub use self::debezium::{DebeziumRun, DebeziumStatus};
 pub use self::messages::MessagesRun;
-pub use self::modes::{ModeOutcome, ModeScenario, PublishModeArg};
+pub use self::modes::{ModeOutcome, ModeScenario};
 pub use self::position::PositionRun;
+pub use self::publish_mode::PublishModeArg;
 pub use self::restore::RestoreRun;
 pub use self::slots::{SLOTS_PER_TX, SlotsRun};
 

@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use crate::Args;
 use crate::measure::{context_switches, cpu_seconds, micros_per_event, peak_rss, quantile};
 
-use super::modes::PublishModeArg;
+use super::publish_mode::PublishModeArg;
 use super::relay::{RelayProc, relay_config_full, tail};
 use super::setup::{Env, copy_slot, drop_slot, insert_sql_into, reset, stream_messages};
 use super::{DB, LatencyRun, STREAM, say};

@@ -1,8 +1,7 @@
 //! The publish-mode rows: catch-up of the same backlog per `[nats] publish_mode`, for
 //! each transaction size, and commit-to-ack latency at a steady rate per mode.
 //!
-//! A mode the bench can run is one value of [`PublishModeArg`]: its config spelling, and the
-//! oldest nats-server that does it (older servers get a row saying so instead of a run).
+//! A mode the bench can run is one value of [`PublishModeArg`] (module `publish_mode`).
 
 use anyhow::Result;
 
@@ -10,82 +9,14 @@ use crate::Args;
 use crate::measure::micros_per_event;
 
 use super::latency::latency_in_mode;
+use super::publish_mode::PublishModeArg;
 use super::relay::{CatchUpConfig, CaughtUp, relay_catch_up_with, relay_log};
 use super::setup::{Env, reset, write_backlog};
 use super::{LatencyRun, RelayRun, say};
 
-/// A `[nats] publish_mode` the bench runs (`--publish-modes`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum PublishModeArg {
-    /// Every message on its own.
-    PerMessage,
-    /// Each transaction as one JetStream atomic batch.
-    AtomicBatch,
-    /// Fast-ingest batches with flow-controlled acks.
-    FastBatch,
-}
-
 /// What the relay logs when it cannot publish in the configured batch mode and publishes each
 /// message on its own instead (relay-nats `with_publish_mode` and the in-run switch).
 const FELL_BACK_LOG: &str = "publishing each message on its own";
-
-impl PublishModeArg {
-    /// The value of `[nats] publish_mode`.
-    pub fn as_config(self) -> &'static str {
-        match self {
-            Self::PerMessage => "per-message",
-            Self::AtomicBatch => "atomic-batch",
-            Self::FastBatch => "fast-batch",
-        }
-    }
-
-    /// The oldest nats-server that does this mode (`None`: any).
-    fn min_server(self) -> Option<(u64, u64, u64)> {
-        match self {
-            Self::PerMessage => None,
-            // Nats-Msg-Id inside atomic batches (docs/message-format.md, "Batch publishing").
-            Self::AtomicBatch => Some((2, 12, 1)),
-            // Fast-ingest batches (docs/message-format.md, "Fast batches").
-            Self::FastBatch => Some((2, 14, 0)),
-        }
-    }
-
-    /// Why a nats-server of `version` cannot run this mode, if it cannot.
-    pub fn unsupported_on(self, version: &str) -> Option<String> {
-        let (a, b, c) = self.min_server()?;
-        (version_triple(version) < (a, b, c)).then(|| {
-            format!(
-                "not run: {} needs nats-server >= {a}.{b}.{c}, this run's is {version} (the relay would publish per message)",
-                self.as_config()
-            )
-        })
-    }
-
-    /// `[nats]` keys of this mode, for the bench's relay config.
-    pub fn nats_keys(self) -> String {
-        format!("publish_mode = \"{}\"", self.as_config())
-    }
-
-    /// The variant part of the slot and log names of this mode's runs: `""` for per-message
-    /// (the names of the runs before modes existed).
-    pub fn variant(self) -> &'static str {
-        match self {
-            Self::PerMessage => "",
-            Self::AtomicBatch => "_atomic_batch",
-            Self::FastBatch => "_fast_batch",
-        }
-    }
-}
-
-/// `2.12.1-RC.2` → (2, 12, 1); missing or unreadable parts count as 0.
-fn version_triple(version: &str) -> (u64, u64, u64) {
-    let mut parts = version
-        .trim_start_matches('v')
-        .split(['.', '-', '+'])
-        .map(|p| p.parse::<u64>().unwrap_or(0));
-    let mut next = || parts.next().unwrap_or(0);
-    (next(), next(), next())
-}
 
 /// One mode's run, or why there is none.
 #[derive(Debug, Clone)]
@@ -215,24 +146,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn atomic_batch_needs_2_12_1() {
-        for old in ["2.9.25", "2.11.9", "2.12.0", "2.12.0-RC.1"] {
-            assert!(
-                PublishModeArg::AtomicBatch.unsupported_on(old).is_some(),
-                "{old}"
-            );
-        }
-        for new in ["2.12.1", "2.12.3", "2.13.0", "3.0.0"] {
-            assert_eq!(
-                PublishModeArg::AtomicBatch.unsupported_on(new),
-                None,
-                "{new}"
-            );
-        }
-        assert_eq!(PublishModeArg::PerMessage.unsupported_on("2.9.0"), None);
-    }
-
-    #[test]
     fn each_mode_emit_and_slots_part_is_on_by_default_and_off_with_an_empty_list() {
         use clap::Parser as _;
         let default = crate::Args::try_parse_from(["relay-bench"]).unwrap();
@@ -263,15 +176,5 @@ mod tests {
         let one = crate::Args::try_parse_from(["relay-bench", "--publish-modes", "atomic-batch"])
             .unwrap();
         assert_eq!(one.publish_modes, [PublishModeArg::AtomicBatch]);
-    }
-
-    #[test]
-    fn per_message_keeps_the_old_slot_names() {
-        assert_eq!(PublishModeArg::PerMessage.variant(), "");
-        assert_eq!(PublishModeArg::AtomicBatch.variant(), "_atomic_batch");
-        assert_eq!(
-            PublishModeArg::AtomicBatch.nats_keys(),
-            "publish_mode = \"atomic-batch\""
-        );
     }
 }
