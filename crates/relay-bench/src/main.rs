@@ -16,7 +16,9 @@
 //! during a 1,000,000-row transaction; then `outbox-relay backfill` beside a live load,
 //! `outbox-relay position` on a 10,000,000-message stream, `outbox-relay restore` of a purged
 //! 200,000-event window against the catch-up of the same backlog, and `[outbox.cleanup]` beside
-//! a 10,000 events/s load per mode. Prints one table; see docs/benchmarks.md.
+//! a 10,000 events/s load per mode; and the framework mapping shapes (dotted subject levels, a
+//! JSON header column, the CAP envelope) beside the plain Debezium row. Prints one table; see
+//! docs/benchmarks.md.
 
 mod measure;
 mod report;
@@ -153,6 +155,14 @@ pub struct Args {
     /// 100-row transactions; no value skips them.
     #[arg(long, value_delimiter = ',', num_args = 0.., default_values_t = vec![1_u32, 2, 4])]
     pub slot_counts: Vec<u32>,
+    /// Events of each framework-shape backlog (the plain Debezium row, dotted subject levels, a
+    /// JSON header column, the CAP envelope; 100-row transactions): default --mode-rows; 0
+    /// skips them.
+    #[arg(long)]
+    pub shape_rows: Option<u64>,
+    /// Only the framework-shape rows.
+    #[arg(long, conflicts_with = "soak_cleanup")]
+    pub only_shapes: bool,
     /// Only the cleanup rows, 10 minutes per mode unless --cleanup-secs says otherwise (the
     /// table-size soak; scripts/soak.sh runs it with CLEANUP_SOAK=1).
     #[arg(long)]
@@ -189,6 +199,9 @@ impl Args {
     fn mode_rows(&self) -> u64 {
         self.mode_rows
             .unwrap_or(if self.quick { 10_000 } else { 100_000 })
+    }
+    fn shape_rows(&self) -> u64 {
+        self.shape_rows.unwrap_or_else(|| self.mode_rows())
     }
     fn cleanup_secs(&self) -> u64 {
         self.cleanup_secs.unwrap_or(if self.soak_cleanup {

@@ -5,6 +5,7 @@ mod machine;
 mod modes;
 mod replay;
 mod restore;
+mod shapes;
 
 use std::fmt::Write as _;
 
@@ -266,6 +267,7 @@ pub fn render(args: &Args, res: &Results) -> String {
         );
     }
     modes::rows(&mut out, res);
+    shapes::rows(&mut out, &res.shapes, res.relay_startup_cpu_secs);
     if let Some(b) = &res.backfill {
         replay::backfill_rows(&mut out, b);
     }
@@ -379,6 +381,7 @@ pub fn render(args: &Args, res: &Results) -> String {
     restore::note(&mut out, res.restore.as_ref());
     cleanup::note(&mut out, &res.cleanup);
     modes::note(&mut out, res);
+    shapes::note(&mut out, &res.shapes);
     if let Some(note) = res.debezium.note() {
         let _ = writeln!(out, "{note}");
     }

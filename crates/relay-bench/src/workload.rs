@@ -16,6 +16,7 @@ mod publish_mode;
 mod relay;
 mod restore;
 mod setup;
+mod shapes;
 mod slots;
 
 use std::path::Path;
@@ -33,6 +34,7 @@ pub use self::modes::{ModeOutcome, ModeScenario};
 pub use self::position::PositionRun;
 pub use self::publish_mode::PublishModeArg;
 pub use self::restore::RestoreRun;
+pub use self::shapes::{SHAPES_PER_TX, Shape, ShapeRun};
 pub use self::slots::{SLOTS_PER_TX, SlotsRun};
 
 use self::debezium::{Debezium, debezium_catch_up};
@@ -80,6 +82,8 @@ pub struct Results {
     pub messages: Vec<MessagesRun>,
     /// 1, 2, 4 … sharded relays (slots) on one backlog.
     pub slots: Vec<SlotsRun>,
+    /// The framework mapping shapes beside the plain Debezium row.
+    pub shapes: Vec<ShapeRun>,
 }
 
 /// One backlog shape.
@@ -206,6 +210,10 @@ pub async fn run_all(args: &Args, relay_bin: &Path) -> Result<Results> {
         DebeziumStatus::Off => {}
     }
     results.debezium = status;
+    if args.only_shapes {
+        results.shapes = shapes::shapes(&env, args).await?;
+        return Ok(results);
+    }
     if args.soak_cleanup {
         (results.cleanup, results.cleanup_failed) = cleanup::cleanup(&env, args).await?;
         return Ok(results);
@@ -239,6 +247,7 @@ pub async fn run_all(args: &Args, relay_bin: &Path) -> Result<Results> {
     (results.modes, results.mode_latency) = modes::modes(&env, args).await?;
     results.messages = messages::messages(&env, args).await?;
     results.slots = slots::slots(&env, args).await?;
+    results.shapes = shapes::shapes(&env, args).await?;
     if args.backfill_rows() > 0 {
         results.backfill = Some(backfill::backfill(&env, args).await?);
     }

@@ -84,35 +84,70 @@ fn mode_rows(out: &mut String, sc: &ModeScenario, startup_cpu: Option<f64>) {
             }
             ModeOutcome::Ran { run, fell_back } => {
                 let (cpu, steady) = cpu_us(run, sc.rows, startup_cpu);
-                let beside = match per_message {
-                    Some(p) if *mode != PublishModeArg::PerMessage => (
-                        format!(
-                            "per-message {:.0}/s, {:.2} CPU µs/event",
-                            p.events_per_s,
-                            cpu_us(p, sc.rows, startup_cpu).0
-                        ),
-                        format!("{:.2}x per-message", run.events_per_s / p.events_per_s),
-                    ),
-                    _ => (String::new(), "baseline".into()),
+                let note = if *fell_back {
+                    "; the relay fell back to per-message, see its log"
+                } else {
+                    ""
                 };
-                let _ = writeln!(
-                    out,
-                    "| {name}, max_in_flight {} ({:.2} s{}) | {:.0}/s, {cpu:.2} CPU µs/event{} | {} | {} | CPU <= {target:.0} µs/event | {} |",
-                    run.max_in_flight,
-                    run.secs,
-                    if *fell_back {
-                        "; the relay fell back to per-message, see its log"
-                    } else {
-                        ""
-                    },
-                    run.events_per_s,
-                    steady.map_or_else(String::new, |s| format!(" ({s:.2} without start-up)")),
-                    beside.0,
-                    beside.1,
-                    verdict(steady.unwrap_or(cpu) <= target),
-                );
+                let beside = Beside {
+                    name: &name,
+                    note,
+                    run,
+                    rows: sc.rows,
+                    startup_cpu,
+                    baseline: per_message
+                        .filter(|_| *mode != PublishModeArg::PerMessage)
+                        .map(|p| ("per-message", p)),
+                    target: &format!("CPU <= {target:.0} µs/event"),
+                    pass: steady.unwrap_or(cpu) <= target,
+                };
+                beside.row(out);
             }
         }
+    }
+}
+
+/// One catch-up run's row beside the baseline run it is compared with (in the same run of the
+/// bench): events/s and relay CPU per event of both, and the ratio of their events/s.
+pub(super) struct Beside<'a> {
+    pub(super) name: &'a str,
+    /// After the run's seconds, e.g. that the relay fell back to another mode.
+    pub(super) note: &'a str,
+    pub(super) run: &'a RelayRun,
+    pub(super) rows: u64,
+    pub(super) startup_cpu: Option<f64>,
+    /// The baseline's name and run; `None`: this run is the baseline.
+    pub(super) baseline: Option<(&'a str, &'a RelayRun)>,
+    pub(super) target: &'a str,
+    pub(super) pass: bool,
+}
+
+impl Beside<'_> {
+    pub(super) fn row(&self, out: &mut String) {
+        let (cpu, steady) = cpu_us(self.run, self.rows, self.startup_cpu);
+        let (beside, ratio) = match self.baseline {
+            Some((name, base)) => (
+                format!(
+                    "{name} {:.0}/s, {:.2} CPU µs/event",
+                    base.events_per_s,
+                    cpu_us(base, self.rows, self.startup_cpu).0
+                ),
+                format!("{:.2}x {name}", self.run.events_per_s / base.events_per_s),
+            ),
+            None => (String::new(), "baseline".into()),
+        };
+        let _ = writeln!(
+            out,
+            "| {}, max_in_flight {} ({:.2} s{}) | {:.0}/s, {cpu:.2} CPU µs/event{} | {beside} | {ratio} | {} | {} |",
+            self.name,
+            self.run.max_in_flight,
+            self.run.secs,
+            self.note,
+            self.run.events_per_s,
+            steady.map_or_else(String::new, |s| format!(" ({s:.2} without start-up)")),
+            self.target,
+            verdict(self.pass),
+        );
     }
 }
 
@@ -171,7 +206,7 @@ fn latency_rows(out: &mut String, res: &Results) {
 }
 
 /// µs of relay CPU per event with start-up, and without it when the start-up was measured.
-fn cpu_us(run: &RelayRun, rows: u64, startup_cpu: Option<f64>) -> (f64, Option<f64>) {
+pub(super) fn cpu_us(run: &RelayRun, rows: u64, startup_cpu: Option<f64>) -> (f64, Option<f64>) {
     let total = micros_per_event(run.cpu_secs, rows);
     let steady = startup_cpu.map(|s| micros_per_event((run.cpu_secs - s).max(0.0), rows));
     (total, steady)
