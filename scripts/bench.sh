@@ -4,7 +4,8 @@
 # (wal_level=logical) and nats-server (-js, file storage) on free ports and prints one table:
 # decode limit (pg_recvlogical), broker limit (raw JetStream), relay catch-up, polling relay,
 # latency, peak RSS and CPU, Debezium's embedded engine (optional), publish modes, the
-# emit-message outbox and sharded slots, with the targets and PASS/FAIL.
+# emit-message outbox, sharded slots and the framework mapping shapes, with the targets and
+# PASS/FAIL.
 #
 #   scripts/bench.sh                 # full run: 200,000-row backlogs, 1,000,000-row tx, backfill
 #                                    # of 1,000,000 rows, position on 10,000,000 messages, restore
@@ -26,6 +27,10 @@
 #                                    # given without a value skips its part. Atomic batches need
 #                                    # nats-server >= 2.12.1 (`eval "$(scripts/ensure-deps.sh
 #                                    # --new-servers)"`), else their rows say "not run"
+#   scripts/bench.sh --only-shapes --no-debezium   # only the framework-shape rows: 100-row
+#                                    # txs of the plain Debezium row, dotted subject levels, a JSON
+#                                    # header column and the CAP envelope, each against the plain
+#                                    # row (--shape-rows, default --mode-rows; 0 skips them)
 #   BENCH_MICRO=1 scripts/bench.sh   # also the criterion decode/route micro-benchmarks
 #   scripts/bench.sh --no-debezium   # without Debezium (on by default, off with --quick;
 #                                    # `--quick --debezium` runs it)
