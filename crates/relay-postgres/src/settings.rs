@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::PgError;
 
 mod failover;
-pub use failover::{FAILOVER_SLOTS_SINCE, FailoverSetting, version_text};
+pub use failover::{FAILOVER_SLOTS_SINCE, FailoverSetting};
 
 /// How the relay reaches PostgreSQL and which slot and publication it uses. Printed and
 /// serialized without secrets: the password as `<redacted>`, the URL with its password
