@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace on a fresh machine: installs what is missing, then
-#   1. format and lint checks (rustfmt, clippy, no import loop between modules),
+#   1. format and lint checks (rustfmt, clippy, no import loop between the modules or files of
+#      a crate),
 #   2. all unit, integration and end-to-end tests against PostgreSQL 15 and nats-server 2.9
 #      (Debian), each test starting its own servers on free ports,
 #   3. all of them again (the end-to-end tests with the fault suite, the consumer library's
@@ -27,6 +28,7 @@ step "cargo fmt --check"
 cargo fmt --all --check
 
 step "module loops"
+python3 scripts/module-loops-test.py
 python3 scripts/module-loops.py
 
 step "cargo clippy"

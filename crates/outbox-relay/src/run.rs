@@ -19,6 +19,7 @@ mod background;
 mod failpoint;
 mod on_create;
 mod session;
+mod stop;
 
 use background::{spawn_progress_log, spawn_publication_check, spawn_sampler};
 

@@ -14,6 +14,7 @@
 pub mod check;
 pub mod failpoint;
 pub mod frontier;
+pub mod id_digest;
 pub mod ident;
 pub mod message;
 pub mod pipeline;

@@ -10,15 +10,11 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use xxhash_rust::xxh3::{xxh3_64_with_seed, xxh3_128};
 
+use crate::id_digest::{IdDigest, id_digest};
 use crate::message::OutboundMessage;
 
 /// Default number of event ids remembered.
 pub const DEFAULT_CAPACITY: usize = 100_000;
-
-/// 128-bit digest of an event id: two different ids collide with probability ~2^-128, so a
-/// digest match is an id match (a 64-bit digest would, over billions of events, eventually
-/// report a false collision and stop the relay).
-type IdDigest = u128;
 
 /// Event id digest → digest of subject and payload, for the newest `capacity` ids. Digests
 /// instead of the ids themselves: no per-event allocation, and a fifth of the memory.
@@ -70,7 +66,7 @@ impl RecentIds {
         if self.capacity == 0 {
             return true;
         }
-        let id = xxh3_128(msg.event_id.as_bytes());
+        let id = id_digest(&msg.event_id);
         let fingerprint = Self::fingerprint(msg);
         if let Some(seen) = self.fingerprints.get(&id) {
             return *seen == fingerprint;

@@ -26,7 +26,9 @@ mod native;
 mod relations;
 
 use config::OPTIONAL_SUFFIX;
-pub use config::{ConfigError, OutboxTableConfig, PAYLOAD_WHOLE_ROW, PayloadFormat};
+pub use config::{
+    CloudEventsConfig, ConfigError, OutboxTableConfig, PAYLOAD_WHOLE_ROW, PayloadFormat,
+};
 pub use dead_letter::dead_letter_collision;
 pub use error::RouteError;
 pub use json::{HeaderObjectError, JsonPointer, MemberError};
@@ -35,7 +37,7 @@ pub use messages::{
     HEADER_MESSAGE_PREFIX, MessageConfigError, MessagePolicy, MessageRouteConfig,
     non_transactional_context, non_transactional_end,
 };
-pub use native::{BrokerFeature, BrokerNeed, CloudEventsConfig};
+pub use native::{BrokerFeature, BrokerNeed};
 
 /// Where a message's payload comes from.
 #[derive(Debug, Clone)]

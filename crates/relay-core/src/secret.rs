@@ -5,9 +5,11 @@
 //! [`Secret::expose`], so a settings struct holding one can derive `Debug` and `Serialize`
 //! (`validate`, `config print`) without redaction code of its own. A URL's password is replaced
 //! by [`redact_url`], the one function for it; settings serialize their URLs through
-//! [`serialize_url`].
+//! [`serialize_url`]. A secret kept in a file (`password_file`, `token_file`, ...) is read by
+//! [`read_secret_file`], the one reader of them.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -134,9 +136,83 @@ pub fn debug_serialized<T: Serialize>(
     write!(f, "{name} {}", text.map_err(|_| fmt::Error)?)
 }
 
+/// Why a secret file gave no secret. The message names the setting and the file, never what
+/// the file holds.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretFileError {
+    /// The file cannot be read.
+    #[error("cannot read {what} {}: {source}", path.display())]
+    Unreadable {
+        /// The setting that names the file, e.g. `postgres.password_file`.
+        what: String,
+        /// The file.
+        path: PathBuf,
+        /// Why it cannot be read.
+        source: std::io::Error,
+    },
+    /// The file holds nothing but white space.
+    #[error("{what} {} is empty", path.display())]
+    Empty {
+        /// The setting that names the file.
+        what: String,
+        /// The file.
+        path: PathBuf,
+    },
+}
+
+/// The secret in the file at `path`, which setting `what` names: its contents, trimmed (a
+/// trailing newline, as editors and `echo` write, is not part of the secret).
+pub fn read_secret_file(what: &str, path: &Path) -> Result<Secret, SecretFileError> {
+    let text = std::fs::read_to_string(path).map_err(|source| SecretFileError::Unreadable {
+        what: what.to_owned(),
+        path: path.to_owned(),
+        source,
+    })?;
+    let trimmed = text.trim();
+    if trimmed.is_empty() {
+        return Err(SecretFileError::Empty {
+            what: what.to_owned(),
+            path: path.to_owned(),
+        });
+    }
+    Ok(Secret::from(trimmed))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_secret_file_is_read_trimmed_and_its_errors_name_the_file_not_the_contents() {
+        let dir = std::env::temp_dir().join(format!("relay-core-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("password");
+        std::fs::write(&file, "\n  s3cret-value \n").unwrap();
+        let read = read_secret_file("postgres.password_file", &file).unwrap();
+        assert_eq!(read.expose(), "s3cret-value");
+
+        let blank = dir.join("blank");
+        std::fs::write(&blank, " \n\t\n").unwrap();
+        let empty = read_secret_file("nats.token_file", &blank).unwrap_err();
+        assert!(matches!(empty, SecretFileError::Empty { .. }), "{empty:?}");
+        assert_eq!(
+            empty.to_string(),
+            format!("nats.token_file {} is empty", blank.display())
+        );
+
+        let missing = dir.join("nope");
+        let unreadable = read_secret_file("nats.nkey_seed_file", &missing).unwrap_err();
+        let text = unreadable.to_string();
+        assert!(
+            text.starts_with(&format!(
+                "cannot read nats.nkey_seed_file {}: ",
+                missing.display()
+            )),
+            "{text}"
+        );
+        assert!(!text.contains("s3cret"), "{text}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn a_secret_shows_only_as_redacted() {

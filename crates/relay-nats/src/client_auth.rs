@@ -9,9 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use nkeys::KeyPair;
-use relay_core::secret::Secret;
-use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use relay_core::secret::{Secret, read_secret_file};
+use rustls::pki_types::CertificateDer;
 
 use crate::{NatsError, NatsSettings};
 
@@ -177,16 +176,9 @@ fn resolve(
     let Some(path) = file else {
         return Ok(value.clone());
     };
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| NatsError::Settings(format!("cannot read {what} {}: {e}", path.display())))?;
-    let trimmed = text.trim();
-    if trimmed.is_empty() {
-        return Err(NatsError::Settings(format!(
-            "{what} {} is empty",
-            path.display()
-        )));
-    }
-    Ok(Some(Secret::from(trimmed)))
+    read_secret_file(what, path)
+        .map(Some)
+        .map_err(|e| NatsError::Settings(e.to_string()))
 }
 
 /// The user JWT and NKey seed of a `.creds` file.
@@ -257,12 +249,8 @@ fn tls_config(settings: &NatsSettings) -> Result<ClientTls, NatsError> {
     let config = match (&settings.tls_cert_file, &settings.tls_key_file) {
         (Some(cert), Some(key)) => {
             let chain = load_certs("nats.tls_cert_file", cert)?;
-            let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
-                err(format!(
-                    "cannot read nats.tls_key_file {}: {e}",
-                    key.display()
-                ))
-            })?;
+            let key = relay_tls::load_private_key("nats.tls_key_file", key)
+                .map_err(|e| err(e.to_string()))?;
             builder
                 .with_client_auth_cert(chain, key)
                 .map_err(|e| err(format!("nats.tls_cert_file/tls_key_file: {e}")))?
@@ -281,16 +269,7 @@ fn tls_config(settings: &NatsSettings) -> Result<ClientTls, NatsError> {
 }
 
 fn load_certs(what: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, NatsError> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| NatsError::Settings(format!("cannot read {what} {}: {e}", path.display())))?;
-    if certs.is_empty() {
-        return Err(NatsError::Settings(format!(
-            "{what} {} holds no PEM certificate",
-            path.display()
-        )));
-    }
-    Ok(certs)
+    relay_tls::load_certs(what, path).map_err(|e| NatsError::Settings(e.to_string()))
 }
 
 #[cfg(test)]

@@ -116,7 +116,7 @@ fn note_failover_off(settings: &PostgresSettings, version_num: i32) {
             tracing::info!(
                 slot = %slot,
                 "failover slots need PostgreSQL 17 or later (this server runs {}): slot {slot} stays on this server, and after a failover to a standby the relay stops (exit 65); see docs/operations.md, \"Failover\"",
-                crate::version_text(version_num)
+                crate::server_version::version_text(version_num)
             );
         });
     } else if settings.failover == crate::FailoverSetting::Off {
@@ -149,7 +149,7 @@ async fn slot_lost(
     let why = if version_num < crate::FAILOVER_SLOTS_SINCE {
         format!(
             "PostgreSQL {} has no failover slots (since 17), so no standby had a copy of it",
-            crate::version_text(version_num)
+            crate::server_version::version_text(version_num)
         )
     } else if failover {
         "it was not synchronized to this server before its promotion (a failover slot needs, on the standby, sync_replication_slots = on, hot_standby_feedback = on, primary_slot_name and dbname in primary_conninfo; a synchronized slot that was not persistent yet is dropped at promotion)".to_owned()
@@ -246,7 +246,7 @@ pub async fn prepare_slot(
     if settings.shard.is_some() && server.version_num < crate::shard::ROW_FILTERS_SINCE {
         return Err(PgError::Settings(format!(
             "postgres.shard needs publication row filters, which PostgreSQL {} does not have (since 15): remove postgres.shard and run one relay, or upgrade",
-            crate::version_text(server.version_num)
+            crate::server_version::version_text(server.version_num)
         )));
     }
     let filtered: Vec<String> = tables

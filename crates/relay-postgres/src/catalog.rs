@@ -9,6 +9,7 @@
 pub mod failover;
 pub mod outbox_stats;
 pub mod partitions;
+pub mod relay_tables;
 pub mod restore_slot;
 pub mod retention;
 pub mod row_filter;

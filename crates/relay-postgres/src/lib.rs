@@ -15,6 +15,7 @@ pub mod cleanup;
 pub mod emit_functions;
 pub mod probe;
 pub mod publication_order;
+mod server_version;
 mod settings;
 pub mod shard;
 pub mod source;
@@ -22,9 +23,10 @@ pub mod sql;
 pub mod sqlstate;
 mod tls;
 
+pub use server_version::version_text;
 pub use settings::{
     ConnectionParts, FAILOVER_SLOTS_SINCE, FailoverSetting, PostgresSettings, SslMode, redact_url,
-    validate_identifier, version_text,
+    validate_identifier,
 };
 pub use sqlstate::is_transient_query_error;
 

@@ -5,13 +5,13 @@ use std::str::FromStr;
 use std::time::Duration;
 
 pub use relay_core::secret::redact_url;
-use relay_core::secret::{Secret, serialize_url};
+use relay_core::secret::{Secret, read_secret_file, serialize_url};
 use serde::{Deserialize, Serialize};
 
 use crate::PgError;
 
 mod failover;
-pub use failover::{FAILOVER_SLOTS_SINCE, FailoverSetting, version_text};
+pub use failover::{FAILOVER_SLOTS_SINCE, FailoverSetting};
 
 /// How the relay reaches PostgreSQL and which slot and publication it uses. Printed and
 /// serialized without secrets: the password as `<redacted>`, the URL with its password
@@ -122,20 +122,6 @@ impl SslMode {
     pub fn requires_tls(self) -> bool {
         !matches!(self, SslMode::Disable | SslMode::Prefer)
     }
-}
-
-/// Reads a secret file: its contents, trimmed. Errors name the file, never the contents.
-pub(crate) fn read_secret_file(what: &str, path: &std::path::Path) -> Result<Secret, PgError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| PgError::Settings(format!("cannot read {what} {}: {e}", path.display())))?;
-    let trimmed = text.trim();
-    if trimmed.is_empty() {
-        return Err(PgError::Settings(format!(
-            "{what} {} is empty",
-            path.display()
-        )));
-    }
-    Ok(Secret::from(trimmed))
 }
 
 fn default_url() -> String {
@@ -344,7 +330,9 @@ impl PostgresSettings {
             config = pin_host(&config, index, read_write);
         }
         if let Some(path) = &self.password_file {
-            config.password(read_secret_file("postgres.password_file", path)?.expose());
+            let password = read_secret_file("postgres.password_file", path)
+                .map_err(|e| PgError::Settings(e.to_string()))?;
+            config.password(password.expose());
         } else if let Some(password) = &self.password {
             config.password(password.expose());
         }

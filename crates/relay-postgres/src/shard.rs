@@ -236,7 +236,7 @@ pub fn row_filters_unsupported(tables: &[String], version_num: i32) -> Option<St
         format!(
             "outbox table {}: row_filter needs publication row filters, which PostgreSQL {} does not have (since 15): remove row_filter (every row of the table is then relayed) or upgrade PostgreSQL",
             tables.join(", "),
-            crate::version_text(version_num)
+            crate::server_version::version_text(version_num)
         )
     })
 }

@@ -11,8 +11,7 @@ use std::sync::Arc;
 
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 
 use crate::settings::SslMode;
@@ -29,16 +28,7 @@ fn tls_err(message: String) -> PgError {
 }
 
 fn load_certs(what: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, PgError> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| tls_err(format!("cannot read {what} {}: {e}", path.display())))?;
-    if certs.is_empty() {
-        return Err(tls_err(format!(
-            "{what} {} holds no PEM certificate",
-            path.display()
-        )));
-    }
-    Ok(certs)
+    relay_tls::load_certs(what, path).map_err(|e| tls_err(e.to_string()))
 }
 
 /// The rustls client configuration for `settings`' sslmode, or `None` for `disable`.
@@ -84,12 +74,8 @@ pub(crate) fn client_config(
     let config = match (&settings.sslcert, &settings.sslkey) {
         (Some(cert), Some(key)) => {
             let chain = load_certs("postgres.sslcert", cert)?;
-            let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
-                tls_err(format!(
-                    "cannot read postgres.sslkey {}: {e}",
-                    key.display()
-                ))
-            })?;
+            let key = relay_tls::load_private_key("postgres.sslkey", key)
+                .map_err(|e| tls_err(e.to_string()))?;
             builder
                 .with_client_auth_cert(chain, key)
                 .map_err(|e| tls_err(format!("postgres.sslcert/sslkey: {e}")))?

@@ -309,21 +309,7 @@ fn print_retention(r: &Value) {
     }
     println!("retention window: {}", text(&r["headline"]));
     println!("  {}", text(&r["numbers"]));
-    for check in r["checks"].as_array().into_iter().flatten() {
-        let verdict = if check["verdict"] == "warn" {
-            "WARN"
-        } else {
-            "PASS"
-        };
-        println!(
-            "    {verdict}  {}: {}",
-            text(&check["check"]),
-            text(&check["detail"])
-        );
-        if !check["hint"].is_null() {
-            println!("          hint: {}", text(&check["hint"]));
-        }
-    }
+    print_checks(&r["checks"]);
 }
 
 /// What a failover needs (see `relay_postgres::catalog::failover`): the server's role and the
@@ -359,21 +345,36 @@ fn print_failover(f: &Value) {
         text(&f["server"]),
         text(&f["timeline"])
     );
-    for check in f["checks"].as_array().into_iter().flatten() {
+    print_checks(&f["checks"]);
+}
+
+/// The checks of an assessment (the retention window, failover), nested under its headline.
+fn print_checks(checks: &Value) {
+    for line in check_lines(checks) {
+        println!("{line}");
+    }
+}
+
+/// Each check (`{"check", "verdict", "detail", "hint"}`) as `    VERDICT  check: detail`, then
+/// its hint on a line of its own where it has one.
+fn check_lines(checks: &Value) -> Vec<String> {
+    let mut lines = Vec::new();
+    for check in checks.as_array().into_iter().flatten() {
         let verdict = match check["verdict"].as_str() {
             Some("warn") => "WARN",
             Some("fail") => "FAIL",
             _ => "PASS",
         };
-        println!(
+        lines.push(format!(
             "    {verdict}  {}: {}",
             text(&check["check"]),
             text(&check["detail"])
-        );
+        ));
         if !check["hint"].is_null() {
-            println!("          hint: {}", text(&check["hint"]));
+            lines.push(format!("          hint: {}", text(&check["hint"])));
         }
     }
+    lines
 }
 
 /// Where a relay on this host answers: `--relay`, else `[http] listen` (any-address → loopback).
@@ -507,3 +508,6 @@ fn print_tables(tables: &Value) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

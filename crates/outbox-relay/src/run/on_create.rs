@@ -27,7 +27,7 @@ use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
 use super::SessionEnd;
-use super::session::{Step, Stop, postgres, retry};
+use super::stop::{Step, Stop, postgres, retry};
 use crate::commands::backfill::{RunOptions, TableRun, checked_shape, mapping, run_pages};
 use crate::config::RelayConfig;
 use crate::exit::{Exit, ExitKind};

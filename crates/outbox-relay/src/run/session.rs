@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use relay_core::Lsn;
 use relay_core::pipeline::{Pipeline, PipelineError};
 use relay_core::route::{RouteError, Router};
-use relay_core::stage::{BoundaryError, CheckpointStore, ErrorClass};
+use relay_core::stage::CheckpointStore;
 use relay_core::trail::{ReplayRetention, SlotTrail};
 use relay_postgres::PgError;
 use relay_postgres::bootstrap::{self, ExportedSlot, SlotState};
@@ -19,6 +19,7 @@ use relay_postgres::checkpoint::PgCheckpointStore;
 use relay_postgres::source::PgSource;
 use tokio_util::sync::CancellationToken;
 
+use super::stop::{Step, Stop, boundary, postgres, retry};
 use super::{SessionEnd, failpoint};
 use crate::config::RelayConfig;
 use crate::exit::pg_exit;
@@ -27,49 +28,6 @@ use crate::telemetry::Telemetry;
 
 /// Consecutive refused logins after the first session before the relay exits with 78.
 const MAX_REFUSED_LOGINS: u32 = 3;
-
-/// Why a step ended the session.
-pub(super) enum Stop {
-    /// Retry after a backoff (or, for a clean shutdown, stop).
-    End(SessionEnd),
-    /// Exit the process.
-    Exit(Exit),
-}
-
-impl From<Exit> for Stop {
-    fn from(exit: Exit) -> Self {
-        Self::Exit(exit)
-    }
-}
-
-pub(super) type Step<T> = Result<T, Stop>;
-
-pub(super) fn retry(error: impl Into<anyhow::Error>) -> Stop {
-    Stop::End(SessionEnd::Retry(error.into()))
-}
-
-/// A source or store failure: retried, or an exit by its class.
-fn boundary(error: BoundaryError, context: Option<String>) -> Stop {
-    let class = error.class;
-    let error = match context {
-        Some(context) => anyhow::Error::new(error).context(context),
-        None => anyhow::Error::new(error),
-    };
-    match class {
-        ErrorClass::Transient => retry(error),
-        ErrorClass::Fatal => Stop::Exit(Exit::new(ExitKind::Config, error)),
-        ErrorClass::SlotLost => Stop::Exit(Exit::new(ExitKind::DataSafety, error)),
-    }
-}
-
-/// A PostgreSQL failure outside the stream: retried when transient, else an exit.
-pub(super) fn postgres(error: PgError) -> Stop {
-    if error.is_transient() {
-        retry(error)
-    } else {
-        Stop::Exit(pg_exit(error))
-    }
-}
 
 /// Runs sessions for [`super::run`]: what one session learns that the next must know.
 pub(super) struct Supervisor<'a> {

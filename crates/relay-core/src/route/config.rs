@@ -9,6 +9,10 @@ use serde::{Deserialize, Serialize};
 use crate::ident::{TableName, TableNameError};
 use crate::subject::{SubjectTemplate, TemplateError};
 
+mod native;
+
+pub use native::CloudEventsConfig;
+
 /// `payload` value that publishes the whole row as a JSON object.
 pub const PAYLOAD_WHOLE_ROW: &str = "*";
 /// Suffix on a header column name that makes the column optional.
@@ -56,7 +60,7 @@ pub struct OutboxTableConfig {
     pub schedule_subject: Option<String>,
     /// CloudEvents binary-mode headers (`ce-*`) on every event of the table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cloudevents: Option<super::native::CloudEventsConfig>,
+    pub cloudevents: Option<CloudEventsConfig>,
     /// A column holding a JSON object whose members become headers (strings as their text,
     /// numbers, booleans, objects and arrays as their JSON text, `null` skipped); a NULL value
     /// adds none. A member naming a header the relay or the mapping sets is a bad row.
@@ -213,7 +217,7 @@ impl OutboxTableConfig {
                 return Err(ConfigError::ReservedHeader(name.clone()));
             }
         }
-        super::native::validate(self).map_err(|reason| ConfigError::Native {
+        native::validate(self).map_err(|reason| ConfigError::Native {
             table: self.table.clone(),
             reason,
         })?;

@@ -10,30 +10,7 @@ pub fn cleanup_tables_grants(role: &str) -> String {
     )
 }
 
-/// What the current role may do with `outbox_relay.cleanup_fence` and
-/// `outbox_relay.cleanup_detached` (usable only when both are there and writable).
-pub async fn cleanup_tables_access(
-    client: &Client,
-) -> Result<crate::checkpoint::TableAccess, tokio_postgres::Error> {
-    use crate::checkpoint::TableAccess;
-    // (A list of privileges asks whether any of them is held: one call each.)
-    let rows = client
-        .query(
-            "SELECT has_schema_privilege(n.oid, 'USAGE') \
-                    AND has_table_privilege(c.oid, 'SELECT') AND has_table_privilege(c.oid, 'INSERT') \
-                    AND has_table_privilege(c.oid, 'UPDATE') AND has_table_privilege(c.oid, 'DELETE'), \
-                    current_user::text \
-             FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-             WHERE n.nspname = 'outbox_relay' AND c.relname IN ('cleanup_fence', 'cleanup_detached')",
-            &[],
-        )
-        .await?;
-    Ok(match rows.as_slice() {
-        [a, b] if a.get::<_, bool>(0) && b.get::<_, bool>(0) => TableAccess::Usable,
-        [a, _] | [a] => TableAccess::NotGranted { role: a.get(1) },
-        [] | [_, _, ..] => TableAccess::Missing,
-    })
-}
+pub use crate::catalog::relay_tables::cleanup_tables_access;
 
 /// Makes sure the cleanup's tables exist and may be written (creating them when missing and
 /// allowed); otherwise what to do about it.
@@ -92,15 +69,8 @@ pub async fn fence(
     if let Some(fence) = read().await? {
         return Ok(Some(fence));
     }
-    let slot_ready = client
-        .query_opt(
-            "SELECT 1 FROM pg_catalog.pg_replication_slots s \
-             JOIN outbox_relay.checkpoint c ON c.slot_name = s.slot_name \
-             WHERE s.slot_name = $1 AND s.confirmed_flush_lsn IS NOT NULL",
-            &[&slot],
-        )
-        .await?
-        .is_some();
+    let slot_ready =
+        crate::catalog::relay_tables::slot_confirmed_with_checkpoint(client, slot).await?;
     let member = slot_ready
         && crate::catalog::partitions::membership(client, publication, schema, table).await?
             == crate::catalog::partitions::Membership::Member;

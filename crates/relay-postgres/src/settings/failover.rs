@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::PgError;
+use crate::server_version::version_text;
 
 /// `[postgres] failover`: whether the slot is created as a failover slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -45,15 +46,6 @@ impl FailoverSetting {
             FailoverSetting::Off => "false",
         }
     }
-}
-
-/// `150019` → `15.19`.
-pub fn version_text(server_version_num: i32) -> String {
-    format!(
-        "{}.{}",
-        server_version_num / 10_000,
-        server_version_num % 10_000
-    )
 }
 
 impl Serialize for FailoverSetting {

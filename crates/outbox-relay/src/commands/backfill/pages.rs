@@ -9,30 +9,18 @@
 //! relay's delivery rule, with pages for transactions and the cursor for the checkpoint.
 
 use std::collections::{BTreeMap, HashSet};
-use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use relay_core::Lsn;
+use relay_core::id_digest::{IdDigest, id_digest};
 use relay_core::stage::{
     ChangeSource, CheckpointStore, ErrorClass, SourceError, SourceEvent, StoreError,
 };
 use relay_postgres::backfill::{self, BackfillError, CursorId, TableShape};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-
-/// 128-bit fingerprint of an event id (two SipHash passes): a set of these holds the ids the
-/// stream already has in a ninth of the memory of the strings, with collisions out of reach.
-pub(super) fn fingerprint(id: &str) -> u128 {
-    let half = |salt: u8| {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        salt.hash(&mut h);
-        id.hash(&mut h);
-        h.finish()
-    };
-    (u128::from(half(1)) << 64) | u128::from(half(2))
-}
 
 /// What the source, the store and the progress report share.
 #[derive(Debug, Default)]
@@ -81,7 +69,7 @@ pub(super) struct PageReader {
     /// Rows done before this run.
     pub(super) rows_done: i64,
     /// Fingerprints of the event ids the stream already holds for this table.
-    pub(super) skip: HashSet<u128>,
+    pub(super) skip: HashSet<IdDigest>,
     /// Fingerprints of the event ids the relay published for it since.
     pub(super) live: super::publish::LiveIds,
 }
@@ -175,7 +163,7 @@ async fn read_pages(
         let mut inserts = Vec::with_capacity(rows.len());
         for (_, insert) in rows {
             let known = reader.shape.event_id_of(&insert).is_some_and(|id| {
-                let id = fingerprint(id);
+                let id = id_digest(id);
                 reader.skip.contains(&id)
                     || reader
                         .live
@@ -286,17 +274,5 @@ impl CheckpointStore for CursorStore {
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = (Some(key), rows_done);
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fingerprints_are_stable_and_distinct() {
-        assert_eq!(fingerprint("a"), fingerprint("a"));
-        assert_ne!(fingerprint("a"), fingerprint("b"));
-        assert_ne!(fingerprint(""), fingerprint("a"));
     }
 }

@@ -7,14 +7,13 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use relay_core::Lsn;
+use relay_core::id_digest::{IdDigest, id_digest};
 use relay_core::message::{HEADER_BACKFILL, HEADER_MSG_ID, HEADER_TABLE, OutboundMessage};
 use relay_core::route::MessageLimits;
 use relay_core::stage::{PublishError, Publisher};
 use relay_nats::{JetStream, JetStreamPublisher, NatsError};
 use relay_postgres::PostgresSettings;
 use tokio_util::sync::CancellationToken;
-
-use super::pages::fingerprint;
 
 /// `Outbox-Backfill: true`, allocated once.
 static BACKFILL_HEADER: LazyLock<(Arc<str>, Arc<str>)> =
@@ -64,7 +63,7 @@ fn marked(msg: &Arc<OutboundMessage>) -> Arc<OutboundMessage> {
 }
 
 /// Fingerprints of the event ids the relay publishes for one table while the backfill runs.
-pub(super) type LiveIds = Arc<Mutex<HashSet<u128>>>;
+pub(super) type LiveIds = Arc<Mutex<HashSet<IdDigest>>>;
 
 /// Watches the stream's subjects with a plain NATS subscription and notes the event id of every
 /// message of `table` that is not the backfill's own: the relay's live publishes. Subscribed
@@ -101,7 +100,7 @@ pub(super) async fn watch_live(
                 {
                     live.lock()
                         .unwrap_or_else(PoisonError::into_inner)
-                        .insert(fingerprint(id.as_str()));
+                        .insert(id_digest(id.as_str()));
                 }
             };
             loop {
@@ -181,7 +180,7 @@ pub(super) async fn end_watch_when_relay_passes(
 #[derive(Debug)]
 pub(super) enum StreamIds {
     /// Fingerprints of the event ids of every message of `table` in the stream.
-    Read(HashSet<u128>),
+    Read(HashSet<IdDigest>),
     /// The stream holds more messages than the limit: not read.
     TooLarge(u64),
 }
@@ -212,7 +211,7 @@ pub(super) async fn stream_ids(
             if headers.get(HEADER_TABLE).map(|t| t.as_str()) == Some(table)
                 && let Some(id) = headers.get(HEADER_MSG_ID)
             {
-                ids.insert(fingerprint(id.as_str()));
+                ids.insert(id_digest(id.as_str()));
             }
         },
     )

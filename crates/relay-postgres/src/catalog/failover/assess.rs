@@ -2,7 +2,8 @@
 
 use super::{Aspect, Conninfo, FailoverCheck, FailoverFacts, PrimaryFacts};
 use crate::PgError;
-use crate::settings::{FAILOVER_SLOTS_SINCE, FailoverSetting, version_text};
+use crate::server_version::version_text;
+use crate::settings::{FAILOVER_SLOTS_SINCE, FailoverSetting};
 
 const DOCS: &str = "docs/operations.md, \"Failover\"";
 

@@ -1,0 +1,115 @@
+//! How a step of a replication session ends it ([`Stop`]): with a retry after a backoff, or
+//! with an exit; and how a failure of the source, the store or PostgreSQL becomes one. Shared
+//! by the session's own steps and the backfill at slot creation ([`super::on_create`]).
+
+use relay_core::stage::{BoundaryError, ErrorClass};
+use relay_postgres::PgError;
+
+use super::SessionEnd;
+use crate::exit::pg_exit;
+use crate::exit::{Exit, ExitKind};
+
+/// Why a step ended the session.
+pub(super) enum Stop {
+    /// Retry after a backoff (or, for a clean shutdown, stop).
+    End(SessionEnd),
+    /// Exit the process.
+    Exit(Exit),
+}
+
+impl From<Exit> for Stop {
+    fn from(exit: Exit) -> Self {
+        Self::Exit(exit)
+    }
+}
+
+pub(super) type Step<T> = Result<T, Stop>;
+
+pub(super) fn retry(error: impl Into<anyhow::Error>) -> Stop {
+    Stop::End(SessionEnd::Retry(error.into()))
+}
+
+/// A source or store failure: retried, or an exit by its class.
+pub(super) fn boundary(error: BoundaryError, context: Option<String>) -> Stop {
+    let class = error.class;
+    let error = match context {
+        Some(context) => anyhow::Error::new(error).context(context),
+        None => anyhow::Error::new(error),
+    };
+    match class {
+        ErrorClass::Transient => retry(error),
+        ErrorClass::Fatal => Stop::Exit(Exit::new(ExitKind::Config, error)),
+        ErrorClass::SlotLost => Stop::Exit(Exit::new(ExitKind::DataSafety, error)),
+    }
+}
+
+/// A PostgreSQL failure outside the stream: retried when transient, else an exit.
+pub(super) fn postgres(error: PgError) -> Stop {
+    if error.is_transient() {
+        retry(error)
+    } else {
+        Stop::Exit(pg_exit(error))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The retry's error text, or the exit's code and text.
+    fn outcome(stop: Stop) -> Result<String, (ExitKind, String)> {
+        match stop {
+            Stop::End(SessionEnd::Retry(error)) => Ok(format!("{error:#}")),
+            Stop::End(SessionEnd::Shutdown) => Ok("shutdown".to_owned()),
+            Stop::Exit(exit) => Err((exit.kind, format!("{:#}", exit.error))),
+        }
+    }
+
+    #[test]
+    fn a_boundary_error_is_retried_or_ends_by_its_class() {
+        let transient = BoundaryError::new(ErrorClass::Transient, "stream ended at 0/16B3748");
+        assert_eq!(
+            outcome(boundary(transient, Some("slot relay_slot".to_owned()))),
+            Ok("slot relay_slot: stream ended at 0/16B3748".to_owned())
+        );
+        let fatal = BoundaryError::new(ErrorClass::Fatal, "publication missing");
+        assert_eq!(
+            outcome(boundary(fatal, None)),
+            Err((ExitKind::Config, "publication missing".to_owned()))
+        );
+        let lost = BoundaryError::new(ErrorClass::SlotLost, "slot relay_slot was invalidated");
+        assert_eq!(
+            outcome(boundary(lost, None)),
+            Err((
+                ExitKind::DataSafety,
+                "slot relay_slot was invalidated".to_owned()
+            ))
+        );
+    }
+
+    #[test]
+    fn a_postgres_error_is_retried_only_when_transient() {
+        let unreachable = PgError::Unreachable {
+            target: "db:5432/app".to_owned(),
+            reason: "connection refused".to_owned(),
+        };
+        assert!(unreachable.is_transient(), "precondition");
+        let text = unreachable.to_string();
+        assert_eq!(outcome(postgres(unreachable)), Ok(text));
+
+        let bad_url = PgError::BadUrl("postgres://[".to_owned());
+        assert!(!bad_url.is_transient(), "precondition");
+        let text = bad_url.to_string();
+        assert_eq!(outcome(postgres(bad_url)), Err((ExitKind::Config, text)));
+    }
+
+    #[test]
+    fn an_exit_becomes_a_stop_unchanged() {
+        let stop = Stop::from(Exit::new(ExitKind::Internal, anyhow::anyhow!("bug")));
+        assert_eq!(outcome(stop), Err((ExitKind::Internal, "bug".to_owned())));
+        assert_eq!(
+            outcome(retry(anyhow::anyhow!("connection reset"))),
+            Ok("connection reset".to_owned())
+        );
+    }
+}
