@@ -226,6 +226,36 @@ mod tests {
     }
 
     #[test]
+    fn dead_letter_rules_match_contract_json() {
+        // The Python and TypeScript consumers park by `contract.json`; so must this one.
+        let contract: serde_json::Value =
+            serde_json::from_str(include_str!("../../outbox-contract/contract.json"))
+                .expect("contract.json");
+        let dl = &contract["dead_letter"];
+        assert_eq!(dl["reason_max_bytes"].as_u64(), Some(MAX_REASON_LEN as u64));
+        let fill = |key: &str| {
+            dl[key]
+                .as_str()
+                .expect(key)
+                .replace("{consumer}", "svc")
+                .replace("{event_id}", "e1")
+                .replace("{stream}", "OUTBOX")
+                .replace("{seq}", "9")
+        };
+        assert_eq!(fill("msg_id"), dead_letter_id("svc", "e1", "OUTBOX", 9));
+        assert_eq!(
+            fill("msg_id_without_event_id"),
+            dead_letter_id("svc", "", "OUTBOX", 9)
+        );
+        assert_eq!(fill("source"), "OUTBOX:9");
+        let ledger = &contract["ledger"];
+        assert_eq!(ledger["table"].as_str(), Some(crate::LEDGER_TABLE));
+        assert!(
+            crate::LEDGER_MIGRATION.contains("CREATE TABLE IF NOT EXISTS outbox_consumer_ledger")
+        );
+    }
+
+    #[test]
     fn reasons_are_one_bounded_line() {
         assert_eq!(sanitize_reason("a\r\nb"), "a  b");
         let long = "é".repeat(2000);

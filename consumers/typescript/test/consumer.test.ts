@@ -1,0 +1,247 @@
+// The consumer against real PostgreSQL, nats-server and outbox-relay processes.
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { existsSync } from "node:fs";
+import { join } from "node:path";
+import { test } from "node:test";
+import { jetstream, jetstreamManager, type JetStreamManager, type StoredMsg } from "@nats-io/jetstream";
+import { connect, type NatsConnection } from "@nats-io/transport-node";
+import pg from "pg";
+import { Consumer, contract as c, locate, parseLsn, type Event, type Handler } from "../src/index.js";
+import { Env, STREAM, waitFor } from "./harness.js";
+
+const FAST = { ackWaitMs: 2000, backoffInitialMs: 100, backoffMaxMs: 500 };
+
+interface T {
+  env: Env;
+  nc: NatsConnection;
+  jsm: JetStreamManager;
+  db: pg.Client;
+}
+
+async function withEnv(body: (t: T) => Promise<void>, duplicateWindow = "2m"): Promise<void> {
+  const env = await Env.start(duplicateWindow);
+  const nc = await connect({ servers: env.nats.url() });
+  const db = new pg.Client(env.pg.url());
+  await db.connect();
+  try {
+    await body({ env, nc, jsm: await jetstreamManager(nc), db });
+  } finally {
+    await db.end();
+    await nc.close();
+    env.close();
+  }
+}
+
+async function insert(t: T, bodies: object[], type = "order-created"): Promise<string[]> {
+  await t.db.query("BEGIN");
+  const ids: string[] = [];
+  for (const b of bodies) {
+    const r = await t.db.query("INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES (gen_random_uuid(), 'Order', '7', $1, $2) RETURNING id::text AS id", [type, JSON.stringify(b)]);
+    ids.push(r.rows[0].id);
+  }
+  await t.db.query("COMMIT");
+  return ids;
+}
+
+const waitStream = (t: T, n: number, stream = STREAM) =>
+  waitFor(async () => {
+    const info = await t.jsm.streams.info(stream).catch(() => null);
+    return info && info.state.messages >= n ? info.state : null;
+  }, `${stream} with ${n} messages`);
+
+const message = async (t: T, seq: number, stream = STREAM): Promise<StoredMsg> => (await t.jsm.streams.getMessage(stream, { seq }))!;
+
+async function ledger(t: T, service: string) {
+  const r = await t.db.query("SELECT event_id, stream_seq::int AS seq, commit_lsn, applied_at FROM outbox_consumer_ledger WHERE consumer = $1 ORDER BY stream_seq", [service]).catch(() => ({ rows: [] }));
+  return r.rows as { event_id: string; seq: number; commit_lsn: string; applied_at: Date }[];
+}
+
+const waitLedger = (t: T, service: string, n: number) =>
+  waitFor(async () => {
+    const rows = await ledger(t, service);
+    return rows.length >= n ? rows : null;
+  }, `${n} ledger rows of ${service}`);
+
+async function effects(t: T, service: string) {
+  const r = await t.db.query("SELECT event_id, delivered, body FROM effects WHERE service = $1 ORDER BY n", [service]);
+  return r.rows as { event_id: string; delivered: number; body: string }[];
+}
+
+const record = (service: string) => async (client: pg.Client, event: Event) => {
+  await client.query("INSERT INTO effects (service, event_id, delivered, body) VALUES ($1, $2, $3, $4)", [service, event.id, event.delivered, Buffer.from(event.payload).toString()]);
+};
+
+async function running<R>(consumer: Consumer, handler: Handler, body: () => Promise<R>): Promise<R> {
+  const stop = new AbortController();
+  const run = consumer.run(handler, stop.signal);
+  try {
+    return await body();
+  } finally {
+    stop.abort();
+    await run;
+  }
+}
+
+test("a handler failing once is redelivered and applied once", () =>
+  withEnv(async (t) => {
+    const ids = await insert(t, [{ n: 1 }, { n: 2 }, { n: 3 }]);
+    await waitStream(t, 3);
+    const failed: string[] = [];
+    const consumer = new Consumer(t.nc, t.env.pg.url(), "svc", FAST);
+    const rows = await running(
+      consumer,
+      async (client, event) => {
+        await record("svc")(client, event);
+        if (event.id === ids[1] && event.delivered === 1) {
+          failed.push(event.id);
+          throw new Error("transient failure");
+        }
+      },
+      () => waitLedger(t, "svc", 3),
+    );
+    assert.deepEqual(failed, [ids[1]]);
+    assert.deepEqual(rows.map((r) => r.event_id), ids);
+    for (const [i, r] of rows.entries()) {
+      const m = await message(t, i + 1);
+      assert.equal(m.header.get(c.HEADER_MSG_ID), r.event_id);
+      assert.deepEqual([r.seq, r.commit_lsn], [m.seq, m.header.get(c.HEADER_COMMIT_LSN)]);
+    }
+    assert.deepEqual((await effects(t, "svc")).map((e) => [e.event_id, e.delivered]), [[ids[0], 1], [ids[1], 2], [ids[2], 1]]);
+    assert.deepEqual([consumer.stats.applied, consumer.stats.retried, consumer.stats.duplicates], [3, 1, 0]);
+  }));
+
+test("a re-send past the duplicate window is applied once", () =>
+  withEnv(async (t) => {
+    const [e1] = await insert(t, [{ n: 1 }]);
+    await waitStream(t, 1);
+    const first = await message(t, 1);
+    // Re-send the relay's message as the relay does after a crash: same headers and Nats-Msg-Id.
+    await new Promise((r) => setTimeout(r, 600));
+    const ack = await jetstream(t.nc).publish(first.subject, first.data, { headers: first.header });
+    assert.deepEqual([ack.duplicate, ack.seq], [false, 2]);
+    const [e2] = await insert(t, [{ n: 2 }]);
+    await waitStream(t, 3);
+    const consumer = new Consumer(t.nc, t.env.pg.url(), "svc", FAST);
+    await running(consumer, record("svc"), async () => {
+      await waitLedger(t, "svc", 2);
+      await waitFor(() => consumer.stats.duplicates === 1, "the copy skipped");
+    });
+    assert.deepEqual((await ledger(t, "svc")).map((r) => [r.event_id, r.seq]), [[e1, 1], [e2, 3]]);
+    assert.deepEqual((await effects(t, "svc")).map((e) => e.event_id), [e1, e2]);
+    assert.deepEqual([consumer.stats.applied, consumer.stats.duplicates], [2, 1]);
+  }, "300ms"));
+
+test("a consumer killed in the handler applies the event once after a restart", () =>
+  withEnv(async (t) => {
+    const ids = await insert(t, [{ n: 1 }, { n: 2 }, { n: 3 }]);
+    await waitStream(t, 3);
+    const marker = join(t.env.dir, "in-handler");
+    const service = (env: Record<string, string>) =>
+      spawn(process.execPath, [join(import.meta.dirname, "service.js"), t.env.nats.url(), t.env.pg.url(), "svc"], { stdio: "inherit", env: { ...process.env, ...env } });
+    const hung = service({ HANG_ON: ids[1], MARKER: marker });
+    try {
+      await waitFor(() => existsSync(marker), "the handler of the second event");
+      assert.deepEqual((await ledger(t, "svc")).map((r) => r.event_id), [ids[0]]);
+    } finally {
+      hung.kill("SIGKILL");
+    }
+    await new Promise((r) => hung.exitCode !== null || hung.signalCode !== null ? r(null) : hung.once("exit", r));
+    // PostgreSQL rolled the open transaction back with the connection.
+    assert.deepEqual((await effects(t, "svc")).map((e) => e.event_id), [ids[0]]);
+    const again = service({});
+    try {
+      const rows = await waitLedger(t, "svc", 3);
+      assert.deepEqual(rows.map((r) => r.event_id), ids);
+    } finally {
+      again.kill("SIGKILL");
+    }
+    const applied = await effects(t, "svc");
+    assert.deepEqual(applied.map((e) => e.event_id), ids, "each event applied exactly once");
+    assert.ok(applied[1].delivered >= 2, "the second event was redelivered");
+  }));
+
+test("a poison event is parked with its reason and later events flow", () =>
+  withEnv(async (t) => {
+    await t.jsm.streams.add({ name: "DLQ", subjects: ["dlq.>"] });
+    const [poison] = await insert(t, [{ bad: true }], "poison");
+    const [good] = await insert(t, [{ n: 2 }]);
+    await waitStream(t, 2);
+    const consumer = new Consumer(t.nc, t.env.pg.url(), "svc", { ...FAST, maxDeliver: 3 });
+    await running(
+      consumer,
+      async (client, event) => {
+        if (event.eventType === "poison") throw new Error("cannot decode the payload");
+        await record("svc")(client, event);
+      },
+      async () => {
+        await waitLedger(t, "svc", 1);
+        await waitStream(t, 1, "DLQ");
+      },
+    );
+    const dl = await message(t, 1, "DLQ");
+    const original = await message(t, 1);
+    const h = dl.header;
+    assert.equal(dl.subject, "dlq.svc");
+    assert.equal(h.get(c.HEADER_DLQ_REASON), "handler failed 3 times; last error: cannot decode the payload");
+    assert.equal(h.get(c.HEADER_DLQ_SUBJECT), "outbox.Order.poison");
+    assert.equal(h.get(c.HEADER_DLQ_EVENT_ID), poison);
+    assert.equal(h.get(c.HEADER_DLQ_DELIVERIES), "3");
+    assert.equal(h.get(c.HEADER_DLQ_CONSUMER), "svc");
+    assert.equal(h.get(c.HEADER_DLQ_SOURCE), `${STREAM}:${original.seq}`);
+    assert.equal(h.get("Nats-Msg-Id"), `dlq:svc:${poison}`);
+    assert.equal(h.get("Outbox-Original-Msg-Id"), poison);
+    assert.equal(h.get("Outbox-Original-Expected-Stream"), STREAM);
+    assert.equal(h.has("Nats-Expected-Stream"), false);
+    assert.equal(h.get(c.HEADER_COMMIT_LSN), original.header.get(c.HEADER_COMMIT_LSN));
+    assert.deepEqual(JSON.parse(Buffer.from(dl.data).toString()), { bad: true });
+    assert.deepEqual((await ledger(t, "svc")).map((r) => r.event_id), [good]);
+    assert.deepEqual([consumer.stats.parked, consumer.stats.retried], [1, 2]);
+  }));
+
+test("a new durable starts at a commit LSN as outbox-relay position finds it", () =>
+  withEnv(async (t) => {
+    const batches: string[][] = [];
+    for (let i = 0; i < 3; i++) batches.push(await insert(t, [{ tx: i, k: 0 }, { tx: i, k: 1 }]));
+    await waitStream(t, 6);
+    const second = await message(t, 3);
+    assert.equal(second.header.get(c.HEADER_MSG_ID), batches[1][0]);
+    const lsnText = second.header.get(c.HEADER_COMMIT_LSN);
+    const found = await locate(t.jsm, jetstream(t.nc), STREAM, { lsn: parseLsn(lsnText) });
+    assert.equal(found.sequence, 3);
+    for (const extra of [["--no-map"], []]) {
+      const out = JSON.parse(t.env.relayCommand("position", "--lsn", lsnText, "--json", ...extra));
+      assert.equal(out.sequence, found.sequence);
+    }
+    const firstLsn = parseLsn((await message(t, 1)).header.get(c.HEADER_COMMIT_LSN));
+    assert.equal((await locate(t.jsm, jetstream(t.nc), STREAM, { lsn: firstLsn + 1n })).sequence, 3);
+    const lastLsn = parseLsn((await message(t, 5)).header.get(c.HEADER_COMMIT_LSN));
+    assert.equal((await locate(t.jsm, jetstream(t.nc), STREAM, { lsn: lastLsn + 1n })).sequence, 7);
+    const consumer = new Consumer(t.nc, t.env.pg.url(), "by-lsn", { ...FAST, startAt: { lsn: lsnText } });
+    const rows = await running(consumer, record("by-lsn"), () => waitLedger(t, "by-lsn", 4));
+    assert.deepEqual(rows.map((r) => r.event_id), [...batches[1], ...batches[2]]);
+    assert.deepEqual(rows.map((r) => r.seq), [3, 4, 5, 6]);
+  }));
+
+test("re-apply after a bug fix runs the fixed handler once per event", () =>
+  withEnv(async (t) => {
+    const ids = await insert(t, [{ n: 1 }, { n: 2 }]);
+    await waitStream(t, 2);
+    const firstLsn = (await message(t, 1)).header.get(c.HEADER_COMMIT_LSN);
+    const buggy = new Consumer(t.nc, t.env.pg.url(), "svc", FAST);
+    await running(buggy, async (client, e) => {
+      await client.query("INSERT INTO effects (service, event_id, delivered, body) VALUES ('svc', $1, $2, 'wrong')", [e.id, e.delivered]);
+    }, () => waitLedger(t, "svc", 2));
+    await new Promise((r) => setTimeout(r, 20));
+    const fixedAt = new Date();
+    t.env.relayCommand("replay", "--from-lsn", firstLsn, "--consumer", "svc", "--yes");
+    const fixed = new Consumer(t.nc, t.env.pg.url(), "svc", { ...FAST, reapply: { fromLsn: parseLsn(firstLsn), recordedBefore: fixedAt } });
+    await running(fixed, async (client, e) => {
+      assert.ok(e.reapplied);
+      await client.query("UPDATE effects SET body = 'right' WHERE service = 'svc' AND event_id = $1", [e.id]);
+    }, () => waitFor(() => fixed.stats.applied === 2, "both re-applied"));
+    const after = await ledger(t, "svc");
+    assert.deepEqual(after.map((r) => r.event_id), ids);
+    assert.ok(after.every((r) => r.applied_at > fixedAt), "each ledger row replaced");
+    assert.deepEqual((await effects(t, "svc")).map((e) => [e.event_id, e.body]), [[ids[0], "right"], [ids[1], "right"]]);
+  }));

@@ -1,0 +1,178 @@
+// Real servers for the tests on free ports in temporary directories, as consumers/python/tests/
+// harness.py and crates/relay-testkit do: PostgreSQL (wal_level = logical, as the `postgres` OS
+// user when we are root), `nats-server -js` and the outbox-relay binary.
+import { execFileSync, spawn, type ChildProcess } from "node:child_process";
+import { appendFileSync, chownSync, existsSync, mkdtempSync, openSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join, resolve } from "node:path";
+import pg from "pg";
+
+export const REPO = resolve(import.meta.dirname, "../../../..");
+export const STREAM = "OUTBOX";
+
+export async function freePort(): Promise<number> {
+  return new Promise((ok, fail) => {
+    const s = createServer();
+    s.listen(0, "127.0.0.1", () => {
+      const port = (s.address() as { port: number }).port;
+      s.close(() => ok(port));
+    });
+    s.on("error", fail);
+  });
+}
+
+export async function waitFor<T>(probe: () => Promise<T | null | undefined | false> | T | null | undefined | false, what: string, ms = 30000): Promise<T> {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const v = await probe();
+    if (v) return v as T;
+    if (Date.now() > deadline) throw new Error(`${what}: not within ${ms} ms`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+function pgBin(): string {
+  if (process.env.RELAY_TEST_PG_BIN) return process.env.RELAY_TEST_PG_BIN;
+  const versions = existsSync("/usr/lib/postgresql") ? readdirSync("/usr/lib/postgresql").map(Number).filter((n) => n > 0).sort((a, b) => a - b) : [];
+  if (!versions.length) throw new Error("PostgreSQL server binaries not found: run scripts/ensure-deps.sh or set RELAY_TEST_PG_BIN");
+  return `/usr/lib/postgresql/${versions[versions.length - 1]}/bin`;
+}
+
+class Postgres {
+  readonly dir = mkdtempSync(join(tmpdir(), "consumer-pg-"));
+  readonly data = join(this.dir, "data");
+  port = 0;
+  private readonly root = process.getuid?.() === 0;
+  private readonly bin = pgBin();
+
+  private run(program: string, args: string[], check = true): boolean {
+    const cmd = [join(this.bin, program), ...args];
+    const [file, argv] = this.root ? ["runuser", ["-u", "postgres", "--", ...cmd]] : [cmd[0], cmd.slice(1)];
+    const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith("PG")));
+    try {
+      execFileSync(file, argv, { cwd: this.dir, env: { ...env, LC_ALL: "C", TZ: "UTC" }, stdio: "pipe", timeout: 90000 });
+      return true;
+    } catch (e) {
+      if (check) throw new Error(`${program} failed: ${(e as { stderr?: Buffer }).stderr?.toString()}`);
+      return false;
+    }
+  }
+
+  async start(): Promise<void> {
+    if (this.root) {
+      // PostgreSQL refuses to run as root.
+      const uid = Number(execFileSync("id", ["-u", "postgres"]).toString());
+      const gid = Number(execFileSync("id", ["-g", "postgres"]).toString());
+      chownSync(this.dir, uid, gid);
+    }
+    this.run("initdb", ["-D", this.data, "-U", "postgres", "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync"]);
+    const settings: Record<string, string> = {
+      listen_addresses: "127.0.0.1", unix_socket_directories: this.dir, wal_level: "logical", max_wal_senders: "10",
+      max_replication_slots: "10", fsync: "off", shared_buffers: "32MB", dynamic_shared_memory_type: "mmap", TimeZone: "UTC",
+    };
+    appendFileSync(join(this.data, "postgresql.conf"), Object.entries(settings).map(([k, v]) => `${k} = '${v}'\n`).join(""));
+    for (let i = 0; i < 5; i++) {
+      this.port = await freePort();
+      if (this.run("pg_ctl", ["start", "-D", this.data, "-l", join(this.dir, "postgres.log"), "-w", "-t", "60", "-o", `-p ${this.port}`], false)) return;
+    }
+    throw new Error(`PostgreSQL did not start: ${readFileSync(join(this.dir, "postgres.log"), "utf8")}`);
+  }
+
+  url(db = "app"): string {
+    return `postgresql://postgres@127.0.0.1:${this.port}/${db}`;
+  }
+
+  close(): void {
+    this.run("pg_ctl", ["stop", "-D", this.data, "-m", "immediate", "-w"], false);
+    rmSync(this.dir, { recursive: true, force: true });
+  }
+}
+
+class Nats {
+  readonly dir = mkdtempSync(join(tmpdir(), "consumer-nats-"));
+  port = 0;
+  proc: ChildProcess | null = null;
+
+  async start(): Promise<void> {
+    this.port = await freePort();
+    const log = join(this.dir, "nats.log");
+    this.proc = spawn("nats-server", ["-js", "-a", "127.0.0.1", "-p", String(this.port), "-sd", join(this.dir, "js")], { stdio: ["ignore", "ignore", openSync(log, "w")] });
+    await waitFor(() => readFileSync(log, "utf8").includes("Server is ready"), "nats-server ready", 20000);
+  }
+
+  url(): string {
+    return `nats://127.0.0.1:${this.port}`;
+  }
+
+  close(): void {
+    this.proc?.kill("SIGKILL");
+    rmSync(this.dir, { recursive: true, force: true });
+  }
+}
+
+export function relayBin(): string {
+  const path = process.env.OUTBOX_RELAY_BIN ?? join(REPO, "target/debug/outbox-relay");
+  if (!existsSync(path)) throw new Error(`${path}: no relay binary; run \`cargo build -p outbox-relay\` first`);
+  return path;
+}
+
+/** PostgreSQL with the relay's migrations in `app`, NATS, and the relay (default mapping). */
+export class Env {
+  readonly dir = mkdtempSync(join(tmpdir(), "consumer-env-"));
+  readonly pg = new Postgres();
+  readonly nats = new Nats();
+  relay: ChildProcess | null = null;
+  readonly config = join(this.dir, "relay.toml");
+
+  static async start(duplicateWindow = "2m"): Promise<Env> {
+    const env = new Env();
+    await Promise.all([env.pg.start(), env.nats.start()]);
+    const admin = new pg.Client(env.pg.url("postgres"));
+    await admin.connect();
+    await admin.query("CREATE DATABASE app");
+    await admin.end();
+    const db = new pg.Client(env.pg.url());
+    await db.connect();
+    for (const f of readdirSync(join(REPO, "migrations")).filter((f) => f.endsWith(".sql")).sort()) {
+      await db.query(readFileSync(join(REPO, "migrations", f), "utf8"));
+    }
+    // No unique key on purpose: an event applied twice shows as two rows.
+    await db.query("CREATE TABLE effects (n bigserial PRIMARY KEY, service text NOT NULL, event_id text NOT NULL, delivered int NOT NULL, body text)");
+    await db.end();
+    writeFileSync(env.config, `
+[postgres]
+url = "${env.pg.url()}"
+slot = "relay_slot"
+publication = "relay_pub"
+status_interval = "1s"
+
+[nats]
+url = "${env.nats.url()}"
+stream = "${STREAM}"
+ack_timeout = "3s"
+create_stream = true
+duplicate_window = "${duplicateWindow}"
+
+[relay]
+checkpoint_interval = "100ms"
+idle_checkpoint_interval = "1s"
+reconnect_max = "1s"
+`);
+    const log = join(env.dir, "relay.log");
+    env.relay = spawn(relayBin(), ["--config", env.config, "run"], { stdio: ["ignore", "ignore", openSync(log, "w")], env: { ...process.env, RUST_LOG: "info" } });
+    await waitFor(() => readFileSync(log, "utf8").includes("replication started"), "relay replication started");
+    return env;
+  }
+
+  relayCommand(...args: string[]): string {
+    return execFileSync(relayBin(), ["--config", this.config, ...args], { timeout: 60000 }).toString();
+  }
+
+  close(): void {
+    this.relay?.kill("SIGKILL");
+    this.nats.close();
+    this.pg.close();
+    rmSync(this.dir, { recursive: true, force: true });
+  }
+}
