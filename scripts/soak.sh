@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The fault suite with heavier load and longer settling (minutes, not for CI):
 # every scenario of tests/e2e/faults, then the table; opt-in extras below (BACKFILL_SOAK,
-# CLEANUP_SOAK, FAULT_MODES).
+# CLEANUP_SOAK, FAULT_MODES, FAULT_PATHS).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/ensure-deps.sh
@@ -22,18 +22,21 @@ if [ "${CLEANUP_SOAK:-0}" = 1 ]; then
   # shellcheck disable=SC2086 # CLEANUP_SOAK_ARGS is a list of options
   scripts/bench.sh --soak-cleanup --no-debezium ${CLEANUP_SOAK_ARGS:-} || status=$?
 fi
-# Opt-in (FAULT_MODES="atomic-batch fast-batch"): the fault suite again in each publish mode (the
-# fault scenarios must pass in every mode), on the newer servers (atomic batches need
-# nats-server >= 2.12.1); each row is named "[mode]" and the relay must log that it took the mode.
-if [ -n "${FAULT_MODES:-}" ]; then
+# Opt-in (FAULT_MODES="per-message atomic-batch fast-batch", FAULT_PATHS="lean async-nats"): the
+# fault suite again in each publish mode on each publish path (the fault scenarios must pass in
+# every one), on the newer servers (atomic batches need nats-server >= 2.12.1); each row is named
+# "[mode, path]" and the relay must log that it took the mode and the path.
+if [ -n "${FAULT_MODES:-}${FAULT_PATHS:-}" ]; then
   (
     eval "$(scripts/ensure-deps.sh --new-servers)"
-    for mode in $FAULT_MODES; do
-      export FAULT_REPORT="$PWD/target/fault-soak-$mode.tsv"
-      rm -f "$FAULT_REPORT"
-      FAULT_PUBLISH_MODE="$mode" cargo test --locked -p outbox-relay --all-features --test e2e faults \
-        -- --test-threads 1 --include-ignored || exit 1
-      scripts/fault-table.sh "$FAULT_REPORT"
+    for path in ${FAULT_PATHS:-lean}; do
+      for mode in ${FAULT_MODES:-per-message}; do
+        export FAULT_REPORT="$PWD/target/fault-soak-$mode-$path.tsv"
+        rm -f "$FAULT_REPORT"
+        FAULT_PUBLISH_MODE="$mode" FAULT_PUBLISH_PATH="$path" cargo test --locked -p outbox-relay \
+          --all-features --test e2e faults -- --test-threads 1 --include-ignored || exit 1
+        scripts/fault-table.sh "$FAULT_REPORT"
+      done
     done
   ) || status=$?
 fi

@@ -450,9 +450,7 @@ impl RelayConfig {
         }
         // A fast batch's first message waits for a second one (or its transaction's end)
         // before it is sent: with a window of one the relay would never read on to either.
-        if self.nats.publish_mode == relay_nats::PublishMode::FastBatch
-            && self.relay.max_in_flight < 2
-        {
+        if self.relay.max_in_flight < self.nats.publish_mode.min_in_flight() {
             return Err(ConfigError::Invalid(format!(
                 "[relay] max_in_flight = {} is too small for [nats] publish_mode = \"fast-batch\" (a batch's first message waits for the next one): set max_in_flight to at least 2, or publish_mode = \"per-message\"",
                 self.relay.max_in_flight

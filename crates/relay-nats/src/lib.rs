@@ -37,7 +37,7 @@ pub use durability::{
 pub use native::check_broker_needs;
 pub use published::{StreamState, published_between, published_since, scan_headers};
 pub use publisher::JetStreamPublisher;
-pub use settings::{NatsSettings, PublishMode};
+pub use settings::{NatsSettings, PublishMode, PublishPath};
 pub use stream::{StreamReport, prepare_stream, subject_matches};
 
 /// Failures talking to NATS outside the publish path.
@@ -175,6 +175,10 @@ pub async fn connect(settings: &NatsSettings) -> Result<NatsConnection, NatsErro
         })?;
     // The lean publish path opens its own connection from the same settings, on first use.
     let lean = match wire::WireSettings::from_settings(settings, auth) {
+        _ if settings.publish_path == PublishPath::AsyncNats => {
+            tracing::info!("publishing through async-nats ([nats] publish_path = \"async-nats\")");
+            None
+        }
         Ok(lean) => Some(Arc::new(lean)),
         Err(e) => {
             tracing::info!(error = %e, "publishing through async-nats: the lean publish path cannot use these settings");

@@ -42,10 +42,11 @@ pub struct JetStreamPublisher {
     template: Arc<Mutex<HeaderState>>,
     /// For the server's `max_payload` (a relaxed atomic load).
     client: async_nats::Client,
-    /// Length of the reply subject on each publish: the lean path's `<inbox>.<16 hex digits>`,
-    /// or async-nats' `<inbox>.<id>.<token>` (also when a batch mode publishes through it).
+    /// Length of the longest reply subject a publish may carry: the lean path's
+    /// `<inbox>.<16 hex digits>` or async-nats' `<inbox>.<id>.<token>`, or in fast batches the
+    /// batch's reply subject.
     reply_len: usize,
-    /// async-nats' reply length, for the batch modes.
+    /// async-nats' reply length.
     nats_reply_len: usize,
     /// Messages the server closed the connection on, re-sent one at a time.
     quarantine: Arc<Quarantine>,
@@ -202,25 +203,24 @@ impl JetStreamPublisher {
         }
         // What a batch does not take (a one-message transaction, a message left at the end of
         // a transaction, a dead letter) goes out in commit order between the batches, so on
-        // their connection: the server orders nothing across two connections, and a 1-row
-        // transaction on the lean one was stored after the batch of the next on async-nats
-        // (e2e fast_batch, under load). Fast batches go on the lean connection (their messages
-        // framed as in per-message mode), so everything does; atomic batches go on async-nats,
-        // and so does what they do not take. Re-sends, out of order by nature, take the lean
-        // path in both.
-        let mut plain = self.clone();
-        if mode == PublishMode::AtomicBatch {
-            plain.lean = None;
-            plain.reply_len = plain.nats_reply_len;
+        // their connection: the server orders nothing across two connections (a 1-row
+        // transaction on one was stored after the batch of the next on the other, e2e
+        // fast_batch, under load). So every message of every mode, every batch commit and every
+        // answer go on one connection: the lean one, or async-nats' where the publisher
+        // publishes through it. The framing task publishes what it does not batch through a
+        // per-message copy of this publisher.
+        let plain = self.clone();
+        let flow = fast_batch::flow(max_in_flight);
+        if mode == PublishMode::FastBatch {
+            // Limits must hold for a fast batch's longer reply subject.
+            let batch_reply_len = match &self.lean {
+                Some(lean) => lean.batch_reply_len(flow),
+                None => self.nats_reply_len + crate::wire::proto::fast_batch_reply_suffix_len(flow),
+            };
+            self.reply_len = self.reply_len.max(batch_reply_len);
         }
-        // Limits must hold for the longer reply subject of the paths a message may take.
-        self.reply_len = self.reply_len.max(self.nats_reply_len);
         let how = if mode == PublishMode::FastBatch {
-            self.framer = Some(Arc::new(fast_batch::start(
-                plain,
-                max_in_flight,
-                self.ack_timeout,
-            )));
+            self.framer = Some(Arc::new(fast_batch::start(plain, flow, self.ack_timeout)));
             "publishing in fast batches (one flow ack for many messages)"
         } else {
             self.framer = Some(Arc::new(batch::start(plain, max_in_flight)));
@@ -244,6 +244,16 @@ impl JetStreamPublisher {
     /// refused by the server.
     pub fn publishes_lean(&self) -> bool {
         self.lean.as_ref().is_some_and(|lean| !lean.refused())
+    }
+
+    /// The lean connection, once it is up (waiting at most `wait`), unless this publisher
+    /// publishes through async-nats (a client made elsewhere, or a server that refused the
+    /// lean connection). A batch takes one path for all its messages and its commit.
+    pub(crate) async fn lean_path(&self, wait: std::time::Duration) -> Option<Arc<LeanConnection>> {
+        match &self.lean {
+            Some(lean) if lean.ready(wait).await => Some(lean.clone()),
+            _ => None,
+        }
     }
 
     /// Whether messages are published in fast batches.

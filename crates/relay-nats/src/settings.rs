@@ -59,6 +59,12 @@ pub struct NatsSettings {
     /// `allow_batched`), with the same fallback.
     #[serde(default)]
     pub publish_mode: PublishMode,
+    /// `lean` (default): every message of every mode, and every answer, on the relay's own
+    /// publishing connection. `async-nats`: publish through the async-nats client alone (the
+    /// same connection management uses), for a server or feature the lean path does not handle;
+    /// slower, the same guarantees.
+    #[serde(default)]
+    pub publish_path: PublishPath,
     /// NATS `.creds` file (JWT + NKey seed).
     #[serde(default)]
     pub credentials_file: Option<PathBuf>,
@@ -150,6 +156,50 @@ pub enum PublishMode {
     FastBatch,
 }
 
+impl PublishMode {
+    /// Whether a transaction is stored all or nothing (where the server and stream take the
+    /// mode; otherwise the relay publishes per message, with a warning).
+    pub fn atomic(self) -> bool {
+        self == Self::AtomicBatch
+    }
+
+    /// Whether each message's answer says whether JetStream dropped it as a duplicate: fast
+    /// batches' flow acks cover many messages and do not.
+    pub fn reports_duplicates(self) -> bool {
+        self != Self::FastBatch
+    }
+
+    /// The smallest `[relay] max_in_flight` the mode can work with: a fast batch's first
+    /// message waits for a second one before it is sent.
+    pub fn min_in_flight(self) -> usize {
+        match self {
+            Self::FastBatch => 2,
+            Self::PerMessage | Self::AtomicBatch => 1,
+        }
+    }
+
+    /// This mode where every message's duplicate flag must be known (restore counts which
+    /// messages the stream had already): per message instead of fast batches.
+    pub fn reporting_duplicates(self) -> Self {
+        if self.reports_duplicates() {
+            self
+        } else {
+            Self::PerMessage
+        }
+    }
+}
+
+/// Which client publishes (`[nats] publish_path`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PublishPath {
+    /// The relay's own publishing connection (`wire`).
+    #[default]
+    Lean,
+    /// The async-nats client.
+    AsyncNats,
+}
+
 impl Default for NatsSettings {
     fn default() -> Self {
         Self {
@@ -163,6 +213,7 @@ impl Default for NatsSettings {
             max_control_line: default_max_control_line(),
             max_server_closes: default_max_server_closes(),
             publish_mode: PublishMode::default(),
+            publish_path: PublishPath::default(),
             credentials_file: None,
             user: None,
             password: None,

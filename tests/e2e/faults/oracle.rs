@@ -27,9 +27,9 @@ pub struct Verdict {
 impl Verdict {
     /// Appends the row to the suite's report and prints it.
     pub fn report(&self) {
-        // A run in another publish mode names it on every row.
-        let scenario = match super::scenarios::publish_mode() {
-            Some(mode) => format!("{} [{mode}]", self.scenario),
+        // A run in another publish mode or path names it on every row.
+        let scenario = match super::scenarios::run_name() {
+            Some(run) => format!("{} [{run}]", self.scenario),
             None => self.scenario.clone(),
         };
         let line = format!(

@@ -22,7 +22,6 @@ use relay_core::Lsn;
 use relay_core::pipeline::{Pipeline, PipelineError, PipelineStats, RunOutcome};
 use relay_core::route::Router;
 use relay_core::stage::Publisher;
-use relay_nats::PublishMode;
 use relay_postgres::catalog::{self, restore_slot};
 use relay_postgres::source::PgSource;
 use tokio_util::sync::CancellationToken;
@@ -285,15 +284,12 @@ async fn run_window(
     // in fast batches: their acks do not say which messages were duplicates, and a duplicate
     // of a copy the stream no longer holds (a purge inside the duplicate window) must be
     // reported as not restored, never counted as restored.
-    let mode = match config.nats.publish_mode {
-        PublishMode::FastBatch => {
-            eprintln!(
-                "restore publishes each message on its own, not in fast batches: their acks do not say which messages were duplicates"
-            );
-            PublishMode::PerMessage
-        }
-        mode => mode,
-    };
+    let mode = config.nats.publish_mode.reporting_duplicates();
+    if mode != config.nats.publish_mode {
+        eprintln!(
+            "restore publishes each message on its own, not in fast batches: their acks do not say which messages were duplicates"
+        );
+    }
     let (_nats, publisher, stream_report) =
         crate::broker::connect_publisher(config, args.max_in_flight, mode).await?;
     let in_stream = relay_nats::published_between(

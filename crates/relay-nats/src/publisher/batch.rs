@@ -42,6 +42,7 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use async_nats::jetstream::message::PublishMessage;
+use futures::future::BoxFuture;
 use relay_core::Lsn;
 use relay_core::message::OutboundMessage;
 use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind, Publisher};
@@ -49,7 +50,11 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 
 use super::JetStreamPublisher;
-use super::framing::{Command, Framer, FramingMode, Reply, batchable, reply_when_acked, unknown};
+use super::framing::{
+    BatchAnswer, Command, Framer, FramingMode, Reply, batchable, reply_when_acked, unknown,
+};
+use crate::error_codes::kind_for_error_code;
+use crate::wire::LeanConnection;
 
 /// Messages in one atomic batch, at most (nats-server's default `max_batch_size`).
 pub const MAX_BATCH: usize = 1000;
@@ -158,6 +163,9 @@ struct OpenBatch {
     /// A publish of this batch could not even be handed to the connection.
     failed: Option<PublishError>,
     permit: OwnedSemaphorePermit,
+    /// The lean connection every message of the batch and its commit go on, as the messages
+    /// published on their own do; async-nats' where the publisher publishes through it.
+    lean: Option<Arc<LeanConnection>>,
 }
 
 struct Worker {
@@ -211,7 +219,9 @@ impl Worker {
                 let _ = reply.send(Err(unknown("the batch publisher stopped")));
                 return;
             };
+            let lean = self.plain.lean_path(self.plain.ack_timeout).await;
             self.open = Some(OpenBatch {
+                lean,
                 id: self.ids.mint(msg.commit_lsn, self.part),
                 commit_lsn: msg.commit_lsn,
                 part: self.part,
@@ -228,7 +238,14 @@ impl Worker {
         if let Some((previous, previous_reply)) = open.held.take() {
             let sequence = open.sent.len() + 1;
             if open.failed.is_none()
-                && let Err(e) = send_member(&self.plain, &previous, &open.id, sequence).await
+                && let Err(e) = send_member(
+                    &self.plain,
+                    open.lean.as_deref(),
+                    &previous,
+                    &open.id,
+                    sequence,
+                )
+                .await
             {
                 open.failed = Some(e);
             }
@@ -261,15 +278,19 @@ impl Worker {
         let mut members = std::mem::take(&mut open.sent);
         members.push((last.clone(), last_reply));
         if relay_core::failpoint::is_armed(BEFORE_COMMIT) {
-            // The fault suite's crash mid-batch: the other messages on the wire, no commit.
-            let _ = self.plain.client().flush().await;
+            // The fault suite's crash mid-batch: the other messages read by the server, no
+            // commit.
+            match &open.lean {
+                Some(lean) => drop(lean.flush(self.plain.ack_timeout).await),
+                None => drop(self.plain.client().flush().await),
+            }
             relay_core::failpoint::hit(BEFORE_COMMIT);
         }
         let first = match open.failed.take() {
             // Some of the batch never reached the connection: nothing of it can be committed,
             // so it is published again whole, like any batch the server did not commit.
             Some(failed) => Err(failed),
-            None => Ok(send_commit(&self.plain, &last, &open.id, count).await),
+            None => send_commit(&self.plain, open.lean.as_deref(), &last, &open.id, count).await,
         };
         let settling = Settling {
             plain: self.plain.clone(),
@@ -283,10 +304,9 @@ impl Worker {
         let permit = open.permit;
         tokio::spawn(async move {
             let outcome = match first {
-                Ok(Ok(ack)) => ack.await,
-                Ok(Err(e)) => Err(e),
+                Ok(answer) => answer.await,
                 Err(failed) => {
-                    settling.republish_whole(failed).await;
+                    settling.republish_whole(failed, Instant::now()).await;
                     drop(permit);
                     return;
                 }
@@ -298,56 +318,171 @@ impl Worker {
     }
 }
 
-type CommitAck = Result<jetstream::publish::PublishAck, jetstream::context::PublishError>;
+/// What the server answered to a batch's commit, from either path.
+#[derive(Debug)]
+enum CommitOutcome {
+    /// A PubAck: the batch's id and size when the server stored it as a batch.
+    Stored {
+        seq: u64,
+        duplicate: bool,
+        batch_id: Option<String>,
+        batch_size: Option<u64>,
+    },
+    /// A JetStream API error with its error code.
+    Refused { code: u64, error: PublishError },
+    /// No answer (a timeout, a lost connection) or a 503.
+    Failed(PublishError),
+}
 
-/// Publishes a batch member other than the last (no answer: only the commit is acknowledged).
+impl CommitOutcome {
+    /// The outcome async-nats reports.
+    fn from_nats(
+        outcome: Result<jetstream::publish::PublishAck, jetstream::context::PublishError>,
+    ) -> Self {
+        match outcome {
+            Ok(ack) => Self::Stored {
+                seq: ack.sequence,
+                duplicate: ack.duplicate,
+                batch_id: ack.batch_id,
+                batch_size: ack.batch_size,
+            },
+            Err(error) => {
+                let code = error
+                    .source()
+                    .and_then(|s| s.downcast_ref::<jetstream::Error>())
+                    .map(|e| e.error_code().0);
+                let error = crate::publisher::classify(error);
+                match code {
+                    Some(code) => Self::Refused { code, error },
+                    None => Self::Failed(error),
+                }
+            }
+        }
+    }
+
+    /// The outcome an answer on the lean connection says.
+    fn from_lean(outcome: crate::wire::RawOutcome) -> Self {
+        let payload = match outcome {
+            Ok(payload) => payload,
+            Err(error) => return Self::Failed(error),
+        };
+        let unreadable = |why: &str| {
+            Self::Failed(unknown(&format!(
+                "the answer to an atomic batch's commit is {why}: {}",
+                String::from_utf8_lossy(&payload[..payload.len().min(200)])
+            )))
+        };
+        let Ok(answer) = serde_json::from_slice::<BatchAnswer>(&payload) else {
+            return unreadable("not JSON");
+        };
+        if let Some(error) = answer.error {
+            return Self::Refused {
+                code: error.err_code,
+                error: PublishError::new(
+                    kind_for_error_code(error.err_code),
+                    format!(
+                        "{} (status {}, error code {})",
+                        error.description, error.code, error.err_code
+                    ),
+                ),
+            };
+        }
+        match (answer.stream, answer.seq) {
+            (Some(_), Some(seq)) => Self::Stored {
+                seq,
+                duplicate: answer.duplicate,
+                batch_id: answer.batch,
+                batch_size: answer.count,
+            },
+            _ => unreadable("not a PubAck"),
+        }
+    }
+}
+
+/// The batch headers (ADR-50), as the lean connection writes them; a test holds them to
+/// async-nats' names.
+const BATCH_ID: &str = "Nats-Batch-Id";
+const BATCH_SEQUENCE: &str = "Nats-Batch-Sequence";
+const BATCH_COMMIT: &str = "Nats-Batch-Commit";
+
+/// The header lines of a batch member, beside the message's own.
+fn batch_lines<'a>(id: &'a str, sequence: &'a str, commit: bool) -> Vec<(&'a str, &'a str)> {
+    let mut lines = vec![(BATCH_ID, id), (BATCH_SEQUENCE, sequence)];
+    if commit {
+        lines.push((BATCH_COMMIT, "1"));
+    }
+    lines
+}
+
+/// Publishes a batch member other than the last (no answer: only the commit is acknowledged),
+/// on `lean` or, without it, through async-nats.
 async fn send_member(
     plain: &JetStreamPublisher,
+    lean: Option<&LeanConnection>,
     msg: &OutboundMessage,
     id: &str,
     sequence: usize,
 ) -> Result<(), PublishError> {
-    let headers = batch_headers(plain, msg, id, sequence, false);
+    let sequence = sequence.to_string();
+    let lines = batch_lines(id, &sequence, false);
+    if let Some(lean) = lean {
+        return lean.publish_unanswered(&plain.stream, msg, &lines);
+    }
     plain
         .client()
-        .publish_with_headers(msg.subject.clone(), headers, msg.payload.clone())
+        .publish_with_headers(
+            msg.subject.clone(),
+            batch_headers(plain, msg, &lines),
+            msg.payload.clone(),
+        )
         .await
         .map_err(|e| unknown(&format!("cannot publish to NATS: {e}")))
 }
 
-/// Publishes a batch's last message with the commit header; the future sees its ack.
+/// Publishes a batch's last message with the commit header; the future sees the answer.
 async fn send_commit(
     plain: &JetStreamPublisher,
-    last: &OutboundMessage,
+    lean: Option<&LeanConnection>,
+    last: &Arc<OutboundMessage>,
     id: &str,
     count: usize,
-) -> Result<jetstream::context::PublishAckFuture, jetstream::context::PublishError> {
-    let headers = batch_headers(plain, last, id, count, true);
+) -> Result<BoxFuture<'static, CommitOutcome>, PublishError> {
+    let count = count.to_string();
+    let lines = batch_lines(id, &count, true);
+    if let Some(lean) = lean {
+        let answer = lean.publish_raw(&plain.stream, last, &lines)?;
+        return Ok(Box::pin(async move {
+            CommitOutcome::from_lean(
+                answer
+                    .await
+                    .unwrap_or_else(|_| Err(unknown("the lean publish connection was closed"))),
+            )
+        }));
+    }
     let publish = PublishMessage::build()
-        .headers(headers)
+        .headers(batch_headers(plain, last, &lines))
         .payload(last.payload.clone());
-    plain
+    match plain
         .context()
         .send_publish(last.subject.clone(), publish)
         .await
+    {
+        Ok(ack) => Ok(Box::pin(async move { CommitOutcome::from_nats(ack.await) })),
+        Err(e) => Ok(Box::pin(std::future::ready(CommitOutcome::from_nats(Err(
+            e,
+        ))))),
+    }
 }
 
-/// The headers of `msg` as the publisher sends it, plus the batch's.
+/// The headers of `msg` as the publisher sends it through async-nats, plus `lines`.
 fn batch_headers(
     plain: &JetStreamPublisher,
     msg: &OutboundMessage,
-    id: &str,
-    sequence: usize,
-    commit: bool,
+    lines: &[(&str, &str)],
 ) -> async_nats::HeaderMap {
     let mut headers = plain.headers(msg);
-    headers.insert(async_nats::header::NATS_BATCH_ID, id);
-    headers.insert(
-        async_nats::header::NATS_BATCH_SEQUENCE,
-        sequence.to_string().as_str(),
-    );
-    if commit {
-        headers.insert(async_nats::header::NATS_BATCH_COMMIT, "1");
+    for (name, value) in lines {
+        headers.insert(*name, *value);
     }
     headers
 }
@@ -367,10 +502,10 @@ struct Settling {
 /// What a commit's outcome means for the batch.
 #[derive(Debug)]
 enum Verdict {
-    /// Committed: every member is stored, in consecutive sequences ending at the ack's.
-    Committed(jetstream::publish::PublishAck),
+    /// Committed: every member is stored, in consecutive sequences ending at `seq`.
+    Committed { seq: u64, size: Option<u64> },
     /// A server that ignores batch headers stored each message as it came.
-    StoredOneByOne(jetstream::publish::PublishAck),
+    StoredOneByOne { seq: u64, duplicate: bool },
     /// Refused whole because the stream has one of its ids: stored before.
     StoredBefore,
     /// The stream or server takes no batches (10174, 10177).
@@ -381,28 +516,41 @@ enum Verdict {
     Refused(PublishError),
 }
 
-/// What the outcome of the commit of batch `id` means.
-fn judge(id: &str, outcome: CommitAck, since: Instant) -> Verdict {
-    let error = match outcome {
-        Ok(ack) if ack.batch_id.as_deref() == Some(id) => return Verdict::Committed(ack),
-        Ok(ack) => return Verdict::StoredOneByOne(ack),
-        Err(error) => error,
+/// What the outcome of the commit of batch `id` means; `since`: when the batch was first
+/// found not committed (for the grace of "no responders").
+fn judge(id: &str, outcome: CommitOutcome, since: Instant) -> Verdict {
+    let (code, error) = match outcome {
+        CommitOutcome::Stored {
+            seq,
+            batch_id,
+            batch_size,
+            ..
+        } if batch_id.as_deref() == Some(id) => {
+            return Verdict::Committed {
+                seq,
+                size: batch_size,
+            };
+        }
+        CommitOutcome::Stored { seq, duplicate, .. } => {
+            return Verdict::StoredOneByOne { seq, duplicate };
+        }
+        CommitOutcome::Refused { code, error } => (Some(code), error),
+        CommitOutcome::Failed(error) => (None, error),
     };
-    let code = error
-        .source()
-        .and_then(|s| s.downcast_ref::<jetstream::Error>())
-        .map(|e| e.error_code().0);
     let refused = |fix: &str| {
         Verdict::Refused(PublishError::new(
             PublishErrorKind::Rejected,
-            format!("JetStream refused atomic batch {id} ({error}): {fix}"),
+            format!(
+                "JetStream refused atomic batch {id} ({}): {fix}",
+                error.message
+            ),
         ))
     };
     match code {
         Some(BATCH_DUPLICATE) => Verdict::StoredBefore,
         Some(BATCH_DISABLED | BATCH_UNSUPPORTED_HEADER) => Verdict::NoBatches,
         Some(BATCH_INCOMPLETE | BATCH_MISSING_SEQUENCE | BATCH_TOO_MANY_OPEN) => {
-            Verdict::Again(crate::publisher::classify(error))
+            Verdict::Again(error)
         }
         Some(BATCH_TOO_LARGE) => refused(
             "the server's jetstream max_batch_size is below the relay's batch size, min(1000, [relay] max_in_flight); set max_in_flight at or below the server's max_batch_size",
@@ -410,33 +558,30 @@ fn judge(id: &str, outcome: CommitAck, since: Instant) -> Verdict {
         Some(BATCH_INVALID_ID | BATCH_INVALID_COMMIT) => refused(
             "the server does not take this relay's batch headers; set [nats] publish_mode = \"per-message\" and report the server version",
         ),
-        _ => {
-            let error = crate::publisher::classify(error);
-            match error.kind {
-                PublishErrorKind::Unknown => Verdict::Again(error),
-                PublishErrorKind::NoStream if since.elapsed() < NO_STREAM_GRACE => {
-                    Verdict::Again(error)
-                }
-                _ => Verdict::Refused(error),
+        _ => match error.kind {
+            PublishErrorKind::Unknown => Verdict::Again(error),
+            PublishErrorKind::NoStream if since.elapsed() < NO_STREAM_GRACE => {
+                Verdict::Again(error)
             }
-        }
+            _ => Verdict::Refused(error),
+        },
     }
 }
 
 impl Settling {
     /// Hands each member its outcome from the commit's ack, publishing the batch again whole
     /// while it is not committed.
-    async fn settle(self, outcome: CommitAck) {
+    async fn settle(self, outcome: CommitOutcome) {
         let since = Instant::now();
         match judge(&self.id, outcome, since) {
-            Verdict::Again(error) => self.republish_whole(error).await,
+            Verdict::Again(error) => self.republish_whole(error, since).await,
             verdict => self.conclude(verdict).await,
         }
     }
 
-    /// Publishes the batch again under a new id, with backoff, until its outcome is known.
-    async fn republish_whole(mut self, mut error: PublishError) {
-        let since = Instant::now();
+    /// Publishes the batch again under a new id, with backoff, until its outcome is known;
+    /// `since`: when it was first found not committed.
+    async fn republish_whole(mut self, mut error: PublishError, since: Instant) {
         let mut delay = REPUBLISH_FIRST_DELAY;
         loop {
             if self.members.iter().all(|(_, reply)| reply.is_closed()) {
@@ -460,19 +605,21 @@ impl Settling {
         }
     }
 
-    /// Sends every member under the current id, the last with the commit header.
-    async fn publish_whole(&self) -> CommitAck {
+    /// Sends every member under the current id, the last with the commit header, on the path
+    /// the publisher takes now.
+    async fn publish_whole(&self) -> CommitOutcome {
+        let lean = self.plain.lean_path(self.plain.ack_timeout).await;
         let count = self.members.len();
         for (i, (msg, _)) in self.members.iter().enumerate().take(count - 1) {
-            if let Err(e) = send_member(&self.plain, msg, &self.id, i + 1).await {
-                return Err(jetstream::context::PublishError::with_source(
-                    jetstream::context::PublishErrorKind::BrokenPipe,
-                    e,
-                ));
+            if let Err(e) = send_member(&self.plain, lean.as_deref(), msg, &self.id, i + 1).await {
+                return CommitOutcome::Failed(e);
             }
         }
         let (last, _) = &self.members[count - 1];
-        send_commit(&self.plain, last, &self.id, count).await?.await
+        match send_commit(&self.plain, lean.as_deref(), last, &self.id, count).await {
+            Ok(answer) => answer.await,
+            Err(e) => CommitOutcome::Failed(e),
+        }
     }
 
     async fn conclude(self, verdict: Verdict) {
@@ -484,9 +631,9 @@ impl Settling {
             ..
         } = self;
         match verdict {
-            Verdict::Committed(ack) => {
-                let stored = ack.batch_size.unwrap_or(members.len() as u64);
-                let first = ack.sequence.saturating_sub(stored.saturating_sub(1));
+            Verdict::Committed { seq, size } => {
+                let stored = size.unwrap_or(members.len() as u64);
+                let first = seq.saturating_sub(stored.saturating_sub(1));
                 for (i, (_, reply)) in members.into_iter().enumerate() {
                     let _ = reply.send(Ok(PubReceipt {
                         stream_seq: first + i as u64,
@@ -494,7 +641,7 @@ impl Settling {
                     }));
                 }
             }
-            Verdict::StoredOneByOne(ack) => {
+            Verdict::StoredOneByOne { seq, duplicate } => {
                 // The last one is acknowledged, the others' outcomes are unknown.
                 if !disabled.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
@@ -506,8 +653,8 @@ impl Settling {
                 for (i, (_, reply)) in members.into_iter().enumerate() {
                     let outcome = if i == last {
                         Ok(PubReceipt {
-                            stream_seq: ack.sequence,
-                            duplicate: ack.duplicate,
+                            stream_seq: seq,
+                            duplicate,
                         })
                     } else {
                         Err(unknown(
@@ -554,7 +701,76 @@ pub(crate) fn supports_atomic_batches(version: &str) -> bool {
 mod tests {
     use relay_core::Lsn;
 
-    use super::{BatchIds, supports_atomic_batches};
+    use super::*;
+
+    /// The lean connection's batch header names are async-nats' (and ADR-50's).
+    #[test]
+    fn batch_header_names_are_the_protocol_names() {
+        use async_nats::header::{NATS_BATCH_COMMIT, NATS_BATCH_ID, NATS_BATCH_SEQUENCE};
+        assert_eq!(BATCH_ID, NATS_BATCH_ID.to_string());
+        assert_eq!(BATCH_SEQUENCE, NATS_BATCH_SEQUENCE.to_string());
+        assert_eq!(BATCH_COMMIT, NATS_BATCH_COMMIT.to_string());
+    }
+
+    /// An answer on the lean connection reads as the same outcome async-nats reports: a
+    /// commit's PubAck with its batch, an API error with its code, and what is not a PubAck.
+    #[test]
+    fn lean_commit_answers_read_as_outcomes() {
+        let stored = CommitOutcome::from_lean(Ok(bytes::Bytes::from_static(
+            br#"{"stream":"OUTBOX","seq":12,"batch":"b-1","count":3}"#,
+        )));
+        assert!(
+            matches!(&stored, CommitOutcome::Stored { seq: 12, batch_size: Some(3), batch_id: Some(id), duplicate: false } if id == "b-1"),
+            "{stored:?}"
+        );
+        let since = Instant::now();
+        assert!(matches!(
+            judge("b-1", stored, since),
+            Verdict::Committed {
+                seq: 12,
+                size: Some(3)
+            }
+        ));
+        for (code, committed_never) in [
+            (BATCH_INCOMPLETE, "again"),
+            (BATCH_TOO_MANY_OPEN, "again"),
+            (BATCH_MISSING_SEQUENCE, "again"),
+            (BATCH_DUPLICATE, "before"),
+            (BATCH_DISABLED, "none"),
+            (BATCH_TOO_LARGE, "refused"),
+        ] {
+            let answer = format!(
+                r#"{{"error":{{"code":400,"err_code":{code},"description":"x"}},"stream":"OUTBOX","seq":0}}"#
+            );
+            let outcome = CommitOutcome::from_lean(Ok(answer.into()));
+            let verdict = judge("b-1", outcome, since);
+            let got = match verdict {
+                Verdict::Again(_) => "again",
+                Verdict::StoredBefore => "before",
+                Verdict::NoBatches => "none",
+                Verdict::Refused(_) => "refused",
+                _ => "other",
+            };
+            assert_eq!(got, committed_never, "error code {code}");
+        }
+        for not_an_ack in [&b"nonsense"[..], br#"{"seq":3}"#] {
+            let outcome = CommitOutcome::from_lean(Ok(bytes::Bytes::copy_from_slice(not_an_ack)));
+            assert!(
+                matches!(judge("b-1", outcome, since), Verdict::Again(_)),
+                "{not_an_ack:?}: its outcome is unknown, the batch goes again"
+            );
+        }
+        let plain = CommitOutcome::from_lean(Ok(bytes::Bytes::from_static(
+            br#"{"stream":"OUTBOX","seq":4}"#,
+        )));
+        assert!(matches!(
+            judge("b-1", plain, since),
+            Verdict::StoredOneByOne {
+                seq: 4,
+                duplicate: false
+            }
+        ));
+    }
 
     /// An id never repeats in a process, differs between two processes' minters (a restarted
     /// or standby relay), names its transaction and part, and fits the server's 64 characters.

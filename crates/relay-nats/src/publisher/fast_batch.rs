@@ -31,12 +31,12 @@ use futures::StreamExt;
 use relay_core::Lsn;
 use relay_core::message::OutboundMessage;
 use relay_core::stage::PubReceipt;
-use serde::Deserialize;
 use tokio::sync::{mpsc, oneshot};
 
 use super::JetStreamPublisher;
-use super::framing::{Command, Framer, FramingMode, Reply, batchable, reply_when_acked, unknown};
-use crate::error_codes::ApiError;
+use super::framing::{
+    BatchAnswer, Command, Framer, FramingMode, Reply, batchable, reply_when_acked, unknown,
+};
 use crate::wire::LeanConnection;
 
 /// The oldest nats-server with fast batches.
@@ -51,17 +51,19 @@ const MAX_FLOW: usize = 500;
 /// once).
 const LINGER: Duration = Duration::from_millis(1);
 
-/// Starts the framing task over `plain`, a publisher that sends each message on its own, and
-/// returns the handle the publisher keeps.
-pub(crate) fn start(
-    plain: JetStreamPublisher,
-    max_in_flight: usize,
-    ack_timeout: Duration,
-) -> Framer {
+/// The most messages between two flow acks the relay asks for with `max_in_flight` messages
+/// outstanding at most: a quarter of them, so acks come long before the window is full.
+pub(crate) fn flow(max_in_flight: usize) -> usize {
+    (max_in_flight / 4).clamp(1, MAX_FLOW)
+}
+
+/// Starts the framing task over `plain`, a publisher that sends each message on its own, with
+/// `flow` messages between flow acks, and returns the handle the publisher keeps.
+pub(crate) fn start(plain: JetStreamPublisher, flow: usize, ack_timeout: Duration) -> Framer {
     let (framer, receiver) = Framer::new(FramingMode::FastBatch);
     let worker = Worker {
         plain,
-        flow: (max_in_flight / 4).clamp(1, MAX_FLOW),
+        flow,
         ack_timeout,
         current: None,
         held: None,
@@ -195,20 +197,25 @@ impl Worker {
     /// says whether the server takes the batch, and the flow to start at). `None` when the batch
     /// ended there; its reader then settles `first`.
     async fn start(&self, (msg, reply): (Arc<OutboundMessage>, Reply)) -> Option<OpenBatch> {
-        let client = self.plain.client();
-        let inbox = client.new_inbox();
-        let lean = match &self.plain.lean {
-            Some(lean) if lean.ready(self.ack_timeout).await => Some(lean.clone()),
-            _ => None,
-        };
-        let subscribed = match client.subscribe(format!("{inbox}.>")).await {
-            Ok(s) if lean.is_some() => {
-                subscribed_at_server(client, &inbox, s, self.ack_timeout).await
+        let lean = self.plain.lean_path(self.ack_timeout).await;
+        // On the lean connection, the batch's answers come on its own subscription, made with
+        // `CONNECT`: subscribed at the server before any message of the batch is sent.
+        let subscribed = match &lean {
+            Some(lean) => lean
+                .batch_replies()
+                .map(|replies| (replies.inbox.clone(), Answers::Lean(replies)))
+                .map_err(|e| e.to_string()),
+            None => {
+                let client = self.plain.client();
+                let inbox = client.new_inbox();
+                client
+                    .subscribe(format!("{inbox}.>"))
+                    .await
+                    .map(|s| (inbox, Answers::Nats(s)))
+                    .map_err(|e| e.to_string())
             }
-            Ok(s) => Ok(s),
-            Err(e) => Err(e.to_string()),
         };
-        let subscriber = match subscribed {
+        let (inbox, answers) = match subscribed {
             Ok(s) => s,
             Err(e) => {
                 tracing::debug!(error = %e, "cannot subscribe to a fast batch's replies; publishing on its own");
@@ -228,7 +235,7 @@ impl Worker {
             pending: std::collections::VecDeque::new(),
             flow_acks: 0,
         };
-        tokio::spawn(reader.run(subscriber, receiver));
+        tokio::spawn(reader.run(answers, receiver));
         let mut open = OpenBatch {
             base: format!("{inbox}.{}.fail", self.flow),
             next: 1,
@@ -273,27 +280,25 @@ impl Worker {
     }
 }
 
-/// `subscriber` (to `<inbox>.>`) once the server has its subscription: the answers come on
-/// async-nats' connection and the batch's messages on the lean one, which the server does not
-/// order against it, so the first answer could otherwise come before the subscription and be
-/// lost (a flush only writes the `SUB`; this waits for a message to `<inbox>.subscribed` to
-/// come back through it, before the reader sees any).
-async fn subscribed_at_server(
-    client: &async_nats::Client,
-    inbox: &str,
-    mut subscriber: async_nats::Subscriber,
-    wait: Duration,
-) -> Result<async_nats::Subscriber, String> {
-    client
-        .publish(format!("{inbox}.subscribed"), bytes::Bytes::new())
-        .await
-        .map_err(|e| e.to_string())?;
-    match tokio::time::timeout(wait, subscriber.next()).await {
-        Ok(Some(_)) => Ok(subscriber),
-        Ok(None) => Err("the subscription closed".into()),
-        Err(_) => Err(format!(
-            "the subscription was not confirmed within {wait:?}"
-        )),
+/// Where a batch's answers come: the lean connection's batch subscription, or an async-nats
+/// subscription where the batch goes through async-nats.
+enum Answers {
+    Lean(crate::wire::BatchReplies),
+    Nats(async_nats::Subscriber),
+}
+
+impl Answers {
+    async fn next(&mut self) -> Option<bytes::Bytes> {
+        match self {
+            Self::Lean(replies) => replies.next().await,
+            Self::Nats(subscriber) => subscriber.next().await.map(|m| m.payload),
+        }
+    }
+
+    async fn close(self) {
+        if let Self::Nats(mut subscriber) = self {
+            let _ = subscriber.unsubscribe().await;
+        }
     }
 }
 
@@ -336,20 +341,6 @@ async fn send_member(
     }
 }
 
-/// One answer on a batch's reply subjects: a flow ack, gap or error (`type`), or the PubAck
-/// that ends the batch (no `type`).
-#[derive(Debug, Default, Deserialize)]
-struct Answer {
-    #[serde(rename = "type")]
-    kind: Option<String>,
-    seq: Option<u64>,
-    count: Option<u64>,
-    batch: Option<String>,
-    #[serde(default)]
-    duplicate: bool,
-    error: Option<ApiError>,
-}
-
 /// Reads one batch's answers and settles its members.
 struct Reader {
     plain: JetStreamPublisher,
@@ -365,11 +356,7 @@ struct Reader {
 }
 
 impl Reader {
-    async fn run(
-        mut self,
-        mut subscriber: async_nats::Subscriber,
-        mut members: mpsc::UnboundedReceiver<Member>,
-    ) {
+    async fn run(mut self, mut answers: Answers, mut members: mpsc::UnboundedReceiver<Member>) {
         let mut deadline = tokio::time::Instant::now() + self.ack_timeout;
         let mut more = true;
         while !self.ended.load(Ordering::Relaxed) {
@@ -383,10 +370,10 @@ impl Reader {
                     }
                     None => more = false,
                 },
-                answer = subscriber.next() => {
+                answer = answers.next() => {
                     let Some(answer) = answer else { break };
                     deadline = tokio::time::Instant::now() + self.ack_timeout;
-                    self.on_answer(&answer.payload).await;
+                    self.on_answer(&answer).await;
                 }
                 () = tokio::time::sleep_until(deadline), if !self.pending.is_empty() || self.started.is_some() => {
                     tracing::debug!(outstanding = self.pending.len(), "no answer to a fast batch within ack_timeout; re-sending its outstanding messages");
@@ -399,7 +386,7 @@ impl Reader {
             }
         }
         self.end(false);
-        let _ = subscriber.unsubscribe().await;
+        answers.close().await;
         // Whatever was handed over after the end (or never answered): on its own, in order.
         members.close();
         while let Some(member) = members.recv().await {
@@ -418,7 +405,7 @@ impl Reader {
     }
 
     async fn on_answer(&mut self, payload: &[u8]) {
-        let answer: Answer = match serde_json::from_slice(payload) {
+        let answer: BatchAnswer = match serde_json::from_slice(payload) {
             Ok(a) => a,
             Err(e) => {
                 tracing::debug!(error = %e, "unreadable fast batch answer");
@@ -441,7 +428,7 @@ impl Reader {
     }
 
     /// The batch's PubAck: the messages it stored are acknowledged, the rest go on their own.
-    async fn on_pub_ack(&mut self, answer: Answer) {
+    async fn on_pub_ack(&mut self, answer: BatchAnswer) {
         self.end(false);
         if let Some(error) = answer.error {
             if error.err_code == FAST_BATCH_DISABLED && !self.disabled.swap(true, Ordering::Relaxed)
@@ -527,21 +514,22 @@ mod tests {
 
     #[test]
     fn answers_of_every_kind_parse() {
-        let flow: Answer = serde_json::from_slice(br#"{"type":"ack","seq":40,"msgs":10}"#).unwrap();
+        let flow: BatchAnswer =
+            serde_json::from_slice(br#"{"type":"ack","seq":40,"msgs":10}"#).unwrap();
         assert_eq!((flow.kind.as_deref(), flow.seq), (Some("ack"), Some(40)));
-        let ack: Answer =
+        let ack: BatchAnswer =
             serde_json::from_slice(br#"{"stream":"OUTBOX","seq":1200,"batch":"abc","count":37}"#)
                 .unwrap();
         assert_eq!(
             (ack.kind, ack.seq, ack.count, ack.batch.as_deref()),
             (None, Some(1200), Some(37), Some("abc"))
         );
-        let dup: Answer = serde_json::from_slice(
+        let dup: BatchAnswer = serde_json::from_slice(
             br#"{"stream":"OUTBOX","seq":7,"duplicate": true,"batch":"abc","count":1}"#,
         )
         .unwrap();
         assert!(dup.duplicate);
-        let refused: Answer = serde_json::from_slice(
+        let refused: BatchAnswer = serde_json::from_slice(
             br#"{"error":{"code":400,"err_code":10205,"description":"batch publish is disabled"},"stream":"OUTBOX","seq":0}"#,
         )
         .unwrap();

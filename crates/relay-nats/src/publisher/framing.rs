@@ -11,6 +11,22 @@ use relay_core::message::OutboundMessage;
 use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind};
 use tokio::sync::{mpsc, oneshot};
 
+/// One answer on a batch's reply subject: a fast batch's flow ack, gap or error (`type`), or
+/// the PubAck that ends a batch of either mode (no `type`; `batch` and `count` name the batch
+/// it stored).
+#[derive(Debug, Default, serde::Deserialize)]
+pub(crate) struct BatchAnswer {
+    #[serde(rename = "type")]
+    pub(crate) kind: Option<String>,
+    pub(crate) stream: Option<String>,
+    pub(crate) seq: Option<u64>,
+    pub(crate) count: Option<u64>,
+    pub(crate) batch: Option<String>,
+    #[serde(default)]
+    pub(crate) duplicate: bool,
+    pub(crate) error: Option<crate::error_codes::ApiError>,
+}
+
 /// Where a framing task sends a message's outcome.
 pub(crate) type Reply = oneshot::Sender<Result<PubReceipt, PublishError>>;
 

@@ -31,6 +31,20 @@ impl WireHeaders {
         msg: &OutboundMessage,
         reply: proto::ReplyTo<'_>,
     ) {
+        self.write_hpub_with(out, stream, msg, reply, &[]);
+    }
+
+    /// [`Self::write_hpub`] with `extra` lines after the message's own (an atomic batch's
+    /// `Nats-Batch-*` lines; the route refuses `Nats-*` names in a message's own headers, so
+    /// they never repeat one).
+    pub(crate) fn write_hpub_with(
+        &mut self,
+        out: &mut BytesMut,
+        stream: &str,
+        msg: &OutboundMessage,
+        reply: proto::ReplyTo<'_>,
+        extra: &[(&str, &str)],
+    ) {
         let (shared, own) = split(msg);
         let mut names_known = same_names(&self.own_names, own);
         if !self.matches(stream, shared) {
@@ -54,7 +68,11 @@ impl WireHeaders {
         if self.repeats {
             // A name set twice: the later value replaces the earlier, as in a HeaderMap.
             let mut lines: Vec<(&str, &str)> = Vec::new();
-            for (name, value) in shared_entries(stream, shared).chain(own_entries(msg, own)) {
+            let extra = extra.iter().copied();
+            for (name, value) in shared_entries(stream, shared)
+                .chain(own_entries(msg, own))
+                .chain(extra)
+            {
                 match lines.iter_mut().find(|(n, _)| *n == name) {
                     Some(line) => line.1 = value,
                     None => lines.push((name, value)),
@@ -81,10 +99,11 @@ impl WireHeaders {
             return;
         }
         let len = own_entries(msg, own)
+            .chain(extra.iter().copied())
             .map(|(n, v)| proto::header_line_len(n, v))
             .sum();
         let write = |out: &mut BytesMut| {
-            for (name, value) in own_entries(msg, own) {
+            for (name, value) in own_entries(msg, own).chain(extra.iter().copied()) {
                 proto::put_header_line(out, name, value);
             }
         };

@@ -2,9 +2,12 @@
 //! `HPUB` frames whose shared header lines are serialised once per transaction, one `SUB` for
 //! every PubAck, PubAcks matched by number and parsed into a plain struct, and one deadline
 //! sweep instead of a timer per message (docs/benchmarks.md, "What would move it").
-//! It carries per-message publishes, fast batches and what they do not take; atomic batches
-//! and management (stream checks, direct gets, the duplicate check) use async-nats. Where each
-//! message goes in each mode: `docs/design.md`, "Where each message goes".
+//! It carries every message of every publish mode and every answer: PubAcks, atomic batches
+//! and their commits, fast batches and their flow acks (on a second subscription made with
+//! `CONNECT`); async-nats serves management only (stream checks, direct gets, the duplicate
+//! check), and publishing where `[nats] publish_path = "async-nats"` or the server refused
+//! this connection. Where each message goes in each mode: `docs/design.md`, "Where each message
+//! goes".
 //!
 //! - [`proto`]: framing and parsing, no IO.
 //! - [`connect`]: servers from [`crate::NatsSettings`], credentials and TLS from
@@ -18,18 +21,22 @@ mod pending;
 pub(crate) mod proto;
 mod session;
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use relay_core::message::OutboundMessage;
 use relay_core::stage::{PublishError, PublishErrorKind};
-use tokio::sync::{Notify, oneshot, watch};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 pub(crate) use connect::WireSettings;
-pub(crate) use pending::Outcome;
+pub(crate) use pending::{Outcome, RawOutcome};
+
+/// After `<reply prefix>.`, what starts a fast batch's reply subjects: `b.<batch token>.…`.
+const BATCH_TOKEN_PREFIX: &[u8] = b"b.";
 
 use crate::connection_state::ConnectionState;
 use headers::WireHeaders;
@@ -55,6 +62,8 @@ struct Inner {
     settings: Arc<WireSettings>,
     /// `_INBOX.<unique>`: publish `n` replies to `<reply_prefix>.<16 hex digits of n>`.
     reply_prefix: String,
+    /// `<reply prefix>.b`: a fast batch's replies are `<batch prefix>.<batch token>.…`.
+    batch_prefix: String,
     ack_timeout: Duration,
     /// The state the async-nats connection's events feed too: permission errors seen here are
     /// recorded there, so both paths explain a refused publish alike.
@@ -84,6 +93,10 @@ struct Shared {
     /// Servers learned from `INFO` `connect_urls`.
     discovered: Vec<connect::ServerUrl>,
     pings_out: u32,
+    /// One entry per `PING` out, in order: who waits for its `PONG` (a flush), if anyone.
+    pongs: VecDeque<Option<oneshot::Sender<()>>>,
+    /// The readers of the open fast batches, by batch token.
+    batch_replies: HashMap<String, mpsc::UnboundedSender<Bytes>>,
 }
 
 impl Inner {
@@ -102,10 +115,12 @@ impl LeanConnection {
         ack_timeout: Duration,
     ) -> Self {
         let (stop_tx, stop) = watch::channel(());
+        let reply_prefix = format!("_INBOX.{}", nuid::next());
         Self {
             inner: Arc::new(Inner {
                 settings,
-                reply_prefix: format!("_INBOX.{}", nuid::next()),
+                batch_prefix: format!("{reply_prefix}.b"),
+                reply_prefix,
                 ack_timeout,
                 connection,
                 state: Mutex::default(),
@@ -189,6 +204,75 @@ impl LeanConnection {
         })
     }
 
+    /// Queues `msg` (into `stream`) with the `extra` header lines and no reply: an atomic
+    /// batch's message before its commit, which the server does not answer.
+    pub(crate) fn publish_unanswered(
+        &self,
+        stream: &str,
+        msg: &OutboundMessage,
+        extra: &[(&str, &str)],
+    ) -> Result<(), PublishError> {
+        self.queue(|state| {
+            let Shared { out, headers, .. } = state;
+            headers.write_hpub_with(out, stream, msg, proto::ReplyTo::None, extra);
+        })
+    }
+
+    /// Queues `msg` (into `stream`) with the `extra` header lines; the receiver gets the
+    /// answer as it came (an atomic batch's commit, whose PubAck names the batch).
+    pub(crate) fn publish_raw(
+        &self,
+        stream: &str,
+        msg: &Arc<OutboundMessage>,
+        extra: &[(&str, &str)],
+    ) -> Result<oneshot::Receiver<RawOutcome>, PublishError> {
+        let inner = &self.inner;
+        self.queue(|state| {
+            let n = state.next_n;
+            state.next_n += 1;
+            let Shared { out, headers, .. } = &mut *state;
+            let reply = proto::ReplyTo::Numbered(&inner.reply_prefix, n);
+            headers.write_hpub_with(out, stream, msg, reply, extra);
+            state
+                .pending
+                .push_raw(n, msg.clone(), Instant::now() + inner.ack_timeout)
+        })
+    }
+
+    /// A new fast batch's reply subjects on this connection: `inbox` (whose last token is the
+    /// batch's id) and the answers that come on `<inbox>.>`. Fails while the connection is
+    /// down; the answers end when it is lost or the handle is dropped.
+    pub(crate) fn batch_replies(&self) -> Result<BatchReplies, PublishError> {
+        let token = nuid::next().to_string();
+        let (sender, answers) = mpsc::unbounded_channel();
+        self.queue(|state| {
+            state.batch_replies.insert(token.clone(), sender);
+        })?;
+        Ok(BatchReplies {
+            inbox: format!("{}.{token}", self.inner.batch_prefix),
+            token,
+            answers,
+            inner: self.inner.clone(),
+        })
+    }
+
+    /// The longest reply subject of a fast batch with `flow` messages between flow acks:
+    /// `<batch prefix>.<22-character token>` and the batch's suffix.
+    pub(crate) fn batch_reply_len(&self, flow: usize) -> usize {
+        self.inner.batch_prefix.len() + 1 + 22 + proto::fast_batch_reply_suffix_len(flow)
+    }
+
+    /// Waits until the server has read everything queued so far (a `PING` after it, and its
+    /// `PONG`), at most `wait`; `false` when it did not within `wait` or the connection is down.
+    pub(crate) async fn flush(&self, wait: Duration) -> bool {
+        let (done, pong) = oneshot::channel();
+        let queued = self.queue(|state| {
+            state.pongs.push_back(Some(done));
+            state.out.extend_from_slice(b"PING\r\n");
+        });
+        queued.is_ok() && matches!(tokio::time::timeout(wait, pong).await, Ok(Ok(())))
+    }
+
     /// Queues `msg` (into `stream`) replying to `reply`, with no PubAck awaited: a fast batch's
     /// message, whose answers the batch's own subscription reads. Fails while the connection
     /// is down (the batch's reader then sees no answer, and the message is re-sent).
@@ -222,6 +306,28 @@ impl LeanConnection {
         };
         inner.wake_writer.notify_one();
         Ok(written)
+    }
+}
+
+/// A fast batch's reply subjects and answers (see [`LeanConnection::batch_replies`]).
+pub(crate) struct BatchReplies {
+    /// `<batch prefix>.<token>`: the batch's messages reply to `<inbox>.<flow>.fail.…`.
+    pub(crate) inbox: String,
+    token: String,
+    answers: mpsc::UnboundedReceiver<Bytes>,
+    inner: Arc<Inner>,
+}
+
+impl BatchReplies {
+    /// The next answer's payload; `None` once the connection was lost.
+    pub(crate) async fn next(&mut self) -> Option<Bytes> {
+        self.answers.recv().await
+    }
+}
+
+impl Drop for BatchReplies {
+    fn drop(&mut self) {
+        self.inner.lock().batch_replies.remove(&self.token);
     }
 }
 

@@ -23,6 +23,11 @@ pub(crate) struct Stored {
 /// How one publish ended.
 pub(crate) type Outcome = Result<Stored, PublishError>;
 
+/// How a publish whose answer its caller reads itself ended: the answer's payload (an atomic
+/// batch's commit PubAck, with the batch's fields or error code), or why none came. A 503
+/// status is [`no_responders`].
+pub(crate) type RawOutcome = Result<bytes::Bytes, PublishError>;
+
 /// A JetStream PubAck (or its error). `stream` and `seq` are what make it one: an answer
 /// without them is not taken for a stored message.
 #[derive(Debug, Deserialize)]
@@ -142,7 +147,43 @@ pub(crate) fn no_responders(subject: &str) -> PublishError {
 struct Entry {
     msg: Arc<OutboundMessage>,
     deadline: Instant,
-    done: oneshot::Sender<Outcome>,
+    done: Done,
+}
+
+/// Where a publish's outcome goes.
+enum Done {
+    /// The PubAck read here.
+    Parsed(oneshot::Sender<Outcome>),
+    /// The answer as it came.
+    Raw(oneshot::Sender<RawOutcome>),
+}
+
+impl Done {
+    /// Hands over `error` (the receiver may be gone: the delivery was dropped).
+    fn fail(self, error: PublishError) {
+        match self {
+            Self::Parsed(done) => drop(done.send(Err(error))),
+            Self::Raw(done) => drop(done.send(Err(error))),
+        }
+    }
+
+    /// Hands over the answer to a publish to `subject`: its status (from the header block),
+    /// and its payload.
+    fn answer(self, subject: &str, status: Option<u16>, payload: &bytes::Bytes) {
+        let refused = match status {
+            Some(503) => Some(no_responders(subject)),
+            Some(code) => Some(PublishError::new(
+                PublishErrorKind::Unknown,
+                format!("NATS answered the publish with status {code}"),
+            )),
+            None => None,
+        };
+        match (self, refused) {
+            (done, Some(error)) => done.fail(error),
+            (Self::Parsed(done), None) => drop(done.send(parse_pub_ack(payload))),
+            (Self::Raw(done), None) => drop(done.send(Ok(payload.clone()))),
+        }
+    }
 }
 
 /// Outstanding publishes numbered `base..base + ring.len()`; a resolved one leaves a hole
@@ -156,25 +197,41 @@ pub(crate) struct Pending {
 
 impl Pending {
     /// Adds publish number `n` (one more than the last added, after a [`Self::drain`] any
-    /// number).
+    /// number), its PubAck parsed here.
     pub(crate) fn push(
         &mut self,
         n: u64,
         msg: Arc<OutboundMessage>,
         deadline: Instant,
     ) -> oneshot::Receiver<Outcome> {
+        let (done, receiver) = oneshot::channel();
+        self.add(n, msg, deadline, Done::Parsed(done));
+        receiver
+    }
+
+    /// [`Self::push`], the answer handed over as it came.
+    pub(crate) fn push_raw(
+        &mut self,
+        n: u64,
+        msg: Arc<OutboundMessage>,
+        deadline: Instant,
+    ) -> oneshot::Receiver<RawOutcome> {
+        let (done, receiver) = oneshot::channel();
+        self.add(n, msg, deadline, Done::Raw(done));
+        receiver
+    }
+
+    fn add(&mut self, n: u64, msg: Arc<OutboundMessage>, deadline: Instant, done: Done) {
         if self.ring.is_empty() {
             self.base = n;
         }
         debug_assert_eq!(n, self.base + self.ring.len() as u64, "numbers in order");
-        let (done, receiver) = oneshot::channel();
         self.ring.push_back(Some(Entry {
             msg,
             deadline,
             done,
         }));
         self.count += 1;
-        receiver
     }
 
     /// How many are outstanding.
@@ -182,8 +239,9 @@ impl Pending {
         self.count
     }
 
-    /// Resolves publish number `n` (if outstanding) with what `outcome` makes of its message.
-    pub(crate) fn resolve(&mut self, n: u64, outcome: impl FnOnce(&OutboundMessage) -> Outcome) {
+    /// Resolves publish number `n` (if outstanding) with its answer: the status of its header
+    /// block, if any, and its payload.
+    pub(crate) fn resolve(&mut self, n: u64, status: Option<u16>, payload: &bytes::Bytes) {
         let Some(index) = n.checked_sub(self.base) else {
             return;
         };
@@ -195,8 +253,7 @@ impl Pending {
         };
         if let Some(entry) = slot.take() {
             self.count -= 1;
-            // The receiver may be gone (the delivery was dropped): nothing to tell.
-            let _ = entry.done.send(outcome(&entry.msg));
+            entry.done.answer(&entry.msg.subject, status, payload);
         }
         self.trim();
     }
@@ -208,7 +265,7 @@ impl Pending {
                 && let Some(entry) = slot.take()
             {
                 self.count -= 1;
-                let _ = entry.done.send(Err(error()));
+                entry.done.fail(error());
             }
         }
         self.trim();
@@ -224,7 +281,7 @@ impl Pending {
             }
             if let Some(Some(entry)) = self.ring.pop_front() {
                 self.count -= 1;
-                let _ = entry.done.send(Err(error()));
+                entry.done.fail(error());
             }
             self.base += 1;
         }
@@ -233,7 +290,7 @@ impl Pending {
     /// Resolves everything with `error()` (the connection is gone).
     pub(crate) fn drain(&mut self, error: impl Fn() -> PublishError) {
         for entry in self.ring.drain(..).flatten() {
-            let _ = entry.done.send(Err(error()));
+            entry.done.fail(error());
         }
         self.count = 0;
     }
@@ -407,16 +464,11 @@ mod tests {
         let mut acks: Vec<_> = (10..15)
             .map(|n| pending.push(n, msg("outbox.a"), now))
             .collect();
-        let stored = |seq| {
-            Ok(Stored {
-                seq,
-                duplicate: false,
-            })
-        };
-        pending.resolve(12, |_| stored(3));
-        pending.resolve(10, |_| stored(1));
-        pending.resolve(10, |_| stored(99)); // a second answer is ignored
-        pending.resolve(99, |_| stored(99)); // and one for no publish
+        let stored = |seq: u64| Bytes::from(format!(r#"{{"stream":"S", "seq":{seq}}}"#));
+        pending.resolve(12, None, &stored(3));
+        pending.resolve(10, None, &stored(1));
+        pending.resolve(10, None, &stored(99)); // a second answer is ignored
+        pending.resolve(99, None, &stored(99)); // and one for no publish
         assert_eq!(pending.len(), 3);
         assert_eq!(acks.remove(0).await.unwrap().unwrap().seq, 1);
         assert_eq!(acks.remove(1).await.unwrap().unwrap().seq, 3);
@@ -430,8 +482,37 @@ mod tests {
         assert_eq!(pending.len(), 0);
         // After a drain, numbering goes on from anywhere.
         let ack = pending.push(100, msg("outbox.a"), now);
-        pending.resolve(100, |_| stored(5));
+        pending.resolve(100, None, &stored(5));
         assert_eq!(ack.await.unwrap().unwrap().seq, 5);
+    }
+
+    /// A raw publish gets its answer as it came, a 503 as no responders, and a failure like
+    /// any other publish.
+    #[tokio::test]
+    async fn raw_publishes_get_the_answer_as_it_came() {
+        let mut pending = Pending::default();
+        let now = Instant::now();
+        let commit = pending.push_raw(1, msg("outbox.a"), now);
+        let plain = pending.push(2, msg("outbox.a"), now);
+        let refused = pending.push_raw(3, msg("outbox.b"), now);
+        let lost = pending.push_raw(4, msg("outbox.a"), now);
+        let answer = Bytes::from_static(br#"{"stream":"S","seq":9,"batch":"b1","count":3}"#);
+        pending.resolve(1, None, &answer);
+        pending.resolve(2, Some(503), &Bytes::new());
+        pending.resolve(3, Some(503), &Bytes::new());
+        assert_eq!(commit.await.unwrap().unwrap(), answer);
+        assert_eq!(
+            plain.await.unwrap().unwrap_err().kind,
+            PublishErrorKind::NoStream
+        );
+        let refused = refused.await.unwrap().unwrap_err();
+        assert_eq!(refused.kind, PublishErrorKind::NoStream);
+        assert!(refused.message.contains("outbox.b"), "{refused:?}");
+        pending.drain(unknown);
+        assert_eq!(
+            lost.await.unwrap().unwrap_err().kind,
+            PublishErrorKind::Unknown
+        );
     }
 
     #[tokio::test]
@@ -453,13 +534,7 @@ mod tests {
         assert_eq!(pending.len(), 1);
         pending.expire(start + Duration::from_secs(9), unknown);
         assert_eq!(pending.len(), 1, "not due yet");
-        pending.resolve(2, |m| {
-            assert_eq!(m.subject, "outbox.a");
-            Ok(Stored {
-                seq: 1,
-                duplicate: false,
-            })
-        });
+        pending.resolve(2, None, &Bytes::from_static(br#"{"stream":"S", "seq":1}"#));
         assert!(late.await.unwrap().is_ok());
     }
 }

@@ -346,6 +346,12 @@ pub(crate) fn put_header_line(out: &mut BytesMut, name: &str, value: &str) {
     out.put_slice(b"\r\n");
 }
 
+/// What a fast batch's reply subject adds to the batch's inbox, at most, with `flow` messages
+/// between flow acks: `.<flow>.fail.<20-digit batch sequence>.<operation>.$FI`.
+pub(crate) fn fast_batch_reply_suffix_len(flow: usize) -> usize {
+    1 + flow.to_string().len() + ".fail.".len() + 20 + ".0.$FI".len()
+}
+
 /// The reply subject of a frame.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum ReplyTo<'a> {
@@ -354,6 +360,8 @@ pub(crate) enum ReplyTo<'a> {
     /// A subject of the caller's: a fast batch's, whose answers the batch's own subscription
     /// reads (`publisher::fast_batch`).
     Subject(&'a str),
+    /// No reply: an atomic batch's message before its commit, which the server does not answer.
+    None,
 }
 
 impl ReplyTo<'_> {
@@ -361,22 +369,29 @@ impl ReplyTo<'_> {
         match self {
             Self::Numbered(prefix, _) => prefix.len() + 1 + REPLY_TOKEN_LEN,
             Self::Subject(subject) => subject.len(),
+            Self::None => 0,
         }
     }
 
+    /// Writes ` <reply>` (nothing for [`Self::None`]).
     fn put(self, out: &mut BytesMut) {
         match self {
             Self::Numbered(prefix, n) => {
+                out.put_u8(b' ');
                 out.put_slice(prefix.as_bytes());
                 out.put_u8(b'.');
                 put_reply_token(out, n);
             }
-            Self::Subject(subject) => out.put_slice(subject.as_bytes()),
+            Self::Subject(subject) => {
+                out.put_u8(b' ');
+                out.put_slice(subject.as_bytes());
+            }
+            Self::None => {}
         }
     }
 }
 
-/// One `HPUB`: `HPUB <subject> <reply> <hdr_len> <total_len>\r\n`, the header block (`head` —
+/// One `HPUB`: `HPUB <subject> [<reply>] <hdr_len> <total_len>\r\n`, the header block (`head` —
 /// the version line and lines prepared once — then the lines `tail` writes, `tail_len` bytes,
 /// then the blank line), the payload, `\r\n`.
 pub(crate) fn write_hpub(
@@ -393,7 +408,6 @@ pub(crate) fn write_hpub(
     out.reserve(subject.len() + reply.len() + 64 + total_len);
     out.put_slice(b"HPUB ");
     out.put_slice(subject.as_bytes());
-    out.put_u8(b' ');
     reply.put(out);
     out.put_u8(b' ');
     put_decimal(out, header_len as u64);
@@ -485,6 +499,24 @@ mod tests {
             block.len() + 5
         );
         assert_eq!(std::str::from_utf8(&out).unwrap(), expected);
+        // No reply subject (an atomic batch's message before its commit): one space between
+        // the fields, as the protocol has it.
+        let mut out = BytesMut::new();
+        write_hpub(
+            &mut out,
+            "outbox.a",
+            ReplyTo::None,
+            head,
+            tail_len,
+            |out| put_header_line(out, "Nats-Msg-Id", "ev-1"),
+            b"hello",
+        );
+        let unanswered = format!(
+            "HPUB outbox.a {} {}\r\n{block}hello\r\n",
+            block.len(),
+            block.len() + 5
+        );
+        assert_eq!(std::str::from_utf8(&out).unwrap(), unanswered);
         // A reply subject of the caller's (a fast batch's), and a batch's commit.
         let mut out = BytesMut::new();
         write_hpub(

@@ -14,7 +14,6 @@ use tokio::time::Instant;
 
 use super::Inner;
 use super::connect::{self, Opened, Reader, ServerUrl, Writer};
-use super::pending::{self, Outcome};
 use super::proto::{self, ServerOp};
 use crate::closes::is_closing_protocol_error;
 
@@ -203,10 +202,13 @@ impl Inner {
         servers
     }
 
-    /// `SUB <reply prefix>.* 1`, sent with `CONNECT`: every PubAck comes on it.
+    /// `SUB <reply prefix>.* 1` and `SUB <batch prefix>.> 2`, sent with `CONNECT`: every PubAck
+    /// comes on the first, every fast batch's answer on the second, both on this connection and
+    /// subscribed before anything is published (no answer can come before its subscription).
     fn subscribe_frame(&self) -> BytesMut {
         let mut frame = BytesMut::new();
         proto::write_sub(&mut frame, &format!("{}.*", self.reply_prefix), 1);
+        proto::write_sub(&mut frame, &format!("{}.>", self.batch_prefix), 2);
         frame
     }
 
@@ -230,6 +232,10 @@ impl Inner {
         let mut state = self.lock();
         state.live = false;
         state.out.clear();
+        // Each fast batch's reader sees its answers end, and re-sends what is outstanding.
+        state.batch_replies.clear();
+        // Nobody waits for a flush of frames the connection lost.
+        state.pongs.clear();
         let closing = state.closing.take();
         if let Some(error) = &closing {
             tracing::warn!(error = %error, "NATS closed the connection over what the relay sent");
@@ -276,7 +282,7 @@ impl Inner {
         self.wake_writer.notify_one();
     }
 
-    /// Sends a `PING`; `false` when too many went unanswered.
+    /// Sends a keepalive `PING`; `false` when too many went unanswered.
     fn ping(&self) -> bool {
         {
             let mut state = self.lock();
@@ -284,9 +290,19 @@ impl Inner {
                 return false;
             }
             state.pings_out += 1;
+            state.pongs.push_back(None);
         }
         self.queue(b"PING\r\n");
         true
+    }
+
+    /// A `PONG` answers the oldest `PING` out: the server has read everything sent before it.
+    fn on_pong(&self) {
+        let mut state = self.lock();
+        state.pings_out = 0;
+        if let Some(Some(waiter)) = state.pongs.pop_front() {
+            let _ = waiter.send(());
+        }
     }
 
     fn expire(&self, now: Instant) {
@@ -311,7 +327,7 @@ impl Inner {
                 payload,
             } => self.on_reply(&subject, headers.as_ref(), &payload),
             ServerOp::Ping => self.queue(b"PONG\r\n"),
-            ServerOp::Pong => self.lock().pings_out = 0,
+            ServerOp::Pong => self.on_pong(),
             ServerOp::Ok => {}
             ServerOp::Info(text) => match text.parse() {
                 Ok(info) => self.learn(&info),
@@ -321,25 +337,31 @@ impl Inner {
         }
     }
 
-    fn on_reply(&self, subject: &[u8], headers: Option<&Bytes>, payload: &[u8]) {
-        let Some(n) = subject
+    fn on_reply(&self, subject: &[u8], headers: Option<&Bytes>, payload: &Bytes) {
+        let Some(rest) = subject
             .strip_prefix(self.reply_prefix.as_bytes())
             .and_then(|rest| rest.strip_prefix(b"."))
-            .and_then(proto::parse_reply_token)
         else {
             return;
         };
-        let status = headers.and_then(|h| proto::status_code(h));
-        self.lock().pending.resolve(n, |msg| -> Outcome {
-            match status {
-                Some(503) => Err(pending::no_responders(&msg.subject)),
-                Some(code) => Err(PublishError::new(
-                    PublishErrorKind::Unknown,
-                    format!("NATS answered the publish with status {code}"),
-                )),
-                None => pending::parse_pub_ack(payload),
+        if let Some(token) = rest.strip_prefix(super::BATCH_TOKEN_PREFIX) {
+            // `<batch prefix>.<batch token>.<flow>.<gap mode>.<seq>.<operation>.$FI`: to the
+            // batch's reader, if it still reads.
+            let token = token.split(|&b| b == b'.').next().unwrap_or_default();
+            let state = self.lock();
+            if let Some(reader) = std::str::from_utf8(token)
+                .ok()
+                .and_then(|token| state.batch_replies.get(token))
+            {
+                let _ = reader.send(payload.clone());
             }
-        });
+            return;
+        }
+        let Some(n) = proto::parse_reply_token(rest) else {
+            return;
+        };
+        let status = headers.and_then(|h| proto::status_code(h));
+        self.lock().pending.resolve(n, status, payload);
     }
 
     fn on_server_error(&self, text: &str) {

@@ -42,16 +42,34 @@ pub(crate) fn publish_mode() -> Option<String> {
         .filter(|m| !m.is_empty() && m != "per-message")
 }
 
-/// `path`, a relay config, in the publish mode of [`publish_mode`] (`publish_mode` added to its
-/// `[nats]` section).
+/// `FAULT_PUBLISH_PATH` (`async-nats`; scripts/soak.sh with `FAULT_PATHS`): every scenario's
+/// relay publishes through that `[nats] publish_path`, and the report names it.
+pub(crate) fn publish_path() -> Option<String> {
+    std::env::var("FAULT_PUBLISH_PATH")
+        .ok()
+        .filter(|p| !p.is_empty() && p != "lean")
+}
+
+/// How a run in another mode or path names its rows (`atomic-batch`, `async-nats`,
+/// `atomic-batch, async-nats`), `None` for the defaults.
+pub(crate) fn run_name() -> Option<String> {
+    let parts: Vec<String> = publish_mode().into_iter().chain(publish_path()).collect();
+    (!parts.is_empty()).then(|| parts.join(", "))
+}
+
+/// `path`, a relay config, in the publish mode of [`publish_mode`] and the path of
+/// [`publish_path`] (added to its `[nats]` section).
 fn in_mode(path: std::path::PathBuf) -> std::path::PathBuf {
+    let mut lines = String::new();
     if let Some(mode) = publish_mode() {
+        lines.push_str(&format!("publish_mode = \"{mode}\"\n"));
+    }
+    if let Some(publish_path) = publish_path() {
+        lines.push_str(&format!("publish_path = \"{publish_path}\"\n"));
+    }
+    if !lines.is_empty() {
         let text = std::fs::read_to_string(&path).expect("reading a test config");
-        let text = text.replacen(
-            "[nats]\n",
-            &format!("[nats]\npublish_mode = \"{mode}\"\n"),
-            1,
-        );
+        let text = text.replacen("[nats]\n", &format!("[nats]\n{lines}"), 1);
         std::fs::write(&path, text).expect("writing a test config");
     }
     path
@@ -80,6 +98,14 @@ async fn started(config: &std::path::Path, env: &[(&str, &str)]) -> Result<Relay
     };
     if let Some(line) = took {
         relay.wait_log(line, Duration::from_secs(5)).await?;
+    }
+    if publish_path().as_deref() == Some("async-nats") {
+        relay
+            .wait_log(
+                "publishing through async-nats ([nats] publish_path",
+                Duration::from_secs(5),
+            )
+            .await?;
     }
     Ok(relay)
 }
