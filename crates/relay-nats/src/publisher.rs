@@ -1,5 +1,8 @@
 //! The JetStream publisher: one `send` per message in commit order, acks awaited separately so
-//! many are outstanding at once.
+//! many are outstanding at once. Its [`Strategy`] is the publish mode in effect: per message, or
+//! a framing task (`batch`, `fast_batch`) that batches what it can and publishes the rest
+//! through a per-message copy of the publisher. Every mode publishes on one connection: the lean
+//! one ([`crate::wire`], `lean.rs`), or async-nats' with `[nats] publish_path = "async-nats"`.
 
 use std::error::Error as _;
 use std::sync::{Arc, Mutex};
@@ -14,7 +17,7 @@ use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind, Publisher};
 
 use self::batch::supports_atomic_batches;
 use self::fast_batch::supports_fast_batches;
-use self::framing::{Framer, FramingMode};
+use self::framing::Framer;
 use crate::closes::{self, Quarantine};
 use crate::connection::{JetStream, NatsConnection};
 use crate::error_codes::kind_for_error_code;
@@ -50,15 +53,36 @@ pub struct JetStreamPublisher {
     nats_reply_len: usize,
     /// Messages the server closed the connection on, re-sent one at a time.
     quarantine: Arc<Quarantine>,
-    /// `publish_mode = "atomic-batch"` or `"fast-batch"` on a server and stream that take it:
-    /// the framing task's handle.
-    framer: Option<Arc<Framer>>,
+    /// How what the pipeline hands over is framed.
+    strategy: Strategy,
     /// How long to wait for an answer before an outcome counts as unknown.
     ack_timeout: std::time::Duration,
     /// The lean publish path (its own connection, see [`crate::wire`]) for every message
     /// published on its own; `None` for a client made elsewhere, which publishes through
     /// async-nats.
     lean: Option<Arc<LeanConnection>>,
+}
+
+/// How the publisher frames what the pipeline hands it: the publish mode in effect (a mode the
+/// server or stream cannot take falls back to `PerMessage`, with a warning).
+#[derive(Debug, Clone)]
+enum Strategy {
+    /// Every message on its own. Also the strategy of the publisher a framing task publishes
+    /// what it does not batch through.
+    PerMessage,
+    /// Each transaction as one atomic batch: the framing task's handle.
+    AtomicBatch(Arc<Framer>),
+    /// Fast batches: the framing task's handle.
+    FastBatch(Arc<Framer>),
+}
+
+impl Strategy {
+    fn framer(&self) -> Option<&Framer> {
+        match self {
+            Self::PerMessage => None,
+            Self::AtomicBatch(framer) | Self::FastBatch(framer) => Some(framer),
+        }
+    }
 }
 
 /// A duplicate PubAck means JetStream already holds a message with this `Nats-Msg-Id`: a
@@ -148,7 +172,7 @@ impl JetStreamPublisher {
             reply_len,
             nats_reply_len,
             quarantine: Arc::default(),
-            framer: None,
+            strategy: Strategy::PerMessage,
             ack_timeout,
             lean,
         }
@@ -220,23 +244,20 @@ impl JetStreamPublisher {
             self.reply_len = self.reply_len.max(batch_reply_len);
         }
         let how = if mode == PublishMode::FastBatch {
-            self.framer = Some(Arc::new(fast_batch::start(plain, flow, self.ack_timeout)));
+            self.strategy =
+                Strategy::FastBatch(Arc::new(fast_batch::start(plain, flow, self.ack_timeout)));
             "publishing in fast batches (one flow ack for many messages)"
         } else {
-            self.framer = Some(Arc::new(batch::start(plain, max_in_flight)));
+            self.strategy = Strategy::AtomicBatch(Arc::new(batch::start(plain, max_in_flight)));
             "publishing each transaction as one atomic batch"
         };
         tracing::info!(stream = %self.stream, server_version = %version, "{how}");
         self
     }
 
-    fn framing(&self) -> Option<FramingMode> {
-        self.framer.as_ref().map(|framer| framer.mode())
-    }
-
     /// Whether transactions are published as atomic batches.
     pub fn batches(&self) -> bool {
-        self.framing() == Some(FramingMode::AtomicBatch)
+        matches!(self.strategy, Strategy::AtomicBatch(_))
     }
 
     /// Whether messages published on their own go through the lean publish path (its own
@@ -258,7 +279,7 @@ impl JetStreamPublisher {
 
     /// Whether messages are published in fast batches.
     pub fn fast_batches(&self) -> bool {
-        self.framing() == Some(FramingMode::FastBatch)
+        matches!(self.strategy, Strategy::FastBatch(_))
     }
 
     /// The client the publisher publishes on.
@@ -440,7 +461,7 @@ impl Publisher for JetStreamPublisher {
 
     async fn send(&self, msg: &Arc<OutboundMessage>) -> Result<Self::Ack, PublishError> {
         self.check_limits(msg)?;
-        if let Some(framer) = &self.framer {
+        if let Some(framer) = self.strategy.framer() {
             return Ok(framer.send(msg));
         }
         // From the pipeline's loop: never wait for a lost connection here (the delivery
@@ -450,13 +471,13 @@ impl Publisher for JetStreamPublisher {
     }
 
     fn begin_transaction(&self, commit_lsn: relay_core::Lsn) {
-        if let Some(framer) = &self.framer {
+        if let Some(framer) = self.strategy.framer() {
             framer.begin(commit_lsn);
         }
     }
 
     fn end_transaction(&self) {
-        if let Some(framer) = &self.framer {
+        if let Some(framer) = self.strategy.framer() {
             framer.end();
         }
     }

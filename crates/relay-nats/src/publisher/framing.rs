@@ -69,10 +69,6 @@ impl Framer {
         (Self { mode, commands }, receiver)
     }
 
-    pub(crate) fn mode(&self) -> FramingMode {
-        self.mode
-    }
-
     pub(crate) fn begin(&self, commit_lsn: Lsn) {
         let _ = self.commands.send(Command::Begin(commit_lsn));
     }
