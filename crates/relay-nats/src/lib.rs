@@ -31,7 +31,9 @@ use client_auth::ClientAuth;
 use connection_state::ConnectionState;
 
 pub use connection::{JetStream, NatsConnection};
-pub use consumer_reset::{ConsumerReset, ConsumerResetError, reset_consumer, supports_consumer_reset};
+pub use consumer_reset::{
+    ConsumerReset, ConsumerResetError, reset_consumer, supports_consumer_reset,
+};
 pub use durability::{
     Aspect, Durability, DurabilityCheck, LazyServer, SYNC_PROBE_SUBJECT, ServerSync, Storage,
     assess_durability,

@@ -76,13 +76,7 @@ async fn an_existing_consumer_is_reset_in_place_where_the_server_can_and_recreat
         .consumer_info("billing")
         .await?;
 
-    let args = [
-        "replay",
-        "--from-lsn",
-        &x.lsn_text,
-        "--consumer",
-        "billing",
-    ];
+    let args = ["replay", "--from-lsn", &x.lsn_text, "--consumer", "billing"];
     let dry = ok(&config, &[&args[..], &["--dry-run"]].concat())?;
     let without_yes = relay_cmd(&config, &args);
     if in_place {
@@ -99,7 +93,10 @@ async fn an_existing_consumer_is_reset_in_place_where_the_server_can_and_recreat
         );
         assert!(out.contains("consumer reset API"), "{out}");
     } else {
-        assert!(dry.contains("replay would delete it and create it again"), "{dry}");
+        assert!(
+            dry.contains("replay would delete it and create it again"),
+            "{dry}"
+        );
         assert!(!without_yes.status.success(), "{}", describe(&without_yes));
         let err = String::from_utf8_lossy(&without_yes.stderr);
         assert!(err.contains("--yes"), "{err}");
@@ -115,15 +112,15 @@ async fn an_existing_consumer_is_reset_in_place_where_the_server_can_and_recreat
         .await?
         .consumer_info("billing")
         .await?;
-    assert_eq!(
-        after.config.description.as_deref(),
-        Some("billing service")
-    );
+    assert_eq!(after.config.description.as_deref(), Some("billing service"));
     assert_eq!(after.config.ack_wait, Duration::from_secs(45));
     assert_eq!(after.config.max_deliver, 7);
     assert_eq!(after.config.max_ack_pending, 123);
     if in_place {
-        assert_eq!(after.config, before.config, "the configuration is kept whole");
+        assert_eq!(
+            after.config, before.config,
+            "the configuration is kept whole"
+        );
         assert_eq!(after.created, before.created, "the same consumer");
     } else {
         assert_ne!(after.created, before.created, "a new consumer");

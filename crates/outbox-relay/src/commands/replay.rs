@@ -277,9 +277,9 @@ impl Way {
     fn why(&self) -> String {
         match self {
             Way::InPlace { version } => format!("nats-server {version} has the consumer reset API"),
-            Way::Recreate { version } => format!(
-                "nats-server {version} has no consumer reset API (2.14 and later have it)"
-            ),
+            Way::Recreate { version } => {
+                format!("nats-server {version} has no consumer reset API (2.14 and later have it)")
+            }
         }
     }
 
