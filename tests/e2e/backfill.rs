@@ -12,6 +12,7 @@ use crate::support::*;
 
 mod resume;
 mod snapshot;
+mod terminal;
 
 /// Inserts `n` Debezium-shaped rows in one statement (before the slot exists: only a backfill
 /// can publish them); returns their ids.

@@ -13,6 +13,8 @@ use serde_json::Value;
 
 use crate::support::*;
 
+mod in_place;
+
 /// Runs the binary with `args` (after `--config`).
 fn relay_cmd(config: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
@@ -352,8 +354,9 @@ async fn a_replay_while_the_relay_keeps_publishing() -> Result<()> {
         &config,
         &["replay", "--from-lsn", &x.lsn_text, "--consumer", "audit"],
     )?;
-    // An existing one: a dry run says what would happen; refused without --yes; then deleted
-    // and re-created at x.
+    // An existing one: a dry run says what would happen; then reset in place (nats-server
+    // 2.14+), or, on older servers, refused without --yes and then deleted and re-created at x.
+    let in_place = in_place::has_reset_api(&js);
     let dry = ok(
         &config,
         &[
@@ -365,21 +368,25 @@ async fn a_replay_while_the_relay_keeps_publishing() -> Result<()> {
             "--dry-run",
         ],
     )?;
-    assert!(
-        dry.contains("replay would delete it and create it again"),
-        "{dry}"
-    );
+    let would = if in_place {
+        "replay would reset it in place"
+    } else {
+        "replay would delete it and create it again"
+    };
+    assert!(dry.contains(would), "{dry}");
     assert!(dry.contains("dry run: nothing changed"), "{dry}");
-    let refused = relay_cmd(
-        &config,
-        &["replay", "--from-lsn", &x.lsn_text, "--consumer", "billing"],
-    );
-    assert!(!refused.status.success(), "{}", describe(&refused));
-    assert!(
-        String::from_utf8_lossy(&refused.stderr).contains("--yes"),
-        "{}",
-        describe(&refused)
-    );
+    if !in_place {
+        let refused = relay_cmd(
+            &config,
+            &["replay", "--from-lsn", &x.lsn_text, "--consumer", "billing"],
+        );
+        assert!(!refused.status.success(), "{}", describe(&refused));
+        assert!(
+            String::from_utf8_lossy(&refused.stderr).contains("--yes"),
+            "{}",
+            describe(&refused)
+        );
+    }
     let out = ok(
         &config,
         &[
@@ -391,10 +398,12 @@ async fn a_replay_while_the_relay_keeps_publishing() -> Result<()> {
             "--yes",
         ],
     )?;
-    assert!(
-        out.contains("deleted and re-created durable consumer billing"),
-        "{out}"
-    );
+    let done = if in_place {
+        "reset durable consumer billing in place"
+    } else {
+        "deleted and re-created durable consumer billing"
+    };
+    assert!(out.contains(done), "{out}");
     let live = writer.await??;
     let everything = settled(&env, &js, 45, &relay).await?;
     for name in ["audit", "billing"] {

@@ -195,6 +195,7 @@ fn main() -> ExitCode {
 
 fn try_main(cli: Cli) -> Result<(), Exit> {
     let config = RelayConfig::load(cli.config.as_deref()).map_err(Exit::config)?;
+    let log_json = matches!(cli.log_format, LogFormat::Json);
     let command = cli.command.unwrap_or(Command::Run {
         accept_slot_position: false,
     });
@@ -239,12 +240,18 @@ fn try_main(cli: Cli) -> Result<(), Exit> {
             Command::Health { ready, relay } => {
                 commands::status::health(&config, ready, relay).await
             }
-            Command::Backfill(args) => commands::backfill::backfill(&config, args).await,
+            Command::Backfill(mut args) => {
+                args.log_json = log_json;
+                commands::backfill::backfill(&config, args).await
+            }
             Command::Position { at, search, json } => {
                 commands::position::position(&config, &at, &search, json).await
             }
             Command::Replay(args) => commands::replay::replay(&config, &args).await,
-            Command::Restore(args) => commands::restore::restore(&config, args).await,
+            Command::Restore(mut args) => {
+                args.log_json = log_json;
+                commands::restore::restore(&config, args).await
+            }
             Command::Config { .. } => Ok(()),
         }
     })

@@ -14,6 +14,7 @@ mod client_auth;
 mod closes;
 mod connection;
 mod connection_state;
+mod consumer_reset;
 mod durability;
 mod error_codes;
 mod header_entries;
@@ -30,6 +31,9 @@ use client_auth::ClientAuth;
 use connection_state::ConnectionState;
 
 pub use connection::{JetStream, NatsConnection};
+pub use consumer_reset::{
+    ConsumerReset, ConsumerResetError, reset_consumer, supports_consumer_reset,
+};
 pub use durability::{
     Aspect, Durability, DurabilityCheck, LazyServer, SYNC_PROBE_SUBJECT, ServerSync, Storage,
     assess_durability,

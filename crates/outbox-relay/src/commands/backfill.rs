@@ -57,9 +57,12 @@ pub struct BackfillArgs {
     /// relay publishes while the backfill runs. 0: neither.
     #[arg(long, default_value_t = 500_000)]
     pub skip_check_limit: u64,
-    /// How often to print progress on stderr.
+    /// How often to print progress on stderr (not on a terminal, which shows a bar).
     #[arg(long, default_value = "5s", value_parser = crate::humantime_duration)]
     pub progress_interval: Duration,
+    /// `--log-format json`: progress lines even on a terminal.
+    #[arg(skip)]
+    pub log_json: bool,
 }
 
 fn backfill_exit(error: BackfillError) -> Exit {
@@ -329,6 +332,7 @@ pub async fn backfill(config: &RelayConfig, args: BackfillArgs) -> Result<(), Ex
             skip_check_limit: args.skip_check_limit,
             progress_interval: args.progress_interval,
             log_progress: false,
+            progress_mode: super::progress::Mode::for_stderr(args.log_json),
         },
         &shutdown,
     )

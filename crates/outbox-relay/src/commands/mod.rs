@@ -4,13 +4,12 @@
 pub mod backfill;
 pub mod config_print;
 pub mod position;
+pub(crate) mod progress;
 pub mod replay;
 pub mod restore;
 pub mod setup;
 pub mod status;
 pub mod validate;
-
-use std::time::Duration;
 
 use relay_core::pipeline::PipelineError;
 use relay_core::stage::ErrorClass;
@@ -35,20 +34,4 @@ pub(crate) fn pipeline_exit_kind(error: &PipelineError) -> ExitKind {
         PipelineError::Store { error, .. } => class_kind(error.class),
         PipelineError::Protocol(_) => ExitKind::Internal,
     }
-}
-
-/// Prints `line()` every `every` (at least 100 ms; the first after one interval) until the
-/// handle is aborted: the progress lines of `backfill` and `restore`.
-pub(crate) fn spawn_progress(
-    every: Duration,
-    line: impl Fn() + Send + 'static,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(every.max(Duration::from_millis(100)));
-        tick.tick().await;
-        loop {
-            tick.tick().await;
-            line();
-        }
-    })
 }

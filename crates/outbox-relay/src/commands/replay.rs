@@ -3,10 +3,11 @@
 //! `position` finds it, so the events are delivered again through the normal path (no WAL is
 //! read). `--dry-run` prints the range and how many messages it holds.
 //!
-//! JetStream cannot change an existing consumer's deliver policy or start sequence, so an
-//! existing consumer is deleted and created again under the same name, with the same
-//! configuration and the new start: only with `--yes`, only while nothing reads from it, and
-//! never past a message it has not acknowledged.
+//! An existing consumer is moved in place where nats-server has the consumer reset API (2.14
+//! and later): it keeps its configuration, name and creation time, and may be read meanwhile.
+//! On older servers it is deleted and created again under the same name, with the same
+//! configuration and the new start: only with `--yes` and only while nothing reads from it.
+//! Either way never past a message it has not acknowledged.
 
 use std::time::SystemTime;
 
@@ -52,13 +53,14 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub consumer: String,
     /// Subject filters, comma-separated: of a consumer created here, of a re-created one
-    /// (instead of its own), and of the count.
+    /// (instead of its own; a consumer reset in place keeps its own), and of the count.
     #[arg(long, value_delimiter = ',')]
     pub subjects: Vec<String>,
     /// Print the range and the number of messages; change nothing.
     #[arg(long)]
     pub dry_run: bool,
-    /// Delete and re-create an existing consumer (its position cannot be changed in place).
+    /// On nats-server before 2.14 (no consumer reset API): delete and re-create an existing
+    /// consumer, since its position cannot be changed in place there.
     #[arg(long)]
     pub yes: bool,
     #[command(flatten)]
@@ -206,20 +208,13 @@ pub async fn replay(config: &RelayConfig, args: &ReplayArgs) -> Result<(), Exit>
         "it had delivered up to sequence {}, ack floor {}",
         info.delivered.stream_sequence, info.ack_floor.stream_sequence
     );
-    let active = (info.num_waiting > 0 || info.push_bound).then(|| {
-        format!(
-            "consumer {name} is being read ({} pull requests waiting{}): stop the service that reads it first (pull requests expire within their timeout, 30 s for the consumer library), then run replay again",
-            info.num_waiting,
-            if info.push_bound { ", push subscription bound" } else { "" }
-        )
-    });
     let skips =
         skips_unacked(&info, start).map(|why| format!("not repositioning consumer {name}: {why}"));
+    let version = nats.client().server_info().version;
+    let way = Way::for_server(&version);
     if args.dry_run {
-        println!(
-            "consumer {name} exists ({was}); JetStream cannot move it, so replay would delete it and create it again with the same configuration, delivering from sequence {start}"
-        );
-        for refusal in skips.iter().chain(&active) {
+        println!("consumer {name} exists ({was}); {}", way.would(start));
+        for refusal in skips.iter().chain(&way.refusal(&info, args)) {
             println!("it would refuse now: {refusal}");
         }
         println!("dry run: nothing changed");
@@ -228,35 +223,141 @@ pub async fn replay(config: &RelayConfig, args: &ReplayArgs) -> Result<(), Exit>
     if let Some(why) = skips {
         return Err(Exit::new(ExitKind::DataSafety, anyhow::anyhow!(why)));
     }
-    if let Some(why) = active {
+    if let Some(why) = way.refusal(&info, args) {
         return Err(Exit::config(anyhow::anyhow!(why)));
     }
-    if !args.yes {
-        println!(
-            "consumer {name} exists ({was}); JetStream cannot move it, so replay deletes it and creates it again with the same configuration, delivering from sequence {start}"
-        );
-        return Err(Exit::config(anyhow::anyhow!(
-            "consumer {name} exists: run again with --yes to delete and re-create it"
-        )));
+    match way {
+        Way::InPlace { .. } => {
+            let reset = relay_nats::reset_consumer(&js, &info.stream_name, name, start)
+                .await
+                .map_err(|e| reset_failed(e, &info, start))?;
+            println!(
+                "reset durable consumer {name} in place ({}; its configuration kept; {was}): it delivers from sequence {}",
+                way.why(),
+                reset.reset_seq
+            );
+        }
+        Way::Recreate { .. } => {
+            if !args.yes {
+                println!("consumer {name} exists ({was}); {}", way.would(start));
+                return Err(Exit::config(anyhow::anyhow!(
+                    "consumer {name} on stream {} exists and {}: run again with --yes to delete and re-create it",
+                    info.stream_name,
+                    way.why()
+                )));
+            }
+            recreate(&stream, &info, start, &args.subjects).await?;
+            println!(
+                "deleted and re-created durable consumer {name} with its configuration ({}; {was}): it delivers from sequence {start}",
+                way.why()
+            );
+        }
     }
+    Ok(())
+}
+
+/// How an existing consumer is moved: reset in place where the server has the API, else deleted
+/// and created again.
+enum Way {
+    InPlace { version: String },
+    Recreate { version: String },
+}
+
+impl Way {
+    fn for_server(version: &str) -> Self {
+        let version = version.to_owned();
+        if relay_nats::supports_consumer_reset(&version) {
+            Way::InPlace { version }
+        } else {
+            Way::Recreate { version }
+        }
+    }
+
+    /// Why this way, for the output.
+    fn why(&self) -> String {
+        match self {
+            Way::InPlace { version } => format!("nats-server {version} has the consumer reset API"),
+            Way::Recreate { version } => {
+                format!("nats-server {version} has no consumer reset API (2.14 and later have it)")
+            }
+        }
+    }
+
+    /// What a run would do, for a dry run and the refusal without `--yes`.
+    fn would(&self, start: u64) -> String {
+        match self {
+            Way::InPlace { .. } => format!(
+                "{}, so replay would reset it in place, keeping its configuration, to deliver from sequence {start}",
+                self.why()
+            ),
+            Way::Recreate { .. } => format!(
+                "{}, so replay would delete it and create it again with the same configuration, delivering from sequence {start} (with --yes)",
+                self.why()
+            ),
+        }
+    }
+
+    /// Why this way cannot be taken now, if it cannot.
+    fn refusal(&self, info: &consumer::Info, args: &ReplayArgs) -> Option<String> {
+        let name = &info.name;
+        let stream = &info.stream_name;
+        match self {
+            Way::InPlace { .. } => (!args.subjects.is_empty()).then(|| {
+                format!(
+                    "consumer {name} on stream {stream} is reset in place, which keeps its subject filters: drop --subjects, or change its filters first (nats consumer edit {stream} {name} --filter ...)"
+                )
+            }),
+            // Deleting a consumer under a running service races it.
+            Way::Recreate { .. } => (info.num_waiting > 0 || info.push_bound).then(|| {
+                format!(
+                    "consumer {name} on stream {stream} is being read ({} pull requests waiting{}): stop the service that reads it first (pull requests expire within their timeout, 30 s for the consumer library), then run replay again",
+                    info.num_waiting,
+                    if info.push_bound { ", push subscription bound" } else { "" }
+                )
+            }),
+        }
+    }
+}
+
+/// The error of a refused or failed reset: names the consumer, the stream and the fix.
+fn reset_failed(e: relay_nats::ConsumerResetError, info: &consumer::Info, start: u64) -> Exit {
+    let (name, stream) = (&info.name, &info.stream_name);
+    match &e {
+        relay_nats::ConsumerResetError::Refused { .. } => {
+            let policy = serde_json::to_value(&info.config)
+                .ok()
+                .and_then(|v| v.get("deliver_policy").cloned())
+                .map(|v| v.to_string())
+                .unwrap_or_default();
+            Exit::config(anyhow::Error::new(e).context(format!(
+                "consumer {name} on stream {stream} cannot be reset to sequence {start} (its deliver policy is {policy}; JetStream resets a consumer delivering all messages, or one by start sequence or time to a sequence at or after its start): delete it (nats consumer rm {stream} {name}) and run replay again, which creates it at sequence {start}"
+            )))
+        }
+        relay_nats::ConsumerResetError::Request { .. } => unavailable(anyhow::Error::new(e).context(format!(
+            "consumer {name} on stream {stream} was not reset; check that nats-server answers JetStream requests and run replay again"
+        ))),
+    }
+}
+
+/// Deletes `info`'s consumer and creates it again with its configuration, starting at `start`.
+async fn recreate(
+    stream: &jetstream::stream::Stream,
+    info: &consumer::Info,
+    start: u64,
+    subjects: &[String],
+) -> Result<(), Exit> {
+    let name = &info.name;
     let mut config = info.config.clone();
     config.deliver_policy = consumer::DeliverPolicy::ByStartSequence {
         start_sequence: start,
     };
-    set_filters(&mut config, &args.subjects);
+    set_filters(&mut config, subjects);
     stream.delete_consumer(name).await.map_err(unavailable)?;
-    if let Err(e) = stream.create_consumer(config.clone()).await {
+    if let Err(e) = stream.create_consumer(config).await {
         return Err(unavailable(anyhow::Error::new(e).context(format!(
             "consumer {name} was deleted but could not be created again; create it with: nats consumer add {} {name} --pull --deliver {start} --ack explicit",
-            config_stream(&info)
+            info.stream_name
         ))));
     }
-    println!(
-        "deleted and re-created durable consumer {name} with its configuration ({was}): it delivers from sequence {start}"
-    );
     Ok(())
-}
-
-fn config_stream(info: &consumer::Info) -> &str {
-    &info.stream_name
 }

@@ -27,6 +27,7 @@ use relay_postgres::source::PgSource;
 use tokio_util::sync::CancellationToken;
 
 use super::class_kind;
+use super::progress::{self, Mode, Ticker};
 use crate::config::RelayConfig;
 use crate::exit::{Exit, ExitKind};
 use crate::exit::{nats_exit, pg_exit};
@@ -55,9 +56,12 @@ pub struct RestoreArgs {
     /// Messages published and not yet acknowledged by JetStream, at most.
     #[arg(long, default_value_t = 256)]
     pub max_in_flight: usize,
-    /// How often to print progress on stderr.
+    /// How often to print progress on stderr (not on a terminal, which shows a bar).
     #[arg(long, default_value = "5s", value_parser = crate::humantime_duration)]
     pub progress_interval: Duration,
+    /// `--log-format json`: progress lines even on a terminal.
+    #[arg(skip)]
+    pub log_json: bool,
 }
 
 fn query_exit(what: String) -> impl FnOnce(tokio_postgres::Error) -> Exit {
@@ -88,9 +92,36 @@ struct Report {
 }
 
 impl Report {
+    fn reached(&self) -> Lsn {
+        Lsn(self.reached.load(Ordering::Relaxed).max(self.window.0.0))
+    }
+}
+
+impl progress::Report for Report {
+    fn position(&self) -> (u64, Option<u64>) {
+        let (from, end) = self.window;
+        (
+            self.reached().0.saturating_sub(from.0),
+            Some(end.0.saturating_sub(from.0).max(1)),
+        )
+    }
+
+    fn unit(&self) -> &'static str {
+        "WAL bytes"
+    }
+
+    fn note(&self) -> String {
+        format!(
+            "at {}, published {}, skipped {}",
+            self.reached(),
+            self.stats.events_published.load(Ordering::Relaxed),
+            self.stats.already_published.load(Ordering::Relaxed)
+        )
+    }
+
     fn line(&self, what: &str) -> String {
         let (from, end) = self.window;
-        let reached = Lsn(self.reached.load(Ordering::Relaxed).max(from.0));
+        let reached = self.reached();
         let span = end.0.saturating_sub(from.0).max(1);
         let pct = (reached.0.saturating_sub(from.0) as f64 * 100.0 / span as f64).min(100.0);
         let published = self.stats.events_published.load(Ordering::Relaxed);
@@ -336,12 +367,12 @@ async fn run_window(
         dry_run: args.dry_run,
     });
     let not_stored = Arc::new(Mutex::new(Vec::new()));
-    let ticker = {
-        let report = report.clone();
-        super::spawn_progress(args.progress_interval, move || {
-            eprintln!("{}", report.line("in progress"));
-        })
-    };
+    let shown = Ticker::start(
+        Mode::for_stderr(args.log_json),
+        args.progress_interval,
+        report,
+        progress::stderr(),
+    );
     let result = if args.dry_run {
         let dry = DryRunPublisher {
             limits: publisher.limits(),
@@ -364,11 +395,11 @@ async fn run_window(
         )
         .await
     };
-    ticker.abort();
     let not_stored =
         std::mem::take(&mut *not_stored.lock().unwrap_or_else(PoisonError::into_inner));
     finish(
-        &report,
+        &shown,
+        (window.from, window.end),
         result,
         shutdown,
         &not_stored,
@@ -409,18 +440,18 @@ async fn pipeline_run<P: Publisher>(
 
 /// The summary line and the exit.
 fn finish(
-    report: &Report,
+    shown: &Ticker,
+    (from, end): (Lsn, Lsn),
     result: Result<RunOutcome, PipelineError>,
     shutdown: &CancellationToken,
     not_stored: &[String],
     (stream, duplicate_window): (&str, Duration),
 ) -> Result<(), Exit> {
-    let (from, end) = report.window;
     let again =
         "run the same command again: events it already restored are in the stream and are skipped";
     match result {
         Ok(outcome) if shutdown.is_cancelled() => {
-            eprintln!("{}", report.line("stopped"));
+            shown.finish("stopped");
             Err(Exit::new(
                 ExitKind::Interrupted,
                 anyhow!(
@@ -430,7 +461,7 @@ fn finish(
             ))
         }
         Ok(outcome) if outcome.abandoned > 0 => {
-            eprintln!("{}", report.line("incomplete"));
+            shown.finish("incomplete");
             Err(Exit::new(
                 ExitKind::Unavailable,
                 anyhow!(
@@ -440,7 +471,7 @@ fn finish(
             ))
         }
         Ok(_) if !not_stored.is_empty() => {
-            eprintln!("{}", report.line("incomplete"));
+            shown.finish("incomplete");
             Err(Exit::new(
                 ExitKind::DataSafety,
                 anyhow!(
@@ -453,11 +484,11 @@ fn finish(
             ))
         }
         Ok(_) => {
-            eprintln!("{}", report.line("finished"));
+            shown.finish("finished");
             Ok(())
         }
         Err(error) => {
-            eprintln!("{}", report.line("failed"));
+            shown.finish("failed");
             let kind = super::pipeline_exit_kind(&error);
             Err(Exit::new(
                 kind,

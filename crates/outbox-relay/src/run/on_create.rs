@@ -305,6 +305,7 @@ fn run_options(config: &RelayConfig) -> RunOptions {
         skip_check_limit: 500_000,
         progress_interval: Duration::from_secs(5),
         log_progress: true,
+        progress_mode: crate::commands::progress::Mode::Lines,
     }
 }
 

@@ -19,6 +19,7 @@ use super::pages::{CursorStore, PageReader, PageSource, Progress};
 use super::publish::{
     BackfillPublisher, StreamIds, end_watch_when_relay_passes, stream_ids, watch_live,
 };
+use crate::commands::progress::{self, Mode, Ticker};
 use crate::config::RelayConfig;
 use crate::exit::{Exit, ExitKind};
 
@@ -37,6 +38,8 @@ pub(crate) struct RunOptions {
     pub(crate) progress_interval: Duration,
     /// Report progress in the log (the relay) instead of on stderr (the command).
     pub(crate) log_progress: bool,
+    /// A bar or lines (the relay's log: always lines).
+    pub(crate) progress_mode: Mode,
 }
 
 /// What a run reads: the table, its cursor and where the pages are.
@@ -64,11 +67,12 @@ pub(crate) struct TableRun<'a> {
     pub(crate) live_until: Option<Lsn>,
 }
 
-fn say(log: bool, line: &str) {
+/// Where the progress lines go: the log (the relay) or stderr (the command).
+fn say(log: bool) -> progress::Say {
     if log {
-        tracing::info!("{line}");
+        Arc::new(|line: &str| tracing::info!("{line}"))
     } else {
-        eprintln!("{line}");
+        progress::stderr()
     }
 }
 
@@ -84,7 +88,28 @@ struct Report {
     progress: Arc<Progress>,
 }
 
-impl Report {
+impl progress::Report for Report {
+    fn position(&self) -> (u64, Option<u64>) {
+        let (_, done) = self.progress.stored();
+        let total = self.estimate.filter(|&t| t > 0);
+        (
+            u64::try_from(done).unwrap_or(0),
+            total.map(|t| u64::try_from(t).unwrap_or(0)),
+        )
+    }
+
+    fn unit(&self) -> &'static str {
+        "rows"
+    }
+
+    fn note(&self) -> String {
+        format!(
+            "published {}, skipped {}",
+            self.stats.events_published.load(Ordering::Relaxed),
+            self.progress.skipped.load(Ordering::Relaxed)
+        )
+    }
+
     fn line(&self, what: &str) -> String {
         let (key, done) = self.progress.stored();
         let published = self.stats.events_published.load(Ordering::Relaxed);
@@ -242,15 +267,13 @@ pub(crate) async fn run_pages(
         stats,
         progress: progress.clone(),
     });
-    let ticker = {
-        let report = report.clone();
-        let log_progress = opts.log_progress;
-        crate::commands::spawn_progress(opts.progress_interval, move || {
-            say(log_progress, &report.line("in progress"));
-        })
-    };
+    let shown = Ticker::start(
+        opts.progress_mode,
+        opts.progress_interval,
+        report,
+        say(opts.log_progress),
+    );
     let result = pipeline.run(shutdown.cancelled()).await;
-    ticker.abort();
     watch_stop.cancel();
     for watcher in watchers {
         watcher.abort();
@@ -267,11 +290,11 @@ pub(crate) async fn run_pages(
             sql::finish_cursor(&store.client, &id)
                 .await
                 .map_err(backfill_exit)?;
-            say(opts.log_progress, &report.line("finished"));
+            shown.finish("finished");
             Ok(())
         }
         Ok(outcome) if shutdown.is_cancelled() => {
-            say(opts.log_progress, &report.line("stopped"));
+            shown.finish("stopped");
             Err(Exit::new(
                 ExitKind::Interrupted,
                 anyhow!(
@@ -281,7 +304,7 @@ pub(crate) async fn run_pages(
             ))
         }
         Ok(outcome) => {
-            say(opts.log_progress, &report.line("incomplete"));
+            shown.finish("incomplete");
             Err(Exit::new(
                 ExitKind::Unavailable,
                 anyhow!(
@@ -291,7 +314,7 @@ pub(crate) async fn run_pages(
             ))
         }
         Err(error) => {
-            say(opts.log_progress, &report.line("failed"));
+            shown.finish("failed");
             let kind = crate::commands::pipeline_exit_kind(&error);
             let advice = if kind == ExitKind::DataSafety {
                 "before this row. Fix the row or the mapping (or set [relay] dead_letter_subject) and run the same command again: it resumes there"
