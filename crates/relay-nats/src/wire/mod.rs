@@ -191,16 +191,31 @@ impl LeanConnection {
         stream: &str,
         msg: &Arc<OutboundMessage>,
     ) -> Result<oneshot::Receiver<Outcome>, PublishError> {
+        self.publish_numbered(stream, msg, &[], pending::Pending::push)
+    }
+
+    /// Queues `msg` (into `stream`) with the `extra` header lines, replying to its publish
+    /// number, and registers it with `register` (which says how its answer is handed over).
+    fn publish_numbered<T>(
+        &self,
+        stream: &str,
+        msg: &Arc<OutboundMessage>,
+        extra: &[(&str, &str)],
+        register: impl FnOnce(&mut pending::Pending, u64, Arc<OutboundMessage>, Instant) -> T,
+    ) -> Result<T, PublishError> {
         let inner = &self.inner;
         self.queue(|state| {
             let n = state.next_n;
             state.next_n += 1;
             let Shared { out, headers, .. } = &mut *state;
             let reply = proto::ReplyTo::Numbered(&inner.reply_prefix, n);
-            headers.write_hpub(out, stream, msg, reply);
-            state
-                .pending
-                .push(n, msg.clone(), Instant::now() + inner.ack_timeout)
+            headers.write_hpub_with(out, stream, msg, reply, extra);
+            register(
+                &mut state.pending,
+                n,
+                msg.clone(),
+                Instant::now() + inner.ack_timeout,
+            )
         })
     }
 
@@ -226,17 +241,7 @@ impl LeanConnection {
         msg: &Arc<OutboundMessage>,
         extra: &[(&str, &str)],
     ) -> Result<oneshot::Receiver<RawOutcome>, PublishError> {
-        let inner = &self.inner;
-        self.queue(|state| {
-            let n = state.next_n;
-            state.next_n += 1;
-            let Shared { out, headers, .. } = &mut *state;
-            let reply = proto::ReplyTo::Numbered(&inner.reply_prefix, n);
-            headers.write_hpub_with(out, stream, msg, reply, extra);
-            state
-                .pending
-                .push_raw(n, msg.clone(), Instant::now() + inner.ack_timeout)
-        })
+        self.publish_numbered(stream, msg, extra, pending::Pending::push_raw)
     }
 
     /// A new fast batch's reply subjects on this connection: `inbox` (whose last token is the
