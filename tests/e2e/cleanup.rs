@@ -9,7 +9,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
@@ -138,24 +138,6 @@ async fn count_of(db: &tokio_postgres::Client, ids: &[String]) -> Result<i64> {
         )
         .await?
         .get(0))
-}
-
-async fn wait_until(
-    what: &str,
-    relay: &Relay,
-    mut cond: impl AsyncFnMut() -> Result<bool>,
-) -> Result<()> {
-    let deadline = Instant::now() + WAIT;
-    while !cond().await? {
-        if Instant::now() > deadline {
-            bail!(
-                "{what} did not happen within {WAIT:?}; log:\n{}",
-                relay.log()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Ok(())
 }
 
 fn cleanup_config(env: &Env, cleanup: &str, extra: &str) -> std::path::PathBuf {

@@ -2,32 +2,14 @@
 //! capitals), one row per listener kept apart by a publication row filter, and time columns
 //! that are no `timestamptz` (an epoch count in milliseconds, a `timestamp without time zone`).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 
 use crate::support::*;
 
 const EX_CONFIG: i32 = 78;
 const WAIT: Duration = Duration::from_secs(40);
-
-async fn wait_until(
-    what: &str,
-    relay: &Relay,
-    mut cond: impl AsyncFnMut() -> Result<bool>,
-) -> Result<()> {
-    let deadline = Instant::now() + WAIT;
-    while !cond().await? {
-        if Instant::now() > deadline {
-            bail!(
-                "{what} did not happen within {WAIT:?}; log:\n{}",
-                relay.log()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Ok(())
-}
 
 /// `table = 'public."watermill_orders.created"'` and `'"Acme"."OutboxEvent"'`: both relayed,
 /// named in `Outbox-Table` as the configuration writes them; the cleanup's fence and the

@@ -578,3 +578,24 @@ pub async fn relay_cmd(config: &Path, args: &[&str]) -> Result<Output> {
     })
     .await??)
 }
+
+/// Waits until `cond` holds, at most 40 s (checked every 100 ms); fails naming `what`, with the
+/// relay's log.
+pub async fn wait_until(
+    what: &str,
+    relay: &Relay,
+    mut cond: impl AsyncFnMut() -> Result<bool>,
+) -> Result<()> {
+    const WAIT: Duration = Duration::from_secs(40);
+    let deadline = Instant::now() + WAIT;
+    while !cond().await? {
+        if Instant::now() > deadline {
+            bail!(
+                "{what} did not happen within {WAIT:?}; log:\n{}",
+                relay.log()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
