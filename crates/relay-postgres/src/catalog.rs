@@ -9,6 +9,7 @@
 pub mod failover;
 pub mod outbox_stats;
 pub mod partitions;
+pub(crate) mod publication_age;
 pub mod relay_tables;
 pub mod restore_slot;
 pub mod retention;
