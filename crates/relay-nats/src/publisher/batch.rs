@@ -45,11 +45,11 @@ use async_nats::jetstream::message::PublishMessage;
 use futures::future::BoxFuture;
 use relay_core::Lsn;
 use relay_core::message::OutboundMessage;
-use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind, Publisher};
+use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 
-use super::JetStreamPublisher;
+use super::MessagePublisher;
 use super::framing::{
     BatchAnswer, Command, Framer, FramingMode, Reply, batchable, reply_when_acked, unknown,
 };
@@ -130,13 +130,13 @@ impl BatchIds {
     }
 }
 
-/// Starts the framing task over `plain`, a publisher that sends each message on its own, and
+/// Starts the framing task over `per_message`, a publisher that sends each message on its own, and
 /// returns the handle the publisher keeps.
-pub(crate) fn start(plain: JetStreamPublisher, max_in_flight: usize) -> Framer {
+pub(crate) fn start(per_message: MessagePublisher, max_in_flight: usize) -> Framer {
     let (framer, receiver) = Framer::new(FramingMode::AtomicBatch);
     let limit = MAX_BATCH.min(max_in_flight.max(1));
     let worker = Worker {
-        plain,
+        per_message,
         limit,
         permits: Arc::new(Semaphore::new(MAX_OPEN_BATCHES)),
         ids: Arc::new(BatchIds::new()),
@@ -169,7 +169,7 @@ struct OpenBatch {
 }
 
 struct Worker {
-    plain: JetStreamPublisher,
+    per_message: MessagePublisher,
     limit: usize,
     permits: Arc<Semaphore>,
     ids: Arc<BatchIds>,
@@ -210,7 +210,7 @@ impl Worker {
 
     /// Publishes `msg` on its own; its ack goes to `reply`.
     async fn alone(&self, msg: Arc<OutboundMessage>, reply: Reply) {
-        reply_when_acked(self.plain.send(&msg).await, reply);
+        reply_when_acked(self.per_message.send_now(&msg).await, reply);
     }
 
     async fn add(&mut self, msg: Arc<OutboundMessage>, reply: Reply) {
@@ -219,7 +219,10 @@ impl Worker {
                 let _ = reply.send(Err(unknown("the batch publisher stopped")));
                 return;
             };
-            let lean = self.plain.lean_path(self.plain.ack_timeout).await;
+            let lean = self
+                .per_message
+                .lean_path(self.per_message.ack_timeout)
+                .await;
             self.open = Some(OpenBatch {
                 lean,
                 id: self.ids.mint(msg.commit_lsn, self.part),
@@ -239,7 +242,7 @@ impl Worker {
             let sequence = open.sent.len() + 1;
             if open.failed.is_none()
                 && let Err(e) = send_member(
-                    &self.plain,
+                    &self.per_message,
                     open.lean.as_deref(),
                     &previous,
                     &open.id,
@@ -281,8 +284,8 @@ impl Worker {
             // The fault suite's crash mid-batch: the other messages read by the server, no
             // commit.
             match &open.lean {
-                Some(lean) => drop(lean.flush(self.plain.ack_timeout).await),
-                None => drop(self.plain.client().flush().await),
+                Some(lean) => drop(lean.flush(self.per_message.ack_timeout).await),
+                None => drop(self.per_message.client().flush().await),
             }
             relay_core::failpoint::hit(BEFORE_COMMIT);
         }
@@ -290,10 +293,19 @@ impl Worker {
             // Some of the batch never reached the connection: nothing of it can be committed,
             // so it is published again whole, like any batch the server did not commit.
             Some(failed) => Err(failed),
-            None => send_commit(&self.plain, open.lean.as_deref(), &last, &open.id, count).await,
+            None => {
+                send_commit(
+                    &self.per_message,
+                    open.lean.as_deref(),
+                    &last,
+                    &open.id,
+                    count,
+                )
+                .await
+            }
         };
         let settling = Settling {
-            plain: self.plain.clone(),
+            per_message: self.per_message.clone(),
             disabled: self.disabled.clone(),
             ids: self.ids.clone(),
             commit_lsn: open.commit_lsn,
@@ -417,7 +429,7 @@ fn batch_lines<'a>(id: &'a str, sequence: &'a str, commit: bool) -> Vec<(&'a str
 /// Publishes a batch member other than the last (no answer: only the commit is acknowledged),
 /// on `lean` or, without it, through async-nats.
 async fn send_member(
-    plain: &JetStreamPublisher,
+    per_message: &MessagePublisher,
     lean: Option<&LeanConnection>,
     msg: &OutboundMessage,
     id: &str,
@@ -426,13 +438,13 @@ async fn send_member(
     let sequence = sequence.to_string();
     let lines = batch_lines(id, &sequence, false);
     if let Some(lean) = lean {
-        return lean.publish_unanswered(&plain.stream, msg, &lines);
+        return lean.publish_unanswered(&per_message.stream, msg, &lines);
     }
-    plain
+    per_message
         .client()
         .publish_with_headers(
             msg.subject.clone(),
-            batch_headers(plain, msg, &lines),
+            batch_headers(per_message, msg, &lines),
             msg.payload.clone(),
         )
         .await
@@ -441,7 +453,7 @@ async fn send_member(
 
 /// Publishes a batch's last message with the commit header; the future sees the answer.
 async fn send_commit(
-    plain: &JetStreamPublisher,
+    per_message: &MessagePublisher,
     lean: Option<&LeanConnection>,
     last: &Arc<OutboundMessage>,
     id: &str,
@@ -450,7 +462,7 @@ async fn send_commit(
     let count = count.to_string();
     let lines = batch_lines(id, &count, true);
     if let Some(lean) = lean {
-        let answer = lean.publish_raw(&plain.stream, last, &lines)?;
+        let answer = lean.publish_raw(&per_message.stream, last, &lines)?;
         return Ok(Box::pin(async move {
             CommitOutcome::from_lean(
                 answer
@@ -460,9 +472,9 @@ async fn send_commit(
         }));
     }
     let publish = PublishMessage::build()
-        .headers(batch_headers(plain, last, &lines))
+        .headers(batch_headers(per_message, last, &lines))
         .payload(last.payload.clone());
-    match plain
+    match per_message
         .context()
         .send_publish(last.subject.clone(), publish)
         .await
@@ -476,11 +488,11 @@ async fn send_commit(
 
 /// The headers of `msg` as the publisher sends it through async-nats, plus `lines`.
 fn batch_headers(
-    plain: &JetStreamPublisher,
+    per_message: &MessagePublisher,
     msg: &OutboundMessage,
     lines: &[(&str, &str)],
 ) -> async_nats::HeaderMap {
-    let mut headers = plain.headers(msg);
+    let mut headers = per_message.headers(msg);
     for (name, value) in lines {
         headers.insert(*name, *value);
     }
@@ -489,7 +501,7 @@ fn batch_headers(
 
 /// A batch whose commit was sent (or could not be), waiting for its outcome.
 struct Settling {
-    plain: JetStreamPublisher,
+    per_message: MessagePublisher,
     disabled: Arc<AtomicBool>,
     ids: Arc<BatchIds>,
     commit_lsn: Lsn,
@@ -608,15 +620,20 @@ impl Settling {
     /// Sends every member under the current id, the last with the commit header, on the path
     /// the publisher takes now.
     async fn publish_whole(&self) -> CommitOutcome {
-        let lean = self.plain.lean_path(self.plain.ack_timeout).await;
+        let lean = self
+            .per_message
+            .lean_path(self.per_message.ack_timeout)
+            .await;
         let count = self.members.len();
         for (i, (msg, _)) in self.members.iter().enumerate().take(count - 1) {
-            if let Err(e) = send_member(&self.plain, lean.as_deref(), msg, &self.id, i + 1).await {
+            if let Err(e) =
+                send_member(&self.per_message, lean.as_deref(), msg, &self.id, i + 1).await
+            {
                 return CommitOutcome::Failed(e);
             }
         }
         let (last, _) = &self.members[count - 1];
-        match send_commit(&self.plain, lean.as_deref(), last, &self.id, count).await {
+        match send_commit(&self.per_message, lean.as_deref(), last, &self.id, count).await {
             Ok(answer) => answer.await,
             Err(e) => CommitOutcome::Failed(e),
         }
@@ -624,7 +641,7 @@ impl Settling {
 
     async fn conclude(self, verdict: Verdict) {
         let Self {
-            plain,
+            per_message,
             disabled,
             id,
             members,
@@ -675,7 +692,7 @@ impl Settling {
                 // the stream's deduplication answers for those it already holds (all of them
                 // after 10201: the batch that stored them was atomic too).
                 for (msg, reply) in members {
-                    let outcome = match plain.send(&msg).await {
+                    let outcome = match per_message.send_now(&msg).await {
                         Ok(ack) => ack.await,
                         Err(e) => Err(e),
                     };
@@ -760,11 +777,11 @@ mod tests {
                 "{not_an_ack:?}: its outcome is unknown, the batch goes again"
             );
         }
-        let plain = CommitOutcome::from_lean(Ok(bytes::Bytes::from_static(
+        let per_message = CommitOutcome::from_lean(Ok(bytes::Bytes::from_static(
             br#"{"stream":"OUTBOX","seq":4}"#,
         )));
         assert!(matches!(
-            judge("b-1", plain, since),
+            judge("b-1", per_message, since),
             Verdict::StoredOneByOne {
                 seq: 4,
                 duplicate: false

@@ -33,7 +33,7 @@ use relay_core::message::OutboundMessage;
 use relay_core::stage::PubReceipt;
 use tokio::sync::{mpsc, oneshot};
 
-use super::JetStreamPublisher;
+use super::MessagePublisher;
 use super::framing::{
     BatchAnswer, Command, Framer, FramingMode, Reply, batchable, reply_when_acked, unknown,
 };
@@ -57,12 +57,12 @@ pub(crate) fn flow(max_in_flight: usize) -> usize {
     (max_in_flight / 4).clamp(1, MAX_FLOW)
 }
 
-/// Starts the framing task over `plain`, a publisher that sends each message on its own, with
+/// Starts the framing task over `per_message`, a publisher that sends each message on its own, with
 /// `flow` messages between flow acks, and returns the handle the publisher keeps.
-pub(crate) fn start(plain: JetStreamPublisher, flow: usize, ack_timeout: Duration) -> Framer {
+pub(crate) fn start(per_message: MessagePublisher, flow: usize, ack_timeout: Duration) -> Framer {
     let (framer, receiver) = Framer::new(FramingMode::FastBatch);
     let worker = Worker {
-        plain,
+        per_message,
         flow,
         ack_timeout,
         current: None,
@@ -105,7 +105,7 @@ struct OpenBatch {
 }
 
 struct Worker {
-    plain: JetStreamPublisher,
+    per_message: MessagePublisher,
     flow: usize,
     ack_timeout: Duration,
     /// Commit LSN of the open transaction.
@@ -164,7 +164,7 @@ impl Worker {
 
     /// Publishes `msg` on its own; its ack goes to `reply`.
     async fn alone(&self, msg: Arc<OutboundMessage>, reply: Reply) {
-        reply_when_acked(self.plain.send_alone(&msg).await, reply);
+        reply_when_acked(self.per_message.send_alone(&msg).await, reply);
     }
 
     async fn add(&mut self, msg: Arc<OutboundMessage>, reply: Reply) {
@@ -189,7 +189,7 @@ impl Worker {
             }
         }
         if let Some(open) = self.open.as_mut() {
-            send_member(&self.plain, open, msg, reply, 1).await;
+            send_member(&self.per_message, open, msg, reply, 1).await;
         }
     }
 
@@ -197,7 +197,7 @@ impl Worker {
     /// says whether the server takes the batch, and the flow to start at). `None` when the batch
     /// ended there; its reader then settles `first`.
     async fn start(&self, (msg, reply): (Arc<OutboundMessage>, Reply)) -> Option<OpenBatch> {
-        let lean = self.plain.lean_path(self.ack_timeout).await;
+        let lean = self.per_message.lean_path(self.ack_timeout).await;
         // On the lean connection, the batch's answers come on its own subscription, made with
         // `CONNECT`: subscribed at the server before any message of the batch is sent.
         let subscribed = match &lean {
@@ -206,7 +206,7 @@ impl Worker {
                 .map(|replies| (replies.inbox.clone(), Answers::Lean(replies)))
                 .map_err(|e| e.to_string()),
             None => {
-                let client = self.plain.client();
+                let client = self.per_message.client();
                 let inbox = client.new_inbox();
                 client
                     .subscribe(format!("{inbox}.>"))
@@ -227,7 +227,7 @@ impl Worker {
         let (started, is_started) = oneshot::channel();
         let ended = Arc::new(AtomicBool::new(false));
         let reader = Reader {
-            plain: self.plain.clone(),
+            per_message: self.per_message.clone(),
             disabled: self.disabled.clone(),
             ended: ended.clone(),
             ack_timeout: self.ack_timeout,
@@ -244,7 +244,7 @@ impl Worker {
             ended,
             lean,
         };
-        send_member(&self.plain, &mut open, msg, reply, 0).await;
+        send_member(&self.per_message, &mut open, msg, reply, 0).await;
         match tokio::time::timeout(self.ack_timeout, is_started).await {
             Ok(Ok(true)) => Some(open),
             _ => None,
@@ -263,7 +263,7 @@ impl Worker {
                     .publish_empty(&open.last_subject, &reply)
                     .map_err(|e| e.to_string()),
                 None => self
-                    .plain
+                    .per_message
                     .client()
                     .publish_with_reply(open.last_subject.clone(), reply, bytes::Bytes::new())
                     .await
@@ -304,7 +304,7 @@ impl Answers {
 
 /// Publishes `msg` as the next message of `open` with `operation` (0 start, 1 append).
 async fn send_member(
-    plain: &JetStreamPublisher,
+    per_message: &MessagePublisher,
     open: &mut OpenBatch,
     msg: Arc<OutboundMessage>,
     reply: Reply,
@@ -322,14 +322,14 @@ async fn send_member(
     });
     let sent = match &open.lean {
         Some(lean) => lean
-            .publish_to(&plain.stream, &msg, &reply_to)
+            .publish_to(&per_message.stream, &msg, &reply_to)
             .map_err(|e| e.to_string()),
-        None => plain
+        None => per_message
             .client()
             .publish_with_reply_and_headers(
                 msg.subject.clone(),
                 reply_to,
-                plain.headers(&msg),
+                per_message.headers(&msg),
                 msg.payload.clone(),
             )
             .await
@@ -343,7 +343,7 @@ async fn send_member(
 
 /// Reads one batch's answers and settles its members.
 struct Reader {
-    plain: JetStreamPublisher,
+    per_message: MessagePublisher,
     disabled: Arc<AtomicBool>,
     ended: Arc<AtomicBool>,
     ack_timeout: Duration,
@@ -444,10 +444,10 @@ impl Reader {
             return;
         }
         if answer.batch.is_none() {
-            // A plain PubAck: the server stored the first message as an ordinary publish.
+            // A per_message PubAck: the server stored the first message as an ordinary publish.
             if !self.disabled.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
-                    "a NATS server answered a fast batch with a plain PubAck (before 2.14); publishing each message on its own from now on"
+                    "a NATS server answered a fast batch with a per_message PubAck (before 2.14); publishing each message on its own from now on"
                 );
             }
         }
@@ -489,7 +489,7 @@ impl Reader {
             if member.seq <= stored {
                 continue;
             }
-            let outcome = match self.plain.send_alone(&member.msg).await {
+            let outcome = match self.per_message.send_alone(&member.msg).await {
                 Ok(ack) => ack.await,
                 Err(e) => Err(e),
             };

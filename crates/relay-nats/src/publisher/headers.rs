@@ -1,13 +1,12 @@
 //! The headers the publisher puts on each message: the transaction's shared part prepared once
 //! (see [`HeaderTemplate`]), the event's own part added per message.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use async_nats::HeaderMap;
 use async_nats::header::HeaderName;
 use relay_core::message::{HEADER_MSG_ID, OutboundMessage};
 
-use super::JetStreamPublisher;
 use crate::header_entries::{own_entries, same_values, shared_entries, split};
 
 /// `Nats-Expected-Stream` plus a message's shared headers (`OutboundMessage::shared_headers`)
@@ -34,7 +33,7 @@ const NAME_CACHE: usize = 32;
 /// `Nats-Msg-Id`, converted once.
 const MSG_ID: HeaderName = HeaderName::from_static(HEADER_MSG_ID);
 
-/// What [`JetStreamPublisher::headers`] keeps between events, behind one lock.
+/// What [`headers`] keeps between events, behind one lock.
 #[derive(Default)]
 pub(super) struct HeaderState {
     pub(super) template: Option<HeaderTemplate>,
@@ -69,74 +68,73 @@ impl HeaderState {
     }
 }
 
-impl JetStreamPublisher {
-    /// The headers of `msg`: its shared headers from the transaction's template, then its own.
-    /// Exactly what [`relay_core::stage::Publisher::send`] puts on the wire; public so consumer
-    /// tests publish (and compare against) the relay's real header set instead of a
-    /// hand-written copy.
-    pub fn headers(&self, msg: &OutboundMessage) -> HeaderMap {
-        let (shared, own) = split(msg);
-        // A poisoned lock only means a panic elsewhere mid-update: rebuild the template.
-        let mut state = self
-            .template
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let state = &mut *state;
-        let prepared = match state.template.take() {
-            Some(t) if t.matches(shared) => Some(t),
-            _ => None,
-        };
-        let (mut headers, template) = match prepared {
-            Some(HeaderTemplate {
+/// The headers of `msg` published into `stream`: its shared headers from the transaction's
+/// template in `template`, then its own ([`super::JetStreamPublisher::headers`]).
+pub(super) fn headers(
+    template: &Mutex<HeaderState>,
+    stream: &str,
+    msg: &OutboundMessage,
+) -> HeaderMap {
+    let (shared, own) = split(msg);
+    // A poisoned lock only means a panic elsewhere mid-update: rebuild the template.
+    let mut state = template
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let state = &mut *state;
+    let prepared = match state.template.take() {
+        Some(t) if t.matches(shared) => Some(t),
+        _ => None,
+    };
+    let (mut headers, template) = match prepared {
+        Some(HeaderTemplate {
+            values,
+            headers: Some(map),
+        }) => (
+            map.clone(),
+            HeaderTemplate {
                 values,
                 headers: Some(map),
-            }) => (
+            },
+        ),
+        // The transaction's second event: keep its shared headers for the rest.
+        Some(HeaderTemplate {
+            values,
+            headers: None,
+        }) => {
+            let map = shared_headers(stream, state, shared);
+            (
                 map.clone(),
                 HeaderTemplate {
                     values,
                     headers: Some(map),
                 },
-            ),
-            // The transaction's second event: keep its shared headers for the rest.
-            Some(HeaderTemplate {
-                values,
+            )
+        }
+        // A new transaction (or table): built once, cached from its second event on.
+        None => (
+            shared_headers(stream, state, shared),
+            HeaderTemplate {
+                values: shared.iter().map(|(_, v)| v.clone()).collect(),
                 headers: None,
-            }) => {
-                let map = self.shared_headers(state, shared);
-                (
-                    map.clone(),
-                    HeaderTemplate {
-                        values,
-                        headers: Some(map),
-                    },
-                )
-            }
-            // A new transaction (or table): built once, cached from its second event on.
-            None => (
-                self.shared_headers(state, shared),
-                HeaderTemplate {
-                    values: shared.iter().map(|(_, v)| v.clone()).collect(),
-                    headers: None,
-                },
-            ),
-        };
-        state.template = Some(template);
-        for (name, value) in own_entries(msg, own) {
-            state.insert(&mut headers, name, value);
-        }
-        headers
+            },
+        ),
+    };
+    state.template = Some(template);
+    for (name, value) in own_entries(msg, own) {
+        state.insert(&mut headers, name, value);
     }
+    headers
+}
 
-    /// `Nats-Expected-Stream` and `shared`, the headers a transaction's events share.
-    fn shared_headers(
-        &self,
-        state: &mut HeaderState,
-        shared: &[(Arc<str>, Arc<str>)],
-    ) -> HeaderMap {
-        let mut headers = HeaderMap::new();
-        for (name, value) in shared_entries(&self.stream, shared) {
-            state.insert(&mut headers, name, value);
-        }
-        headers
+/// `Nats-Expected-Stream` and `shared`, the headers a transaction's events share.
+fn shared_headers(
+    stream: &str,
+    state: &mut HeaderState,
+    shared: &[(Arc<str>, Arc<str>)],
+) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for (name, value) in shared_entries(stream, shared) {
+        state.insert(&mut headers, name, value);
     }
+    headers
 }

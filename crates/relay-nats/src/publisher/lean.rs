@@ -7,10 +7,11 @@ use futures::future::BoxFuture;
 use relay_core::message::OutboundMessage;
 use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind};
 
-use super::{JetStreamPublisher, verify_duplicate};
+use super::MessagePublisher;
+use super::message::verify_duplicate;
 use crate::wire::LeanConnection;
 
-impl JetStreamPublisher {
+impl MessagePublisher {
     /// [`Self::publish`] on the lean connection: the same outcomes, server-close and
     /// quarantine handling, permission errors and duplicate check as through async-nats.
     pub(super) fn publish_lean(

@@ -101,7 +101,7 @@ async fn headers_come_from_the_transaction_template_and_the_event() {
     assert_eq!(framed.len(), map.iter().count());
     // Back to the last transaction, for the template check below.
     let _ = publisher.headers(&cases[2].0);
-    let state = publisher.template.lock().expect("not poisoned");
+    let state = publisher.core.template.lock().expect("not poisoned");
     assert!(
         state
             .template

@@ -1,0 +1,307 @@
+//! The per-message core of the publisher: one message at a time on the publishing connection
+//! (the lean one, `lean.rs`, or async-nats'), with its outcome, the server-close quarantine,
+//! permission errors and the duplicate check. Per-message mode publishes through it, and so do
+//! the framing tasks for what they do not batch (a one-message transaction, a dead letter, a
+//! batch refused whole) and re-sends.
+
+use std::error::Error as _;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream;
+use async_nats::jetstream::context::PublishErrorKind as NatsKind;
+use async_nats::jetstream::message::PublishMessage;
+use futures::future::BoxFuture;
+use relay_core::message::OutboundMessage;
+use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind};
+
+use super::headers::HeaderState;
+use crate::closes::{self, Quarantine};
+use crate::connection::{JetStream, NatsConnection};
+use crate::error_codes::kind_for_error_code;
+use crate::wire::LeanConnection;
+
+/// Publishes one message at a time into one stream. Cheap to clone (reference counts): the
+/// publisher and its framing task each hold one.
+#[derive(Clone)]
+pub(crate) struct MessagePublisher {
+    /// The context, on the connection whose limits and events the publisher follows.
+    pub(super) jetstream: JetStream,
+    pub(super) stream: Arc<str>,
+    /// The same context, shared with ack futures by reference count (no per-event clone).
+    pub(super) shared: Arc<jetstream::Context>,
+    /// The headers of the current transaction, prepared once (see `headers::HeaderTemplate`), and
+    /// the header names seen.
+    pub(super) template: Arc<Mutex<HeaderState>>,
+    /// For the server's `max_payload` (a relaxed atomic load) and async-nats' publishes.
+    client: async_nats::Client,
+    /// Length of async-nats' reply subjects, `<inbox>.<id>.<token>`.
+    pub(super) nats_reply_len: usize,
+    /// Messages the server closed the connection on, re-sent one at a time.
+    pub(super) quarantine: Arc<Quarantine>,
+    /// How long to wait for an answer before an outcome counts as unknown.
+    pub(super) ack_timeout: Duration,
+    /// The lean publish connection (see [`crate::wire`]); `None` for a client made elsewhere or
+    /// with `[nats] publish_path = "async-nats"`, which publish through async-nats.
+    pub(super) lean: Option<Arc<LeanConnection>>,
+}
+
+impl MessagePublisher {
+    /// See [`super::JetStreamPublisher::new`].
+    pub(super) fn new(
+        connection: &NatsConnection,
+        stream: &str,
+        ack_timeout: Duration,
+        max_in_flight: usize,
+    ) -> Self {
+        let client = connection.client().clone();
+        // A JetStream publish replies to `<inbox prefix>.<id>.<token>`, where
+        // `<inbox prefix>.<token>` is a new inbox (async-nats' request multiplexer).
+        let inbox = client.new_inbox();
+        let token = inbox.rsplit('.').next().map_or(0, str::len);
+        // The lean path when the connection was made from settings (its reply subjects are
+        // `<inbox>.<16 hex digits>`).
+        let lean = connection.lean_settings().map(|settings| {
+            Arc::new(LeanConnection::new(
+                settings,
+                connection.state().clone(),
+                ack_timeout,
+            ))
+        });
+        let jetstream = connection.jetstream_with(
+            jetstream::ContextBuilder::new()
+                .timeout(ack_timeout)
+                .max_ack_inflight(max_in_flight.saturating_add(64)),
+        );
+        Self {
+            shared: Arc::new(jetstream.context().clone()),
+            jetstream,
+            stream: stream.into(),
+            template: Arc::default(),
+            client,
+            nats_reply_len: inbox.len() + 1 + token,
+            quarantine: Arc::default(),
+            ack_timeout,
+            lean,
+        }
+    }
+
+    /// Length of the longest reply subject a message published on its own may carry.
+    pub(super) fn reply_len(&self) -> usize {
+        self.lean
+            .as_ref()
+            .map_or(self.nats_reply_len, |lean| lean.reply_len())
+    }
+
+    /// The server's `max_payload`: the lean connection's once it saw an INFO, async-nats' (same
+    /// servers) before; 0 before the first INFO.
+    pub(super) fn max_payload(&self) -> usize {
+        match self.lean.as_ref().map_or(0, |lean| lean.max_payload()) {
+            0 => self.client.max_payload(),
+            n => n,
+        }
+    }
+
+    /// Whether messages go through the lean publish path (its own connection, see
+    /// `crate::wire`) rather than async-nats: made from settings, and not refused by the server.
+    pub(super) fn publishes_lean(&self) -> bool {
+        self.lean.as_ref().is_some_and(|lean| !lean.refused())
+    }
+
+    /// The lean connection, once it is up (waiting at most `wait`), unless this publisher
+    /// publishes through async-nats (a client made elsewhere, or a server that refused the
+    /// lean connection). A batch takes one path for all its messages and its commit.
+    pub(crate) async fn lean_path(&self, wait: Duration) -> Option<Arc<LeanConnection>> {
+        match &self.lean {
+            Some(lean) if lean.ready(wait).await => Some(lean.clone()),
+            _ => None,
+        }
+    }
+
+    /// The headers of `msg` ([`super::JetStreamPublisher::headers`]).
+    pub(crate) fn headers(&self, msg: &OutboundMessage) -> async_nats::HeaderMap {
+        super::headers::headers(&self.template, &self.stream, msg)
+    }
+
+    /// The client async-nats publishes on.
+    pub(crate) fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+
+    /// The JetStream context, for stream checks.
+    pub(super) fn context(&self) -> &jetstream::Context {
+        self.jetstream.context()
+    }
+
+    /// Publishes `msg` now, never waiting for a lost connection: for the pipeline's loop and a
+    /// framing task's loop (a delivery whose outcome is unknown re-sends, and its re-send
+    /// waits).
+    pub(crate) async fn send_now(
+        &self,
+        msg: &Arc<OutboundMessage>,
+    ) -> Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError> {
+        self.send_waiting(msg, Duration::ZERO).await
+    }
+
+    /// Publishes `msg` (re-sends, and what a batch does not take). While the lean connection is
+    /// down, waits up to `ack_timeout` for it to come back: the callers are not the pipeline's
+    /// loop.
+    pub(crate) async fn send_alone(
+        &self,
+        msg: &Arc<OutboundMessage>,
+    ) -> Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError> {
+        self.send_waiting(msg, self.ack_timeout).await
+    }
+
+    /// Publishes `msg`, waiting at most `wait` for a lost lean connection.
+    async fn send_waiting(
+        &self,
+        msg: &Arc<OutboundMessage>,
+        wait: Duration,
+    ) -> Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError> {
+        if self.quarantine.is_suspect(&msg.event_id) {
+            // Re-sent alone among suspects. The wait is inside the ack future, so the caller
+            // (the pipeline's loop, which polls the other deliveries) never blocks on it.
+            let this = self.clone();
+            let msg = msg.clone();
+            return Ok(Box::pin(async move {
+                let probe = this.quarantine.probe().await;
+                this.publish(&msg, Some(probe), wait).await?.await
+            }));
+        }
+        self.publish(msg, None, wait).await
+    }
+
+    /// Sends `msg` now; the returned future sees it acknowledged. `probe` (a suspect's turn,
+    /// see [`Quarantine`]) is held until the outcome is known.
+    async fn publish(
+        &self,
+        msg: &Arc<OutboundMessage>,
+        probe: Option<tokio::sync::OwnedMutexGuard<()>>,
+        wait: Duration,
+    ) -> Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError> {
+        if let Some(lean) = &self.lean
+            && lean.ready(wait).await
+        {
+            return self.publish_lean(lean, msg, probe);
+        }
+        // Before sending: a server close from now on may be this message's doing.
+        let state = self.jetstream.state();
+        let mut closes = state.closes.subscribe();
+        let publish = PublishMessage::build()
+            .headers(self.headers(msg))
+            .payload(msg.payload.clone());
+        let ack = self
+            .context()
+            .send_publish(msg.subject.clone(), publish)
+            .await
+            .map_err(classify)?;
+        // For the rare duplicate ack and permission errors: reference counts, no copies.
+        let context = self.shared.clone();
+        let stream = self.stream.clone();
+        let quarantine = self.quarantine.clone();
+        let state = state.clone();
+        let msg = msg.clone();
+        Ok(Box::pin(async move {
+            let subject = &msg.subject;
+            // The server closed the connection over a protocol error while the ack was
+            // pending: no ack will come on it. Say so now rather than after the ack timeout.
+            let ack = tokio::select! {
+                biased;
+                ack = ack => ack,
+                reason = closes::next_close(&mut closes) => {
+                    quarantine.outcome(&msg.event_id, true);
+                    return Err(PublishError::closed_by_server(format!(
+                        "NATS closed the connection after this message was sent: -ERR '{reason}'"
+                    )));
+                }
+            };
+            quarantine.outcome(&msg.event_id, false);
+            drop(probe);
+            let ack = ack.map_err(|e| {
+                let timed_out = e.kind() == NatsKind::TimedOut;
+                let error = classify(e);
+                match state.publish_denied(subject) {
+                    // The server refused the publish itself: no PubAck will ever come.
+                    Some(denied) if timed_out => PublishError::new(
+                        PublishErrorKind::Rejected,
+                        format!(
+                            "NATS refused to let the relay publish to `{subject}` ({denied}): grant the relay's NATS user publish permission on the outbox subjects"
+                        ),
+                    ),
+                    _ => error,
+                }
+            })?;
+            if ack.duplicate {
+                // Boxed: the lookup's future is kilobytes, and inline it would make every
+                // outstanding ack that large, duplicate or not.
+                Box::pin(verify_duplicate(&context, &stream, ack.sequence, &msg)).await?;
+            }
+            Ok(PubReceipt {
+                stream_seq: ack.sequence,
+                duplicate: ack.duplicate,
+            })
+        }))
+    }
+}
+
+/// A duplicate PubAck means JetStream already holds a message with this `Nats-Msg-Id`: a
+/// re-send (same subject and payload), or a second outbox row reusing the id. Fetch the stored
+/// copy and refuse the second case instead of reporting a silent success.
+pub(super) async fn verify_duplicate(
+    context: &jetstream::Context,
+    stream: &str,
+    seq: u64,
+    msg: &OutboundMessage,
+) -> Result<(), PublishError> {
+    let stored = match context.get_stream_no_info(stream).await {
+        Ok(handle) => handle.get_raw_message(seq).await,
+        Err(e) => {
+            tracing::debug!(error = %e, seq, "cannot look up the stored copy of a duplicate");
+            return Ok(());
+        }
+    };
+    match stored {
+        Ok(stored) if stored.subject.as_str() != msg.subject || stored.payload != msg.payload => {
+            Err(PublishError::new(
+                PublishErrorKind::Collision,
+                format!(
+                    "event id collision: `{}` is already stored (stream sequence {seq}) with a different subject or payload; two outbox rows share this event id",
+                    msg.event_id
+                ),
+            ))
+        }
+        Ok(_) => Ok(()),
+        // Purged or aged out: nothing to compare with.
+        Err(e) => {
+            tracing::debug!(error = %e, seq, "cannot read the stored copy of a duplicate");
+            Ok(())
+        }
+    }
+}
+
+/// Maps an async-nats publish error to the pipeline's classes.
+pub(crate) fn classify(error: jetstream::context::PublishError) -> PublishError {
+    let server_code = error
+        .source()
+        .and_then(|s| s.downcast_ref::<jetstream::Error>())
+        .map(jetstream::Error::error_code);
+    let kind = match error.kind() {
+        NatsKind::TimedOut | NatsKind::BrokenPipe | NatsKind::MaxAckPending => {
+            PublishErrorKind::Unknown
+        }
+        // 503 no responders: a leader election, or no stream captures the subject.
+        NatsKind::StreamNotFound => PublishErrorKind::NoStream,
+        NatsKind::MaxPayloadExceeded
+        | NatsKind::WrongLastMessageId
+        | NatsKind::WrongLastSequence => PublishErrorKind::Rejected,
+        _ => server_code.map_or(PublishErrorKind::Unknown, |code| {
+            kind_for_error_code(code.0)
+        }),
+    };
+    let detail = match error.source() {
+        Some(source) => format!("{error}: {source}"),
+        None => error.to_string(),
+    };
+    PublishError::new(kind, detail)
+}
