@@ -83,7 +83,9 @@ pub struct Args {
     #[arg(long, env = "RELAY_BIN")]
     pub relay_bin: Option<PathBuf>,
     /// A second outbox-relay binary (e.g. the previous commit) run right after each catch-up of
-    /// the main one, on the same backlog: an A/B comparison within one run.
+    /// the main one, on the same backlog: an A/B comparison within one run. The publish-mode
+    /// rows run it too, in every mode, with an A/B row per mode and shape (each `--rounds`
+    /// round's ratios of events/s and CPU per event, and their medians).
     #[arg(long)]
     pub compare_bin: Option<PathBuf>,
     /// Also write the table (markdown) to this file.

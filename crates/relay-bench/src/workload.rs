@@ -30,7 +30,7 @@ pub use self::backfill::BackfillRun;
 pub use self::cleanup::{CleanupMode, CleanupRun};
 pub use self::debezium::{DebeziumRun, DebeziumStatus};
 pub use self::messages::MessagesRun;
-pub use self::modes::{ModeOutcome, ModeScenario};
+pub use self::modes::{ModeAb, ModeOutcome, ModeScenario};
 pub use self::position::PositionRun;
 pub use self::publish_mode::PublishModeArg;
 pub use self::restore::RestoreRun;

@@ -4,7 +4,9 @@
 use std::fmt::Write as _;
 
 use crate::measure::micros_per_event;
-use crate::workload::{ModeOutcome, ModeScenario, PublishModeArg, RelayRun, Results, SLOTS_PER_TX};
+use crate::workload::{
+    ModeAb, ModeOutcome, ModeScenario, PublishModeArg, RelayRun, Results, SLOTS_PER_TX, median_by,
+};
 
 use super::{cpu_target_us, verdict};
 
@@ -12,6 +14,7 @@ use super::{cpu_target_us, verdict};
 pub(super) fn rows(out: &mut String, res: &Results) {
     for sc in &res.modes {
         mode_rows(out, sc, res.relay_startup_cpu_secs);
+        ab_rows(out, sc);
     }
     latency_rows(out, res);
     for m in &res.messages {
@@ -105,6 +108,62 @@ fn mode_rows(out: &mut String, sc: &ModeScenario, startup_cpu: Option<f64>) {
             }
         }
     }
+}
+
+/// The A/B target: the medians of the rounds' ratios, this build against `--compare-bin`, within
+/// what one run swings on this machine (docs/benchmarks.md, "Noise").
+const AB_MIN_RATE: f64 = 0.95;
+const AB_MAX_CPU: f64 = 1.05;
+
+/// With `--compare-bin`: per mode, this build against the other on the same backlog, each
+/// round's ratio of events/s and of CPU per event, and their medians.
+fn ab_rows(out: &mut String, sc: &ModeScenario) {
+    for (mode, ab) in &sc.compared {
+        ab_row(out, sc, *mode, ab);
+    }
+}
+
+/// One mode's A/B row.
+fn ab_row(out: &mut String, sc: &ModeScenario, mode: PublishModeArg, ab: &ModeAb) {
+    let name = format!("**A/B publish mode {}, {}**", mode.as_config(), sc.label);
+    let pairs: Vec<(&RelayRun, &RelayRun)> = ab.relay.iter().zip(&ab.compare).collect();
+    let rates: Vec<f64> = pairs
+        .iter()
+        .map(|(a, b)| a.events_per_s / b.events_per_s)
+        .collect();
+    let cpus: Vec<f64> = pairs.iter().map(|(a, b)| a.cpu_secs / b.cpu_secs).collect();
+    let (Some(rate), Some(cpu)) = (
+        median_by(rates.clone(), |r| *r),
+        median_by(cpus.clone(), |c| *c),
+    ) else {
+        let _ = writeln!(
+            out,
+            "| {name} | no pair of runs (see the log above) | | | – | FAIL |"
+        );
+        return;
+    };
+    let median_run = |runs: &[RelayRun]| median_by(runs.to_vec(), |r| r.secs);
+    let (Some(this), Some(other)) = (median_run(&ab.relay), median_run(&ab.compare)) else {
+        return;
+    };
+    let each = |v: &[f64]| {
+        v.iter()
+            .map(|r| format!("{r:.2}"))
+            .collect::<Vec<_>>()
+            .join(" / ")
+    };
+    let _ = writeln!(
+        out,
+        "| {name} (this build, then `--compare-bin`, on the same backlog; {} round(s)) | {:.0}/s, {:.2} CPU µs/event | `--compare-bin` {:.0}/s, {:.2} CPU µs/event | events/s {}x (median {rate:.2}x); CPU per event {}x (median {cpu:.2}x) | events/s ≥ {AB_MIN_RATE:.2}x, CPU ≤ {AB_MAX_CPU:.2}x (medians) | {} |",
+        pairs.len(),
+        this.events_per_s,
+        micros_per_event(this.cpu_secs, sc.rows),
+        other.events_per_s,
+        micros_per_event(other.cpu_secs, sc.rows),
+        each(&rates),
+        each(&cpus),
+        verdict(rate >= AB_MIN_RATE && cpu <= AB_MAX_CPU),
+    );
 }
 
 /// One catch-up run's row beside the baseline run it is compared with (in the same run of the

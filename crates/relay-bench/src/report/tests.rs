@@ -139,3 +139,61 @@ fn a_latency_run_with_events_is_judged() {
         "{rss}"
     );
 }
+
+#[test]
+fn an_ab_row_judges_the_median_of_each_rounds_ratios() {
+    let args = Args::parse_from(["relay-bench", "--quick", "--rounds", "3"]);
+    let run = |events_per_s: f64, cpu_secs: f64| RelayRun {
+        variant: "",
+        max_in_flight: 1024,
+        secs: 100.0 / events_per_s,
+        events_per_s,
+        peak_rss: 0,
+        cpu_secs,
+        first_stored_secs: 0.1,
+        last_stored_secs: 0.9,
+        budget: None,
+    };
+    let ab = |relay: Vec<RelayRun>, compare: Vec<RelayRun>| crate::workload::ModeScenario {
+        label: "100-row txs".into(),
+        rows: 100,
+        per_tx: 100,
+        runs: Vec::new(),
+        compared: vec![(
+            crate::workload::PublishModeArg::FastBatch,
+            crate::workload::ModeAb { relay, compare },
+        )],
+    };
+    // Rates 0.90, 1.00, 1.10 of the other build (median 1.00); CPU 1.20, 1.00, 0.80 (median 1.00).
+    let even = ab(
+        vec![run(90.0, 1.2), run(100.0, 1.0), run(110.0, 0.8)],
+        vec![run(100.0, 1.0), run(100.0, 1.0), run(100.0, 1.0)],
+    );
+    // Slower in two rounds of three: the median is 0.80.
+    let slower = ab(
+        vec![run(80.0, 1.0), run(80.0, 1.0), run(120.0, 1.0)],
+        vec![run(100.0, 1.0), run(100.0, 1.0), run(100.0, 1.0)],
+    );
+    let res = Results {
+        modes: vec![even, slower],
+        ..Results::default()
+    };
+    let table = render(&args, &res);
+    let rows: Vec<&str> = table
+        .lines()
+        .filter(|l| l.contains("**A/B publish mode"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{table}");
+    assert!(
+        rows[0].contains("events/s 0.90 / 1.00 / 1.10x (median 1.00x)")
+            && rows[0].contains("CPU per event 1.20 / 1.00 / 0.80x (median 1.00x)")
+            && rows[0].ends_with("| PASS |"),
+        "{}",
+        rows[0]
+    );
+    assert!(
+        rows[1].contains("(median 0.80x)") && rows[1].ends_with("| FAIL |"),
+        "{}",
+        rows[1]
+    );
+}

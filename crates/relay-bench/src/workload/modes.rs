@@ -12,7 +12,7 @@ use super::latency::latency_in_mode;
 use super::publish_mode::PublishModeArg;
 use super::relay::{CatchUpConfig, CaughtUp, relay_catch_up_with, relay_log};
 use super::setup::{Env, reset, write_backlog};
-use super::{LatencyRun, RelayRun, say};
+use super::{LatencyRun, RelayRun, median_by, say};
 
 /// What the relay logs when it cannot publish in the configured batch mode and publishes each
 /// message on its own instead (relay-nats `with_publish_mode` and the in-run switch).
@@ -36,7 +36,18 @@ pub struct ModeScenario {
     pub label: String,
     pub rows: u64,
     pub per_tx: u64,
+    /// The relay's run per mode (the median round's with `--rounds`).
     pub runs: Vec<(PublishModeArg, ModeOutcome<RelayRun>)>,
+    /// With `--compare-bin`: each mode's runs of both builds, round by round.
+    pub compared: Vec<(PublishModeArg, ModeAb)>,
+}
+
+/// One mode's runs of the relay and of `--compare-bin` on the same backlog, one pair per round
+/// (the two builds one right after the other).
+#[derive(Debug, Default)]
+pub struct ModeAb {
+    pub relay: Vec<RelayRun>,
+    pub compare: Vec<RelayRun>,
 }
 
 /// The catch-up rows of every `--mode-tx-sizes` backlog, then the latency row of every mode.
@@ -63,47 +74,14 @@ pub(super) async fn modes(
             reset(env).await?;
             let (inside_last, _, write_secs) = write_backlog(env, rows, per_tx).await?;
             say(format!("   written in {write_secs:.1} s"));
-            let mut runs = Vec::new();
-            for &mode in &args.publish_modes {
-                if let Some(why) = mode.unsupported_on(&server) {
-                    say(format!("   {}: {why}", mode.as_config()));
-                    runs.push((mode, ModeOutcome::Skipped(why)));
-                    continue;
-                }
-                let setup = CatchUpConfig {
-                    nats: &mode.nats_keys(),
-                    ..Default::default()
-                };
-                let bin = &env.relay_bin;
-                let variant = mode.variant();
-                let caught_up =
-                    relay_catch_up_with(env, bin, variant, mif, rows, inside_last, &setup).await;
-                let outcome = match caught_up {
-                    Ok(CaughtUp { run, slot, .. }) => {
-                        say(format!(
-                            "   {}: {:.0} events/s ({:.2} s), {:.2} CPU µs/event",
-                            mode.as_config(),
-                            run.events_per_s,
-                            run.secs,
-                            micros_per_event(run.cpu_secs, rows)
-                        ));
-                        ModeOutcome::Ran {
-                            run,
-                            fell_back: fell_back(env, &slot),
-                        }
-                    }
-                    Err(e) => {
-                        say(format!("   {} failed: {e:#}", mode.as_config()));
-                        ModeOutcome::Failed(format!("{e:#}"))
-                    }
-                };
-                runs.push((mode, outcome));
-            }
+            let (runs, compared) =
+                catch_up_per_mode(env, args, &server, mif, rows, inside_last).await;
             scenarios.push(ModeScenario {
                 label,
                 rows,
                 per_tx,
                 runs,
+                compared,
             });
         }
     }
@@ -134,6 +112,121 @@ pub(super) async fn modes(
         }
     }
     Ok((scenarios, latency))
+}
+
+/// One mode's runs of one backlog while they are made.
+#[derive(Default)]
+struct ModeRuns {
+    mode: PublishModeArg,
+    /// The relay's runs, one per round.
+    runs: Vec<RelayRun>,
+    /// The slot of the relay's last run (its log says whether it fell back).
+    last_slot: String,
+    failed: Option<String>,
+    ab: ModeAb,
+}
+
+/// The catch-up of one backlog in each mode the server can do: `--rounds` rounds, in each the
+/// relay then `--compare-bin` (if given) per mode. The relay's median round stands for the mode.
+async fn catch_up_per_mode(
+    env: &Env,
+    args: &Args,
+    server: &str,
+    mif: usize,
+    rows: u64,
+    inside_last: u64,
+) -> (
+    Vec<(PublishModeArg, ModeOutcome<RelayRun>)>,
+    Vec<(PublishModeArg, ModeAb)>,
+) {
+    let mut outcomes = Vec::new();
+    let mut ran: Vec<ModeRuns> = Vec::new();
+    for &mode in &args.publish_modes {
+        match mode.unsupported_on(server) {
+            Some(why) => {
+                say(format!("   {}: {why}", mode.as_config()));
+                outcomes.push((mode, ModeOutcome::Skipped(why)));
+            }
+            None => ran.push(ModeRuns {
+                mode,
+                ..ModeRuns::default()
+            }),
+        }
+    }
+    let rounds = args.rounds.max(1);
+    for round in 1..=rounds {
+        if rounds > 1 {
+            say(format!("   round {round} of {rounds}"));
+        }
+        for ModeRuns {
+            mode,
+            runs,
+            last_slot,
+            failed,
+            ab,
+        } in &mut ran
+        {
+            let nats = mode.nats_keys();
+            let setup = CatchUpConfig {
+                nats: &nats,
+                ..Default::default()
+            };
+            let mut builds = vec![("", mode.variant(), &env.relay_bin)];
+            if let Some(bin) = &args.compare_bin {
+                builds.push((" (--compare-bin)", mode.compare_variant(), bin));
+            }
+            for (which, variant, bin) in builds {
+                let caught_up =
+                    relay_catch_up_with(env, bin, variant, mif, rows, inside_last, &setup).await;
+                let CaughtUp { run, slot, .. } = match caught_up {
+                    Ok(caught_up) => caught_up,
+                    Err(e) => {
+                        say(format!("   {}{which} failed: {e:#}", mode.as_config()));
+                        failed.get_or_insert(format!("{e:#}"));
+                        continue;
+                    }
+                };
+                say(format!(
+                    "   {}{which}: {:.0} events/s ({:.2} s), {:.2} CPU µs/event",
+                    mode.as_config(),
+                    run.events_per_s,
+                    run.secs,
+                    micros_per_event(run.cpu_secs, rows)
+                ));
+                if which.is_empty() {
+                    runs.push(run.clone());
+                    *last_slot = slot;
+                    ab.relay.push(run);
+                } else {
+                    ab.compare.push(run);
+                }
+            }
+        }
+    }
+    let mut compared = Vec::new();
+    for ModeRuns {
+        mode,
+        runs,
+        last_slot: slot,
+        failed,
+        ab,
+    } in ran
+    {
+        let outcome = match (failed, median_by(runs, |r| r.secs)) {
+            (None, Some(run)) => ModeOutcome::Ran {
+                run,
+                fell_back: fell_back(env, &slot),
+            },
+            (Some(e), _) => ModeOutcome::Failed(e),
+            (None, None) => ModeOutcome::Failed("no run".into()),
+        };
+        outcomes.push((mode, outcome));
+        if args.compare_bin.is_some() {
+            compared.push((mode, ab));
+        }
+    }
+    outcomes.sort_by_key(|(mode, _)| args.publish_modes.iter().position(|m| m == mode));
+    (outcomes, compared)
 }
 
 /// Whether the relay run named `name` logged that it published per message instead.

@@ -3,9 +3,10 @@
 //! publish-mode rows (`modes`) and the latency runs (`latency`).
 
 /// A `[nats] publish_mode` the bench runs (`--publish-modes`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum PublishModeArg {
     /// Every message on its own.
+    #[default]
     PerMessage,
     /// Each transaction as one JetStream atomic batch.
     AtomicBatch,
@@ -57,6 +58,15 @@ impl PublishModeArg {
             Self::PerMessage => "",
             Self::AtomicBatch => "_atomic_batch",
             Self::FastBatch => "_fast_batch",
+        }
+    }
+
+    /// The variant part of the slot and log names of `--compare-bin`'s runs in this mode.
+    pub fn compare_variant(self) -> &'static str {
+        match self {
+            Self::PerMessage => "_compare",
+            Self::AtomicBatch => "_atomic_batch_compare",
+            Self::FastBatch => "_fast_batch_compare",
         }
     }
 }
