@@ -287,6 +287,8 @@ def test_a_new_durable_starts_at_a_commit_lsn_or_time_as_outbox_relay_position_f
             out = json.loads(env.relay.command("position", "--time", third_time, "--json",
                                                "--no-map"))
             assert out["sequence"] == 5, out
+            # One microsecond after the last commit: past it.
+            assert (await locate(t.js, STREAM, at + dt.timedelta(microseconds=1))).sequence == 7
             # A new durable starting at that time: its first event is the third commit's first.
             handler = lambda conn, ev: recording_handler(conn, ev, "by-time")  # noqa: E731
             consumer = Consumer(t.js, env.pg.url(), "by-time", start_at=StartAt.at_time(at),

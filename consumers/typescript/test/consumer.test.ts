@@ -7,7 +7,7 @@ import { test } from "node:test";
 import { DeliverPolicy, jetstream, jetstreamManager, type JetStreamManager, type StoredMsg } from "@nats-io/jetstream";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
 import pg from "pg";
-import { Consumer, contract as c, locate, parseLsn, parseRfc3339Micros, type Event, type Handler } from "../src/index.js";
+import { Consumer, ConsumerError, contract as c, locate, parseLsn, parseRfc3339Micros, type Event, type Handler } from "../src/index.js";
 import { Env, STREAM, waitFor } from "./harness.js";
 
 const FAST = { ackWaitMs: 2000, backoffInitialMs: 100, backoffMaxMs: 500 };
@@ -284,6 +284,16 @@ test("a new durable starts at a commit LSN or time as outbox-relay position find
     const { config } = await t.jsm.consumers.info(STREAM, "by-time");
     assert.deepEqual([config.deliver_policy, config.opt_start_seq], [DeliverPolicy.StartSequence, 5]);
     assert.deepEqual(timeRows.map((r) => [r.event_id, r.seq]), [[batches[2][0], 5], [batches[2][1], 6]]);
+    // One microsecond after the last commit: past it (a time cut to milliseconds would not be).
+    const micros = parseRfc3339Micros(thirdTime) + 1n;
+    const justAfter = `${new Date(Number(micros / 1000n)).toISOString().slice(0, 19)}.${(micros % 1_000_000n).toString().padStart(6, "0")}Z`;
+    assert.equal(JSON.parse(t.env.relayCommand("position", "--time", justAfter, "--json", "--no-map")).sequence, 7);
+    await running(new Consumer(t.nc, t.env.pg.url(), "after-all", { ...FAST, startAt: { time: justAfter } }), record("after-all"), async () => {
+      await waitFor(() => t.jsm.consumers.info(STREAM, "after-all").catch(() => null), "durable after-all");
+    });
+    assert.equal((await t.jsm.consumers.info(STREAM, "after-all")).config.opt_start_seq, 7);
+    const bad = new Consumer(t.nc, t.env.pg.url(), "bad-time", { ...FAST, startAt: { time: "yesterday" } });
+    await assert.rejects(bad.run(record("bad-time")), (e: Error) => e instanceof ConsumerError && e.message.includes('"yesterday"'));
   }));
 
 test("events are applied once across a PostgreSQL restart", () =>
