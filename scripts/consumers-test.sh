@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Tests of the Python and TypeScript consumer libraries (consumers/python, consumers/typescript)
-# against real servers each test starts itself on free ports: PostgreSQL (/usr/lib/postgresql/*/bin
-# or RELAY_TEST_PG_BIN; as the `postgres` OS user when run as root), `nats-server -js`, and the
-# relay binary target/debug/outbox-relay (built here; OUTBOX_RELAY_BIN overrides).
+# against real servers each test starts itself on free ports: PostgreSQL (RELAY_TEST_PG_BIN, a bin
+# directory, else the newest /usr/lib/postgresql/*/bin; as the `postgres` OS user when run as
+# root), `nats-server -js` (RELAY_TEST_NATS_SERVER, else the one on PATH), and the relay binary
+# target/debug/outbox-relay (built here; OUTBOX_RELAY_BIN overrides). After
+# `eval "$(scripts/ensure-deps.sh --new-servers)"` they run on PostgreSQL 18 and the current
+# nats-server.
 #
 # Installs what the suites need: a venv under .local/py-venv (nats-py, psycopg, pytest, pinned in
 # consumers/python/pyproject.toml) and `npm ci` in consumers/typescript (package-lock.json).
@@ -36,6 +39,13 @@ for pair in "${copies[@]}"; do
         exit 1
     fi
 done
+
+# The servers the harnesses pick (tests/harness.py, test/harness.ts), named in the log.
+pg_bin=${RELAY_TEST_PG_BIN:-$(find /usr/lib/postgresql -mindepth 2 -maxdepth 2 -name bin \
+    2>/dev/null | sort -V | tail -n 1 || true)}
+nats_server=${RELAY_TEST_NATS_SERVER:-$(command -v nats-server || echo nats-server)}
+step "servers: $("$pg_bin/postgres" --version 2>&1) ($pg_bin);" \
+    "$("$nats_server" --version 2>&1) ($nats_server)"
 
 step "relay binary"
 if [[ -z ${OUTBOX_RELAY_BIN:-} ]]; then

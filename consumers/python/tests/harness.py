@@ -54,7 +54,8 @@ def _pg_bin() -> Path:
 
 
 class Postgres:
-    """``initdb`` + ``pg_ctl start`` in a temporary directory owned by the server's OS user."""
+    """``initdb`` + ``pg_ctl start`` in a temporary directory owned by the server's OS user, from
+    $RELAY_TEST_PG_BIN, else the newest /usr/lib/postgresql/*/bin."""
 
     def __init__(self) -> None:
         self.bin = _pg_bin()
@@ -137,13 +138,30 @@ class Postgres:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def _nats_server() -> str:
+    explicit = os.environ.get("RELAY_TEST_NATS_SERVER")
+    if explicit:
+        if not os.access(explicit, os.X_OK):
+            raise RuntimeError(f"RELAY_TEST_NATS_SERVER={explicit} is not an executable")
+        return explicit
+    found = shutil.which("nats-server", path=f"{os.environ.get('PATH', '')}:/usr/sbin:/usr/bin")
+    if not found:
+        raise RuntimeError(
+            "nats-server not found on PATH: run scripts/ensure-deps.sh or set "
+            "RELAY_TEST_NATS_SERVER"
+        )
+    return found
+
+
 class Nats:
+    """``nats-server -js`` ($RELAY_TEST_NATS_SERVER, else the one on PATH)."""
+
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="consumer-nats-"))
         self.port = free_port()
         self.log = self.dir / "nats.log"
         self.proc = subprocess.Popen(
-            [shutil.which("nats-server") or "nats-server", "-js", "-a", "127.0.0.1",
+            [_nats_server(), "-js", "-a", "127.0.0.1",
              "-p", str(self.port), "-sd", str(self.dir / "js")],
             stdout=subprocess.DEVNULL, stderr=open(self.log, "w"),
         )

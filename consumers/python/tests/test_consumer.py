@@ -12,6 +12,7 @@ from pathlib import Path
 
 from conftest import DLQ_STREAM, Client, Running, recording_handler
 from harness import STREAM
+from nats.js import api
 
 from outbox_consumer import Consumer, Permanent, Reapply, StartAt, contract as c, locate
 from outbox_consumer.contract import format_lsn, parse_lsn
@@ -89,21 +90,23 @@ def test_a_resend_past_the_duplicate_window_is_applied_once(env_short_window):
     run(body())
 
 
+def service(env, *extra):
+    """tests/service.py as its own process, consuming as service ``svc``."""
+    return subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("service.py")), "--nats",
+         env.nats.url(), "--pg", env.pg.url(), "--service", "svc", *extra],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+
+
 def test_a_consumer_killed_in_the_handler_applies_the_event_once_after_restart(env):
     marker = env.dir / "in-handler"
-
-    def service(*extra):
-        return subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("service.py")), "--nats",
-             env.nats.url(), "--pg", env.pg.url(), "--service", "svc", *extra],
-            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
-        )
 
     async def body():
         async with Client(env) as t:
             ids = await t.insert({"n": 1}, {"n": 2}, {"n": 3})
             await t.wait_stream(3)
-            proc = service("--hang-on", ids[1], "--marker", str(marker))
+            proc = service(env, "--hang-on", ids[1], "--marker", str(marker))
             try:
                 await wait_async(marker.exists, "the handler of the second event", 30)
                 # The first event is committed; the second's transaction is open.
@@ -115,7 +118,7 @@ def test_a_consumer_killed_in_the_handler_applies_the_event_once_after_restart(e
             # PostgreSQL rolled the open transaction back with the connection.
             assert [r[0] for r in await t.ledger("svc")] == [ids[0]]
             assert [e[0] for e in await t.effects("svc")] == [ids[0]]
-            proc = service()
+            proc = service(env)
             try:
                 rows = await t.wait_ledger("svc", 3)
             finally:
@@ -126,6 +129,52 @@ def test_a_consumer_killed_in_the_handler_applies_the_event_once_after_restart(e
             assert [e[0] for e in effects] == ids, "each event applied exactly once"
             # The killed delivery and the redelivery: the second event was delivered twice.
             assert effects[1][1] >= 2
+
+    run(body())
+
+
+def test_a_consumer_killed_after_commit_before_the_ack_skips_the_redelivered_event(env):
+    marker = env.dir / "committed"
+
+    async def body():
+        async with Client(env) as t:
+            ids = await t.insert({"n": 1}, {"n": 2}, {"n": 3})
+            await t.wait_stream(3)
+            proc = service(env, "--hang-on", ids[1], "--hang-at", "before-ack",
+                           "--marker", str(marker))
+            try:
+                await wait_async(marker.exists, "the commit of the second event", 30)
+                # The kill lands after COMMIT (the second event's ledger row and effect are
+                # there) and before the ack (the server still waits for it).
+                committed = await t.ledger("svc")
+                assert [r[0] for r in committed] == ids[:2]
+                assert [e[0] for e in await t.effects("svc")] == ids[:2]
+                info = await t.js.consumer_info(STREAM, "svc")
+                assert (info.num_ack_pending, info.ack_floor.stream_seq,
+                        info.delivered.stream_seq) == (1, 1, 2), info
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+            finally:
+                proc.kill()
+            proc = service(env)
+            try:
+                rows = await t.wait_ledger("svc", 3)
+
+                async def acked_all():
+                    i = await t.js.consumer_info(STREAM, "svc")
+                    return i if (i.ack_floor.stream_seq, i.num_ack_pending) == (3, 0) else None
+
+                info = await wait_for(acked_all, "the ack floor at sequence 3")
+            finally:
+                proc.kill()
+                proc.wait()
+            assert [r[0] for r in rows] == ids
+            assert rows[1][4] == committed[1][4], "the second event's ledger row is the first one"
+            # The handler ran once per event: the second only on its first delivery.
+            assert [(e[0], e[1]) for e in await t.effects("svc")] == [
+                (ids[0], 1), (ids[1], 1), (ids[2], 1)]
+            # Sequence 2 was delivered again (to the new process), which acked it.
+            assert info.delivered.consumer_seq >= 4, info
 
     run(body())
 
@@ -238,6 +287,18 @@ def test_a_new_durable_starts_at_a_commit_lsn_or_time_as_outbox_relay_position_f
             out = json.loads(env.relay.command("position", "--time", third_time, "--json",
                                                "--no-map"))
             assert out["sequence"] == 5, out
+            # One microsecond after the last commit: past it.
+            assert (await locate(t.js, STREAM, at + dt.timedelta(microseconds=1))).sequence == 7
+            # A new durable starting at that time: its first event is the third commit's first.
+            handler = lambda conn, ev: recording_handler(conn, ev, "by-time")  # noqa: E731
+            consumer = Consumer(t.js, env.pg.url(), "by-time", start_at=StartAt.at_time(at),
+                                **FAST)
+            async with Running(consumer, handler):
+                rows = await t.wait_ledger("by-time", 2)
+            info = await t.js.consumer_info(STREAM, "by-time")
+            assert (info.config.deliver_policy, info.config.opt_start_seq) == (
+                api.DeliverPolicy.BY_START_SEQUENCE, 5)
+            assert [(r[0], r[1]) for r in rows] == list(zip(batches[2], [5, 6]))
 
     run(body())
 
@@ -298,11 +359,13 @@ def test_events_are_applied_once_across_a_postgres_restart(env):
             consumer = Consumer(t.js, env.pg.url(), "svc", **FAST)
             async with Running(consumer, handler):
                 await t.wait_ledger("svc", 2)
+                before = await t.postmaster_start_time()
                 await t.db.close()
                 await asyncio.to_thread(env.pg.restart_immediate)
                 import psycopg
 
                 t.db = await psycopg.AsyncConnection.connect(env.pg.url(), autocommit=True)
+                assert await t.postmaster_start_time() > before, "PostgreSQL restarted"
                 ids += await t.insert({"n": 3}, {"n": 4})
                 rows = await t.wait_ledger("svc", 4, timeout=60)
             assert [r[0] for r in rows] == ids
@@ -310,6 +373,15 @@ def test_events_are_applied_once_across_a_postgres_restart(env):
             assert consumer.stats.applied == 4
 
     run(body())
+
+
+async def wait_for(probe, what, timeout=30):
+    """Polls the coroutine function ``probe`` until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    while not (value := await probe()):
+        assert time.monotonic() < deadline, f"{what}: not within {timeout}s"
+        await asyncio.sleep(0.05)
+    return value
 
 
 async def wait_async(cond, what, timeout=30):

@@ -19,7 +19,7 @@ import {
 import { headers as newHeaders, nanos, type NatsConnection } from "@nats-io/transport-node";
 import pg from "pg";
 import * as c from "./contract.js";
-import { eventFromMsg, type Event } from "./event.js";
+import { eventFromMsg, parseRfc3339Micros, type Event } from "./event.js";
 import { ensureLedger, INSERT_SQL, REAPPLY_SQL } from "./ledger.js";
 import { locate } from "./position.js";
 
@@ -31,8 +31,15 @@ export class Permanent extends Error {}
 /** A problem `run` cannot retry: bad settings, a missing stream, a refused durable. */
 export class ConsumerError extends Error {}
 
-/** Where a *new* durable starts; an existing durable keeps its position. */
+/** Where a *new* durable starts; an existing durable keeps its position. A `time` string is
+ * RFC 3339 with an offset, to the microsecond (as `Outbox-Commit-Time` and `outbox-relay
+ * position --json` print it); a `Date` has milliseconds only. */
 export type StartAt = { sequence: number } | { lsn: bigint | string } | { time: Date | string };
+
+/** Test-only failpoint, not part of the supported API (the Rust crate's `hooks`): awaited at
+ * "beforeCommit" (the handler returned, the transaction is open) and "beforeAck" (committed, not
+ * acked yet). A hook that never resolves and a killed process simulate a crash at that point. */
+export type TestHook = (point: "beforeCommit" | "beforeAck", event: Event) => Promise<void>;
 
 /** Apply again the events committed in [fromLsn, untilLsn) whose ledger rows were written before
  * recordedBefore (a handler bug fixed since); the ledger row is replaced in the handler's own
@@ -65,6 +72,8 @@ export interface ConsumerOptions {
   ensureLedger?: boolean;
   startAt?: StartAt;
   reapply?: Reapply;
+  /** Test-only; see TestHook. */
+  testHook?: TestHook;
 }
 
 export interface Stats {
@@ -121,6 +130,20 @@ function errorText(err: unknown): string {
     cause = cause instanceof Error ? cause.cause : undefined;
   }
   return text;
+}
+
+/** A StartAt time as microseconds since the epoch. */
+function startMicros(time: Date | string): bigint {
+  if (typeof time === "string") {
+    try {
+      return parseRfc3339Micros(time);
+    } catch {
+      throw new ConsumerError(`startAt.time ${JSON.stringify(time)} is not an RFC 3339 time with an offset, e.g. 2026-11-29T11:38:44.123456Z`);
+    }
+  }
+  const ms = time.getTime();
+  if (Number.isNaN(ms)) throw new ConsumerError("startAt.time is an invalid Date");
+  return BigInt(ms) * 1000n;
 }
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -204,7 +227,7 @@ export class Consumer {
       const target =
         "lsn" in start
           ? { lsn: typeof start.lsn === "string" ? c.parseLsn(start.lsn) : start.lsn }
-          : { timeMicros: BigInt(new Date(start.time).getTime()) * 1000n };
+          : { timeMicros: startMicros(start.time) };
       seq = (await locate(jsm, this.js, this.stream, target)).sequence;
     }
     return { deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: seq };
@@ -288,6 +311,7 @@ export class Consumer {
     if (outcome.kind === "applied" || outcome.kind === "duplicate") {
       if (outcome.kind === "applied") this.stats.applied++;
       else this.stats.duplicates++;
+      await this.options.testHook?.("beforeAck", event);
       msg.ack(); // if lost, the ledger absorbs the redelivery
     } else if (outcome.kind === "failed") {
       await this.failed(msg, event, outcome.error);
@@ -358,6 +382,7 @@ export class Consumer {
       // A handler that failed because the database went away did nothing wrong.
       return this.isInfra(error, slot) ? { kind: "infra", error } : { kind: "failed", error };
     }
+    await this.options.testHook?.("beforeCommit", event);
     try {
       await client.query("COMMIT");
     } catch (error) {

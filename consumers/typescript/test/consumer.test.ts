@@ -1,13 +1,13 @@
 // The consumer against real PostgreSQL, nats-server and outbox-relay processes.
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
+import { spawn, type ChildProcess } from "node:child_process";
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
-import { jetstream, jetstreamManager, type JetStreamManager, type StoredMsg } from "@nats-io/jetstream";
+import { DeliverPolicy, jetstream, jetstreamManager, type JetStreamManager, type StoredMsg } from "@nats-io/jetstream";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
 import pg from "pg";
-import { Consumer, contract as c, locate, parseLsn, type Event, type Handler } from "../src/index.js";
+import { Consumer, ConsumerError, contract as c, locate, parseLsn, parseRfc3339Micros, type Event, type Handler } from "../src/index.js";
 import { Env, STREAM, waitFor } from "./harness.js";
 
 const FAST = { ackWaitMs: 2000, backoffInitialMs: 100, backoffMaxMs: 500 };
@@ -24,10 +24,12 @@ async function withEnv(body: (t: T) => Promise<void>, duplicateWindow = "2m"): P
   const nc = await connect({ servers: env.nats.url() });
   const db = new pg.Client(env.pg.url());
   await db.connect();
+  // A test may replace t.db (after a PostgreSQL restart); the last one is closed.
+  const t: T = { env, nc, jsm: await jetstreamManager(nc), db };
   try {
-    await body({ env, nc, jsm: await jetstreamManager(nc), db });
+    await body(t);
   } finally {
-    await db.end();
+    await t.db.end().catch(() => undefined);
     await nc.close();
     env.close();
   }
@@ -57,11 +59,15 @@ async function ledger(t: T, service: string) {
   return r.rows as { event_id: string; seq: number; commit_lsn: string; applied_at: Date }[];
 }
 
-const waitLedger = (t: T, service: string, n: number) =>
-  waitFor(async () => {
-    const rows = await ledger(t, service);
-    return rows.length >= n ? rows : null;
-  }, `${n} ledger rows of ${service}`);
+const waitLedger = (t: T, service: string, n: number, ms = 30000) =>
+  waitFor(
+    async () => {
+      const rows = await ledger(t, service);
+      return rows.length >= n ? rows : null;
+    },
+    `${n} ledger rows of ${service}`,
+    ms,
+  );
 
 async function effects(t: T, service: string) {
   const r = await t.db.query("SELECT event_id, delivered, body FROM effects WHERE service = $1 ORDER BY n", [service]);
@@ -132,24 +138,28 @@ test("a re-send past the duplicate window is applied once", () =>
     assert.deepEqual([consumer.stats.applied, consumer.stats.duplicates], [2, 1]);
   }, "300ms"));
 
+/** test/service.ts as its own process, consuming as service "svc". */
+const service = (t: T, env: Record<string, string>) =>
+  spawn(process.execPath, [join(import.meta.dirname, "service.js"), t.env.nats.url(), t.env.pg.url(), "svc"], { stdio: "inherit", env: { ...process.env, ...env } });
+
+const exited = (p: ChildProcess) => new Promise((r) => (p.exitCode !== null || p.signalCode !== null ? r(null) : p.once("exit", r)));
+
 test("a consumer killed in the handler applies the event once after a restart", () =>
   withEnv(async (t) => {
     const ids = await insert(t, [{ n: 1 }, { n: 2 }, { n: 3 }]);
     await waitStream(t, 3);
     const marker = join(t.env.dir, "in-handler");
-    const service = (env: Record<string, string>) =>
-      spawn(process.execPath, [join(import.meta.dirname, "service.js"), t.env.nats.url(), t.env.pg.url(), "svc"], { stdio: "inherit", env: { ...process.env, ...env } });
-    const hung = service({ HANG_ON: ids[1], MARKER: marker });
+    const hung = service(t, { HANG_ON: ids[1], MARKER: marker });
     try {
       await waitFor(() => existsSync(marker), "the handler of the second event");
       assert.deepEqual((await ledger(t, "svc")).map((r) => r.event_id), [ids[0]]);
     } finally {
       hung.kill("SIGKILL");
     }
-    await new Promise((r) => hung.exitCode !== null || hung.signalCode !== null ? r(null) : hung.once("exit", r));
+    await exited(hung);
     // PostgreSQL rolled the open transaction back with the connection.
     assert.deepEqual((await effects(t, "svc")).map((e) => e.event_id), [ids[0]]);
-    const again = service({});
+    const again = service(t, {});
     try {
       const rows = await waitLedger(t, "svc", 3);
       assert.deepEqual(rows.map((r) => r.event_id), ids);
@@ -159,6 +169,46 @@ test("a consumer killed in the handler applies the event once after a restart", 
     const applied = await effects(t, "svc");
     assert.deepEqual(applied.map((e) => e.event_id), ids, "each event applied exactly once");
     assert.ok(applied[1].delivered >= 2, "the second event was redelivered");
+  }));
+
+test("a consumer killed after COMMIT, before the ack, skips the redelivered event", () =>
+  withEnv(async (t) => {
+    const ids = await insert(t, [{ n: 1 }, { n: 2 }, { n: 3 }]);
+    await waitStream(t, 3);
+    const marker = join(t.env.dir, "committed");
+    const hung = service(t, { HANG_ON: ids[1], HANG_AT: "before-ack", MARKER: marker });
+    let committed: Awaited<ReturnType<typeof ledger>>;
+    try {
+      await waitFor(() => existsSync(marker), "the commit of the second event");
+      // The kill lands after COMMIT (the second event's ledger row and effect are there) and
+      // before the ack (the server still waits for it).
+      committed = await ledger(t, "svc");
+      assert.deepEqual(committed.map((r) => r.event_id), ids.slice(0, 2));
+      assert.deepEqual((await effects(t, "svc")).map((e) => e.event_id), ids.slice(0, 2));
+      const info = await t.jsm.consumers.info(STREAM, "svc");
+      assert.deepEqual([info.num_ack_pending, info.ack_floor.stream_seq, info.delivered.stream_seq], [1, 1, 2]);
+    } finally {
+      hung.kill("SIGKILL");
+    }
+    await exited(hung);
+    const again = service(t, {});
+    let rows, info;
+    try {
+      rows = await waitLedger(t, "svc", 3);
+      info = await waitFor(async () => {
+        const i = await t.jsm.consumers.info(STREAM, "svc");
+        return i.ack_floor.stream_seq === 3 && i.num_ack_pending === 0 ? i : null;
+      }, "the ack floor at sequence 3");
+    } finally {
+      again.kill("SIGKILL");
+    }
+    await exited(again);
+    assert.deepEqual(rows.map((r) => r.event_id), ids);
+    assert.deepEqual(rows[1].applied_at, committed[1].applied_at, "the second event's ledger row is the first one");
+    // The handler ran once per event: the second only on its first delivery.
+    assert.deepEqual((await effects(t, "svc")).map((e) => [e.event_id, e.delivered]), [[ids[0], 1], [ids[1], 1], [ids[2], 1]]);
+    // Sequence 2 was delivered again (to the new process), which acked it.
+    assert.ok(info.delivered.consumer_seq >= 4, `delivered ${JSON.stringify(info.delivered)}`);
   }));
 
 test("a poison event is parked with its reason and later events flow", () =>
@@ -199,7 +249,7 @@ test("a poison event is parked with its reason and later events flow", () =>
     assert.deepEqual([consumer.stats.parked, consumer.stats.retried], [1, 2]);
   }));
 
-test("a new durable starts at a commit LSN as outbox-relay position finds it", () =>
+test("a new durable starts at a commit LSN or time as outbox-relay position finds it", () =>
   withEnv(async (t) => {
     const batches: string[][] = [];
     for (let i = 0; i < 3; i++) batches.push(await insert(t, [{ tx: i, k: 0 }, { tx: i, k: 1 }]));
@@ -221,6 +271,52 @@ test("a new durable starts at a commit LSN as outbox-relay position finds it", (
     const rows = await running(consumer, record("by-lsn"), () => waitLedger(t, "by-lsn", 4));
     assert.deepEqual(rows.map((r) => r.event_id), [...batches[1], ...batches[2]]);
     assert.deepEqual(rows.map((r) => r.seq), [3, 4, 5, 6]);
+
+    // By time: the third commit's time, as the header carries it (microseconds).
+    const third = await message(t, 5);
+    assert.equal(third.header.get(c.HEADER_MSG_ID), batches[2][0]);
+    const thirdTime = third.header.get(c.HEADER_COMMIT_TIME);
+    assert.equal((await locate(t.jsm, jetstream(t.nc), STREAM, { timeMicros: parseRfc3339Micros(thirdTime) })).sequence, 5);
+    const out = JSON.parse(t.env.relayCommand("position", "--time", thirdTime, "--json", "--no-map"));
+    assert.equal(out.sequence, 5);
+    const byTime = new Consumer(t.nc, t.env.pg.url(), "by-time", { ...FAST, startAt: { time: thirdTime } });
+    const timeRows = await running(byTime, record("by-time"), () => waitLedger(t, "by-time", 2));
+    const { config } = await t.jsm.consumers.info(STREAM, "by-time");
+    assert.deepEqual([config.deliver_policy, config.opt_start_seq], [DeliverPolicy.StartSequence, 5]);
+    assert.deepEqual(timeRows.map((r) => [r.event_id, r.seq]), [[batches[2][0], 5], [batches[2][1], 6]]);
+    // One microsecond after the last commit: past it (a time cut to milliseconds would not be).
+    const micros = parseRfc3339Micros(thirdTime) + 1n;
+    const justAfter = `${new Date(Number(micros / 1000n)).toISOString().slice(0, 19)}.${(micros % 1_000_000n).toString().padStart(6, "0")}Z`;
+    assert.equal(JSON.parse(t.env.relayCommand("position", "--time", justAfter, "--json", "--no-map")).sequence, 7);
+    await running(new Consumer(t.nc, t.env.pg.url(), "after-all", { ...FAST, startAt: { time: justAfter } }), record("after-all"), async () => {
+      await waitFor(() => t.jsm.consumers.info(STREAM, "after-all").catch(() => null), "durable after-all");
+    });
+    assert.equal((await t.jsm.consumers.info(STREAM, "after-all")).config.opt_start_seq, 7);
+    const bad = new Consumer(t.nc, t.env.pg.url(), "bad-time", { ...FAST, startAt: { time: "yesterday" } });
+    await assert.rejects(bad.run(record("bad-time")), (e: Error) => e instanceof ConsumerError && e.message.includes('"yesterday"'));
+  }));
+
+test("events are applied once across a PostgreSQL restart", () =>
+  withEnv(async (t) => {
+    const ids = await insert(t, [{ n: 1 }, { n: 2 }]);
+    await waitStream(t, 2);
+    const consumer = new Consumer(t.nc, t.env.pg.url(), "svc", FAST);
+    const rows = await running(consumer, record("svc"), async () => {
+      await waitLedger(t, "svc", 2);
+      const started = async () => (await t.db.query("SELECT pg_postmaster_start_time() AS at")).rows[0].at as Date;
+      const before = await started();
+      // The test's own connection would error out on the restart: close it first.
+      await t.db.end();
+      await t.env.pg.restartImmediate();
+      t.db = new pg.Client(t.env.pg.url());
+      await t.db.connect();
+      assert.ok((await started()) > before, "PostgreSQL restarted");
+      ids.push(...(await insert(t, [{ n: 3 }, { n: 4 }])));
+      return waitLedger(t, "svc", 4, 60000);
+    });
+    assert.deepEqual(rows.map((r) => r.event_id), ids);
+    assert.deepEqual((await effects(t, "svc")).map((e) => e.event_id), ids);
+    assert.equal(consumer.stats.applied, 4);
   }));
 
 test("re-apply after a bug fix runs the fixed handler once per event", () =>

@@ -1,12 +1,15 @@
 // Real servers for the tests on free ports in temporary directories, as consumers/python/tests/
 // harness.py and crates/relay-testkit do: PostgreSQL (wal_level = logical, as the `postgres` OS
 // user when we are root), `nats-server -js` and the outbox-relay binary.
-import { execFileSync, spawn, type ChildProcess } from "node:child_process";
+import { execFile, execFileSync, spawn, type ChildProcess } from "node:child_process";
 import { appendFileSync, chownSync, existsSync, mkdtempSync, openSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
+import { promisify } from "node:util";
 import pg from "pg";
+
+const execFileAsync = promisify(execFile);
 
 export const REPO = resolve(import.meta.dirname, "../../../..");
 export const STREAM = "OUTBOX";
@@ -39,6 +42,7 @@ function pgBin(): string {
   return `/usr/lib/postgresql/${versions[versions.length - 1]}/bin`;
 }
 
+/** initdb + pg_ctl start from $RELAY_TEST_PG_BIN, else the newest /usr/lib/postgresql/<n>/bin. */
 class Postgres {
   readonly dir = mkdtempSync(join(tmpdir(), "consumer-pg-"));
   readonly data = join(this.dir, "data");
@@ -46,17 +50,31 @@ class Postgres {
   private readonly root = process.getuid?.() === 0;
   private readonly bin = pgBin();
 
-  private run(program: string, args: string[], check = true): boolean {
+  private command(program: string, args: string[]): [string, string[], { cwd: string; env: NodeJS.ProcessEnv; timeout: number }] {
     const cmd = [join(this.bin, program), ...args];
     const [file, argv] = this.root ? ["runuser", ["-u", "postgres", "--", ...cmd]] : [cmd[0], cmd.slice(1)];
     const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith("PG")));
+    return [file, argv, { cwd: this.dir, env: { ...env, LC_ALL: "C", TZ: "UTC" }, timeout: 90000 }];
+  }
+
+  private run(program: string, args: string[], check = true): boolean {
+    const [file, argv, options] = this.command(program, args);
     try {
-      execFileSync(file, argv, { cwd: this.dir, env: { ...env, LC_ALL: "C", TZ: "UTC" }, stdio: "pipe", timeout: 90000 });
+      execFileSync(file, argv, { ...options, stdio: "pipe" });
       return true;
     } catch (e) {
       if (check) throw new Error(`${program} failed: ${(e as { stderr?: Buffer }).stderr?.toString()}`);
       return false;
     }
+  }
+
+  /** `run` without blocking the event loop (for a consumer running in this process meanwhile). */
+  private async runAsync(program: string, args: string[]): Promise<boolean> {
+    const [file, argv, options] = this.command(program, args);
+    return execFileAsync(file, argv, options).then(
+      () => true,
+      () => false,
+    );
   }
 
   async start(): Promise<void> {
@@ -74,9 +92,20 @@ class Postgres {
     appendFileSync(join(this.data, "postgresql.conf"), Object.entries(settings).map(([k, v]) => `${k} = '${v}'\n`).join(""));
     for (let i = 0; i < 5; i++) {
       this.port = await freePort();
-      if (this.run("pg_ctl", ["start", "-D", this.data, "-l", join(this.dir, "postgres.log"), "-w", "-t", "60", "-o", `-p ${this.port}`], false)) return;
+      if (await this.pgCtlStart()) return;
     }
     throw new Error(`PostgreSQL did not start: ${readFileSync(join(this.dir, "postgres.log"), "utf8")}`);
+  }
+
+  private pgCtlStart(): Promise<boolean> {
+    return this.runAsync("pg_ctl", ["start", "-D", this.data, "-l", join(this.dir, "postgres.log"), "-w", "-t", "60", "-o", `-p ${this.port}`]);
+  }
+
+  /** A crash-like stop (no checkpoint, connections cut), then a start with recovery on the same
+   * port. */
+  async restartImmediate(): Promise<void> {
+    await this.runAsync("pg_ctl", ["stop", "-D", this.data, "-m", "immediate", "-w", "-t", "60"]);
+    await waitFor(() => this.pgCtlStart(), "PostgreSQL started again", 60000);
   }
 
   url(db = "app"): string {
@@ -89,6 +118,16 @@ class Postgres {
   }
 }
 
+function natsServer(): string {
+  const explicit = process.env.RELAY_TEST_NATS_SERVER;
+  if (explicit) {
+    if (!existsSync(explicit)) throw new Error(`RELAY_TEST_NATS_SERVER=${explicit} does not exist`);
+    return explicit;
+  }
+  return "nats-server";
+}
+
+/** `nats-server -js` ($RELAY_TEST_NATS_SERVER, else the one on PATH). */
 class Nats {
   readonly dir = mkdtempSync(join(tmpdir(), "consumer-nats-"));
   port = 0;
@@ -97,7 +136,7 @@ class Nats {
   async start(): Promise<void> {
     this.port = await freePort();
     const log = join(this.dir, "nats.log");
-    this.proc = spawn("nats-server", ["-js", "-a", "127.0.0.1", "-p", String(this.port), "-sd", join(this.dir, "js")], { stdio: ["ignore", "ignore", openSync(log, "w")] });
+    this.proc = spawn(natsServer(), ["-js", "-a", "127.0.0.1", "-p", String(this.port), "-sd", join(this.dir, "js")], { stdio: ["ignore", "ignore", openSync(log, "w")] });
     await waitFor(() => readFileSync(log, "utf8").includes("Server is ready"), "nats-server ready", 20000);
   }
 

@@ -7,7 +7,19 @@ use std::time::Duration;
 use futures::FutureExt as _;
 use outbox_consumer::hooks::{Hook, Point};
 
-use crate::common::{Env, recording_handler, shutdown};
+use async_nats::jetstream::consumer;
+
+use crate::common::{Env, STREAM, recording_handler, shutdown, wait_for};
+
+/// The durable `svc`'s state on the server.
+async fn durable(env: &Env) -> anyhow::Result<consumer::Info> {
+    Ok(env
+        .js
+        .get_stream(STREAM)
+        .await?
+        .consumer_info("svc")
+        .await?)
+}
 
 /// A hook that hangs forever the first time `point` is reached for event `id`, after
 /// signalling `reached`.
@@ -45,6 +57,17 @@ async fn crash_and_restart(point: Point) -> anyhow::Result<(Env, u64)> {
         Point::BeforeAck => assert_eq!(committed, ["e1", "e2", "e3"], "e3 committed"),
         Point::BeforeCommit => assert_eq!(committed, ["e1", "e2"], "e3 not committed"),
     }
+    // The crash lands before the ack: the server has e1 and e2 acked and still waits for e3's.
+    let info = durable(&env).await?;
+    assert_eq!(
+        (
+            info.num_ack_pending,
+            info.ack_floor.stream_sequence,
+            info.delivered.stream_sequence
+        ),
+        (1, 2, 3),
+        "e3 delivered and not acked: {info:?}"
+    );
     // Crash: the task and with it the PostgreSQL connection and the NATS subscription go.
     run.abort();
     assert!(run.await.is_err_and(|e| e.is_cancelled()));
@@ -54,9 +77,24 @@ async fn crash_and_restart(point: Point) -> anyhow::Result<(Env, u64)> {
     let (stop, signal) = shutdown();
     let run = tokio::spawn(second.run(recording_handler("svc"), signal));
     let applied = env.wait_applied("svc", ids.len()).await?;
+    wait_for(20, "the ack floor at e5", || async {
+        let info = durable(&env).await?;
+        Ok((info.ack_floor.stream_sequence, info.num_ack_pending) == (5, 0))
+    })
+    .await?;
     stop.notify_one();
     run.await??;
     assert_eq!(applied, ids, "every event applied exactly once, in order");
+    // e3 was delivered again, to the restarted consumer, which acked it.
+    let info = durable(&env).await?;
+    assert!(info.delivered.consumer_sequence >= 6, "{info:?}");
+    let e3_first_delivery = env
+        .count("SELECT count(*) FROM applied WHERE event_id = 'e3' AND delivered = 1")
+        .await?;
+    match point {
+        Point::BeforeAck => assert_eq!(e3_first_delivery, 1, "e3's handler ran once, first"),
+        Point::BeforeCommit => assert_eq!(e3_first_delivery, 0, "e3's first run rolled back"),
+    }
     assert_eq!(
         env.count("SELECT count(*) FROM outbox_consumer_ledger")
             .await?,
