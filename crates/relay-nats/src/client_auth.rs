@@ -1,6 +1,6 @@
 //! The credentials and TLS of both NATS clients, resolved once from `[nats]`: the async-nats
 //! management connection ([`crate::connect`], through [`ClientAuth::configure`]) and the lean
-//! publish connection ([`crate::wire`]) authenticate and verify servers from the same files,
+//! publish connection (crate `nats-wire`, through [`crate::wire`]) authenticate and verify servers from the same files,
 //! read once here, and a bad file gets one message whichever client would have read it.
 //!
 //! Errors name the setting and the file, never its contents, and say what was expected.

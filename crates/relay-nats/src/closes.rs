@@ -30,20 +30,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::{OwnedMutexGuard, watch};
 
-/// The `-ERR` texts after which nats-server closes the connection because of what the client
-/// sent (lower case; the server's capitalization varies between them).
-const CLOSING_PROTOCOL_ERRORS: [&str; 3] = [
-    "maximum control line exceeded",
-    "maximum payload violation",
-    "unknown protocol operation",
-];
-
-/// Whether the server closes the connection after `-ERR '<text>'` because of what the client
-/// sent.
-pub(crate) fn is_closing_protocol_error(text: &str) -> bool {
-    let lower = text.to_lowercase();
-    CLOSING_PROTOCOL_ERRORS.iter().any(|e| lower.contains(e))
-}
+/// The one list of the `-ERR`s after which nats-server closes the connection, for both
+/// connections.
+pub(crate) use nats_wire::is_closing_protocol_error;
 
 /// Default of `[nats] max_server_closes`.
 pub(crate) const DEFAULT_MAX_SERVER_CLOSES: u32 = 5;

@@ -12,9 +12,10 @@ use std::sync::Arc;
 use async_nats::jetstream;
 use async_nats::jetstream::context::{ContextBuilder, ToAssign};
 
+use nats_wire::ConnectOptions;
+
 use crate::NatsError;
 use crate::connection_state::ConnectionState;
-use crate::wire::WireSettings;
 
 /// A connection made by [`crate::connect`]: the client, and the state its events feed.
 #[derive(Debug, Clone)]
@@ -23,14 +24,14 @@ pub struct NatsConnection {
     state: Arc<ConnectionState>,
     /// How to open the lean publish path's own connection to the same servers
     /// ([`crate::wire`]); `None` for a client made elsewhere.
-    lean: Option<Arc<WireSettings>>,
+    lean: Option<Arc<ConnectOptions>>,
 }
 
 impl NatsConnection {
     pub(crate) fn new(
         client: async_nats::Client,
         state: Arc<ConnectionState>,
-        lean: Option<Arc<WireSettings>>,
+        lean: Option<Arc<ConnectOptions>>,
     ) -> Self {
         Self {
             client,
@@ -53,12 +54,8 @@ impl NatsConnection {
 
     /// The settings of the lean publish connection, if this connection was made from
     /// [`crate::NatsSettings`].
-    pub(crate) fn lean_settings(&self) -> Option<Arc<WireSettings>> {
+    pub(crate) fn lean_settings(&self) -> Option<Arc<ConnectOptions>> {
         self.lean.clone()
-    }
-
-    pub(crate) fn state(&self) -> &Arc<ConnectionState> {
-        &self.state
     }
 
     /// The async-nats client.

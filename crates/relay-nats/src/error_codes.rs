@@ -3,22 +3,9 @@
 //! paths (the async-nats one and the lean one, `crate::wire`) use.
 
 use async_nats::jetstream::ErrorCode;
+/// The `error` object of a JetStream API answer (one type for both publish paths).
+pub(crate) use nats_wire::ApiError;
 use relay_core::stage::PublishErrorKind;
-use serde::Deserialize;
-
-/// The `error` object of a JetStream API answer: `{"code":400,"err_code":10060,
-/// "description":"..."}`.
-#[derive(Debug, Default, Deserialize)]
-pub(crate) struct ApiError {
-    /// The HTTP-like status.
-    #[serde(default)]
-    pub(crate) code: u64,
-    /// JetStream's own error code (what [`kind_for_error_code`] reads).
-    #[serde(default)]
-    pub(crate) err_code: u64,
-    #[serde(default)]
-    pub(crate) description: String,
-}
 
 /// What JetStream error `code` means for a publish.
 pub(crate) fn kind_for_error_code(code: u64) -> PublishErrorKind {

@@ -1,10 +1,11 @@
 //! The one list of header lines every publish path sends for an event, in order: the
 //! transaction's shared part, then the event's own. Both the async-nats path
-//! (`JetStreamPublisher::headers`) and the lean path's frames (`crate::wire`) are built from it.
+//! (`JetStreamPublisher::headers`) and the lean connection's frames (crate `nats-wire`) are built
+//! from the one order `nats-wire` defines.
 
 use std::sync::Arc;
 
-use relay_core::message::{HEADER_EXPECTED_STREAM, HEADER_MSG_ID, OutboundMessage};
+use relay_core::message::OutboundMessage;
 
 /// The headers a transaction's events share, in the order they are set:
 /// `Nats-Expected-Stream`, then `shared` (a message's first `shared_headers`). With
@@ -14,8 +15,7 @@ pub(crate) fn shared_entries<'a>(
     stream: &'a str,
     shared: &'a [(Arc<str>, Arc<str>)],
 ) -> impl Iterator<Item = (&'a str, &'a str)> {
-    std::iter::once((HEADER_EXPECTED_STREAM, stream))
-        .chain(shared.iter().map(|(name, value)| (&**name, &**value)))
+    nats_wire::shared_lines(stream, shared)
 }
 
 /// The headers of one event after the shared ones: `Nats-Msg-Id`, then `own` (the rest of
@@ -24,8 +24,7 @@ pub(crate) fn own_entries<'a>(
     msg: &'a OutboundMessage,
     own: &'a [(Arc<str>, Arc<str>)],
 ) -> impl Iterator<Item = (&'a str, &'a str)> {
-    std::iter::once((HEADER_MSG_ID, msg.event_id.as_str()))
-        .chain(own.iter().map(|(name, value)| (&**name, &**value)))
+    nats_wire::own_lines(&msg.event_id, own)
 }
 
 /// One header of an [`OutboundMessage`].
@@ -39,9 +38,5 @@ pub(crate) fn split(msg: &OutboundMessage) -> (&[Header], &[Header]) {
 
 /// Whether `values` are, by pointer, the values of `shared` (the same transaction and table).
 pub(crate) fn same_values(values: &[Arc<str>], shared: &[(Arc<str>, Arc<str>)]) -> bool {
-    values.len() == shared.len()
-        && values
-            .iter()
-            .zip(shared)
-            .all(|(value, (_, next))| Arc::ptr_eq(value, next))
+    nats_wire::same_values(values, shared)
 }

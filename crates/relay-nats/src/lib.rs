@@ -178,7 +178,7 @@ pub async fn connect(settings: &NatsSettings) -> Result<NatsConnection, NatsErro
             source,
         })?;
     // The lean publish path opens its own connection from the same settings, on first use.
-    let lean = match wire::WireSettings::from_settings(settings, auth) {
+    let lean = match wire::options(settings, auth, state.clone()) {
         _ if settings.publish_path == PublishPath::AsyncNats => {
             tracing::info!("publishing through async-nats ([nats] publish_path = \"async-nats\")");
             None

@@ -153,9 +153,7 @@ impl JetStreamPublisher {
             // Limits must hold for a fast batch's longer reply subject.
             let batch_reply_len = match &self.core.lean {
                 Some(lean) => lean.batch_reply_len(flow),
-                None => {
-                    self.core.nats_reply_len + crate::wire::proto::fast_batch_reply_suffix_len(flow)
-                }
+                None => self.core.nats_reply_len + crate::wire::fast_batch_reply_suffix_len(flow),
             };
             self.reply_len = self.reply_len.max(batch_reply_len);
         }

@@ -376,7 +376,7 @@ impl CommitOutcome {
     fn from_lean(outcome: crate::wire::RawOutcome) -> Self {
         let payload = match outcome {
             Ok(payload) => payload,
-            Err(error) => return Self::Failed(error),
+            Err(error) => return Self::Failed(crate::wire::publish_error(error)),
         };
         let unreadable = |why: &str| {
             Self::Failed(unknown(&format!(
@@ -438,7 +438,9 @@ async fn send_member(
     let sequence = sequence.to_string();
     let lines = batch_lines(id, &sequence, false);
     if let Some(lean) = lean {
-        return lean.publish_unanswered(&per_message.stream, msg, &lines);
+        return lean
+            .publish_unanswered(&per_message.stream, msg, &lines)
+            .map_err(crate::wire::publish_error);
     }
     per_message
         .client()
@@ -462,12 +464,14 @@ async fn send_commit(
     let count = count.to_string();
     let lines = batch_lines(id, &count, true);
     if let Some(lean) = lean {
-        let answer = lean.publish_raw(&per_message.stream, last, &lines)?;
+        let answer = lean
+            .publish_raw(&per_message.stream, last, &lines)
+            .map_err(crate::wire::publish_error)?;
         return Ok(Box::pin(async move {
             CommitOutcome::from_lean(
                 answer
                     .await
-                    .unwrap_or_else(|_| Err(unknown("the lean publish connection was closed"))),
+                    .unwrap_or_else(|_| Err(crate::wire::connection_closed())),
             )
         }));
     }

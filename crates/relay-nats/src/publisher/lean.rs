@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use relay_core::message::OutboundMessage;
-use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind};
+use relay_core::stage::{PubReceipt, PublishError};
 
 use super::MessagePublisher;
 use super::message::verify_duplicate;
@@ -20,7 +20,9 @@ impl MessagePublisher {
         msg: &Arc<OutboundMessage>,
         probe: Option<tokio::sync::OwnedMutexGuard<()>>,
     ) -> Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError> {
-        let outcome = lean.publish(&self.stream, msg)?;
+        let outcome = lean
+            .publish(&self.stream, msg)
+            .map_err(crate::wire::publish_error)?;
         let context = self.shared.clone();
         let stream = self.stream.clone();
         let quarantine = self.quarantine.clone();
@@ -28,12 +30,10 @@ impl MessagePublisher {
         Ok(Box::pin(async move {
             // The connection resolves every outstanding publish when it goes, so a dropped
             // sender only means the publisher itself is gone.
-            let outcome = outcome.await.unwrap_or_else(|_| {
-                Err(PublishError::new(
-                    PublishErrorKind::Unknown,
-                    "the lean publish connection was closed",
-                ))
-            });
+            let outcome = outcome
+                .await
+                .unwrap_or_else(|_| Err(crate::wire::connection_closed()))
+                .map_err(crate::wire::publish_error);
             let closed = matches!(&outcome, Err(e) if e.closed_by_server);
             quarantine.outcome(&msg.event_id, closed);
             drop(probe);

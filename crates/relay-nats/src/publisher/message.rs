@@ -61,13 +61,9 @@ impl MessagePublisher {
         let token = inbox.rsplit('.').next().map_or(0, str::len);
         // The lean path when the connection was made from settings (its reply subjects are
         // `<inbox>.<16 hex digits>`).
-        let lean = connection.lean_settings().map(|settings| {
-            Arc::new(LeanConnection::new(
-                settings,
-                connection.state().clone(),
-                ack_timeout,
-            ))
-        });
+        let lean = connection
+            .lean_settings()
+            .map(|settings| Arc::new(LeanConnection::new(settings, ack_timeout)));
         let jetstream = connection.jetstream_with(
             jetstream::ContextBuilder::new()
                 .timeout(ack_timeout)

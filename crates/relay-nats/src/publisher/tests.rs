@@ -73,7 +73,7 @@ async fn headers_come_from_the_transaction_template_and_the_event() {
             .iter()
             .flat_map(|(n, vs)| vs.iter().map(move |v| (n.to_string(), v.to_string())))
             .collect();
-        let mut framed = crate::wire::framed_header_lines("OUTBOX", msg);
+        let mut framed = nats_wire::framed_header_lines::<crate::wire::Outbox>("OUTBOX", msg);
         let names = framed.len();
         framed.sort();
         framed.dedup_by(|a, b| a.0 == b.0);
@@ -87,7 +87,7 @@ async fn headers_come_from_the_transaction_template_and_the_event() {
     twice
         .headers
         .push(("Outbox-Table".into(), "public.other".into()));
-    let framed = crate::wire::framed_header_lines("OUTBOX", &twice);
+    let framed = nats_wire::framed_header_lines::<crate::wire::Outbox>("OUTBOX", &twice);
     let tables: Vec<_> = framed.iter().filter(|(n, _)| n == "Outbox-Table").collect();
     assert_eq!(tables.len(), 1, "{framed:?}");
     assert_eq!(tables[0].1, "public.other");

@@ -7,15 +7,15 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use relay_core::stage::{PublishError, PublishErrorKind};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::Inner;
-use super::connect::{self, Opened, Reader, ServerUrl, Writer};
-use super::proto::{self, ServerOp};
-use crate::closes::is_closing_protocol_error;
+use super::{BATCH_TOKEN_PREFIX, Inner};
+use crate::connect::{self, Opened, Reader, ServerUrl, Writer};
+use crate::error::{WireError, WireErrorKind};
+use crate::proto::{self, ServerOp};
+use crate::{Framing, is_closing_protocol_error};
 
 /// How often the reader looks for PubAcks past their deadline.
 const SWEEP_EVERY: Duration = Duration::from_millis(100);
@@ -50,7 +50,7 @@ impl std::fmt::Display for Loss {
 }
 
 /// Connects and reconnects until `stop`'s sender is dropped.
-pub(super) async fn supervise(inner: Arc<Inner>, mut stop: watch::Receiver<()>) {
+pub(crate) async fn supervise<F: Framing>(inner: Arc<Inner<F>>, mut stop: watch::Receiver<()>) {
     let mut backoff = Duration::ZERO;
     let mut next = 0usize;
     let mut failures = 0u32;
@@ -124,7 +124,11 @@ pub(super) async fn supervise(inner: Arc<Inner>, mut stop: watch::Receiver<()>) 
 }
 
 /// Serves one open connection until it is lost.
-async fn run(inner: &Arc<Inner>, opened: Opened, stop: &mut watch::Receiver<()>) -> Loss {
+async fn run<F: Framing>(
+    inner: &Arc<Inner<F>>,
+    opened: Opened,
+    stop: &mut watch::Receiver<()>,
+) -> Loss {
     let Opened {
         reader,
         writer,
@@ -139,7 +143,7 @@ async fn run(inner: &Arc<Inner>, opened: Opened, stop: &mut watch::Receiver<()>)
     }
 }
 
-async fn write_loop(inner: &Inner, mut writer: Writer) -> Loss {
+async fn write_loop<F: Framing>(inner: &Inner<F>, mut writer: Writer) -> Loss {
     let mut spare = BytesMut::with_capacity(64 * 1024);
     loop {
         inner.wake_writer.notified().await;
@@ -160,7 +164,7 @@ async fn write_loop(inner: &Inner, mut writer: Writer) -> Loss {
     }
 }
 
-async fn read_loop(inner: &Inner, mut reader: Reader, mut buf: BytesMut) -> Loss {
+async fn read_loop<F: Framing>(inner: &Inner<F>, mut reader: Reader, mut buf: BytesMut) -> Loss {
     let mut sweep = tokio::time::interval(SWEEP_EVERY);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_ping = Instant::now();
@@ -193,7 +197,7 @@ async fn read_loop(inner: &Inner, mut reader: Reader, mut buf: BytesMut) -> Loss
     }
 }
 
-impl Inner {
+impl<F: Framing> Inner<F> {
     /// Configured servers first, then those the cluster announced.
     fn servers(&self) -> Vec<ServerUrl> {
         let state = self.lock();
@@ -241,13 +245,13 @@ impl Inner {
             tracing::warn!(error = %error, "NATS closed the connection over what the relay sent");
         }
         state.pending.drain(|| match &closing {
-            Some(error) => PublishError::closed_by_server(format!(
-                "NATS closed the connection after this message was sent: -ERR '{error}'"
-            )),
-            None => PublishError::new(
-                PublishErrorKind::Unknown,
-                format!("the NATS connection was lost before the PubAck came ({reason})"),
+            Some(error) => WireError::new(
+                WireErrorKind::ClosedByServer,
+                format!("NATS closed the connection after this message was sent: -ERR '{error}'"),
             ),
+            None => WireError::unknown(format!(
+                "the NATS connection was lost before the PubAck came ({reason})"
+            )),
         });
     }
 
@@ -312,10 +316,7 @@ impl Inner {
         }
         let timeout = self.ack_timeout;
         state.pending.expire(now, || {
-            PublishError::new(
-                PublishErrorKind::Unknown,
-                format!("no PubAck within nats.ack_timeout ({timeout:?})"),
-            )
+            WireError::unknown(format!("no PubAck within nats.ack_timeout ({timeout:?})"))
         });
     }
 
@@ -344,7 +345,7 @@ impl Inner {
         else {
             return;
         };
-        if let Some(token) = rest.strip_prefix(super::BATCH_TOKEN_PREFIX) {
+        if let Some(token) = rest.strip_prefix(BATCH_TOKEN_PREFIX) {
             // `<batch prefix>.<batch token>.<flow>.<gap mode>.<seq>.<operation>.$FI`: to the
             // batch's reader, if it still reads.
             let token = token.split(|&b| b == b'.').next().unwrap_or_default();
@@ -370,7 +371,9 @@ impl Inner {
             self.lock().closing = Some(text.into());
             return;
         }
-        self.connection.record_server_error(text);
+        if let Some(observe) = &self.settings.on_server_error {
+            observe(text);
+        }
         // `Permissions Violation for Publish to "<subject>"`: no PubAck will come for
         // publishes to it; say so now instead of after the ack timeout.
         if let Some(subject) = text
@@ -379,11 +382,9 @@ impl Inner {
             .map(|(subject, _)| subject)
         {
             self.lock().pending.resolve_subject(subject, || {
-                PublishError::new(
-                    PublishErrorKind::Rejected,
-                    format!(
-                        "NATS refused to let the relay publish to `{subject}` ({text}): grant the relay's NATS user publish permission on the outbox subjects"
-                    ),
+                WireError::new(
+                    WireErrorKind::Denied,
+                    format!("NATS refused to let this connection publish to `{subject}` ({text})"),
                 )
             });
         }

@@ -12,7 +12,7 @@
 use bytes::{Bytes, BytesMut};
 use proptest::prelude::*;
 
-use super::proto::{self, MAX_SERVER_LINE, MAX_SERVER_MESSAGE, ServerInfoText, ServerOp};
+use crate::proto::{self, MAX_SERVER_LINE, MAX_SERVER_MESSAGE, ServerInfoText, ServerOp};
 
 /// How reading a whole input ended.
 #[derive(Debug, PartialEq)]

@@ -5,35 +5,51 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use relay_core::Lsn;
-use relay_core::message::OutboundMessage;
-use relay_core::stage::PublishErrorKind;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
 
-use super::*;
-use crate::NatsSettings;
-use crate::connection_state::ConnectionState;
+use crate::{
+    ConnectOptions, Connection, Credentials, Outcome, Plain, PlainMessage, WireError, WireErrorKind,
+};
 
-fn auth(settings: &NatsSettings) -> Arc<crate::client_auth::ClientAuth> {
-    Arc::new(crate::client_auth::ClientAuth::from_settings(settings).unwrap())
+/// No user, token or key; no TLS.
+struct Anonymous;
+
+impl Credentials for Anonymous {
+    fn user(&self) -> Option<(&str, &str)> {
+        None
+    }
+    fn token(&self) -> Option<&str> {
+        None
+    }
+    fn nkey(&self) -> Option<&nkeys::KeyPair> {
+        None
+    }
+    fn jwt(&self) -> Option<(&str, &nkeys::KeyPair)> {
+        None
+    }
+    fn tls(&self) -> Result<&Arc<rustls::ClientConfig>, &str> {
+        Err("no TLS in these tests")
+    }
 }
 
-fn msg(id: &str) -> Arc<OutboundMessage> {
-    Arc::new(OutboundMessage::bare(
-        "outbox.a",
-        id,
-        Bytes::from_static(b"{}"),
-        Lsn(1),
-    ))
+fn connection(port: u16, ack_timeout: Duration) -> Connection<Plain> {
+    let options = ConnectOptions::new(&format!("nats://127.0.0.1:{port}"), Arc::new(Anonymous))
+        .expect("a server URL");
+    Connection::new(Arc::new(options), ack_timeout)
+}
+
+fn msg(id: &str) -> Arc<PlainMessage> {
+    Arc::new(PlainMessage::new("outbox.a", id, Bytes::from_static(b"{}")))
 }
 
 /// Publishes event `id` as the publisher does: ready (not waiting for a lost connection), then
 /// queued.
 async fn ready_publish(
-    lean: &LeanConnection,
+    lean: &Connection<Plain>,
     id: &str,
-) -> Result<oneshot::Receiver<Outcome>, relay_core::stage::PublishError> {
+) -> Result<oneshot::Receiver<Outcome>, WireError> {
     assert!(lean.ready(Duration::ZERO).await, "not refused");
     lean.publish("OUTBOX", &msg(id))
 }
@@ -69,15 +85,7 @@ fn reply_of(frames: &str) -> String {
 async fn the_session_answers_pings_learns_servers_and_reports_closes() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    let settings = NatsSettings {
-        url: format!("nats://127.0.0.1:{port}"),
-        ..Default::default()
-    };
-    let lean = LeanConnection::new(
-        Arc::new(WireSettings::from_settings(&settings, auth(&settings)).unwrap()),
-        Arc::new(ConnectionState::with_default_limits()),
-        Duration::from_secs(30),
-    );
+    let lean = connection(port, Duration::from_secs(30));
     let server = tokio::spawn(async move {
         let (mut socket, _) = listener.accept().await.unwrap();
         let mut seen = BytesMut::new();
@@ -126,10 +134,10 @@ async fn the_session_answers_pings_learns_servers_and_reports_closes() {
     );
     let second = ready_publish(&lean, "b").await.unwrap();
     let none = second.await.unwrap().unwrap_err();
-    assert_eq!(none.kind, PublishErrorKind::NoStream, "{none}");
+    assert_eq!(none.kind, WireErrorKind::NoResponders, "{none}");
     let third = ready_publish(&lean, "c").await.unwrap();
     let closed = third.await.unwrap().unwrap_err();
-    assert!(closed.closed_by_server, "{closed}");
+    assert_eq!(closed.kind, WireErrorKind::ClosedByServer, "{closed}");
     assert!(
         closed.to_string().contains("Maximum Control Line Exceeded"),
         "{closed}"
@@ -138,23 +146,15 @@ async fn the_session_answers_pings_learns_servers_and_reports_closes() {
     // Down now (the scripted server is gone): a send that does not wait fails as unknown.
     tokio::time::sleep(Duration::from_millis(50)).await;
     let down = ready_publish(&lean, "d").await.unwrap_err();
-    assert_eq!(down.kind, PublishErrorKind::Unknown, "{down}");
+    assert_eq!(down.kind, WireErrorKind::Unknown, "{down}");
 }
 
 #[tokio::test]
 async fn an_unanswered_publish_times_out_as_unknown_without_a_timer_of_its_own() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    let settings = NatsSettings {
-        url: format!("nats://127.0.0.1:{port}"),
-        ..Default::default()
-    };
     let ack_timeout = Duration::from_millis(300);
-    let lean = LeanConnection::new(
-        Arc::new(WireSettings::from_settings(&settings, auth(&settings)).unwrap()),
-        Arc::new(ConnectionState::with_default_limits()),
-        ack_timeout,
-    );
+    let lean = connection(port, ack_timeout);
     let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
         let (mut socket, _) = listener.accept().await.unwrap();
@@ -172,14 +172,13 @@ async fn an_unanswered_publish_times_out_as_unknown_without_a_timer_of_its_own()
     let started = tokio::time::Instant::now();
     let ack = ready_publish(&lean, "a").await.unwrap();
     let error = ack.await.unwrap().unwrap_err();
-    assert_eq!(error.kind, PublishErrorKind::Unknown, "{error}");
+    assert_eq!(error.kind, WireErrorKind::Unknown, "{error}");
     assert!(
         error
             .to_string()
             .contains("no PubAck within nats.ack_timeout"),
         "{error}"
     );
-    assert!(!error.closed_by_server);
     let waited = started.elapsed();
     assert!(
         waited >= ack_timeout && waited < ack_timeout + Duration::from_secs(1),

@@ -348,7 +348,7 @@ pub(crate) fn put_header_line(out: &mut BytesMut, name: &str, value: &str) {
 
 /// What a fast batch's reply subject adds to the batch's inbox, at most, with `flow` messages
 /// between flow acks: `.<flow>.fail.<20-digit batch sequence>.<operation>.$FI`.
-pub(crate) fn fast_batch_reply_suffix_len(flow: usize) -> usize {
+pub fn fast_batch_reply_suffix_len(flow: usize) -> usize {
     1 + flow.to_string().len() + ".fail.".len() + 20 + ".0.$FI".len()
 }
 
@@ -448,8 +448,8 @@ fn put_decimal(out: &mut BytesMut, mut n: u64) {
     out.put_slice(&digits[i..]);
 }
 
-/// The `(name, value)` lines of a header block (after the version line), for tests.
-#[cfg(test)]
+/// The `(name, value)` lines of a header block (after the version line): for checks of what
+/// was framed.
 pub(crate) fn header_block_lines(block: &[u8]) -> Option<Vec<(String, String)>> {
     let text = std::str::from_utf8(block).ok()?;
     let body = text.strip_prefix("NATS/1.0")?;

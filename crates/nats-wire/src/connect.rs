@@ -1,29 +1,26 @@
-//! Opening the lean path's own NATS connection: the servers from [`NatsSettings`], the
-//! credentials and TLS configuration [`crate::client_auth`] resolved for both clients, TCP, TLS
-//! (rustls), `INFO`, `CONNECT` and the first `PING`/`PONG`.
+//! Opening the connection: the servers and the credentials and TLS configuration of
+//! [`ConnectOptions`] (resolved by the caller), TCP, TLS (rustls), `INFO`, `CONNECT` and the
+//! first `PING`/`PONG`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
 use nkeys::KeyPair;
-use relay_core::secret::Secret;
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
-use super::proto::{self, ConnectInfo, ServerInfo, ServerOp};
-use crate::client_auth::ClientAuth;
-use crate::{NatsError, NatsSettings};
+use crate::proto::{self, ConnectInfo, ServerInfo, ServerOp};
 
 /// The default NATS port.
 const DEFAULT_PORT: u16 = 4222;
 
-/// One server to connect to: from `[nats] url` or learned from an `INFO`'s `connect_urls`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ServerUrl {
-    pub(crate) host: String,
-    pub(crate) port: u16,
+/// One server to connect to: configured, or learned from an `INFO`'s `connect_urls`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ServerUrl {
+    pub host: String,
+    pub port: u16,
     /// `tls://`.
     tls: bool,
     /// Userinfo in the URL: `user:password@` or `token@`.
@@ -31,9 +28,16 @@ pub(crate) struct ServerUrl {
     password: Option<String>,
 }
 
+impl std::fmt::Debug for ServerUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the userinfo.
+        write!(f, "{}:{}", self.host, self.port)
+    }
+}
+
 impl ServerUrl {
     /// `[scheme://][user[:password]@]host[:port]`; `nats`, `tls` (or none) as scheme.
-    pub(crate) fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, String> {
         let text = text.trim();
         let (scheme, rest) = match text.split_once("://") {
             Some((scheme, rest)) => (scheme.to_ascii_lowercase(), rest),
@@ -97,50 +101,67 @@ fn decode(text: &str) -> String {
         .into_owned()
 }
 
-/// Everything needed to (re)connect, resolved from [`NatsSettings`] once.
-pub(crate) struct WireSettings {
-    pub(crate) servers: Vec<ServerUrl>,
-    /// Credentials and TLS, shared with the async-nats connection.
-    auth: Arc<ClientAuth>,
-    tls_required: bool,
-    pub(crate) connect_timeout: Duration,
-    /// `[nats] url` with passwords replaced, for messages.
-    pub(crate) display_url: String,
+/// How the connection authenticates and verifies servers: resolved by the caller, once, and
+/// shareable with another client of the same servers.
+pub trait Credentials: Send + Sync {
+    /// A user and its password.
+    fn user(&self) -> Option<(&str, &str)>;
+    fn token(&self) -> Option<&str>;
+    /// An NKey: its public key goes in `CONNECT`, and it signs the server's nonce.
+    fn nkey(&self) -> Option<&KeyPair>;
+    /// A user JWT and the key that signs the nonce (a `.creds` file).
+    fn jwt(&self) -> Option<(&str, &KeyPair)>;
+    /// The TLS configuration, or why there is none: asked only when TLS is used.
+    fn tls(&self) -> Result<&Arc<rustls::ClientConfig>, &str>;
 }
 
-impl std::fmt::Debug for WireSettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WireSettings")
-            .field("url", &self.display_url)
-            .finish_non_exhaustive()
+/// What [`ConnectOptions::on_server_error`] calls.
+pub type ServerErrorObserver = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// Everything needed to (re)connect.
+pub struct ConnectOptions {
+    pub servers: Vec<ServerUrl>,
+    pub credentials: Arc<dyn Credentials>,
+    /// TLS even where neither the URL nor the server asks for it.
+    pub tls_required: bool,
+    /// The longest one connection attempt (TCP, TLS, handshake) may take.
+    pub connect_timeout: Duration,
+    /// The servers as messages name them, with passwords replaced.
+    pub display_url: String,
+    /// The name in `CONNECT` (the server's monitoring shows it).
+    pub name: String,
+    /// Called with each `-ERR` text after which the server keeps the connection (a permissions
+    /// violation, say), so that the caller can explain a refused publish.
+    pub on_server_error: Option<ServerErrorObserver>,
+}
+
+impl ConnectOptions {
+    /// Options for the comma-separated server URLs `urls` (`[nats://|tls://][user[:password]@]
+    /// host[:port]`), authenticating with `credentials`: no TLS unless a URL or the server asks
+    /// for it, 5 s per connection attempt, `urls` in messages (set `display_url` when they hold
+    /// a password). The error names the URL that is not one.
+    pub fn new(urls: &str, credentials: Arc<dyn Credentials>) -> Result<Self, String> {
+        let servers = urls
+            .split(',')
+            .map(|url| ServerUrl::parse(url).map_err(|e| format!("`{}`: {e}", url.trim())))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            servers,
+            credentials,
+            tls_required: false,
+            connect_timeout: Duration::from_secs(5),
+            display_url: urls.to_owned(),
+            name: "nats-wire".to_owned(),
+            on_server_error: None,
+        })
     }
 }
 
-impl WireSettings {
-    /// The lean connection's settings: the servers of `[nats] url`, with `auth` (what
-    /// [`crate::connect`] resolved for both connections). Errors name the setting and the fix.
-    pub(crate) fn from_settings(
-        settings: &NatsSettings,
-        auth: Arc<ClientAuth>,
-    ) -> Result<Self, NatsError> {
-        let servers = settings
-            .url
-            .split(',')
-            .map(ServerUrl::parse)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| {
-                NatsError::Settings(format!(
-                    "nats.url `{}` is not a NATS server URL list: {e}",
-                    settings.display_url()
-                ))
-            })?;
-        Ok(Self {
-            servers,
-            auth,
-            tls_required: settings.tls_required,
-            connect_timeout: settings.connect_timeout,
-            display_url: settings.display_url(),
-        })
+impl std::fmt::Debug for ConnectOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectOptions")
+            .field("url", &self.display_url)
+            .finish_non_exhaustive()
     }
 }
 
@@ -178,7 +199,7 @@ pub(crate) enum OpenError {
 /// `CONNECT` with the credentials, `first` (written before the `PING`, e.g. the `SUB` for
 /// PubAcks), and waits for the `PONG` that proves the server took them.
 pub(crate) async fn open(
-    settings: &WireSettings,
+    settings: &ConnectOptions,
     server: &ServerUrl,
     first: &[u8],
 ) -> Result<Opened, OpenError> {
@@ -189,7 +210,7 @@ pub(crate) async fn open(
 }
 
 async fn handshake(
-    settings: &WireSettings,
+    settings: &ConnectOptions,
     server: &ServerUrl,
     first: &[u8],
 ) -> Result<Opened, OpenError> {
@@ -220,9 +241,8 @@ async fn handshake(
         let name = ServerName::try_from(server.host.clone())
             .map_err(|e| OpenError::Tls(format!("`{}` as a TLS server name: {e}", server.host)))?;
         let config = settings
-            .auth
-            .tls
-            .config()
+            .credentials
+            .tls()
             .map_err(|e| OpenError::Tls(e.to_owned()))?;
         let tls = tokio_rustls::TlsConnector::from(config.clone())
             .connect(name, tcp)
@@ -241,31 +261,27 @@ async fn handshake(
             .map_err(|e| OpenError::Refused(format!("cannot sign the server's nonce: {e}")))?;
         Ok(data_encoding::BASE64URL_NOPAD.encode(&signed))
     };
-    let auth = &settings.auth;
-    let nkey_public = auth.nkey.as_ref().map(|nkey| nkey.pair.public_key());
-    let sig = match (&auth.jwt, &auth.nkey) {
+    let auth = &*settings.credentials;
+    let nkey_public = auth.nkey().map(KeyPair::public_key);
+    let sig = match (auth.jwt(), auth.nkey()) {
         (Some((_, pair)), _) => Some(signature(pair)?),
-        (None, Some(nkey)) => Some(signature(&nkey.pair)?),
+        (None, Some(nkey)) => Some(signature(nkey)?),
         (None, None) => None,
     };
-    // Settings first; the URL's userinfo when the settings name no user or token.
-    let (user, pass, token) = match (&auth.user, &auth.token) {
+    // The credentials first; the URL's userinfo when they name no user or token.
+    let (user, pass, token) = match (auth.user(), auth.token()) {
         (None, None) => match (&server.user, &server.password) {
             (Some(user), Some(password)) => (Some(user.as_str()), Some(password.as_str()), None),
             (Some(token), None) => (None, None, Some(token.as_str())),
             _ => (None, None, None),
         },
-        (user, token) => (
-            user.as_ref().map(|(u, _)| u.as_str()),
-            user.as_ref().map(|(_, p)| p.expose()),
-            token.as_ref().map(Secret::expose),
-        ),
+        (user, token) => (user.map(|(u, _)| u), user.map(|(_, p)| p), token),
     };
     let connect = ConnectInfo {
         verbose: false,
         pedantic: false,
         tls_required: use_tls,
-        name: "outbox-relay (lean publish)",
+        name: &settings.name,
         lang: "rust",
         version: env!("CARGO_PKG_VERSION"),
         protocol: 1,
@@ -275,8 +291,8 @@ async fn handshake(
         user,
         pass,
         auth_token: token,
-        jwt: auth.jwt.as_ref().map(|(jwt, _)| jwt.as_str()),
-        nkey: if auth.jwt.is_none() {
+        jwt: auth.jwt().map(|(jwt, _)| jwt),
+        nkey: if auth.jwt().is_none() {
             nkey_public.as_deref()
         } else {
             None

@@ -3,13 +3,12 @@
 use std::sync::Arc;
 
 use bytes::BytesMut;
-use relay_core::message::OutboundMessage;
 
-use super::proto;
-use crate::header_entries::{own_entries, same_values, shared_entries, split};
+use crate::message::{Framing, Header, own_lines, same_values, shared_lines};
+use crate::proto;
 
 /// The lean path's header block start for the current transaction: the version line and the
-/// [`shared_entries`] lines, serialised once and copied into each `HPUB`.
+/// [`shared_lines`], serialised once and copied into each `HPUB`.
 #[derive(Default)]
 pub(crate) struct WireHeaders {
     values: Vec<Arc<str>>,
@@ -24,44 +23,45 @@ pub(crate) struct WireHeaders {
 
 impl WireHeaders {
     /// Appends the `HPUB` of `msg` (into `stream`, replying to `reply`) to `out`.
-    pub(crate) fn write_hpub(
+    pub(crate) fn write_hpub<F: Framing>(
         &mut self,
         out: &mut BytesMut,
         stream: &str,
-        msg: &OutboundMessage,
+        msg: &F::Message,
         reply: proto::ReplyTo<'_>,
     ) {
-        self.write_hpub_with(out, stream, msg, reply, &[]);
+        self.write_hpub_with::<F>(out, stream, msg, reply, &[]);
     }
 
     /// [`Self::write_hpub`] with `extra` lines after the message's own (an atomic batch's
     /// `Nats-Batch-*` lines; the route refuses `Nats-*` names in a message's own headers, so
     /// they never repeat one).
-    pub(crate) fn write_hpub_with(
+    pub(crate) fn write_hpub_with<F: Framing>(
         &mut self,
         out: &mut BytesMut,
         stream: &str,
-        msg: &OutboundMessage,
+        msg: &F::Message,
         reply: proto::ReplyTo<'_>,
         extra: &[(&str, &str)],
     ) {
-        let (shared, own) = split(msg);
+        let (shared, own) = (F::shared_headers(msg), F::own_headers(msg));
+        let msg_id = F::msg_id(msg);
         let mut names_known = same_names(&self.own_names, own);
         if !self.matches(stream, shared) {
             self.values = shared.iter().map(|(_, v)| v.clone()).collect();
             self.stream = Some(stream.into());
             self.head.clear();
             self.head.extend_from_slice(proto::HEADER_VERSION_LINE);
-            for (name, value) in shared_entries(stream, shared) {
+            for (name, value) in shared_lines(stream, shared) {
                 proto::put_header_line(&mut self.head, name, value);
             }
             // Shared names may have changed (another table): compare again.
             names_known = false;
         }
         if !names_known {
-            self.repeats = own_entries(msg, own).enumerate().any(|(i, (name, _))| {
-                shared_entries(stream, shared).any(|(n, _)| n == name)
-                    || own_entries(msg, own).take(i).any(|(n, _)| n == name)
+            self.repeats = own_lines(msg_id, own).enumerate().any(|(i, (name, _))| {
+                shared_lines(stream, shared).any(|(n, _)| n == name)
+                    || own_lines(msg_id, own).take(i).any(|(n, _)| n == name)
             });
             self.own_names = own.iter().map(|(name, _)| name.clone()).collect();
         }
@@ -69,8 +69,8 @@ impl WireHeaders {
             // A name set twice: the later value replaces the earlier, as in a HeaderMap.
             let mut lines: Vec<(&str, &str)> = Vec::new();
             let extra = extra.iter().copied();
-            for (name, value) in shared_entries(stream, shared)
-                .chain(own_entries(msg, own))
+            for (name, value) in shared_lines(stream, shared)
+                .chain(own_lines(msg_id, own))
                 .chain(extra)
             {
                 match lines.iter_mut().find(|(n, _)| *n == name) {
@@ -89,42 +89,42 @@ impl WireHeaders {
             };
             proto::write_hpub(
                 out,
-                &msg.subject,
+                F::subject(msg),
                 reply,
                 proto::HEADER_VERSION_LINE,
                 len,
                 write,
-                &msg.payload,
+                F::payload(msg),
             );
             return;
         }
-        let len = own_entries(msg, own)
+        let len = own_lines(msg_id, own)
             .chain(extra.iter().copied())
             .map(|(n, v)| proto::header_line_len(n, v))
             .sum();
         let write = |out: &mut BytesMut| {
-            for (name, value) in own_entries(msg, own).chain(extra.iter().copied()) {
+            for (name, value) in own_lines(msg_id, own).chain(extra.iter().copied()) {
                 proto::put_header_line(out, name, value);
             }
         };
         proto::write_hpub(
             out,
-            &msg.subject,
+            F::subject(msg),
             reply,
             &self.head,
             len,
             write,
-            &msg.payload,
+            F::payload(msg),
         );
     }
 
-    fn matches(&self, stream: &str, shared: &[(Arc<str>, Arc<str>)]) -> bool {
+    fn matches(&self, stream: &str, shared: &[Header]) -> bool {
         self.stream.as_deref() == Some(stream) && same_values(&self.values, shared)
     }
 }
 
 /// Whether `names` are, by pointer, the names of `own`.
-fn same_names(names: &[Arc<str>], own: &[(Arc<str>, Arc<str>)]) -> bool {
+fn same_names(names: &[Arc<str>], own: &[Header]) -> bool {
     names.len() == own.len()
         && names
             .iter()
@@ -135,9 +135,9 @@ fn same_names(names: &[Arc<str>], own: &[(Arc<str>, Arc<str>)]) -> bool {
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;
-    use relay_core::Lsn;
 
     use super::*;
+    use crate::{Plain, PlainMessage};
 
     fn header(name: &Arc<str>, value: &str) -> (Arc<str>, Arc<str>) {
         (name.clone(), value.into())
@@ -157,14 +157,13 @@ mod tests {
         ];
         let tx1 = [header(&lsn, "0/1"), header(&table, "public.a")];
         let tx2 = [header(&lsn, "0/2"), header(&table, "public.a")];
-        let message = |shared: &[(Arc<str>, Arc<str>)],
-                       own: Vec<(Arc<str>, Arc<str>)>,
-                       id: &str| {
-            let mut msg = OutboundMessage::bare("outbox.a", id, Bytes::from_static(b"{}"), Lsn(1));
-            msg.headers = shared.iter().cloned().chain(own).collect();
-            msg.shared_headers = shared.len();
-            msg
-        };
+        let message =
+            |shared: &[(Arc<str>, Arc<str>)], own: Vec<(Arc<str>, Arc<str>)>, id: &str| {
+                let mut msg = PlainMessage::new("outbox.a", id, Bytes::from_static(b"{}"));
+                msg.headers = shared.iter().cloned().chain(own).collect();
+                msg.shared = shared.len();
+                msg
+            };
         let messages = [
             message(&tx1, vec![header(&tx_index, "0"), header(&kind, "A")], "e1"),
             message(&tx1, vec![header(&tx_index, "1"), header(&kind, "B")], "e2"),
@@ -201,23 +200,23 @@ mod tests {
         let mut reused = WireHeaders::default();
         for msg in &messages {
             let (mut again, mut fresh) = (BytesMut::new(), BytesMut::new());
-            reused.write_hpub(
+            reused.write_hpub::<Plain>(
                 &mut again,
                 "OUTBOX",
                 msg,
                 proto::ReplyTo::Numbered("_INBOX.t", 1),
             );
-            WireHeaders::default().write_hpub(
+            WireHeaders::default().write_hpub::<Plain>(
                 &mut fresh,
                 "OUTBOX",
                 msg,
                 proto::ReplyTo::Numbered("_INBOX.t", 1),
             );
-            assert_eq!(again, fresh, "message {}", msg.event_id);
+            assert_eq!(again, fresh, "message {}", msg.msg_id);
         }
         // The repeated name was written once, with the later value.
         let mut out = BytesMut::new();
-        WireHeaders::default().write_hpub(
+        WireHeaders::default().write_hpub::<Plain>(
             &mut out,
             "OUTBOX",
             &messages[3],

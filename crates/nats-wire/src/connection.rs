@@ -1,25 +1,8 @@
-//! The lean per-message publish path: the relay's own NATS connection for publishing, with
-//! `HPUB` frames whose shared header lines are serialised once per transaction, one `SUB` for
-//! every PubAck, PubAcks matched by number and parsed into a plain struct, and one deadline
-//! sweep instead of a timer per message (docs/benchmarks.md, "What would move it").
-//! It carries every message of every publish mode and every answer: PubAcks, atomic batches
-//! and their commits, fast batches and their flow acks (on a second subscription made with
-//! `CONNECT`); async-nats serves management only (stream checks, direct gets, the duplicate
-//! check), and publishing where `[nats] publish_path = "async-nats"` or the server refused
-//! this connection. Where each message goes in each mode: `docs/design.md`, "Where each message
-//! goes".
-//!
-//! - [`proto`]: framing and parsing, no IO.
-//! - [`connect`]: servers from [`crate::NatsSettings`], credentials and TLS from
-//!   [`crate::client_auth`] (shared with the async-nats connection); the handshake.
-//! - [`session`]: the connection's life (reader, writer, reconnects).
-//! - [`pending`]: the outstanding publishes and PubAck parsing.
-
-mod connect;
-mod headers;
-mod pending;
-pub(crate) mod proto;
-mod session;
+//! The connection: the handle the caller publishes through, and the state its tasks share.
+//! Every message and every answer of every publish mode goes on it: PubAcks (on one wildcard
+//! `SUB`, matched by publish number), atomic batches (members without a reply, the commit with
+//! one, its answer handed over as it came) and fast batches (answers on a second `SUB` made
+//! with `CONNECT`, routed to each batch's reader).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -27,93 +10,103 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use relay_core::message::OutboundMessage;
-use relay_core::stage::{PublishError, PublishErrorKind};
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-pub(crate) use connect::WireSettings;
-pub(crate) use pending::{Outcome, RawOutcome};
+use crate::connect::{self, ConnectOptions};
+use crate::error::WireError;
+use crate::headers::WireHeaders;
+use crate::pending::{self, Outcome, RawOutcome};
+use crate::{Framing, proto};
+
+mod session;
 
 /// After `<reply prefix>.`, what starts a fast batch's reply subjects: `b.<batch token>.…`.
-const BATCH_TOKEN_PREFIX: &[u8] = b"b.";
+pub(crate) const BATCH_TOKEN_PREFIX: &[u8] = b"b.";
 
-use crate::connection_state::ConnectionState;
-use headers::WireHeaders;
-
-/// The lean publish connection. Dropping the last handle stops its task and closes it.
-pub(crate) struct LeanConnection {
-    inner: Arc<Inner>,
+/// A publishing connection for messages read through `F`. It connects on first use and keeps
+/// reconnecting; dropping the last handle stops its task and closes it.
+pub struct Connection<F: Framing> {
+    pub(crate) inner: Arc<Inner<F>>,
     /// Dropped with the handle: the supervisor sees its receiver close and stops.
     _stop: watch::Sender<()>,
     stop: watch::Receiver<()>,
     started: AtomicBool,
 }
 
-impl std::fmt::Debug for LeanConnection {
+impl<F: Framing> std::fmt::Debug for Connection<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LeanConnection")
+        f.debug_struct("Connection")
             .field("settings", &self.inner.settings)
             .finish_non_exhaustive()
     }
 }
 
-struct Inner {
-    settings: Arc<WireSettings>,
+pub(crate) struct Inner<F: Framing> {
+    pub(crate) settings: Arc<ConnectOptions>,
     /// `_INBOX.<unique>`: publish `n` replies to `<reply_prefix>.<16 hex digits of n>`.
-    reply_prefix: String,
+    pub(crate) reply_prefix: String,
     /// `<reply prefix>.b`: a fast batch's replies are `<batch prefix>.<batch token>.…`.
-    batch_prefix: String,
-    ack_timeout: Duration,
-    /// The state the async-nats connection's events feed too: permission errors seen here are
-    /// recorded there, so both paths explain a refused publish alike.
-    connection: Arc<ConnectionState>,
-    state: Mutex<Shared>,
-    wake_writer: Notify,
+    pub(crate) batch_prefix: String,
+    pub(crate) ack_timeout: Duration,
+    pub(crate) state: Mutex<Shared<F>>,
+    pub(crate) wake_writer: Notify,
     /// The server's `max_payload` (0 before the first `INFO`).
-    max_payload: AtomicUsize,
-    ever_connected: AtomicBool,
+    pub(crate) max_payload: AtomicUsize,
+    pub(crate) ever_connected: AtomicBool,
     /// The server refused the first connection: publish through async-nats instead.
-    refused: AtomicBool,
-    up: watch::Sender<bool>,
+    pub(crate) refused: AtomicBool,
+    pub(crate) up: watch::Sender<bool>,
 }
 
 /// What the publishing side and the connection's tasks share, behind one lock.
-#[derive(Default)]
-struct Shared {
+pub(crate) struct Shared<F: Framing> {
     /// A connection is up and takes frames.
-    live: bool,
+    pub(crate) live: bool,
     /// Frames not yet written.
-    out: BytesMut,
-    pending: pending::Pending,
-    next_n: u64,
-    headers: WireHeaders,
+    pub(crate) out: BytesMut,
+    pub(crate) pending: pending::Pending<F>,
+    pub(crate) next_n: u64,
+    pub(crate) headers: WireHeaders,
     /// A protocol `-ERR` after which the server closes the connection.
-    closing: Option<Arc<str>>,
+    pub(crate) closing: Option<Arc<str>>,
     /// Servers learned from `INFO` `connect_urls`.
-    discovered: Vec<connect::ServerUrl>,
-    pings_out: u32,
+    pub(crate) discovered: Vec<connect::ServerUrl>,
+    pub(crate) pings_out: u32,
     /// One entry per `PING` out, in order: who waits for its `PONG` (a flush), if anyone.
-    pongs: VecDeque<Option<oneshot::Sender<()>>>,
+    pub(crate) pongs: VecDeque<Option<oneshot::Sender<()>>>,
     /// The readers of the open fast batches, by batch token.
-    batch_replies: HashMap<String, mpsc::UnboundedSender<Bytes>>,
+    pub(crate) batch_replies: HashMap<String, mpsc::UnboundedSender<Bytes>>,
 }
 
-impl Inner {
-    fn lock(&self) -> MutexGuard<'_, Shared> {
+impl<F: Framing> Default for Shared<F> {
+    fn default() -> Self {
+        Self {
+            live: false,
+            out: BytesMut::new(),
+            pending: pending::Pending::default(),
+            next_n: 0,
+            headers: WireHeaders::default(),
+            closing: None,
+            discovered: Vec::new(),
+            pings_out: 0,
+            pongs: VecDeque::new(),
+            batch_replies: HashMap::new(),
+        }
+    }
+}
+
+impl<F: Framing> Inner<F> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Shared<F>> {
         // A poisoned lock only means a panic elsewhere mid-update; the state stays usable.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
-impl LeanConnection {
-    /// A connection made from `settings`, opened on first use. Its permission errors are
-    /// recorded in `connection` (the async-nats connection's state).
-    pub(crate) fn new(
-        settings: Arc<WireSettings>,
-        connection: Arc<ConnectionState>,
-        ack_timeout: Duration,
-    ) -> Self {
+impl<F: Framing> Connection<F> {
+    /// A connection made from `settings`, opened on first use; a publish without an answer
+    /// within `ack_timeout` ends as unknown.
+    pub fn new(settings: Arc<ConnectOptions>, ack_timeout: Duration) -> Self {
         let (stop_tx, stop) = watch::channel(());
         let reply_prefix = format!("_INBOX.{}", nuid::next());
         Self {
@@ -122,7 +115,6 @@ impl LeanConnection {
                 batch_prefix: format!("{reply_prefix}.b"),
                 reply_prefix,
                 ack_timeout,
-                connection,
                 state: Mutex::default(),
                 wake_writer: Notify::new(),
                 max_payload: AtomicUsize::new(0),
@@ -137,12 +129,12 @@ impl LeanConnection {
     }
 
     /// The server's `max_payload`, 0 before the connection's first `INFO`.
-    pub(crate) fn max_payload(&self) -> usize {
+    pub fn max_payload(&self) -> usize {
         self.inner.max_payload.load(Ordering::Relaxed)
     }
 
     /// The length of a reply subject: `<reply prefix>.<16 hex digits>`.
-    pub(crate) fn reply_len(&self) -> usize {
+    pub fn reply_len(&self) -> usize {
         self.inner.reply_prefix.len() + 1 + proto::REPLY_TOKEN_LEN
     }
 
@@ -158,7 +150,7 @@ impl LeanConnection {
     /// configured server). `false` only when the server refused the first connection (e.g. a
     /// connection limit of the account) though async-nats' connection with the same
     /// credentials is up: messages then go through async-nats (logged once).
-    pub(crate) async fn ready(&self, wait: Duration) -> bool {
+    pub async fn ready(&self, wait: Duration) -> bool {
         self.start();
         let inner = &self.inner;
         if !*inner.up.borrow() && !inner.refused.load(Ordering::Relaxed) {
@@ -180,18 +172,18 @@ impl LeanConnection {
     }
 
     /// Whether the server refused the first connection (see [`Self::ready`]).
-    pub(crate) fn refused(&self) -> bool {
+    pub fn refused(&self) -> bool {
         self.inner.refused.load(Ordering::Relaxed)
     }
 
     /// Queues `msg` (into `stream`) for the writer; the receiver gets its outcome. Fails as
     /// unknown while the connection is down (the caller re-sends).
-    pub(crate) fn publish(
+    pub fn publish(
         &self,
         stream: &str,
-        msg: &Arc<OutboundMessage>,
-    ) -> Result<oneshot::Receiver<Outcome>, PublishError> {
-        self.publish_numbered(stream, msg, &[], pending::Pending::push)
+        msg: &Arc<F::Message>,
+    ) -> Result<oneshot::Receiver<Outcome>, WireError> {
+        self.publish_numbered(stream, msg, &[], pending::Pending::<F>::push)
     }
 
     /// Queues `msg` (into `stream`) with the `extra` header lines, replying to its publish
@@ -199,17 +191,17 @@ impl LeanConnection {
     fn publish_numbered<T>(
         &self,
         stream: &str,
-        msg: &Arc<OutboundMessage>,
+        msg: &Arc<F::Message>,
         extra: &[(&str, &str)],
-        register: impl FnOnce(&mut pending::Pending, u64, Arc<OutboundMessage>, Instant) -> T,
-    ) -> Result<T, PublishError> {
+        register: impl FnOnce(&mut pending::Pending<F>, u64, Arc<F::Message>, Instant) -> T,
+    ) -> Result<T, WireError> {
         let inner = &self.inner;
         self.queue(|state| {
             let n = state.next_n;
             state.next_n += 1;
             let Shared { out, headers, .. } = &mut *state;
             let reply = proto::ReplyTo::Numbered(&inner.reply_prefix, n);
-            headers.write_hpub_with(out, stream, msg, reply, extra);
+            headers.write_hpub_with::<F>(out, stream, msg, reply, extra);
             register(
                 &mut state.pending,
                 n,
@@ -221,33 +213,33 @@ impl LeanConnection {
 
     /// Queues `msg` (into `stream`) with the `extra` header lines and no reply: an atomic
     /// batch's message before its commit, which the server does not answer.
-    pub(crate) fn publish_unanswered(
+    pub fn publish_unanswered(
         &self,
         stream: &str,
-        msg: &OutboundMessage,
+        msg: &F::Message,
         extra: &[(&str, &str)],
-    ) -> Result<(), PublishError> {
+    ) -> Result<(), WireError> {
         self.queue(|state| {
             let Shared { out, headers, .. } = state;
-            headers.write_hpub_with(out, stream, msg, proto::ReplyTo::None, extra);
+            headers.write_hpub_with::<F>(out, stream, msg, proto::ReplyTo::None, extra);
         })
     }
 
     /// Queues `msg` (into `stream`) with the `extra` header lines; the receiver gets the
     /// answer as it came (an atomic batch's commit, whose PubAck names the batch).
-    pub(crate) fn publish_raw(
+    pub fn publish_raw(
         &self,
         stream: &str,
-        msg: &Arc<OutboundMessage>,
+        msg: &Arc<F::Message>,
         extra: &[(&str, &str)],
-    ) -> Result<oneshot::Receiver<RawOutcome>, PublishError> {
-        self.publish_numbered(stream, msg, extra, pending::Pending::push_raw)
+    ) -> Result<oneshot::Receiver<RawOutcome>, WireError> {
+        self.publish_numbered(stream, msg, extra, pending::Pending::<F>::push_raw)
     }
 
     /// A new fast batch's reply subjects on this connection: `inbox` (whose last token is the
     /// batch's id) and the answers that come on `<inbox>.>`. Fails while the connection is
     /// down; the answers end when it is lost or the handle is dropped.
-    pub(crate) fn batch_replies(&self) -> Result<BatchReplies, PublishError> {
+    pub fn batch_replies(&self) -> Result<BatchReplies<F>, WireError> {
         let token = nuid::next().to_string();
         let (sender, answers) = mpsc::unbounded_channel();
         self.queue(|state| {
@@ -263,13 +255,13 @@ impl LeanConnection {
 
     /// The longest reply subject of a fast batch with `flow` messages between flow acks:
     /// `<batch prefix>.<22-character token>` and the batch's suffix.
-    pub(crate) fn batch_reply_len(&self, flow: usize) -> usize {
+    pub fn batch_reply_len(&self, flow: usize) -> usize {
         self.inner.batch_prefix.len() + 1 + 22 + proto::fast_batch_reply_suffix_len(flow)
     }
 
     /// Waits until the server has read everything queued so far (a `PING` after it, and its
     /// `PONG`), at most `wait`; `false` when it did not within `wait` or the connection is down.
-    pub(crate) async fn flush(&self, wait: Duration) -> bool {
+    pub async fn flush(&self, wait: Duration) -> bool {
         let (done, pong) = oneshot::channel();
         let queued = self.queue(|state| {
             state.pongs.push_back(Some(done));
@@ -281,26 +273,21 @@ impl LeanConnection {
     /// Queues `msg` (into `stream`) replying to `reply`, with no PubAck awaited: a fast batch's
     /// message, whose answers the batch's own subscription reads. Fails while the connection
     /// is down (the batch's reader then sees no answer, and the message is re-sent).
-    pub(crate) fn publish_to(
-        &self,
-        stream: &str,
-        msg: &OutboundMessage,
-        reply: &str,
-    ) -> Result<(), PublishError> {
+    pub fn publish_to(&self, stream: &str, msg: &F::Message, reply: &str) -> Result<(), WireError> {
         self.queue(|state| {
             let Shared { out, headers, .. } = state;
-            headers.write_hpub(out, stream, msg, proto::ReplyTo::Subject(reply));
+            headers.write_hpub::<F>(out, stream, msg, proto::ReplyTo::Subject(reply));
         })
     }
 
     /// Queues an empty message to `subject` replying to `reply` (a fast batch's commit).
-    pub(crate) fn publish_empty(&self, subject: &str, reply: &str) -> Result<(), PublishError> {
+    pub fn publish_empty(&self, subject: &str, reply: &str) -> Result<(), WireError> {
         self.queue(|state| proto::write_empty_pub(&mut state.out, subject, reply))
     }
 
     /// Runs `write` (appending frames) on the shared state and wakes the writer; fails as
     /// unknown while the connection is down.
-    fn queue<T>(&self, write: impl FnOnce(&mut Shared) -> T) -> Result<T, PublishError> {
+    fn queue<T>(&self, write: impl FnOnce(&mut Shared<F>) -> T) -> Result<T, WireError> {
         let inner = &self.inner;
         let written = {
             let mut state = inner.lock();
@@ -314,44 +301,49 @@ impl LeanConnection {
     }
 }
 
-/// A fast batch's reply subjects and answers (see [`LeanConnection::batch_replies`]).
-pub(crate) struct BatchReplies {
+/// A fast batch's reply subjects and answers (see [`Connection::batch_replies`]).
+pub struct BatchReplies<F: Framing> {
     /// `<batch prefix>.<token>`: the batch's messages reply to `<inbox>.<flow>.fail.…`.
-    pub(crate) inbox: String,
+    pub inbox: String,
     token: String,
     answers: mpsc::UnboundedReceiver<Bytes>,
-    inner: Arc<Inner>,
+    inner: Arc<Inner<F>>,
 }
 
-impl BatchReplies {
+impl<F: Framing> std::fmt::Debug for BatchReplies<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BatchReplies")
+            .field("inbox", &self.inbox)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F: Framing> BatchReplies<F> {
     /// The next answer's payload; `None` once the connection was lost.
-    pub(crate) async fn next(&mut self) -> Option<Bytes> {
+    pub async fn next(&mut self) -> Option<Bytes> {
         self.answers.recv().await
     }
 }
 
-impl Drop for BatchReplies {
+impl<F: Framing> Drop for BatchReplies<F> {
     fn drop(&mut self) {
         self.inner.lock().batch_replies.remove(&self.token);
     }
 }
 
-fn not_connected(settings: &WireSettings) -> PublishError {
-    PublishError::new(
-        PublishErrorKind::Unknown,
-        format!(
-            "not connected to NATS at {} (reconnecting)",
-            settings.display_url
-        ),
-    )
+fn not_connected(settings: &ConnectOptions) -> WireError {
+    WireError::unknown(format!(
+        "not connected to NATS at {} (reconnecting)",
+        settings.display_url
+    ))
 }
 
-/// The headers of `msg` exactly as the lean path frames them, as `(name, value)` lines in
-/// order (tests compare them with [`crate::JetStreamPublisher::headers`]).
-#[cfg(test)]
-pub(crate) fn framed_header_lines(stream: &str, msg: &OutboundMessage) -> Vec<(String, String)> {
+/// The headers of `msg` (into `stream`) exactly as the connection frames them, as
+/// `(name, value)` lines in order: for a caller that checks another publish path sends the
+/// same set.
+pub fn framed_header_lines<F: Framing>(stream: &str, msg: &F::Message) -> Vec<(String, String)> {
     let mut out = BytesMut::new();
-    WireHeaders::default().write_hpub(
+    WireHeaders::default().write_hpub::<F>(
         &mut out,
         stream,
         msg,
@@ -366,10 +358,3 @@ pub(crate) fn framed_header_lines(stream: &str, msg: &OutboundMessage) -> Vec<(S
         .expect("a header length");
     proto::header_block_lines(&rest.as_bytes()[..header_len]).expect("a header block")
 }
-
-#[cfg(test)]
-mod parser_props;
-#[cfg(test)]
-mod pub_ack_props;
-#[cfg(test)]
-mod tests;

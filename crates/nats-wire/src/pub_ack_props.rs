@@ -5,8 +5,8 @@
 
 use proptest::prelude::*;
 
-use super::parser_props::config;
-use super::pending::{self, Stored};
+use crate::parser_props::config;
+use crate::pending::{self, Stored};
 
 /// What a PubAck means according to `serde_json::Value`: an object without an error, a string
 /// `stream`, an unsigned `seq`, and `duplicate` absent or a bool.

@@ -5,28 +5,27 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use relay_core::message::OutboundMessage;
-use relay_core::stage::{PublishError, PublishErrorKind};
 use serde::Deserialize;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::error_codes::{ApiError, kind_for_error_code};
+use crate::Framing;
+use crate::error::{ApiError, WireError, WireErrorKind};
 
 /// What JetStream stored: the stream sequence, and whether the message was a duplicate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Stored {
-    pub(crate) seq: u64,
-    pub(crate) duplicate: bool,
+pub struct Stored {
+    pub seq: u64,
+    pub duplicate: bool,
 }
 
 /// How one publish ended.
-pub(crate) type Outcome = Result<Stored, PublishError>;
+pub type Outcome = Result<Stored, WireError>;
 
 /// How a publish whose answer its caller reads itself ended: the answer's payload (an atomic
 /// batch's commit PubAck, with the batch's fields or error code), or why none came. A 503
 /// status is [`no_responders`].
-pub(crate) type RawOutcome = Result<bytes::Bytes, PublishError>;
+pub type RawOutcome = Result<bytes::Bytes, WireError>;
 
 /// A JetStream PubAck (or its error). `stream` and `seq` are what make it one: an answer
 /// without them is not taken for a stored message.
@@ -45,26 +44,25 @@ struct PubAck {
 }
 
 /// The outcome a PubAck's payload says.
-pub(crate) fn parse_pub_ack(payload: &[u8]) -> Outcome {
+pub fn parse_pub_ack(payload: &[u8]) -> Outcome {
     if let Some(stored) = plain_pub_ack(payload) {
         return Ok(stored);
     }
     let unreadable = |e: &dyn std::fmt::Display| {
-        PublishError::new(
-            PublishErrorKind::Unknown,
-            format!(
-                "unreadable PubAck ({e}): {}",
-                String::from_utf8_lossy(&payload[..payload.len().min(200)])
-            ),
-        )
+        WireError::unknown(format!(
+            "unreadable PubAck ({e}): {}",
+            String::from_utf8_lossy(&payload[..payload.len().min(200)])
+        ))
     };
     // From a `str`: serde_json skips the strings of fields it ignores without checking that
     // they are UTF-8, so bytes that are not JSON would otherwise pass.
     let text = std::str::from_utf8(payload).map_err(|e| unreadable(&e))?;
     let ack: PubAck = serde_json::from_str(text).map_err(|e| unreadable(&e))?;
     if let Some(error) = ack.error {
-        return Err(PublishError::new(
-            kind_for_error_code(error.err_code),
+        return Err(WireError::new(
+            WireErrorKind::Refused {
+                err_code: error.err_code,
+            },
             format!(
                 "JetStream refused the message: {} (status {}, error code {})",
                 error.description, error.code, error.err_code
@@ -76,13 +74,10 @@ pub(crate) fn parse_pub_ack(payload: &[u8]) -> Outcome {
             seq,
             duplicate: ack.duplicate,
         }),
-        _ => Err(PublishError::new(
-            PublishErrorKind::Unknown,
-            format!(
-                "an answer that is not a PubAck (no stream or sequence): {}",
-                String::from_utf8_lossy(&payload[..payload.len().min(200)])
-            ),
-        )),
+        _ => Err(WireError::unknown(format!(
+            "an answer that is not a PubAck (no stream or sequence): {}",
+            String::from_utf8_lossy(&payload[..payload.len().min(200)])
+        ))),
     }
 }
 
@@ -137,15 +132,15 @@ fn plain_pub_ack(payload: &[u8]) -> Option<Stored> {
 
 /// The outcome of a 503 status: no stream captures the subject (or its leader is being
 /// elected).
-pub(crate) fn no_responders(subject: &str) -> PublishError {
-    PublishError::new(
-        PublishErrorKind::NoStream,
+pub(crate) fn no_responders(subject: &str) -> WireError {
+    WireError::new(
+        WireErrorKind::NoResponders,
         format!("no responders: no JetStream stream captures `{subject}` right now"),
     )
 }
 
-struct Entry {
-    msg: Arc<OutboundMessage>,
+struct Entry<M> {
+    msg: Arc<M>,
     deadline: Instant,
     done: Done,
 }
@@ -160,7 +155,7 @@ enum Done {
 
 impl Done {
     /// Hands over `error` (the receiver may be gone: the delivery was dropped).
-    fn fail(self, error: PublishError) {
+    fn fail(self, error: WireError) {
         match self {
             Self::Parsed(done) => drop(done.send(Err(error))),
             Self::Raw(done) => drop(done.send(Err(error))),
@@ -172,10 +167,9 @@ impl Done {
     fn answer(self, subject: &str, status: Option<u16>, payload: &bytes::Bytes) {
         let refused = match status {
             Some(503) => Some(no_responders(subject)),
-            Some(code) => Some(PublishError::new(
-                PublishErrorKind::Unknown,
-                format!("NATS answered the publish with status {code}"),
-            )),
+            Some(code) => Some(WireError::unknown(format!(
+                "NATS answered the publish with status {code}"
+            ))),
             None => None,
         };
         match (self, refused) {
@@ -188,20 +182,29 @@ impl Done {
 
 /// Outstanding publishes numbered `base..base + ring.len()`; a resolved one leaves a hole
 /// until the ones before it resolve.
-#[derive(Default)]
-pub(crate) struct Pending {
+pub(crate) struct Pending<F: Framing> {
     base: u64,
-    ring: VecDeque<Option<Entry>>,
+    ring: VecDeque<Option<Entry<F::Message>>>,
     count: usize,
 }
 
-impl Pending {
+impl<F: Framing> Default for Pending<F> {
+    fn default() -> Self {
+        Self {
+            base: 0,
+            ring: VecDeque::new(),
+            count: 0,
+        }
+    }
+}
+
+impl<F: Framing> Pending<F> {
     /// Adds publish number `n` (one more than the last added, after a [`Self::drain`] any
     /// number), its PubAck parsed here.
     pub(crate) fn push(
         &mut self,
         n: u64,
-        msg: Arc<OutboundMessage>,
+        msg: Arc<F::Message>,
         deadline: Instant,
     ) -> oneshot::Receiver<Outcome> {
         let (done, receiver) = oneshot::channel();
@@ -213,7 +216,7 @@ impl Pending {
     pub(crate) fn push_raw(
         &mut self,
         n: u64,
-        msg: Arc<OutboundMessage>,
+        msg: Arc<F::Message>,
         deadline: Instant,
     ) -> oneshot::Receiver<RawOutcome> {
         let (done, receiver) = oneshot::channel();
@@ -221,7 +224,7 @@ impl Pending {
         receiver
     }
 
-    fn add(&mut self, n: u64, msg: Arc<OutboundMessage>, deadline: Instant, done: Done) {
+    fn add(&mut self, n: u64, msg: Arc<F::Message>, deadline: Instant, done: Done) {
         if self.ring.is_empty() {
             self.base = n;
         }
@@ -253,15 +256,15 @@ impl Pending {
         };
         if let Some(entry) = slot.take() {
             self.count -= 1;
-            entry.done.answer(&entry.msg.subject, status, payload);
+            entry.done.answer(F::subject(&entry.msg), status, payload);
         }
         self.trim();
     }
 
     /// Resolves every outstanding publish to `subject` with `error()`.
-    pub(crate) fn resolve_subject(&mut self, subject: &str, error: impl Fn() -> PublishError) {
+    pub(crate) fn resolve_subject(&mut self, subject: &str, error: impl Fn() -> WireError) {
         for slot in &mut self.ring {
-            if slot.as_ref().is_some_and(|e| e.msg.subject == subject)
+            if slot.as_ref().is_some_and(|e| F::subject(&e.msg) == subject)
                 && let Some(entry) = slot.take()
             {
                 self.count -= 1;
@@ -273,7 +276,7 @@ impl Pending {
 
     /// Resolves those whose deadline passed by `now` as unknown. Deadlines grow with the
     /// number, so the sweep stops at the first that has time left.
-    pub(crate) fn expire(&mut self, now: Instant, error: impl Fn() -> PublishError) {
+    pub(crate) fn expire(&mut self, now: Instant, error: impl Fn() -> WireError) {
         while let Some(front) = self.ring.front() {
             match front {
                 Some(entry) if entry.deadline > now => break,
@@ -288,7 +291,7 @@ impl Pending {
     }
 
     /// Resolves everything with `error()` (the connection is gone).
-    pub(crate) fn drain(&mut self, error: impl Fn() -> PublishError) {
+    pub(crate) fn drain(&mut self, error: impl Fn() -> WireError) {
         for entry in self.ring.drain(..).flatten() {
             entry.done.fail(error());
         }
@@ -308,16 +311,16 @@ mod tests {
     use std::time::Duration;
 
     use bytes::Bytes;
-    use relay_core::Lsn;
 
     use super::*;
+    use crate::{Plain, PlainMessage};
 
-    fn msg(subject: &str) -> Arc<OutboundMessage> {
-        Arc::new(OutboundMessage::bare(subject, "e", Bytes::new(), Lsn(1)))
+    fn msg(subject: &str) -> Arc<PlainMessage> {
+        Arc::new(PlainMessage::new(subject, "e", Bytes::new()))
     }
 
-    fn unknown() -> PublishError {
-        PublishError::new(PublishErrorKind::Unknown, "gone")
+    fn unknown() -> WireError {
+        WireError::unknown("gone")
     }
 
     /// The serde-free reading of the common PubAck says what serde_json says, and leaves every
@@ -405,7 +408,7 @@ mod tests {
         ] {
             assert_eq!(
                 parse_pub_ack(bad).unwrap_err().kind,
-                PublishErrorKind::Unknown,
+                WireErrorKind::Unknown,
                 "{}",
                 String::from_utf8_lossy(bad)
             );
@@ -432,7 +435,7 @@ mod tests {
             br#"{"error":{"code":400,"err_code":10060,"description":"expected stream does not match"}}"#,
         )
         .unwrap_err();
-        assert_eq!(refused.kind, PublishErrorKind::Rejected);
+        assert_eq!(refused.kind, WireErrorKind::Refused { err_code: 10060 });
         assert!(
             refused
                 .to_string()
@@ -442,15 +445,15 @@ mod tests {
             br#"{"error":{"code":503,"err_code":10077,"description":"maximum messages exceeded"}}"#,
         )
         .unwrap_err();
-        assert_eq!(store.kind, PublishErrorKind::Unknown);
+        assert_eq!(store.kind, WireErrorKind::Refused { err_code: 10077 });
         assert_eq!(
             parse_pub_ack(b"not json").unwrap_err().kind,
-            PublishErrorKind::Unknown
+            WireErrorKind::Unknown
         );
         for not_an_ack in [&br#"{}"#[..], br#"{"stream":"OUTBOX"}"#, br#"{"seq":7}"#] {
             assert_eq!(
                 parse_pub_ack(not_an_ack).unwrap_err().kind,
-                PublishErrorKind::Unknown,
+                WireErrorKind::Unknown,
                 "{}",
                 String::from_utf8_lossy(not_an_ack)
             );
@@ -459,7 +462,7 @@ mod tests {
 
     #[tokio::test]
     async fn outcomes_reach_their_publish_in_any_order() {
-        let mut pending = Pending::default();
+        let mut pending = Pending::<Plain>::default();
         let now = Instant::now();
         let mut acks: Vec<_> = (10..15)
             .map(|n| pending.push(n, msg("outbox.a"), now))
@@ -474,10 +477,7 @@ mod tests {
         assert_eq!(acks.remove(1).await.unwrap().unwrap().seq, 3);
         pending.drain(unknown);
         for ack in acks {
-            assert_eq!(
-                ack.await.unwrap().unwrap_err().kind,
-                PublishErrorKind::Unknown
-            );
+            assert_eq!(ack.await.unwrap().unwrap_err().kind, WireErrorKind::Unknown);
         }
         assert_eq!(pending.len(), 0);
         // After a drain, numbering goes on from anywhere.
@@ -490,7 +490,7 @@ mod tests {
     /// any other publish.
     #[tokio::test]
     async fn raw_publishes_get_the_answer_as_it_came() {
-        let mut pending = Pending::default();
+        let mut pending = Pending::<Plain>::default();
         let now = Instant::now();
         let commit = pending.push_raw(1, msg("outbox.a"), now);
         let plain = pending.push(2, msg("outbox.a"), now);
@@ -503,21 +503,21 @@ mod tests {
         assert_eq!(commit.await.unwrap().unwrap(), answer);
         assert_eq!(
             plain.await.unwrap().unwrap_err().kind,
-            PublishErrorKind::NoStream
+            WireErrorKind::NoResponders
         );
         let refused = refused.await.unwrap().unwrap_err();
-        assert_eq!(refused.kind, PublishErrorKind::NoStream);
-        assert!(refused.message.contains("outbox.b"), "{refused:?}");
+        assert_eq!(refused.kind, WireErrorKind::NoResponders);
+        assert!(refused.detail.contains("outbox.b"), "{refused:?}");
         pending.drain(unknown);
         assert_eq!(
             lost.await.unwrap().unwrap_err().kind,
-            PublishErrorKind::Unknown
+            WireErrorKind::Unknown
         );
     }
 
     #[tokio::test]
     async fn the_sweep_expires_only_what_is_due_and_subjects_resolve_together() {
-        let mut pending = Pending::default();
+        let mut pending = Pending::<Plain>::default();
         let start = Instant::now();
         let early = pending.push(0, msg("outbox.a"), start);
         let denied = pending.push(1, msg("outbox.denied"), start + Duration::from_secs(5));
@@ -525,11 +525,11 @@ mod tests {
         pending.expire(start + Duration::from_secs(1), unknown);
         assert!(early.await.unwrap().is_err());
         pending.resolve_subject("outbox.denied", || {
-            PublishError::new(PublishErrorKind::Rejected, "denied")
+            WireError::new(WireErrorKind::Denied, "denied")
         });
         assert_eq!(
             denied.await.unwrap().unwrap_err().kind,
-            PublishErrorKind::Rejected
+            WireErrorKind::Denied
         );
         assert_eq!(pending.len(), 1);
         pending.expire(start + Duration::from_secs(9), unknown);
