@@ -61,6 +61,8 @@ pub struct JetStreamPublisher {
     /// published on its own; `None` for a client made elsewhere, which publishes through
     /// async-nats.
     lean: Option<Arc<LeanConnection>>,
+    /// `[nats] domain`: every PubAck must name it ([`crate::domain::check_ack_domain`]).
+    domain: Option<Arc<str>>,
 }
 
 /// How the publisher frames what the pipeline hands it: the publish mode in effect (a mode the
@@ -175,6 +177,7 @@ impl JetStreamPublisher {
             strategy: Strategy::PerMessage,
             ack_timeout,
             lean,
+            domain: connection.domain().cloned(),
         }
     }
 
@@ -209,6 +212,14 @@ impl JetStreamPublisher {
                 "--allow-batched",
             ),
         };
+        // A fast batch's flow acks name no domain, and a batch's commit is not checked.
+        if self.domain.is_some() {
+            tracing::warn!(
+                stream = %self.stream,
+                "[nats] publish_mode = \"{name}\" is not used with [nats] domain set (batch acknowledgements are not checked against the domain); publishing each message on its own"
+            );
+            return self;
+        }
         let version = self.client.server_info().version;
         if !supported(&version) {
             tracing::warn!(
@@ -386,6 +397,7 @@ impl JetStreamPublisher {
         let stream = self.stream.clone();
         let quarantine = self.quarantine.clone();
         let state = state.clone();
+        let domain = self.domain.clone();
         let msg = msg.clone();
         Ok(Box::pin(async move {
             let subject = &msg.subject;
@@ -417,6 +429,7 @@ impl JetStreamPublisher {
                     _ => error,
                 }
             })?;
+            crate::domain::check_ack_domain(domain.as_deref(), &ack.stream, Some(&ack.domain))?;
             if ack.duplicate {
                 // Boxed: the lookup's future is kilobytes, and inline it would make every
                 // outstanding ack that large, duplicate or not.

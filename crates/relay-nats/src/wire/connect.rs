@@ -106,6 +106,8 @@ pub(crate) struct WireSettings {
     pub(crate) connect_timeout: Duration,
     /// `[nats] url` with passwords replaced, for messages.
     pub(crate) display_url: String,
+    /// `[nats] domain`: every PubAck must name it.
+    pub(crate) domain: Option<Arc<str>>,
 }
 
 impl std::fmt::Debug for WireSettings {
@@ -140,6 +142,7 @@ impl WireSettings {
             tls_required: settings.tls_required,
             connect_timeout: settings.connect_timeout,
             display_url: settings.display_url(),
+            domain: settings.domain.as_deref().map(Arc::from),
         })
     }
 }

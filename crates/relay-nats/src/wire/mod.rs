@@ -116,6 +116,7 @@ impl LeanConnection {
     ) -> Self {
         let (stop_tx, stop) = watch::channel(());
         let reply_prefix = format!("_INBOX.{}", nuid::next());
+        let pending = pending::Pending::in_domain(settings.domain.clone());
         Self {
             inner: Arc::new(Inner {
                 settings,
@@ -123,7 +124,10 @@ impl LeanConnection {
                 reply_prefix,
                 ack_timeout,
                 connection,
-                state: Mutex::default(),
+                state: Mutex::new(Shared {
+                    pending,
+                    ..Shared::default()
+                }),
                 wake_writer: Notify::new(),
                 max_payload: AtomicUsize::new(0),
                 ever_connected: AtomicBool::new(false),
