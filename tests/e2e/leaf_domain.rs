@@ -16,7 +16,7 @@ async fn jetstream_of(server: &NatsServer) -> Result<jetstream::Context> {
 
 /// The relay on the leaf with `domain = "hub"` creates the stream in the hub (not in the leaf),
 /// publishes into it, and moves the checkpoint and the slot past the events only once the
-/// hub's JetStream acknowledged them; `tail` reads the stream through the leaf, and
+/// hub's JetStream acknowledged them; `tail` and `status` read the stream through the leaf, and
 /// `validate --connect` says when nothing answers in the configured domain.
 #[tokio::test]
 async fn a_relay_on_a_leaf_publishes_into_the_hubs_domain() -> Result<()> {
@@ -68,6 +68,16 @@ async fn a_relay_on_a_leaf_publishes_into_the_hubs_domain() -> Result<()> {
     for id in &ids {
         assert!(printed.contains(id.as_str()), "{id}: {printed}");
     }
+    let status = relay_cmd(&config, &["status", "--json"]).await?;
+    let doc: serde_json::Value = serde_json::from_slice(&status.stdout)?;
+    assert_eq!(
+        (
+            &doc["stream_state"]["present"],
+            &doc["stream_state"]["last_sequence"]
+        ),
+        (&serde_json::json!(true), &serde_json::json!(3)),
+        "the hub's stream, through the leaf: {doc}"
+    );
     let preflight = relay_cmd(&config, &["validate", "--connect"]).await?;
     let report = String::from_utf8_lossy(&preflight.stdout);
     assert!(report.contains("PASS  jetstream: enabled"), "{report}");
