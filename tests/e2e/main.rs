@@ -21,6 +21,7 @@ mod faults;
 mod framework_tables;
 mod frameworks;
 mod hostile;
+mod leaf_domain;
 mod limits;
 mod localized;
 mod message_position;

@@ -54,6 +54,17 @@ impl Env {
     ) -> Result<Self> {
         let (pg, nats) =
             tokio::try_join!(PostgresServer::start_with(pg), NatsServer::start_with(nats))?;
+        Self::with_servers(pg, nats).await
+    }
+
+    /// A new PostgreSQL beside `nats`, a server the test started (a leaf node, say).
+    pub async fn start_on_nats(nats: NatsServer) -> Result<Self> {
+        let pg = PostgresServer::start().await?;
+        Self::with_servers(pg, nats).await
+    }
+
+    /// `pg` with the migrations applied to `app`, and `nats`.
+    async fn with_servers(pg: PostgresServer, nats: NatsServer) -> Result<Self> {
         pg.create_database(DB).await?;
         let client = pg.connect(DB).await?;
         for sql in migrations() {

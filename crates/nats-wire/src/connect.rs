@@ -133,6 +133,8 @@ pub struct ConnectOptions {
     /// Called with each `-ERR` text after which the server keeps the connection (a permissions
     /// violation, say), so that the caller can explain a refused publish.
     pub on_server_error: Option<ServerErrorObserver>,
+    /// The JetStream domain every PubAck must name (`None`: any, or none).
+    pub domain: Option<Arc<str>>,
 }
 
 impl ConnectOptions {
@@ -153,6 +155,7 @@ impl ConnectOptions {
             display_url: urls.to_owned(),
             name: "nats-wire".to_owned(),
             on_server_error: None,
+            domain: None,
         })
     }
 }

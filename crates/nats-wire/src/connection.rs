@@ -109,13 +109,17 @@ impl<F: Framing> Connection<F> {
     pub fn new(settings: Arc<ConnectOptions>, ack_timeout: Duration) -> Self {
         let (stop_tx, stop) = watch::channel(());
         let reply_prefix = format!("_INBOX.{}", nuid::next());
+        let pending = pending::Pending::in_domain(settings.domain.clone());
         Self {
             inner: Arc::new(Inner {
                 settings,
                 batch_prefix: format!("{reply_prefix}.b"),
                 reply_prefix,
                 ack_timeout,
-                state: Mutex::default(),
+                state: Mutex::new(Shared {
+                    pending,
+                    ..Shared::default()
+                }),
                 wake_writer: Notify::new(),
                 max_payload: AtomicUsize::new(0),
                 ever_connected: AtomicBool::new(false),

@@ -4,7 +4,7 @@
 use serde::Deserialize;
 
 /// Why a publish did not end in a stored message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WireErrorKind {
     /// No answer says what happened (no PubAck in time, the connection lost or down, an answer
     /// that is not a PubAck): the message may be stored. Send it again.
@@ -19,6 +19,13 @@ pub enum WireErrorKind {
     /// The server refused to let this connection publish to the subject (a permissions
     /// violation).
     Denied,
+    /// Stored, but by stream `stream` in JetStream domain `received` (`None`: no domain), not
+    /// in `expected`, the domain the connection expects ([`crate::ConnectOptions::domain`]).
+    OtherDomain {
+        stream: String,
+        expected: String,
+        received: Option<String>,
+    },
 }
 
 /// A publish's refusal or unknown outcome.

@@ -28,7 +28,9 @@ pub use connect::{ConnectOptions, Credentials, ServerErrorObserver, ServerUrl};
 pub use connection::{BatchReplies, Connection, framed_header_lines};
 pub use error::{ApiError, WireError, WireErrorKind};
 pub use message::{Framing, Header, Plain, PlainMessage, own_lines, same_values, shared_lines};
-pub use pending::{Outcome, RawOutcome, Stored, parse_pub_ack};
+pub use pending::{
+    Outcome, RawOutcome, Stored, ack_domain_matches, parse_pub_ack, parse_pub_ack_in,
+};
 pub use proto::fast_batch_reply_suffix_len;
 
 /// The `-ERR` texts after which nats-server closes the connection because of what the client

@@ -12,6 +12,15 @@ use tokio::time::Instant;
 use crate::Framing;
 use crate::error::{ApiError, WireError, WireErrorKind};
 
+/// Whether a PubAck naming JetStream domain `received` (`None`: none) is from the `expected`
+/// domain: without one expected every PubAck is. The one rule for every publish path.
+pub fn ack_domain_matches(expected: Option<&str>, received: Option<&[u8]>) -> bool {
+    match expected {
+        None => true,
+        Some(expected) => received == Some(expected.as_bytes()),
+    }
+}
+
 /// What JetStream stored: the stream sequence, and whether the message was a duplicate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stored {
@@ -31,10 +40,12 @@ pub type RawOutcome = Result<bytes::Bytes, WireError>;
 /// without them is not taken for a stored message.
 #[derive(Debug, Deserialize)]
 struct PubAck {
-    /// Only its presence counts, as a string (this is the slow path: [`plain_pub_ack`] reads
+    /// For a refusal naming the stream (this is the slow path: [`plain_pub_ack`] reads
     /// the common PubAck without allocating).
     #[serde(default)]
     stream: Option<String>,
+    #[serde(default)]
+    domain: Option<String>,
     #[serde(default)]
     seq: Option<u64>,
     #[serde(default)]
@@ -43,9 +54,17 @@ struct PubAck {
     error: Option<ApiError>,
 }
 
-/// The outcome a PubAck's payload says.
+/// The outcome a PubAck's payload says, with no JetStream domain to check.
 pub fn parse_pub_ack(payload: &[u8]) -> Outcome {
-    if let Some(stored) = plain_pub_ack(payload) {
+    parse_pub_ack_in(payload, None)
+}
+
+/// The outcome a PubAck's payload says; with `domain`, one that names another domain (or
+/// none) is [`WireErrorKind::OtherDomain`].
+pub fn parse_pub_ack_in(payload: &[u8], domain: Option<&str>) -> Outcome {
+    if let Some((stored, acked_in)) = plain_pub_ack(payload)
+        && ack_domain_matches(domain, acked_in)
+    {
         return Ok(stored);
     }
     let unreadable = |e: &dyn std::fmt::Display| {
@@ -70,10 +89,23 @@ pub fn parse_pub_ack(payload: &[u8]) -> Outcome {
         ));
     }
     match (ack.stream, ack.seq) {
-        (Some(_), Some(seq)) => Ok(Stored {
-            seq,
-            duplicate: ack.duplicate,
-        }),
+        (Some(stream), Some(seq)) => {
+            let received = ack.domain.filter(|d| !d.is_empty());
+            if !ack_domain_matches(domain, received.as_deref().map(str::as_bytes)) {
+                return Err(WireError::new(
+                    WireErrorKind::OtherDomain {
+                        stream,
+                        expected: domain.unwrap_or_default().to_owned(),
+                        received,
+                    },
+                    "a PubAck from another JetStream domain",
+                ));
+            }
+            Ok(Stored {
+                seq,
+                duplicate: ack.duplicate,
+            })
+        }
         _ => Err(WireError::unknown(format!(
             "an answer that is not a PubAck (no stream or sequence): {}",
             String::from_utf8_lossy(&payload[..payload.len().min(200)])
@@ -85,8 +117,9 @@ pub fn parse_pub_ack(payload: &[u8]) -> Outcome {
 /// optional `"domain":"D"` entry between, and `,"duplicate": true` at the end for a duplicate),
 /// read without serde: it is on the path of every event, where serde_json's field matching was
 /// a tenth of the relay's instructions per message. `None` for anything else (an error, other
-/// fields, escapes in a string): [`parse_pub_ack`] then reads it with serde_json.
-fn plain_pub_ack(payload: &[u8]) -> Option<Stored> {
+/// fields, escapes in a string): [`parse_pub_ack_in`] then reads it with serde_json. With it
+/// the `domain` entry's bytes, if any.
+fn plain_pub_ack(payload: &[u8]) -> Option<(Stored, Option<&[u8]>)> {
     /// JSON's whitespace only (`is_ascii_whitespace` would also skip a form feed).
     fn ws(b: &[u8]) -> &[u8] {
         let n = b
@@ -110,8 +143,12 @@ fn plain_pub_ack(payload: &[u8]) -> Option<Stored> {
     }
     let mut rest = string_end(entry(payload.strip_prefix(b"{")?, b"stream")?.strip_prefix(b"\"")?)?;
     rest = ws(rest).strip_prefix(b",")?;
-    if let Some(domain) = entry(rest, b"domain") {
-        rest = ws(string_end(domain.strip_prefix(b"\"")?)?).strip_prefix(b",")?;
+    let mut domain = None;
+    if let Some(value) = entry(rest, b"domain") {
+        let text = value.strip_prefix(b"\"")?;
+        let after = string_end(text)?;
+        domain = Some(&text[..text.len() - after.len() - 1]);
+        rest = ws(after).strip_prefix(b",")?;
     }
     rest = entry(rest, b"seq")?;
     let digits = rest.iter().take_while(|c| c.is_ascii_digit()).count();
@@ -127,7 +164,7 @@ fn plain_pub_ack(payload: &[u8]) -> Option<Stored> {
         }
         None => false,
     };
-    (ws(rest.strip_prefix(b"}")?).is_empty()).then_some(Stored { seq, duplicate })
+    (ws(rest.strip_prefix(b"}")?).is_empty()).then_some((Stored { seq, duplicate }, domain))
 }
 
 /// The outcome of a 503 status: no stream captures the subject (or its leader is being
@@ -164,7 +201,13 @@ impl Done {
 
     /// Hands over the answer to a publish to `subject`: its status (from the header block),
     /// and its payload.
-    fn answer(self, subject: &str, status: Option<u16>, payload: &bytes::Bytes) {
+    fn answer(
+        self,
+        subject: &str,
+        status: Option<u16>,
+        payload: &bytes::Bytes,
+        domain: Option<&str>,
+    ) {
         let refused = match status {
             Some(503) => Some(no_responders(subject)),
             Some(code) => Some(WireError::unknown(format!(
@@ -174,7 +217,7 @@ impl Done {
         };
         match (self, refused) {
             (done, Some(error)) => done.fail(error),
-            (Self::Parsed(done), None) => drop(done.send(parse_pub_ack(payload))),
+            (Self::Parsed(done), None) => drop(done.send(parse_pub_ack_in(payload, domain))),
             (Self::Raw(done), None) => drop(done.send(Ok(payload.clone()))),
         }
     }
@@ -186,6 +229,8 @@ pub(crate) struct Pending<F: Framing> {
     base: u64,
     ring: VecDeque<Option<Entry<F::Message>>>,
     count: usize,
+    /// `[nats] domain`: the domain every PubAck must name.
+    domain: Option<Arc<str>>,
 }
 
 impl<F: Framing> Default for Pending<F> {
@@ -194,11 +239,20 @@ impl<F: Framing> Default for Pending<F> {
             base: 0,
             ring: VecDeque::new(),
             count: 0,
+            domain: None,
         }
     }
 }
 
 impl<F: Framing> Pending<F> {
+    /// No publishes yet; their PubAcks must name JetStream domain `domain`, if any.
+    pub(crate) fn in_domain(domain: Option<Arc<str>>) -> Self {
+        Self {
+            domain,
+            ..Self::default()
+        }
+    }
+
     /// Adds publish number `n` (one more than the last added, after a [`Self::drain`] any
     /// number), its PubAck parsed here.
     pub(crate) fn push(
@@ -256,7 +310,12 @@ impl<F: Framing> Pending<F> {
         };
         if let Some(entry) = slot.take() {
             self.count -= 1;
-            entry.done.answer(F::subject(&entry.msg), status, payload);
+            entry.done.answer(
+                F::subject(&entry.msg),
+                status,
+                payload,
+                self.domain.as_deref(),
+            );
         }
         self.trim();
     }
@@ -365,7 +424,7 @@ mod tests {
             (b"", None),
         ] {
             let text = String::from_utf8_lossy(payload);
-            let fast = plain_pub_ack(payload);
+            let fast = plain_pub_ack(payload).map(|(stored, _)| stored);
             assert_eq!(fast, want, "{text}");
             if let Some(fast) = fast {
                 let by_serde: PubAck = serde_json::from_slice(payload).expect("valid JSON");
@@ -457,6 +516,49 @@ mod tests {
                 "{}",
                 String::from_utf8_lossy(not_an_ack)
             );
+        }
+    }
+
+    /// With `[nats] domain`, only a PubAck naming that domain is a stored message, on the fast
+    /// path and on serde_json's alike; a refusal names the stream and both domains.
+    #[test]
+    fn pub_acks_from_another_domain_are_refused() {
+        let hub = Some("hub");
+        for from_hub in [
+            &br#"{"stream":"OUTBOX", "domain":"hub", "seq":3}"#[..],
+            br#"{"stream":"OUTBOX", "domain":"hub", "seq":3, "extra":1}"#,
+        ] {
+            assert_eq!(parse_pub_ack_in(from_hub, hub).unwrap().seq, 3);
+        }
+        for (other, received) in [
+            (
+                &br#"{"stream":"OUTBOX", "domain":"leaf", "seq":3}"#[..],
+                Some("leaf"),
+            ),
+            (
+                br#"{"stream":"OUTBOX", "domain":"hubx", "seq":3}"#,
+                Some("hubx"),
+            ),
+            (br#"{"stream":"OUTBOX", "seq":3}"#, None),
+            (br#"{"stream":"OUTBOX", "domain":"", "seq":3}"#, None),
+            (
+                br#"{"stream":"OUTBOX","seq":3,"duplicate":true,"domain":"leaf"}"#,
+                Some("leaf"),
+            ),
+        ] {
+            let refused = parse_pub_ack_in(other, hub).unwrap_err();
+            assert_eq!(
+                refused.kind,
+                WireErrorKind::OtherDomain {
+                    stream: "OUTBOX".into(),
+                    expected: "hub".into(),
+                    received: received.map(str::to_owned)
+                },
+                "{}",
+                String::from_utf8_lossy(other)
+            );
+            // Without a configured domain, any domain is stored.
+            assert_eq!(parse_pub_ack_in(other, None).unwrap().seq, 3);
         }
     }
 

@@ -504,6 +504,14 @@ impl RelayConfig {
                 self.nats.stream
             )));
         }
+        if let Some(problem) = self
+            .nats
+            .domain
+            .as_deref()
+            .and_then(relay_nats::domain_problem)
+        {
+            return Err(ConfigError::Invalid(problem));
+        }
         Ok(())
     }
 

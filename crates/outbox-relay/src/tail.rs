@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer};
+use async_nats::jetstream::consumer;
 use futures::StreamExt;
 
 use crate::config::RelayConfig;
@@ -14,7 +14,7 @@ pub async fn tail(config: &RelayConfig, count: usize, idle_timeout: Duration) ->
     let nats = relay_nats::connect(&config.nats)
         .await
         .map_err(|e| Exit::new(ExitKind::Unavailable, e))?;
-    let context = jetstream::new(nats.client().clone());
+    let context = nats.jetstream().context().clone();
     let stream = context.get_stream(&config.nats.stream).await.map_err(|e| {
         Exit::new(
             ExitKind::Config,

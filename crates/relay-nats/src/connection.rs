@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use async_nats::jetstream;
-use async_nats::jetstream::context::{ContextBuilder, ToAssign};
+use async_nats::jetstream::context::{ContextBuilder, Yes};
 
 use nats_wire::ConnectOptions;
 
@@ -25,6 +25,9 @@ pub struct NatsConnection {
     /// How to open the lean publish path's own connection to the same servers
     /// ([`crate::wire`]); `None` for a client made elsewhere.
     lean: Option<Arc<ConnectOptions>>,
+    /// `[nats] domain`: the JetStream domain of the stream, which every context made here
+    /// addresses (`$JS.<domain>.API`) and every PubAck must name.
+    domain: Option<Arc<str>>,
 }
 
 impl NatsConnection {
@@ -37,7 +40,20 @@ impl NatsConnection {
             client,
             state,
             lean,
+            domain: None,
         }
+    }
+
+    /// This connection addressing JetStream domain `domain` (`None`: the servers' own).
+    #[must_use]
+    pub(crate) fn in_domain(mut self, domain: Option<&str>) -> Self {
+        self.domain = domain.map(Arc::from);
+        self
+    }
+
+    /// The JetStream domain its contexts address (`[nats] domain`), if any.
+    pub fn domain(&self) -> Option<&Arc<str>> {
+        self.domain.as_ref()
     }
 
     /// A client made elsewhere: the default limits, and no events followed (its event
@@ -64,15 +80,21 @@ impl NatsConnection {
     }
 
     /// A JetStream context with async-nats' defaults (5 s per API request) on this
-    /// connection.
+    /// connection, in its JetStream domain. Every JetStream request of the relay goes through a
+    /// context made here, so none misses `[nats] domain`.
     pub fn jetstream(&self) -> JetStream {
         self.jetstream_with(jetstream::ContextBuilder::new())
     }
 
-    /// A JetStream context built by `builder` on this connection.
-    pub(crate) fn jetstream_with<P: ToAssign>(&self, builder: ContextBuilder<P>) -> JetStream {
+    /// A JetStream context built by `builder` on this connection, in its JetStream domain.
+    pub(crate) fn jetstream_with(&self, builder: ContextBuilder<Yes>) -> JetStream {
+        let client = self.client.clone();
+        let context = match &self.domain {
+            Some(domain) => builder.domain(domain.as_ref()).build(client),
+            None => builder.build(client),
+        };
         JetStream {
-            context: builder.build(self.client.clone()),
+            context,
             state: self.state.clone(),
         }
     }

@@ -94,7 +94,12 @@ impl ConnectionState {
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
             .rev()
-            .find(|m| m.contains("\"$JS.API."))
+            // `$JS.API.…`, or `$JS.<domain>.API.…` with `[nats] domain`.
+            .find(|m| {
+                m.split("\"$JS.")
+                    .skip(1)
+                    .any(|rest| rest.starts_with("API.") || rest.split('.').nth(1) == Some("API"))
+            })
             .map(|m| {
                 format!(
                     " (NATS said: {m}; allow that subject in the relay user's publish permissions, see docs/security.md)"
@@ -135,6 +140,11 @@ mod tests {
             "not seen by the other"
         );
         assert_eq!(two.js_api_denied_hint(), "");
+        two.on_event(&denied("$JS.hub.API.STREAM.INFO.OUTBOX"));
+        assert!(
+            two.js_api_denied_hint()
+                .contains("$JS.hub.API.STREAM.INFO.OUTBOX")
+        );
         // Server closes too.
         let (closes_one, closes_two) = (one.closes.subscribe(), two.closes.subscribe());
         one.on_event(&Event::ServerError(ServerError::Other(

@@ -15,6 +15,7 @@ mod closes;
 mod connection;
 mod connection_state;
 mod consumer_reset;
+mod domain;
 mod durability;
 mod error_codes;
 mod header_entries;
@@ -34,6 +35,7 @@ pub use connection::{JetStream, NatsConnection};
 pub use consumer_reset::{
     ConsumerReset, ConsumerResetError, reset_consumer, supports_consumer_reset,
 };
+pub use domain::{DomainMismatch, api_prefix, domain_problem};
 pub use durability::{
     Aspect, Durability, DurabilityCheck, LazyServer, SYNC_PROBE_SUBJECT, ServerSync, Storage,
     assess_durability,
@@ -136,6 +138,9 @@ pub async fn connect(settings: &NatsSettings) -> Result<NatsConnection, NatsErro
             "nats.max_control_line and nats.max_server_closes must be at least 1".into(),
         ));
     }
+    if let Some(problem) = settings.domain.as_deref().and_then(domain_problem) {
+        return Err(NatsError::Settings(problem));
+    }
     let state = Arc::new(ConnectionState::new(
         settings.max_control_line,
         settings.max_server_closes,
@@ -189,5 +194,5 @@ pub async fn connect(settings: &NatsSettings) -> Result<NatsConnection, NatsErro
             None
         }
     };
-    Ok(NatsConnection::new(client, state, lean))
+    Ok(NatsConnection::new(client, state, lean).in_domain(settings.domain.as_deref()))
 }

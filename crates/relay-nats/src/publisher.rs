@@ -123,6 +123,14 @@ impl JetStreamPublisher {
                 "--allow-batched",
             ),
         };
+        // A fast batch's flow acks name no domain, and a batch's commit is not checked.
+        if self.core.domain.is_some() {
+            tracing::warn!(
+                stream = %self.core.stream,
+                "[nats] publish_mode = \"{name}\" is not used with [nats] domain set (batch acknowledgements are not checked against the domain); publishing each message on its own"
+            );
+            return self;
+        }
         let version = self.core.client().server_info().version;
         if !supported(&version) {
             tracing::warn!(

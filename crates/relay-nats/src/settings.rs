@@ -22,6 +22,12 @@ pub struct NatsSettings {
     /// The stream every message must land in (`Nats-Expected-Stream`). Default `OUTBOX`.
     #[serde(default = "default_stream")]
     pub stream: String,
+    /// The JetStream domain that holds `stream` (the `domain` of its servers' `jetstream { }`
+    /// block), for a relay connected to a leaf node whose stream lives in the hub's (or
+    /// another) domain: management requests go to `$JS.<domain>.API`, and a PubAck from any
+    /// other domain is refused. Default: none (the JetStream of the servers at `url`).
+    #[serde(default)]
+    pub domain: Option<String>,
     /// Create the stream at start-up when it is missing (file storage, `stream_subjects`,
     /// `duplicate_window`). Default `false`: production streams are provisioned deliberately.
     #[serde(default)]
@@ -205,6 +211,7 @@ impl Default for NatsSettings {
         Self {
             url: default_url(),
             stream: default_stream(),
+            domain: None,
             create_stream: false,
             stream_subjects: default_stream_subjects(),
             duplicate_window: default_duplicate_window(),

@@ -97,6 +97,7 @@ pub(crate) fn options(
     options.display_url = settings.display_url();
     options.name = "outbox-relay (lean publish)".to_owned();
     options.on_server_error = Some(Arc::new(move |text: &str| state.record_server_error(text)));
+    options.domain = settings.domain.as_deref().map(Arc::from);
     Ok(options)
 }
 
@@ -118,6 +119,11 @@ pub(crate) fn publish_error(error: WireError) -> PublishError {
         WireErrorKind::Refused { err_code } => {
             PublishError::new(kind_for_error_code(err_code), detail)
         }
+        WireErrorKind::OtherDomain {
+            stream,
+            expected,
+            received,
+        } => crate::domain::mismatch(Some(&expected), &stream, received.as_deref()),
         WireErrorKind::Denied => PublishError::new(
             PublishErrorKind::Rejected,
             format!(
@@ -156,6 +162,15 @@ mod tests {
             of(WireErrorKind::Refused { err_code: 10077 }).kind,
             PublishErrorKind::Unknown
         );
+        let other = of(WireErrorKind::OtherDomain {
+            stream: "OUTBOX".into(),
+            expected: "hub".into(),
+            received: Some("leaf".into()),
+        });
+        assert_eq!(other.kind, PublishErrorKind::Rejected);
+        for needle in ["`OUTBOX`", "`leaf`", "[nats] domain = \"hub\""] {
+            assert!(other.message.contains(needle), "{needle}: {other}");
+        }
         let denied = of(WireErrorKind::Denied);
         assert_eq!(denied.kind, PublishErrorKind::Rejected);
         assert!(denied.message.contains("publish permission"), "{denied}");

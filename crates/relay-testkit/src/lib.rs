@@ -11,6 +11,8 @@
 //! * [`NatsCluster`]: several nats-servers with cluster routes and
 //!   JetStream (streams with 3 replicas), plus [`stream_leader_stepdown`]
 //!   and [`stream_leader`].
+//! * [`NatsLeafPair`]: a hub nats-server and a leaf node connected to it, with JetStream in
+//!   domains [`HUB_DOMAIN`] and [`LEAF_DOMAIN`].
 //! * [`NatsOperator`]: operator-mode nats-server configuration (JWTs signed with NKeys) and
 //!   users as `.creds` files.
 //! * [`TestCa`]: a throw-away CA for TLS-enabled servers ([`PgSecurity::tls`],
@@ -34,6 +36,7 @@
 mod nats;
 mod nats_cluster;
 mod nats_jwt;
+mod nats_leaf;
 mod otlp;
 mod postgres;
 mod procs;
@@ -49,6 +52,7 @@ pub use nats_cluster::{
     CLUSTER_READY_TIMEOUT, NatsCluster, nats_request, stream_leader, stream_leader_stepdown,
 };
 pub use nats_jwt::{NatsOperator, UserPermissions};
+pub use nats_leaf::{HUB_DOMAIN, LEAF_DOMAIN, NatsLeafPair};
 pub use otlp::{OtlpReceiver, ReceivedSpan};
 pub use postgres::{PgOptions, PgSecurity, PostgresServer, StandbyOptions, multi_host_url};
 pub use proxy::FaultProxy;

@@ -309,7 +309,7 @@ pub async fn position(
     let nats = relay_nats::connect(&config.nats)
         .await
         .map_err(|e| Exit::new(ExitKind::Unavailable, e))?;
-    let js = async_nats::jetstream::new(nats.client().clone());
+    let js = nats.jetstream().context().clone();
     let found = lookup(config, &js, at.target(), search).await?;
     if as_json {
         println!(

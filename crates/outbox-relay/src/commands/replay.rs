@@ -162,7 +162,7 @@ pub async fn replay(config: &RelayConfig, args: &ReplayArgs) -> Result<(), Exit>
     let nats = relay_nats::connect(&config.nats)
         .await
         .map_err(|e| Exit::new(ExitKind::Unavailable, e))?;
-    let js = jetstream::new(nats.client().clone());
+    let js = nats.jetstream().context().clone();
     let target = match (args.from.from_lsn, args.from.since) {
         (Some(lsn), _) => Target::Lsn(lsn),
         (None, Some(t)) => Target::Time(t),

@@ -459,6 +459,26 @@ fn fast_batch_needs_a_window_of_two() {
     c.validate().unwrap();
 }
 
+/// `[nats] domain` is one subject token of `$JS.<domain>.API`: anything else is refused at load,
+/// naming the key and the fix.
+#[test]
+fn a_jetstream_domain_is_one_token() {
+    let mut c = RelayConfig {
+        outbox: default_outbox(),
+        ..RelayConfig::default()
+    };
+    c.nats.domain = Some("hub".into());
+    c.validate().unwrap();
+    for bad in ["", "eu.west", "hub leaf", "*", ">"] {
+        c.nats.domain = Some(bad.into());
+        let err = c.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("[nats] domain") && err.contains("one subject token"),
+            "{bad:?}: {err}"
+        );
+    }
+}
+
 /// The framework-shape keys of `[[outbox]]` are read from TOML, checked at load (a bad JSON
 /// Pointer names the table and the key), and a `{levels:…}` subject adds a two-level sample for
 /// the stream check.

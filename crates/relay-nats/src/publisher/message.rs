@@ -44,6 +44,8 @@ pub(crate) struct MessagePublisher {
     /// The lean publish connection (see [`crate::wire`]); `None` for a client made elsewhere or
     /// with `[nats] publish_path = "async-nats"`, which publish through async-nats.
     pub(super) lean: Option<Arc<LeanConnection>>,
+    /// `[nats] domain`: every PubAck must name it ([`crate::domain::check_ack_domain`]).
+    pub(super) domain: Option<Arc<str>>,
 }
 
 impl MessagePublisher {
@@ -79,6 +81,7 @@ impl MessagePublisher {
             quarantine: Arc::default(),
             ack_timeout,
             lean,
+            domain: connection.domain().cloned(),
         }
     }
 
@@ -197,6 +200,7 @@ impl MessagePublisher {
         let stream = self.stream.clone();
         let quarantine = self.quarantine.clone();
         let state = state.clone();
+        let domain = self.domain.clone();
         let msg = msg.clone();
         Ok(Box::pin(async move {
             let subject = &msg.subject;
@@ -228,6 +232,7 @@ impl MessagePublisher {
                     _ => error,
                 }
             })?;
+            crate::domain::check_ack_domain(domain.as_deref(), &ack.stream, Some(&ack.domain))?;
             if ack.duplicate {
                 // Boxed: the lookup's future is kilobytes, and inline it would make every
                 // outstanding ack that large, duplicate or not.

@@ -28,15 +28,31 @@ pub(super) async fn nats_checks(config: &RelayConfig, r: &mut Report) {
     );
     // The account info request itself (not `query_account`, whose reply parsing differs
     // across server versions): any JSON without `error` means JetStream answers.
+    // In `[nats] domain`'s JetStream, if one is set.
+    let info_subject = format!("{}.INFO", relay_nats::api_prefix(nats.domain.as_deref()));
     let answer = tokio::time::timeout(
         std::time::Duration::from_secs(5),
         connection
             .client()
-            .request("$JS.API.INFO", Default::default()),
+            .request(info_subject, Default::default()),
     )
     .await;
     let problem = match answer {
         Err(_) => Some("no answer within 5s".to_owned()),
+        Ok(Err(e))
+            if e.kind() == async_nats::RequestErrorKind::NoResponders
+                && let Some(domain) = &nats.domain =>
+        {
+            r.fail(
+                "jetstream",
+                format!("no JetStream answers in domain `{domain}` (no responders)"),
+                format!(
+                    "set [nats] domain to the `domain` of the jetstream {{ }} block of the servers holding stream {stream} (a leaf node reaches the hub's domain only over a working leafnode connection), or remove it when the stream is in the JetStream of the server at nats.url",
+                    stream = nats.stream
+                ),
+            );
+            return;
+        }
         Ok(Err(e)) => Some(e.to_string()),
         Ok(Ok(msg)) => match serde_json::from_slice::<serde_json::Value>(&msg.payload) {
             Ok(doc) if doc.get("error").is_none() => {
