@@ -34,12 +34,12 @@ use tokio_postgres::Client;
 mod facts;
 mod format;
 mod rate;
-pub mod replay;
 #[cfg(test)]
 mod tests;
 
 pub use facts::*;
 use format::*;
+pub(crate) use format::{bytes, duration};
 pub use rate::*;
 
 /// How long the operator needs the slot to survive a stopped relay.
