@@ -200,20 +200,7 @@ pub async fn table_shape(
     if !info.readable {
         return Err(BackfillError::NotReadable { table: name });
     }
-    let version = catalog::server_version_num(client)
-        .await
-        .map_err(query_err("cannot read server_version_num"))?;
-    // The publication's column list and row filter exist from PostgreSQL 15 on.
-    let published = if version >= 150_000 {
-        table_shape::published_columns(client, publication, schema, table)
-            .await
-            .map_err(query_err(format!("cannot read publication {publication}")))?
-    } else {
-        catalog::publication_has_table(client, publication, schema, table)
-            .await
-            .map_err(query_err(format!("cannot read publication {publication}")))?
-            .then_some((None, None))
-    };
+    let published = published(client, publication, schema, table).await?;
     let in_publication = published.is_some();
     let (column_list, row_filter) = published.unwrap_or_default();
     let columns: Vec<Column> = table_shape::columns(client, info.oid)
@@ -267,6 +254,32 @@ pub async fn table_shape(
         in_publication,
         from,
     })
+}
+
+/// What `publication` publishes of `schema.table`: its column list and row filter (PostgreSQL
+/// 15+; before, neither exists); `None` when the table is not in it.
+async fn published(
+    client: &Client,
+    publication: &str,
+    schema: &str,
+    table: &str,
+) -> Result<Option<(Option<Vec<String>>, Option<String>)>, BackfillError> {
+    let version = catalog::server_version_num(client)
+        .await
+        .map_err(query_err("cannot read server_version_num"))?;
+    let context = || format!("cannot read publication {publication}");
+    if version >= 150_000 {
+        table_shape::published_columns(client, publication, schema, table)
+            .await
+            .map_err(query_err(context()))
+    } else {
+        Ok(
+            catalog::publication_has_table(client, publication, schema, table)
+                .await
+                .map_err(query_err(context()))?
+                .then_some((None, None)),
+        )
+    }
 }
 
 /// The single-column primary key, else the event id column if a unique index (not partial, no
