@@ -13,7 +13,7 @@ pub mod partitions;
 pub(crate) mod privileges;
 pub(crate) mod publication_age;
 pub(crate) mod range_partitions;
-pub mod relay_tables;
+pub(crate) mod relay_tables;
 pub mod restore_slot;
 pub mod retention;
 pub mod row_filter;
@@ -245,7 +245,7 @@ pub async fn publication(
 }
 
 /// Whether publication `name` publishes `schema.table`.
-pub async fn publication_has_table(
+pub(crate) async fn publication_has_table(
     client: &Client,
     name: &str,
     schema: &str,
@@ -396,7 +396,7 @@ pub async fn stored_checkpoint(
 }
 
 /// The WAL insert position now (`pg_current_wal_insert_lsn()`).
-pub async fn wal_insert_position(
+pub(crate) async fn wal_insert_position(
     client: &impl tokio_postgres::GenericClient,
 ) -> Result<Lsn, tokio_postgres::Error> {
     let text: String = client

@@ -15,7 +15,7 @@ use relay_core::Lsn;
 use relay_core::stage::{CheckpointStore, ErrorClass, PositionAnchor, StoreError};
 use tokio_postgres::Client;
 
-pub mod position_map;
+mod position_map;
 mod replay_window;
 
 use position_map::MapWriter;

@@ -83,7 +83,7 @@ pub async fn cleanup_tables_access(client: &Client) -> Result<TableAccess, tokio
 
 /// Whether `slot` exists, has confirmed a position, and has a checkpoint stored in
 /// `outbox_relay.checkpoint`: the slot has decoded up to somewhere the relay knows.
-pub async fn slot_confirmed_with_checkpoint(
+pub(crate) async fn slot_confirmed_with_checkpoint(
     client: &Client,
     slot: &str,
 ) -> Result<bool, tokio_postgres::Error> {

@@ -65,7 +65,7 @@ pub async fn replay_window(
 
 impl ReplayWindow {
     /// Bytes of WAL between the slot's confirmed position and the checkpoint.
-    pub fn kept_bytes(&self) -> Option<u64> {
+    pub(crate) fn kept_bytes(&self) -> Option<u64> {
         Some(self.checkpoint?.0.saturating_sub(self.confirmed_flush?.0))
     }
 
