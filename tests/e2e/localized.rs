@@ -50,7 +50,7 @@ async fn german_env(options: PgOptions) -> Result<Option<Env>> {
 }
 
 /// The relay stops with 65 on the server's answer to START_REPLICATION, without a
-/// reconnect in between; prints the answer (the frames `relay_postgres::sqlstate`'s unit tests
+/// reconnect in between; prints the answer (the frames `relay_postgres`'s `sqlstate`'s unit tests
 /// classify).
 async fn exits_65_at_once(relay: &mut Relay, needles: &[&str]) -> Result<()> {
     relay.wait_exit(WAIT).await?;

@@ -1,5 +1,5 @@
 //! The start-up check that refuses a publication newer than the slot
-//! (`relay_postgres::publication_order`) compares transaction ids: the publication's oldest
+//! (`relay_postgres`'s `publication_order`) compares transaction ids: the publication's oldest
 //! catalog row against the slot's `catalog_xmin`. It must not refuse a publication that is
 //! older than the slot, when a transaction open across both creations leaves a fresh slot's
 //! `catalog_xmin` behind the publication, or after `ALTER PUBLICATION … SET` rewrote its row;

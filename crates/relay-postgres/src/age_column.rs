@@ -15,7 +15,6 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tokio_postgres::Client;
 
 use crate::sql::quote_literal;
 
@@ -146,52 +145,6 @@ impl AgeSpec {
             kind,
             type_sql: type_sql.to_owned(),
         })
-    }
-
-    /// Reads the type of the column of `schema.table` and judges it ([`Self::judge`]); checks
-    /// that PostgreSQL knows `age_time_zone`. `Ok(None)` when the table or column does not
-    /// exist.
-    pub async fn resolve(
-        &self,
-        client: &Client,
-        schema: &str,
-        table: &str,
-    ) -> Result<Option<Result<AgeColumn, String>>, tokio_postgres::Error> {
-        let row = client
-            .query_opt(
-                "SELECT COALESCE(NULLIF(t.typbasetype, 0), t.oid), \
-                        pg_catalog.format_type(COALESCE(NULLIF(t.typbasetype, 0), t.oid), NULL) \
-                 FROM pg_catalog.pg_attribute a \
-                 JOIN pg_catalog.pg_type t ON t.oid = a.atttypid \
-                 JOIN pg_catalog.pg_class c ON c.oid = a.attrelid \
-                 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-                 WHERE n.nspname = $1 AND c.relname = $2 AND a.attname = $3 \
-                   AND a.attnum > 0 AND NOT a.attisdropped",
-                &[&schema, &table, &self.column],
-            )
-            .await?;
-        let Some(row) = row else { return Ok(None) };
-        let name = crate::sql::display_relation(schema, table);
-        let judged = self.judge(&name, row.get(0), row.get(1));
-        if let Ok(AgeColumn {
-            kind: AgeKind::WallClock { time_zone },
-            ..
-        }) = &judged
-        {
-            let known = client
-                .query_one("SELECT now() AT TIME ZONE $1", &[time_zone])
-                .await;
-            if let Err(e) = known {
-                return match e.as_db_error() {
-                    Some(db) => Ok(Some(Err(format!(
-                        "[outbox.cleanup] of {name}: age_time_zone = {time_zone:?} is not a time zone PostgreSQL knows ({}): use a name from pg_timezone_names, e.g. \"UTC\" or \"Europe/Berlin\"",
-                        db.message()
-                    )))),
-                    None => Err(e),
-                };
-            }
-        }
-        Ok(Some(judged))
     }
 }
 

@@ -20,7 +20,7 @@ use relay_core::Lsn;
 use relay_core::stage::SourceEvent;
 use tokio_postgres::{Client, SimpleQueryMessage};
 
-use crate::catalog;
+use crate::catalog::{self, table_shape};
 
 mod cursor;
 pub mod on_create;
@@ -200,63 +200,22 @@ pub async fn table_shape(
     if !info.readable {
         return Err(BackfillError::NotReadable { table: name });
     }
-    let version: i32 = client
-        .query_one("SELECT current_setting('server_version_num')::int", &[])
-        .await
-        .map_err(query_err("cannot read server_version_num"))?
-        .get(0);
-    // The publication's column list and row filter exist from PostgreSQL 15 on.
-    let published = if version >= 150_000 {
-        client
-            .query_opt(
-                "SELECT attnames::text[], rowfilter FROM pg_catalog.pg_publication_tables \
-                 WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
-                &[&publication, &schema, &table],
-            )
-            .await
-            .map_err(query_err(format!("cannot read publication {publication}")))?
-            .map(|r| {
-                (
-                    r.get::<_, Option<Vec<String>>>(0),
-                    r.get::<_, Option<String>>(1),
-                )
-            })
-    } else {
-        catalog::publication_has_table(client, publication, schema, table)
-            .await
-            .map_err(query_err(format!("cannot read publication {publication}")))?
-            .then_some((None, None))
-    };
+    let published = published(client, publication, schema, table).await?;
     let in_publication = published.is_some();
     let (column_list, row_filter) = published.unwrap_or_default();
-    let rows = client
-        .query(
-            "SELECT a.attname::text, a.atttypid, a.atttypmod, \
-                    CASE c.relreplident \
-                      WHEN 'f' THEN true \
-                      WHEN 'd' THEN EXISTS (SELECT 1 FROM pg_catalog.pg_index i \
-                        WHERE i.indrelid = c.oid AND i.indisprimary AND a.attnum = ANY (i.indkey)) \
-                      WHEN 'i' THEN EXISTS (SELECT 1 FROM pg_catalog.pg_index i \
-                        WHERE i.indrelid = c.oid AND i.indisreplident AND a.attnum = ANY (i.indkey)) \
-                      ELSE false END \
-             FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid \
-             WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' \
-             ORDER BY a.attnum",
-            &[&info.oid],
-        )
+    let columns: Vec<Column> = table_shape::columns(client, info.oid)
         .await
-        .map_err(query_err(format!("cannot read the columns of {name}")))?;
-    let columns: Vec<Column> = rows
-        .iter()
-        .map(|r| Column {
-            flags: if r.get::<_, bool>(3) {
+        .map_err(query_err(format!("cannot read the columns of {name}")))?
+        .into_iter()
+        .map(|c| Column {
+            flags: if c.in_replica_identity {
                 Column::FLAG_KEY
             } else {
                 0
             },
-            name: r.get(0),
-            type_oid: r.get(1),
-            type_modifier: r.get(2),
+            name: c.name,
+            type_oid: c.type_oid,
+            type_modifier: c.type_modifier,
         })
         .filter(|c| {
             column_list
@@ -264,14 +223,9 @@ pub async fn table_shape(
                 .is_none_or(|list| list.contains(&c.name))
         })
         .collect();
-    let replica_identity: i8 = client
-        .query_one(
-            "SELECT relreplident FROM pg_catalog.pg_class WHERE oid = $1",
-            &[&info.oid],
-        )
+    let replica_identity = table_shape::replica_identity(client, info.oid)
         .await
-        .map_err(query_err(format!("cannot read {name}")))?
-        .get(0);
+        .map_err(query_err(format!("cannot read {name}")))?;
     let key = page_key(client, info.oid, event_id)
         .await
         .map_err(query_err(format!("cannot read the indexes of {name}")))?
@@ -302,6 +256,32 @@ pub async fn table_shape(
     })
 }
 
+/// What `publication` publishes of `schema.table`: its column list and row filter (PostgreSQL
+/// 15+; before, neither exists); `None` when the table is not in it.
+async fn published(
+    client: &Client,
+    publication: &str,
+    schema: &str,
+    table: &str,
+) -> Result<Option<(Option<Vec<String>>, Option<String>)>, BackfillError> {
+    let version = catalog::server_version_num(client)
+        .await
+        .map_err(query_err("cannot read server_version_num"))?;
+    let context = || format!("cannot read publication {publication}");
+    if version >= 150_000 {
+        table_shape::published_columns(client, publication, schema, table)
+            .await
+            .map_err(query_err(context()))
+    } else {
+        Ok(
+            catalog::publication_has_table(client, publication, schema, table)
+                .await
+                .map_err(query_err(context()))?
+                .then_some((None, None)),
+        )
+    }
+}
+
 /// The single-column primary key, else the event id column if a unique index (not partial, no
 /// expressions) covers it alone.
 async fn page_key(
@@ -309,24 +289,12 @@ async fn page_key(
     oid: u32,
     event_id: &str,
 ) -> Result<Option<PageKey>, tokio_postgres::Error> {
-    let row = client
-        .query_opt(
-            "SELECT a.attname::text, pg_catalog.format_type(a.atttypid, a.atttypmod), \
-                    NOT a.attnotnull, i.indisprimary \
-             FROM pg_catalog.pg_index i \
-             JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
-             WHERE i.indrelid = $1 AND i.indnkeyatts = 1 AND i.indisvalid \
-               AND i.indpred IS NULL AND i.indexprs IS NULL \
-               AND (i.indisprimary OR (i.indisunique AND a.attname = $2)) \
-             ORDER BY i.indisprimary DESC LIMIT 1",
-            &[&oid, &event_id],
-        )
-        .await?;
-    Ok(row.map(|r| PageKey {
-        name: r.get(0),
-        type_sql: r.get(1),
-        nullable: r.get(2),
-        source: if r.get::<_, bool>(3) {
+    let key = table_shape::single_column_key(client, oid, event_id).await?;
+    Ok(key.map(|k| PageKey {
+        name: k.name,
+        type_sql: k.type_sql,
+        nullable: k.nullable,
+        source: if k.primary {
             KeySource::PrimaryKey
         } else {
             KeySource::UniqueEventId

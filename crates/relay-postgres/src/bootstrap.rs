@@ -111,7 +111,7 @@ async fn checkpoint_after_slot(
 fn note_failover_off(settings: &PostgresSettings, version_num: i32) {
     static NOTED: std::sync::Once = std::sync::Once::new();
     let slot = &settings.slot;
-    if version_num < crate::FAILOVER_SLOTS_SINCE {
+    if version_num < crate::settings::FAILOVER_SLOTS_SINCE {
         NOTED.call_once(|| {
             tracing::info!(
                 slot = %slot,
@@ -146,7 +146,7 @@ async fn slot_lost(
         Ok(Some(t)) if t > 1 => t,
         _ => return lost,
     };
-    let why = if version_num < crate::FAILOVER_SLOTS_SINCE {
+    let why = if version_num < crate::settings::FAILOVER_SLOTS_SINCE {
         format!(
             "PostgreSQL {} has no failover slots (since 17), so no standby had a copy of it",
             crate::server_version::version_text(version_num)
@@ -173,7 +173,7 @@ async fn check_failover_flag(
     server: &catalog::ServerInfo,
     wanted: bool,
 ) -> Result<bool, PgError> {
-    if server.version_num < crate::FAILOVER_SLOTS_SINCE {
+    if server.version_num < crate::settings::FAILOVER_SLOTS_SINCE {
         return Ok(false);
     }
     let slot = &settings.slot;

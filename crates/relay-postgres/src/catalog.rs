@@ -6,14 +6,18 @@
 //! catalog through these functions, so they cannot disagree about what they see. They only
 //! read; what to do about a finding is the caller's business.
 
+mod age_column;
 pub mod failover;
 pub mod outbox_stats;
 pub mod partitions;
+pub(crate) mod privileges;
 pub(crate) mod publication_age;
-pub mod relay_tables;
+pub(crate) mod range_partitions;
+pub(crate) mod relay_tables;
 pub mod restore_slot;
 pub mod retention;
 pub mod row_filter;
+pub(crate) mod table_shape;
 
 use std::str::FromStr;
 
@@ -22,6 +26,7 @@ use serde_json::json;
 use tokio_postgres::Client;
 
 use crate::PgError;
+pub use range_partitions::range_partitioned_on_one_column;
 
 fn lsn(text: Option<String>) -> Option<Lsn> {
     text.and_then(|t| Lsn::from_str(&t).ok())
@@ -240,7 +245,7 @@ pub async fn publication(
 }
 
 /// Whether publication `name` publishes `schema.table`.
-pub async fn publication_has_table(
+pub(crate) async fn publication_has_table(
     client: &Client,
     name: &str,
     schema: &str,
@@ -375,8 +380,8 @@ pub async fn stored_checkpoint(
     slot: &str,
 ) -> Result<Option<(Lsn, f64)>, tokio_postgres::Error> {
     // Missing: nothing stored yet. Not granted: the query below says so.
-    if crate::checkpoint::checkpoint_table_access(client).await?
-        == crate::checkpoint::TableAccess::Missing
+    if crate::catalog::relay_tables::checkpoint_table_access(client).await?
+        == crate::catalog::relay_tables::TableAccess::Missing
     {
         return Ok(None);
     }
@@ -391,7 +396,7 @@ pub async fn stored_checkpoint(
 }
 
 /// The WAL insert position now (`pg_current_wal_insert_lsn()`).
-pub async fn wal_insert_position(
+pub(crate) async fn wal_insert_position(
     client: &impl tokio_postgres::GenericClient,
 ) -> Result<Lsn, tokio_postgres::Error> {
     let text: String = client
@@ -416,6 +421,30 @@ pub async fn emit_functions_present(client: &Client) -> Result<bool, tokio_postg
     Ok(row.get(0))
 }
 
+/// `server_version_num` (e.g. 150019).
+pub(crate) async fn server_version_num(client: &Client) -> Result<i32, tokio_postgres::Error> {
+    Ok(client
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await?
+        .get(0))
+}
+
+/// Drops the replication slot `name` if it exists (nothing when it does not).
+pub(crate) async fn drop_slot_if_exists(
+    client: &Client,
+    name: &str,
+) -> Result<(), tokio_postgres::Error> {
+    client
+        .execute(
+            "SELECT pg_catalog.pg_drop_replication_slot(slot_name) \
+             FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
+            &[&name],
+        )
+        .await?;
+    Ok(())
+}
+
+/// The connected database.
 pub async fn current_database(client: &Client) -> Result<String, tokio_postgres::Error> {
     Ok(client
         .query_one("SELECT current_database()::text", &[])
@@ -439,22 +468,6 @@ pub async fn column_exists(
         .is_some())
 }
 
-/// Whether the partitioned table `table_oid` is partitioned by RANGE on one column (what
-/// dropping whole partitions by age needs).
-pub async fn range_partitioned_on_one_column(
-    client: &Client,
-    table_oid: u32,
-) -> Result<bool, tokio_postgres::Error> {
-    Ok(client
-        .query_opt(
-            "SELECT partstrat = 'r' AND partnatts = 1 FROM pg_catalog.pg_partitioned_table \
-             WHERE partrelid = $1",
-            &[&table_oid],
-        )
-        .await?
-        .is_some_and(|row| row.get(0)))
-}
-
 /// Whether the session's role may create the relay's tables: CREATE on the database (for the
 /// `outbox_relay` schema) or on that schema.
 pub async fn may_create_relay_tables(client: &Client) -> Result<bool, tokio_postgres::Error> {
@@ -469,3 +482,6 @@ pub async fn may_create_relay_tables(client: &Client) -> Result<bool, tokio_post
         .await?
         .get(0))
 }
+
+#[cfg(test)]
+mod tests;

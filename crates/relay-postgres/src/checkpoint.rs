@@ -15,7 +15,8 @@ use relay_core::Lsn;
 use relay_core::stage::{CheckpointStore, ErrorClass, PositionAnchor, StoreError};
 use tokio_postgres::Client;
 
-pub mod position_map;
+mod position_map;
+mod replay_window;
 
 use position_map::MapWriter;
 pub use position_map::{
@@ -23,6 +24,7 @@ pub use position_map::{
     anchor_at_or_before, anchor_older_than, map_start, map_start_all_slots, map_summary,
     position_map_access, position_map_grants,
 };
+pub use replay_window::{ReplayWindow, replay_window};
 
 /// The migration that creates the checkpoint table (also shipped in `migrations/`).
 pub const CHECKPOINT_MIGRATION: &str =
@@ -47,59 +49,13 @@ fn store_err(message: String) -> impl FnOnce(tokio_postgres::Error) -> StoreErro
     }
 }
 
-/// What the current role may do with one of the relay's tables (`outbox_relay.*`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TableAccess {
-    /// The table exists and the role may read and write it.
-    Usable,
-    /// The table exists; the role lacks USAGE on the schema or rights on the table.
-    NotGranted {
-        /// The current role.
-        role: String,
-    },
-    /// No such table (yet).
-    Missing,
-}
+pub use crate::catalog::relay_tables::{TableAccess, checkpoint_table_access};
 
 /// The statements that let `role` use the checkpoint table (DELETE: `checkpoint reset`).
 pub fn checkpoint_grants(role: &str) -> String {
     format!(
         "GRANT USAGE ON SCHEMA outbox_relay TO {role}; GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_relay.checkpoint TO {role}"
     )
-}
-
-/// What the current role may do with `outbox_relay.checkpoint`.
-pub async fn checkpoint_table_access(
-    client: &Client,
-) -> Result<TableAccess, tokio_postgres::Error> {
-    relay_table_access(client, "checkpoint", "SELECT, INSERT, UPDATE").await
-}
-
-/// What the current role may do with the relay's table `outbox_relay.<table>`: usable means
-/// USAGE on the schema and every one of `privileges` (comma-separated) on the table. Looked up in the catalog, not with
-/// to_regclass: looking a name up in a schema without USAGE is an error, and privileges are
-/// checked by oid for a precise message.
-pub async fn relay_table_access(
-    client: &Client,
-    table: &str,
-    privileges: &str,
-) -> Result<TableAccess, tokio_postgres::Error> {
-    let found = client
-        .query_opt(
-            // has_table_privilege with a list is true when ANY of them is held: check each.
-            "SELECT has_schema_privilege(n.oid, 'USAGE') \
-                    AND (SELECT bool_and(has_table_privilege(c.oid, trim(p))) \
-                         FROM unnest(string_to_array($2, ',')) AS p), current_user::text \
-             FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-             WHERE n.nspname = 'outbox_relay' AND c.relname = $1",
-            &[&table, &privileges],
-        )
-        .await?;
-    Ok(match found {
-        None => TableAccess::Missing,
-        Some(row) if row.get::<_, bool>(0) => TableAccess::Usable,
-        Some(row) => TableAccess::NotGranted { role: row.get(1) },
-    })
 }
 
 impl PgCheckpointStore {

@@ -1,10 +1,18 @@
 //! The PostgreSQL side of outbox-relay.
 //!
+//! Public API (everything else is private to the crate):
+//! - connecting: [`PostgresSettings`] (the `[postgres]` section), [`connect`] and
+//!   [`connect_primary`] (every session goes through the `connect` module), [`PgError`];
 //! - [`bootstrap`]: checks `wal_level`, the outbox tables, the publication and the slot, creating
 //!   the publication and slot only when allowed and only when that cannot skip events;
-//! - [`checkpoint::PgCheckpointStore`]: the relay's durable progress in `outbox_relay.checkpoint`;
-//! - [`source::PgSource`]: the replication stream (pgwire-replication, pgoutput v1) decoded by
-//!   the `pgoutput` crate into [`relay_core::stage::SourceEvent`]s.
+//! - [`catalog`]: every read of PostgreSQL's catalog (server, role, tables, publication, slot);
+//! - [`checkpoint`]: the relay's durable progress in `outbox_relay.checkpoint` and where its
+//!   events are in the stream (`outbox_relay.position_map`);
+//! - [`PgSource`]: the replication stream (pgwire-replication, pgoutput v1) decoded by the
+//!   `pgoutput` crate into [`relay_core::stage::SourceEvent`]s;
+//! - [`backfill`] and [`cleanup`]: the commands that read and trim the outbox tables;
+//! - small helpers other crates share: [`ShardSpec`], [`EmitFunctions`], [`SqlStateKind`],
+//!   [`quote_relation`], [`redact_url`].
 
 mod age_column;
 pub mod backfill;
@@ -12,476 +20,34 @@ pub mod bootstrap;
 pub mod catalog;
 pub mod checkpoint;
 pub mod cleanup;
-pub mod emit_functions;
-pub mod probe;
-pub mod publication_order;
+mod connect;
+mod emit_functions;
+mod error;
+mod publication_order;
 mod server_version;
 mod settings;
-pub mod shard;
-pub mod source;
-pub mod sql;
-pub mod sqlstate;
-mod tls;
+mod shard;
+mod source;
+mod sql;
+mod sqlstate;
 
-pub use server_version::version_text;
-pub use settings::{
-    ConnectionParts, FAILOVER_SLOTS_SINCE, FailoverSetting, PostgresSettings, SslMode, redact_url,
-    validate_identifier,
-};
-pub use sqlstate::is_transient_query_error;
-
-use relay_core::Lsn;
-
+/// Host, port, role, password and database of the URL (for messages and the replication session).
+pub use connect::ConnectionParts;
+/// Connects a plain session (on the read-write server when the URL lists several hosts).
+pub use connect::connect;
+/// Connects the read-write server and returns the settings bound to it.
+pub use connect::connect_primary;
+/// Installs the `[[messages]]` SQL helpers unless they are there, and what it found.
+pub use emit_functions::{EmitFunctions, ensure as ensure_emit_functions};
 /// Failures of the PostgreSQL side outside the replication stream.
-#[derive(Debug, thiserror::Error)]
-pub enum PgError {
-    /// The connection string does not parse.
-    #[error("postgres.url is not a valid PostgreSQL connection URL: {0}")]
-    BadUrl(String),
-    /// A slot or publication name that could not safely go into SQL.
-    #[error("{what} name `{name}` is invalid: use 1-63 lower-case letters, digits and underscores")]
-    InvalidName {
-        /// `slot` or `publication`.
-        what: &'static str,
-        /// The name.
-        name: String,
-    },
-    /// A setting is unusable (a secret file, TLS files, a combination of settings).
-    #[error("{0}")]
-    Settings(String),
-    /// The server could not be reached (the authentication probe).
-    #[error("cannot connect to PostgreSQL at {target}: {reason}")]
-    Unreachable {
-        /// host:port/db.
-        target: String,
-        /// Why.
-        reason: String,
-    },
-    /// TLS could not be set up or the server's certificate was not accepted.
-    #[error(
-        "TLS with PostgreSQL at {target} failed: {reason} (check postgres.sslmode, postgres.sslrootcert and that the server certificate names the host in postgres.url)"
-    )]
-    Tls {
-        /// host:port/db.
-        target: String,
-        /// Why.
-        reason: String,
-    },
-    /// The server refused the login before any password was sent (pg_hba, role, database).
-    #[error("PostgreSQL at {target} refused the connection: {message}")]
-    Auth {
-        /// host:port/db.
-        target: String,
-        /// The server's message.
-        message: String,
-    },
-    /// The server asked for a cleartext or MD5 password and that is not allowed.
-    #[error(
-        "PostgreSQL at {target} asked for {method}; the relay does not send such passwords: use SCRAM (set password_encryption = 'scram-sha-256', re-set the role's password, and use scram-sha-256 in pg_hba.conf), or, over verified TLS only, set postgres.allow_insecure_password = true"
-    )]
-    InsecurePassword {
-        /// host:port/db.
-        target: String,
-        /// What the server asked for.
-        method: &'static str,
-    },
-    /// The server could not be reached or refused the login.
-    #[error("cannot connect to PostgreSQL at {target}")]
-    Connect {
-        /// host:port/db.
-        target: String,
-        /// Why.
-        #[source]
-        source: tokio_postgres::Error,
-    },
-    /// `wal_level` is not `logical`.
-    #[error(
-        "wal_level is `{actual}`, logical replication needs `logical`: set wal_level = logical in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL"
-    )]
-    WalLevel {
-        /// The current value.
-        actual: String,
-    },
-    /// A configured outbox table does not exist.
-    #[error(
-        "outbox table `{table}` does not exist in database `{database}`{lookalikes}: create it (see migrations/0001_outbox.sql) or fix [[outbox]] table"
-    )]
-    TableMissing {
-        /// The table.
-        table: String,
-        /// The database.
-        database: String,
-        /// Tables of a similar name and the line that names them
-        /// ([`catalog::lookalikes_hint`]), or empty.
-        lookalikes: String,
-    },
-    /// The publication is missing and may not be created.
-    #[error(
-        "publication `{publication}` does not exist: CREATE PUBLICATION {publication} FOR TABLE {tables} WITH (publish = 'insert', publish_via_partition_root = true), or set postgres.create_publication = true"
-    )]
-    PublicationMissing {
-        /// The publication.
-        publication: String,
-        /// Tables it should hold.
-        tables: String,
-    },
-    /// The publication does not publish inserts.
-    #[error(
-        "publication `{publication}` does not publish inserts: ALTER PUBLICATION {publication} SET (publish = 'insert')"
-    )]
-    PublicationNoInsert {
-        /// The publication.
-        publication: String,
-    },
-    /// An outbox table is not in the publication.
-    #[error(
-        "outbox table `{table}` is not in publication `{publication}`: ALTER PUBLICATION {publication} ADD TABLE {}",
-        sql::quote_displayed(table)
-    )]
-    PublicationMissingTable {
-        /// The publication.
-        publication: String,
-        /// The table, as the configuration writes it.
-        table: String,
-    },
-    /// The slot is missing and may not be created.
-    #[error(
-        "replication slot `{slot}` does not exist: SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput'), or set postgres.create_slot = true"
-    )]
-    SlotMissing {
-        /// The slot.
-        slot: String,
-    },
-    /// The slot is gone although the relay has a checkpoint for it: events may have been lost.
-    #[error(
-        "replication slot `{slot}` is gone, but the relay stored checkpoint {checkpoint} for it: a new slot would skip every event committed since. See docs/operations.md, \"Slot lost\": reconcile from the outbox table, then delete the checkpoint row to start fresh"
-    )]
-    SlotLost {
-        /// The slot.
-        slot: String,
-        /// The stored checkpoint.
-        checkpoint: Lsn,
-    },
-    /// The slot is missing on a server that was promoted from a standby (or restored), although
-    /// the relay stored a checkpoint for it: it did not come over with the failover.
-    #[error(
-        "replication slot `{slot}` does not exist on this server, which is on timeline {timeline} (it was promoted from a standby, or restored from a backup), but the relay stored checkpoint {checkpoint} for it: {why}. A new slot would skip every event committed since the checkpoint. See docs/operations.md, \"Failover\" (\"Recovery without a failover slot\"): publish the outbox rows committed since the checkpoint with `outbox-relay backfill`, then delete the checkpoint row and start the relay"
-    )]
-    SlotMissingAfterPromotion {
-        /// The slot.
-        slot: String,
-        /// The stored checkpoint (it came over with the database).
-        checkpoint: Lsn,
-        /// The server's timeline.
-        timeline: u32,
-        /// Why the slot did not come over, as far as the relay can tell.
-        why: String,
-    },
-    /// None of the URL's hosts is a read-write server (a failover under way, or all down).
-    #[error(
-        "no read-write PostgreSQL server among {targets}: {tried} (during a failover this lasts until a standby is promoted)"
-    )]
-    NoPrimary {
-        /// The URL's hosts.
-        targets: String,
-        /// What each host answered.
-        tried: String,
-    },
-    /// The slot was invalidated (`wal_status = lost`): WAL it needed is gone.
-    #[error(
-        "replication slot `{slot}` was invalidated (wal_status = lost: it fell behind max_slot_wal_keep_size); events committed since it was last read are gone from WAL. See docs/operations.md, \"Slot lost\""
-    )]
-    SlotInvalidated {
-        /// The slot.
-        slot: String,
-    },
-    /// Another relay created the slot while this one was about to: this one starts over and
-    /// waits as the other's standby.
-    #[error(
-        "replication slot `{slot}` was created by another relay a moment ago; starting over as its standby"
-    )]
-    SlotCreatedConcurrently {
-        /// The slot.
-        slot: String,
-    },
-    /// Creating the slot with an exported snapshot (`backfill = "on-create"`) failed.
-    #[error("cannot create replication slot `{slot}` with an exported snapshot: {detail}")]
-    SlotExport {
-        /// The slot.
-        slot: String,
-        /// Why.
-        detail: String,
-        /// Whether the connection failed (retrying can help) rather than the server refusing.
-        transient: bool,
-    },
-    /// The publication is newer than the slot's position: rows committed in between cannot be
-    /// read through the slot.
-    #[error(
-        "publication `{publication}` is newer than replication slot `{slot}` (at {slot_lsn}): the slot decodes its WAL with the catalog of that time, so outbox rows committed after {slot_lsn} and before the publication was created cannot be read through it (PostgreSQL 18 skips them with only a \"skipped loading publication\" warning in the server log, 15-17 stop decoding). Publish those rows from the outbox table (docs/operations.md, \"Publication newer than the slot\"), then create the slot after the publication: SELECT pg_drop_replication_slot('{slot}'); DELETE FROM outbox_relay.checkpoint WHERE slot_name = '{slot}'; then `outbox-relay setup` (or start the relay with postgres.create_slot = true)"
-    )]
-    PublicationNewerThanSlot {
-        /// The slot.
-        slot: String,
-        /// The publication.
-        publication: String,
-        /// The slot's confirmed_flush_lsn.
-        slot_lsn: Lsn,
-    },
-    /// The slot exists but cannot serve this relay.
-    #[error("replication slot `{slot}` cannot be used: {reason}")]
-    SlotUnusable {
-        /// The slot.
-        slot: String,
-        /// Why, with the fix.
-        reason: String,
-    },
-    /// The slot's confirmed position is past the relay's checkpoint: events in between were
-    /// never delivered by this relay.
-    #[error(
-        "replication slot `{slot}` is at {slot_lsn} but the relay's checkpoint is {checkpoint}: transactions committed in between were confirmed without being published (slot advanced by hand, or checkpoint reset). Reconcile from the outbox table, then rerun with --accept-slot-position to continue from {slot_lsn}"
-    )]
-    SlotAhead {
-        /// The slot.
-        slot: String,
-        /// Its confirmed_flush_lsn.
-        slot_lsn: Lsn,
-        /// The stored checkpoint.
-        checkpoint: Lsn,
-    },
-    /// A catalog query failed.
-    #[error("{context}")]
-    Query {
-        /// What was being done.
-        context: String,
-        /// Why.
-        #[source]
-        source: tokio_postgres::Error,
-    },
-}
-
-impl PgError {
-    /// Whether waiting and retrying can help (connection problems) or an operator must act.
-    pub fn is_transient(&self) -> bool {
-        match self {
-            PgError::Unreachable { .. }
-            | PgError::SlotCreatedConcurrently { .. }
-            | PgError::NoPrimary { .. }
-            | PgError::SlotExport {
-                transient: true, ..
-            } => true,
-            // A wrong password, a refused role or database, or a TLS failure needs an operator.
-            PgError::Connect { source, .. } => !is_login_refusal(source),
-            PgError::Query { source, .. } => is_transient_query_error(source),
-            _ => false,
-        }
-    }
-
-    /// Whether this error means events may have been lost and the relay must not continue.
-    pub fn is_data_safety_stop(&self) -> bool {
-        matches!(
-            self,
-            PgError::SlotLost { .. }
-                | PgError::SlotMissingAfterPromotion { .. }
-                | PgError::SlotAhead { .. }
-                | PgError::SlotInvalidated { .. }
-        )
-    }
-}
-
-/// Whether a connect error is the server refusing the login (SQLSTATE class 28, unknown
-/// database) or a TLS failure (a rustls error in its causes), as opposed to the server being
-/// unreachable.
-fn is_login_refusal(error: &tokio_postgres::Error) -> bool {
-    if let Some(db) = error.as_db_error() {
-        return sqlstate::SqlStateKind::of(db.code().code())
-            == sqlstate::SqlStateKind::LoginRefused;
-    }
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    while let Some(e) = cause {
-        // An io::Error does not report the error it wraps as its source: look inside.
-        let inner = e
-            .downcast_ref::<std::io::Error>()
-            .and_then(|io| io.get_ref())
-            .map(|inner| inner as &(dyn std::error::Error + 'static));
-        if e.is::<rustls::Error>() || inner.is_some_and(|i| i.is::<rustls::Error>()) {
-            return true;
-        }
-        cause = e.source();
-    }
-    false
-}
-
-/// Connects a plain (non-replication) session and drives it on a background task. Runs the
-/// [`probe`] first, so no cleartext or MD5 password is sent unless allowed. With several hosts
-/// in the URL (or `target_session_attrs=read-write`) the session is on the read-write server:
-/// see [`connect_primary`].
-pub async fn connect(settings: &PostgresSettings) -> Result<tokio_postgres::Client, PgError> {
-    Ok(connect_observed(settings, None).await?.0)
-}
-
-/// [`connect`], and the settings bound to the host it reached
-/// ([`PostgresSettings::candidates`]): the URL's hosts are tried in order, each with its own
-/// login probe, and the first that accepts a read-write session is kept. A replication session
-/// started with these settings reaches the same server, so the checkpoint is read and stored
-/// where the slot is streamed. For a single-host URL these are the settings given.
-pub async fn connect_primary(
-    settings: &PostgresSettings,
-) -> Result<(tokio_postgres::Client, PostgresSettings), PgError> {
-    connect_observed(settings, None).await
-}
-
-/// The server's notices and warnings to one session, in the order it sent them.
-pub type Notices = tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::error::DbError>;
-
-/// [`connect`], and the session's notices (e.g. a warning of logical decoding) through
-/// [`Notices`].
-pub async fn connect_with_notices(
-    settings: &PostgresSettings,
-) -> Result<(tokio_postgres::Client, Notices), PgError> {
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    Ok((connect_observed(settings, Some(tx)).await?.0, rx))
-}
-
-type NoticeSender = tokio::sync::mpsc::UnboundedSender<tokio_postgres::error::DbError>;
-
-async fn connect_observed(
-    settings: &PostgresSettings,
-    notices: Option<NoticeSender>,
-) -> Result<(tokio_postgres::Client, PostgresSettings), PgError> {
-    settings.validate()?;
-    let candidates = settings.candidates()?;
-    if let [only] = candidates.as_slice() {
-        return Ok((connect_one(only, notices).await?, only.clone()));
-    }
-    let mut tried = Vec::with_capacity(candidates.len());
-    let mut refusals = Vec::new();
-    for candidate in candidates {
-        match connect_one(&candidate, notices.clone()).await {
-            Ok(client) => {
-                tracing::debug!(target = %candidate.display_target(), "connected to the read-write server");
-                return Ok((client, candidate));
-            }
-            Err(error) => {
-                tried.push(format!(
-                    "{} {}",
-                    candidate.display_target(),
-                    why_not_primary(&error)
-                ));
-                if !error.is_transient() {
-                    refusals.push(error);
-                }
-            }
-        }
-    }
-    // Every host refused the login (or the TLS handshake): that needs an operator, whichever
-    // host is the primary. Otherwise at least one is down or a standby: wait for a promotion.
-    if refusals.len() == tried.len()
-        && let Some(first) = refusals.into_iter().next()
-    {
-        return Err(first);
-    }
-    Err(PgError::NoPrimary {
-        targets: settings.display_target(),
-        tried: tried.join("; "),
-    })
-}
-
-/// Why a host of a multi-host URL was not used, in a few words.
-fn why_not_primary(error: &PgError) -> String {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    while let Some(e) = cause {
-        if let Some(io) = e.downcast_ref::<std::io::Error>()
-            && io.kind() == std::io::ErrorKind::PermissionDenied
-            && io.to_string().contains("does not allow writes")
-        {
-            return "is read-only (a standby, or default_transaction_read_only = on)".to_owned();
-        }
-        cause = e.source();
-    }
-    match error {
-        PgError::Unreachable { reason, .. } => format!("is unreachable ({reason})"),
-        other => {
-            let mut text = other.to_string();
-            let mut cause = std::error::Error::source(other);
-            while let Some(e) = cause {
-                text.push_str(&format!(": {e}"));
-                cause = e.source();
-            }
-            format!("refused: {text}")
-        }
-    }
-}
-
-/// One session to the single host of `settings` (a single-host URL or a bound candidate).
-async fn connect_one(
-    settings: &PostgresSettings,
-    notices: Option<NoticeSender>,
-) -> Result<tokio_postgres::Client, PgError> {
-    probe::probe(settings).await?;
-    let config = settings.client_config()?;
-    let target = settings.display_target();
-    let connect_err = |source| PgError::Connect {
-        target: target.clone(),
-        source,
-    };
-    let client = match tls::client_config(settings)? {
-        Some(tls) => {
-            let (client, connection) = config
-                .connect(tokio_postgres_rustls::MakeRustlsConnect::new(tls))
-                .await
-                .map_err(connect_err)?;
-            spawn_driver(connection, notices);
-            client
-        }
-        None => {
-            let (client, connection) = config
-                .connect(tokio_postgres::NoTls)
-                .await
-                .map_err(connect_err)?;
-            spawn_driver(connection, notices);
-            client
-        }
-    };
-    Ok(client)
-}
-
-/// Drives `connection` in its own task, handing notices to `notices` when someone listens.
-fn spawn_driver<S, T>(connection: tokio_postgres::Connection<S, T>, notices: Option<NoticeSender>)
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    match notices {
-        Some(tx) => tokio::spawn(drive_observed(connection, tx)),
-        None => tokio::spawn(drive(connection)),
-    };
-}
-
-async fn drive<F: std::future::Future<Output = Result<(), tokio_postgres::Error>>>(connection: F) {
-    if let Err(error) = connection.await {
-        tracing::debug!(error = %error, "postgres connection ended");
-    }
-}
-
-/// Drives the connection and hands every notice over to `notices`.
-async fn drive_observed<S, T>(
-    mut connection: tokio_postgres::Connection<S, T>,
-    notices: NoticeSender,
-) where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
-    loop {
-        match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
-            Some(Ok(tokio_postgres::AsyncMessage::Notice(notice))) => {
-                let _ = notices.send(notice);
-            }
-            Some(Ok(_)) => {}
-            Some(Err(error)) => {
-                tracing::debug!(error = %error, "postgres connection ended");
-                return;
-            }
-            None => return,
-        }
-    }
-}
+pub use error::PgError;
+/// The `[postgres]` section of the configuration, the types of its fields, and URL redaction.
+pub use settings::{FailoverSetting, PostgresSettings, SslMode, redact_url};
+/// A relay's shard of a shared outbox, and what a server's row filters allow.
+pub use shard::{RowFilterVerdict, ShardSpec, row_filters_unsupported};
+/// The replication stream as a `ChangeSource`.
+pub use source::PgSource;
+/// A schema-qualified relation name, quoted for SQL.
+pub use sql::quote_relation;
+/// What a server error means, by SQLSTATE class; whether a failed query may be retried.
+pub use sqlstate::{SqlStateKind, is_transient_query_error};

@@ -65,7 +65,7 @@ pub async fn check(
         publication: publication.to_owned(),
         slot_lsn,
     };
-    let (peeker, mut notices) = crate::connect_with_notices(settings).await?;
+    let (peeker, mut notices) = crate::connect::connect_with_notices(settings).await?;
     let peek = peeker
         .query_one(
             "SELECT count(*) FROM pg_catalog.pg_logical_slot_peek_binary_changes(\

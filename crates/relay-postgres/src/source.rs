@@ -15,17 +15,13 @@
 use std::time::Duration;
 
 use pgoutput::LogicalMessage;
-use pgwire_replication::{PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent};
+use pgwire_replication::{PgWireError, ReplicationClient, ReplicationEvent};
 use relay_core::Lsn;
 use relay_core::stage::{ChangeSource, ErrorClass, SourceError, SourceEvent};
 
+use crate::PostgresSettings;
+use crate::connect::{self, replication_config, to_wire};
 use crate::sqlstate::{ReplicationErrorKind, ReplicationPhase, replication_error_kind};
-use crate::{PgError, PostgresSettings};
-
-/// Session settings that make text output deterministic: hex bytea, ISO dates, UTC, and the
-/// `postgres` interval form (what `ttl_column` parses).
-const SESSION_OPTIONS: &str = "-c bytea_output=hex -c DateStyle=ISO -c TimeZone=UTC \
-     -c IntervalStyle=postgres -c extra_float_digits=3";
 
 /// A running replication session.
 pub struct PgSource {
@@ -39,10 +35,6 @@ impl std::fmt::Debug for PgSource {
             .field("slot", &self.slot)
             .finish_non_exhaustive()
     }
-}
-
-fn to_wire(lsn: Lsn) -> pgwire_replication::Lsn {
-    pgwire_replication::Lsn::from_u64(lsn.as_u64())
 }
 
 fn from_wire(lsn: pgwire_replication::Lsn) -> Lsn {
@@ -94,37 +86,6 @@ pub fn classify(slot: &str, error: PgWireError, phase: ReplicationPhase) -> Sour
     SourceError::new(class, message).with_source(error)
 }
 
-/// The replication session's configuration for `settings`' slot and publication, starting
-/// (and reporting) at `start`. No validation or login probe here: the session validated the
-/// settings and probed the login once, in `crate::connect`, moments before (a logical
-/// replication connection matches the same pg_hba.conf lines as a plain one).
-pub(crate) fn replication_config(
-    settings: &PostgresSettings,
-    start: Lsn,
-) -> Result<ReplicationConfig, PgError> {
-    let parts = settings.parts()?;
-    let tls = crate::tls::replication_tls(settings, &parts.host)?;
-    Ok(ReplicationConfig::new(
-        parts.host,
-        parts.user,
-        parts.password,
-        parts.database,
-        settings.slot.clone(),
-        settings.publication.clone(),
-    )
-    .with_port(parts.port)
-    .with_tls(tls)
-    .with_start_lsn(to_wire(start))
-    .with_ack_lsn(to_wire(start))
-    .with_status_interval(settings.status_interval)
-    .with_wakeup_interval(Duration::from_secs(1))
-    .with_options(SESSION_OPTIONS)
-    .with_application_name("outbox-relay")
-    // Observing feedback makes `feedback_pending_since` report unsent confirmations, so a
-    // clean stop can wait until the final position reached the server.
-    .with_feedback_observer(pgwire_replication::FeedbackObserver::new(|_| {})))
-}
-
 impl PgSource {
     /// Starts streaming `slot` from `start`, which must be a position the relay stored (the
     /// server starts at the later of it and the slot's confirmed_flush_lsn, skipping every
@@ -149,7 +110,7 @@ impl PgSource {
             })?
             .with_ack_lsn(to_wire(ack.min(start)));
         let slot = settings.slot.clone();
-        let mut client = ReplicationClient::connect(config)
+        let mut client = connect::streaming(config)
             .await
             .map_err(|e| classify(&slot, e, ReplicationPhase::Start))?;
         match tokio::time::timeout(settings.connect_timeout, client.wait_started()).await {

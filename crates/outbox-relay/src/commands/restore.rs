@@ -22,8 +22,8 @@ use relay_core::Lsn;
 use relay_core::pipeline::{Pipeline, PipelineError, PipelineStats, RunOutcome};
 use relay_core::route::Router;
 use relay_core::stage::Publisher;
+use relay_postgres::PgSource;
 use relay_postgres::catalog::{self, restore_slot};
-use relay_postgres::source::PgSource;
 use tokio_util::sync::CancellationToken;
 
 use super::class_kind;
@@ -235,8 +235,8 @@ async fn prepare(
             .await
             .map_err(|e| {
                 let in_use = e.code().is_some_and(|c| {
-                    relay_postgres::sqlstate::SqlStateKind::of(c.code())
-                        == relay_postgres::sqlstate::SqlStateKind::ObjectInUse
+                    relay_postgres::SqlStateKind::of(c.code())
+                        == relay_postgres::SqlStateKind::ObjectInUse
                 });
                 if in_use {
                     Exit::new(

@@ -85,9 +85,9 @@ pub async fn setup(config: &RelayConfig, create_stream: bool) -> Result<(), Exit
 
 /// Installs the `[[messages]]` SQL helpers unless they are there.
 async fn setup_emit_functions(client: &tokio_postgres::Client) -> Result<(), Exit> {
-    use relay_postgres::emit_functions::{self, EmitFunctions};
+    use relay_postgres::{EmitFunctions, ensure_emit_functions};
     let what = "functions outbox_relay.emit_event, outbox_relay.emit_envelope";
-    match emit_functions::ensure(client).await {
+    match ensure_emit_functions(client).await {
         Ok(EmitFunctions::Present) => println!("ok       {what}"),
         Ok(EmitFunctions::Created) => println!("created  {what}"),
         Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) => {

@@ -60,7 +60,7 @@ pub async fn status(
         Err(e) => json!({ "error": format!("cannot read the retention window: {e}") }),
     };
 
-    let replay_window = match retention::replay::replay_window(&client, &pg.slot).await {
+    let replay_window = match relay_postgres::checkpoint::replay_window(&client, &pg.slot).await {
         Ok(window) => window.to_json(config.relay.replay_retention_bytes()),
         Err(e) => json!({ "error": format!("cannot read the replay window: {e}") }),
     };

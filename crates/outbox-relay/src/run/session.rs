@@ -14,9 +14,9 @@ use relay_core::route::{RouteError, Router};
 use relay_core::stage::CheckpointStore;
 use relay_core::trail::{ReplayRetention, SlotTrail};
 use relay_postgres::PgError;
+use relay_postgres::PgSource;
 use relay_postgres::bootstrap::{self, ExportedSlot, SlotState};
 use relay_postgres::checkpoint::PgCheckpointStore;
-use relay_postgres::source::PgSource;
 use tokio_util::sync::CancellationToken;
 
 use super::stop::{Step, Stop, boundary, postgres, retry};

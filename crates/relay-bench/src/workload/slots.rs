@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use relay_postgres::shard::ShardSpec;
+use relay_postgres::ShardSpec;
 
 use crate::Args;
 use crate::measure::{cpu_seconds, peak_rss};

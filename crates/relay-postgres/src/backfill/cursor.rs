@@ -4,6 +4,7 @@
 use tokio_postgres::Client;
 
 use super::{BACKFILL_MIGRATION, BACKFILL_ON_CREATE_MIGRATION, BackfillError, query_err};
+use crate::catalog::relay_tables;
 
 /// Which backfill a cursor belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,14 +51,9 @@ pub struct CursorStatus {
 
 /// Every backfill cursor of `slot`, oldest first; empty when no backfill ever ran (no table).
 pub async fn list_cursors(client: &Client, slot: &str) -> Result<Vec<CursorStatus>, BackfillError> {
-    let exists: bool = client
-        .query_one(
-            "SELECT to_regclass('outbox_relay.backfill') IS NOT NULL",
-            &[],
-        )
+    let exists = relay_tables::backfill_table_named(client)
         .await
-        .map_err(query_err("cannot look up outbox_relay.backfill"))?
-        .get(0);
+        .map_err(query_err("cannot look up outbox_relay.backfill"))?;
     if !exists {
         return Ok(Vec::new());
     }
@@ -102,16 +98,9 @@ pub async fn list_cursors(client: &Client, slot: &str) -> Result<Vec<CursorStatu
 
 /// Whether `outbox_relay.backfill` has the on-create columns (migration 0007).
 async fn has_on_create_columns(client: &Client) -> Result<bool, BackfillError> {
-    Ok(client
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute \
-               WHERE attrelid = 'outbox_relay.backfill'::regclass AND attname = 'on_create' \
-                 AND NOT attisdropped)",
-            &[],
-        )
+    relay_tables::backfill_has_on_create_columns(client)
         .await
-        .map_err(query_err("cannot look up outbox_relay.backfill"))?
-        .get(0))
+        .map_err(query_err("cannot look up outbox_relay.backfill"))
 }
 
 /// The cursor table's key columns for `id`, as statement parameters.
@@ -135,16 +124,9 @@ pub async fn prepare_cursor_session(client: &Client) -> Result<(), BackfillError
 /// Creates `outbox_relay.backfill` (and adds its on-create columns) when missing (a role
 /// without CREATE works once an administrator applied the migrations).
 pub async fn ensure_cursor_table(client: &Client) -> Result<(), BackfillError> {
-    let exists: bool = client
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c \
-               JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-               WHERE n.nspname = 'outbox_relay' AND c.relname = 'backfill')",
-            &[],
-        )
+    let exists = relay_tables::backfill_table_exists(client)
         .await
-        .map_err(query_err("cannot look up outbox_relay.backfill"))?
-        .get(0);
+        .map_err(query_err("cannot look up outbox_relay.backfill"))?;
     if !exists {
         client.batch_execute(BACKFILL_MIGRATION).await.map_err(query_err(
             "outbox_relay.backfill does not exist and cannot be created: apply migrations/0003_relay_backfill.sql as an administrator, and GRANT SELECT, INSERT, UPDATE ON outbox_relay.backfill to the relay's role",

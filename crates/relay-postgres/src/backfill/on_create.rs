@@ -85,12 +85,7 @@ pub async fn unrecorded(client: &Client, slot: &str) -> Result<bool, BackfillErr
 /// Drops `slot`, which the relay created for an on-create backfill and never streamed from
 /// (no checkpoint, no snapshot recorded), so that it is created again with a snapshot.
 pub async fn drop_unrecorded_slot(client: &Client, slot: &str) -> Result<(), BackfillError> {
-    client
-        .execute(
-            "SELECT pg_catalog.pg_drop_replication_slot(slot_name) \
-             FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
-            &[&slot],
-        )
+    crate::catalog::drop_slot_if_exists(client, slot)
         .await
         .map_err(query_err(format!(
             "cannot drop replication slot {slot} (created for an on-create backfill whose snapshot was never recorded)"

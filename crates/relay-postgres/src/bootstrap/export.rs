@@ -78,8 +78,8 @@ pub(crate) async fn create(
     version_num: i32,
 ) -> Result<ExportedSlot, PgError> {
     let slot = settings.slot.as_str();
-    let config = crate::source::replication_config(settings, Lsn(0))?;
-    let mut session = ReplicationClient::connect_gated(config)
+    let config = crate::connect::replication_config(settings, Lsn(0))?;
+    let mut session = crate::connect::gated(config)
         .await
         .map_err(|e| export_error(slot, e))?;
     let rows = session

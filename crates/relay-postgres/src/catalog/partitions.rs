@@ -65,7 +65,7 @@ pub async fn partitions(
 /// `(schema, table, partition oid)` for every partition of every partitioned outbox table
 /// (`(schema, table)`), for `Router::bind_partitions`. Tables that do not exist or are not
 /// partitioned add nothing.
-pub async fn outbox_partitions(
+pub(crate) async fn outbox_partitions(
     client: &Client,
     tables: &[(String, String)],
 ) -> Result<Vec<(String, String, u32)>, tokio_postgres::Error> {
@@ -309,7 +309,7 @@ pub struct NewestRange {
 
 /// The bounds of a one-column range partition (`FOR VALUES FROM ('a') TO ('b')`) as the values'
 /// text (quotes removed); `None` for `DEFAULT`, `MINVALUE`/`MAXVALUE`, lists and hashes.
-pub fn range_bounds(bound: &str) -> Option<(String, String)> {
+pub(crate) fn range_bounds(bound: &str) -> Option<(String, String)> {
     let rest = bound.strip_prefix("FOR VALUES FROM (")?;
     let (lower, upper) = rest.split_once(") TO (")?;
     let upper = upper.strip_suffix(')')?;

@@ -34,12 +34,12 @@ use tokio_postgres::Client;
 mod facts;
 mod format;
 mod rate;
-pub mod replay;
 #[cfg(test)]
 mod tests;
 
 pub use facts::*;
 use format::*;
+pub(crate) use format::{bytes, duration};
 pub use rate::*;
 
 /// How long the operator needs the slot to survive a stopped relay.
@@ -140,7 +140,7 @@ impl RetentionWindow {
     /// Seconds until the WAL limit is reached at the WAL rate; `None` when unlimited or when
     /// no WAL was written (no estimate).
     #[must_use]
-    pub fn wal_seconds(&self) -> Option<f64> {
+    pub(crate) fn wal_seconds(&self) -> Option<f64> {
         let safe = self.safe_wal_bytes()?;
         if safe == 0 {
             return Some(0.0);
@@ -188,7 +188,7 @@ impl RetentionWindow {
 
     /// Neither `max_slot_wal_keep_size` nor `idle_replication_slot_timeout` limits the slot.
     #[must_use]
-    pub fn is_unbounded(&self) -> bool {
+    pub(crate) fn is_unbounded(&self) -> bool {
         self.limit().is_none() && self.idle_timeout().is_none() && !self.is_lost()
     }
 

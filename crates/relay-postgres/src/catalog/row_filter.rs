@@ -37,7 +37,7 @@ const SAMPLE_KEYS: i32 = 4096;
 /// Whether the printed row filter `filter` keeps exactly the rows of `shard`: both are
 /// evaluated on [`SAMPLE_KEYS`] keys, as the key column of a one-column row. A filter that
 /// reads another column does not match (it cannot be evaluated on that row).
-pub async fn filter_is_shard(
+pub(crate) async fn filter_is_shard(
     client: &Client,
     filter: &str,
     shard: &ShardSpec,
@@ -85,7 +85,7 @@ const PROBE: &str = "pg_temp.outbox_relay_row_filter";
 /// equals the configured one exactly when the two printed texts are equal, whatever spacing,
 /// casts or parentheses the configuration wrote. Everything is rolled back; the statement that
 /// parses the filter goes over the extended protocol, which takes one statement only.
-pub async fn canonical_filter(
+pub(crate) async fn canonical_filter(
     client: &Client,
     schema: &str,
     table: &str,
@@ -155,7 +155,7 @@ async fn probe(
 
 /// The condition a publication keeps of a table when both a shard and a row filter apply.
 #[must_use]
-pub fn shard_and_filter(shard: Option<&ShardSpec>, filter: &str) -> String {
+pub(crate) fn shard_and_filter(shard: Option<&ShardSpec>, filter: &str) -> String {
     match shard {
         Some(shard) => format!("({}) AND ({filter})", shard.row_filter()),
         None => filter.to_owned(),

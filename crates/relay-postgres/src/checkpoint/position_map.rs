@@ -34,11 +34,7 @@ pub fn position_map_grants(role: &str) -> String {
     )
 }
 
-/// What the current role may do with `outbox_relay.position_map` (looked up like the checkpoint
-/// table, see [`super::checkpoint_table_access`]).
-pub async fn position_map_access(client: &Client) -> Result<TableAccess, tokio_postgres::Error> {
-    super::relay_table_access(client, "position_map", "SELECT, INSERT, UPDATE, DELETE").await
-}
+pub use crate::catalog::relay_tables::position_map_access;
 
 /// The store's side of the map: whether it is written, and when it was last pruned.
 #[derive(Debug)]
@@ -259,18 +255,7 @@ pub async fn map_start_all_slots(
     stream: &str,
     target: MapTarget,
 ) -> Result<Option<MapStart>, tokio_postgres::Error> {
-    let slots: Vec<String> = client
-        .query(
-            "SELECT DISTINCT m.slot_name FROM outbox_relay.position_map m \
-             JOIN pg_catalog.pg_replication_slots s \
-               ON s.slot_name = m.slot_name AND s.database = current_database() \
-             WHERE m.stream = $1 ORDER BY 1",
-            &[&stream],
-        )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let slots = crate::catalog::relay_tables::slots_mapping_stream(client, stream).await?;
     let mut combined: Option<MapStart> = None;
     for slot in &slots {
         let Some(start) = map_start(client, slot, stream, target).await? else {

@@ -2,6 +2,7 @@
 //! decoded), and the privileges of the mode chosen.
 
 use super::*;
+use crate::catalog::privileges::{self, TableOwnership};
 
 /// The statements that let `role` use the cleanup's tables.
 pub fn cleanup_tables_grants(role: &str) -> String {
@@ -15,7 +16,7 @@ pub use crate::catalog::relay_tables::cleanup_tables_access;
 /// Makes sure the cleanup's tables exist and may be written (creating them when missing and
 /// allowed); otherwise what to do about it.
 pub async fn ensure_tables(client: &Client) -> Result<(), String> {
-    use crate::checkpoint::TableAccess;
+    use crate::catalog::relay_tables::TableAccess;
     let missing = "apply migrations/0006_outbox_cleanup.sql as an administrator (it needs outbox_relay.checkpoint, migrations/0002)";
     match cleanup_tables_access(client).await {
         Ok(TableAccess::Usable) => Ok(()),
@@ -102,43 +103,24 @@ pub async fn privilege_problem(
     mode: &PrivilegeNeed<'_>,
 ) -> Result<Option<String>, tokio_postgres::Error> {
     let relation = crate::sql::quote_relation(schema, table);
-    let row = client
-        .query_opt(
-            "SELECT c.oid, current_user::text, pg_catalog.pg_get_userbyid(c.relowner)::text, \
-                    pg_catalog.pg_has_role(c.relowner, 'USAGE') \
-             FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-             WHERE n.nspname = $1 AND c.relname = $2",
-            &[&schema, &table],
-        )
-        .await?;
-    let Some(row) = row else {
+    let Some(TableOwnership {
+        oid,
+        user,
+        owner,
+        acts_as_owner: owns,
+    }) = privileges::table_ownership(client, schema, table).await?
+    else {
         return Ok(None);
     };
-    let (oid, user, owner, owns): (u32, String, String, bool) =
-        (row.get(0), row.get(1), row.get(2), row.get(3));
     Ok(match mode {
         PrivilegeNeed::Delete => {
-            let ok: bool = client
-                // (A list of privileges asks whether any of them is held: one call each.)
-                .query_one(
-                    "SELECT has_table_privilege($1::oid, 'SELECT') \
-                        AND has_table_privilege($1::oid, 'DELETE')",
-                    &[&oid],
-                )
-                .await?
-                .get(0);
+            let ok = privileges::may_select_and_delete(client, oid).await?;
             (!ok).then(|| format!("GRANT SELECT, DELETE ON {relation} TO {user}"))
         }
         PrivilegeNeed::Update(columns) => {
             let mut missing = Vec::new();
             for column in *columns {
-                let ok: bool = client
-                    .query_one(
-                        "SELECT has_column_privilege($1::oid, $2::text, 'UPDATE')",
-                        &[&oid, column],
-                    )
-                    .await?
-                    .get(0);
+                let ok = privileges::may_update_column(client, oid, column).await?;
                 if !ok {
                     missing.push(quote_ident(column));
                 }

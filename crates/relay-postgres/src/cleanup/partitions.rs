@@ -2,6 +2,7 @@
 //! the stored checkpoint is past the horizon read after the detach.
 
 use super::*;
+use crate::catalog::range_partitions;
 
 /// Partition cleanup of one partitioned outbox table (range-partitioned on one column).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,17 +66,9 @@ impl DropPlan {
         &self,
         client: &Client,
     ) -> Result<Option<AgeSpec>, tokio_postgres::Error> {
-        let key = client
-            .query_opt(
-                "SELECT a.attname::text FROM pg_catalog.pg_partitioned_table pt \
-                 JOIN pg_catalog.pg_attribute a \
-                   ON a.attrelid = pt.partrelid AND a.attnum = pt.partattrs[0] \
-                 WHERE pt.partrelid = $1::text::regclass AND pt.partnatts = 1",
-                &[&self.relation()],
-            )
-            .await?;
-        Ok(key.map(|r| AgeSpec {
-            column: r.get(0),
+        let key = range_partitions::partition_key_column(client, &self.relation()).await?;
+        Ok(key.map(|column| AgeSpec {
+            column,
             unit: self.age_unit,
             time_zone: self.age_time_zone.clone(),
         }))
@@ -201,24 +194,11 @@ impl DropPlan {
         client: &Client,
         detached: &Detached,
     ) -> Result<(), tokio_postgres::Error> {
-        let state = client
-            .query_opt(
-                "SELECT c.oid IS NOT NULL, i.inhrelid IS NOT NULL, COALESCE(i.inhdetachpending, false) \
-                 FROM (SELECT $1::oid AS oid) o \
-                 LEFT JOIN pg_catalog.pg_class c ON c.oid = o.oid \
-                 LEFT JOIN pg_catalog.pg_inherits i ON i.inhrelid = o.oid",
-                &[&detached.oid],
-            )
-            .await?;
-        let (exists, attached, pending) = state
-            .map(|r| {
-                (
-                    r.get::<_, bool>(0),
-                    r.get::<_, bool>(1),
-                    r.get::<_, bool>(2),
-                )
-            })
-            .unwrap_or_default();
+        let range_partitions::DetachState {
+            exists,
+            attached,
+            pending,
+        } = range_partitions::detach_state(client, detached.oid).await?;
         if exists && pending {
             client
                 .batch_execute(&format!(
@@ -247,15 +227,7 @@ impl DropPlan {
             return Ok(false);
         }
         // Still a detached table of that OID (not attached again, not dropped by someone else).
-        let table = tx
-            .query_opt(
-                "SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname) \
-                 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-                 WHERE c.oid = $1 AND NOT c.relispartition",
-                &[&detached.oid],
-            )
-            .await?
-            .map(|r| r.get::<_, String>(0));
+        let table = range_partitions::detached_table_name(&tx, detached.oid).await?;
         if let Some(table) = table {
             tx.batch_execute(&format!("DROP TABLE {table}")).await?;
         }
@@ -277,23 +249,9 @@ impl DropPlan {
         fence: &str,
         key: &AgeColumn,
     ) -> Result<Vec<(u32, String)>, tokio_postgres::Error> {
-        let rows = client
-            .query(
-                "SELECT c.oid, quote_ident(n.nspname) || '.' || quote_ident(c.relname), \
-                        pg_catalog.pg_get_expr(c.relpartbound, c.oid) \
-                 FROM pg_catalog.pg_inherits i \
-                 JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid \
-                 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-                 JOIN pg_catalog.pg_partitioned_table pt ON pt.partrelid = i.inhparent \
-                 WHERE i.inhparent = $1::text::regclass AND pt.partstrat = 'r' AND pt.partnatts = 1 \
-                   AND NOT i.inhdetachpending \
-                 ORDER BY c.relname",
-                &[&self.relation()],
-            )
-            .await?;
+        let partitions = range_partitions::range_partitions(client, &self.relation()).await?;
         let mut out = Vec::new();
-        for row in rows {
-            let (oid, name, bound): (u32, String, String) = (row.get(0), row.get(1), row.get(2));
+        for range_partitions::RangePartition { oid, name, bound } in partitions {
             let Some(upper) = range_upper(&bound) else {
                 continue;
             };
@@ -347,15 +305,8 @@ impl DropPlan {
                 &[&oid, &self.name(), &name],
             )
             .await?;
-        let concurrently = client
-            .query_one(
-                "SELECT current_setting('server_version_num')::int >= 140000 \
-                    AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_partitioned_table \
-                                    WHERE partrelid = $1::text::regclass AND partdefid <> 0)",
-                &[&self.relation()],
-            )
-            .await?
-            .get::<_, bool>(0);
+        let concurrently =
+            range_partitions::may_detach_concurrently(client, &self.relation()).await?;
         client
             .batch_execute(&format!(
                 "ALTER TABLE {} DETACH PARTITION {name}{}",

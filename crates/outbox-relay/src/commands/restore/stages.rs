@@ -16,7 +16,7 @@ use relay_core::stage::{
     StoreError,
 };
 use relay_nats::{JetStream, JetStreamPublisher};
-use relay_postgres::source::PgSource;
+use relay_postgres::PgSource;
 
 /// The copy slot's stream, up to (not including) the first transaction committed at or after
 /// `end`. Nothing is ever confirmed to the copy: it is dropped at the end.

@@ -171,7 +171,7 @@ async fn retention_checks(
         }
     }
     // The WAL kept for `outbox-relay restore` ([relay] replay_retention).
-    let replay = retention::replay::replay_window(client, &config.postgres.slot).await?;
+    let replay = relay_postgres::checkpoint::replay_window(client, &config.postgres.slot).await?;
     let setting = config
         .relay
         .replay_retention
@@ -586,11 +586,10 @@ async fn row_filter_check(
     t: &relay_postgres::bootstrap::PublishedTable,
     r: &mut Report,
 ) -> Result<(), tokio_postgres::Error> {
-    use relay_postgres::shard::RowFilterVerdict;
+    use relay_postgres::RowFilterVerdict;
     let check = format!("publication {} rows of {}", pg.publication, t.name());
     if t.row_filter.is_some()
-        && let Some(problem) =
-            relay_postgres::shard::row_filters_unsupported(&[t.name()], version_num)
+        && let Some(problem) = relay_postgres::row_filters_unsupported(&[t.name()], version_num)
     {
         r.fail(check, "row_filter needs PostgreSQL 15 or later", problem);
         return Ok(());

@@ -2,7 +2,7 @@
 
 use super::*;
 
-pub(super) fn duration(d: Duration) -> String {
+pub(crate) fn duration(d: Duration) -> String {
     humantime_serde::re::humantime::format_duration(d).to_string()
 }
 
@@ -15,7 +15,7 @@ pub(super) fn seconds(s: f64) -> String {
 }
 
 /// Bytes in PostgreSQL's units (1 kB = 1024 bytes), e.g. `64 MB`, `1.5 GB`.
-pub(super) fn bytes(n: f64) -> String {
+pub(crate) fn bytes(n: f64) -> String {
     const UNITS: [&str; 5] = ["kB", "MB", "GB", "TB", "PB"];
     if n.abs() < 1024.0 {
         return format!("{n:.0} bytes");

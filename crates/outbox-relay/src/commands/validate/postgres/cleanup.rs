@@ -95,7 +95,7 @@ pub(super) async fn cleanup_checks(
                 );
                 continue;
             }
-            let relation = relay_postgres::sql::quote_relation(schema, name);
+            let relation = relay_postgres::quote_relation(schema, name);
             if settings.create_ahead.is_some()
                 && catalog::partitions::newest_range(client, &relation)
                     .await?
@@ -104,7 +104,7 @@ pub(super) async fn cleanup_checks(
                 r.fail(
                     check,
                     "create_ahead takes the width of new partitions from the newest one, and the table has no range partition with both bounds",
-                    format!("create the first partition by hand, e.g. CREATE TABLE {} PARTITION OF {relation} FOR VALUES FROM ('2030-01-01') TO ('2030-01-02')", relay_postgres::sql::quote_relation(schema, &format!("{name}_p1"))),
+                    format!("create the first partition by hand, e.g. CREATE TABLE {} PARTITION OF {relation} FOR VALUES FROM ('2030-01-01') TO ('2030-01-02')", relay_postgres::quote_relation(schema, &format!("{name}_p1"))),
                 );
                 continue;
             }

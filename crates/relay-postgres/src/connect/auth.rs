@@ -1,4 +1,4 @@
-//! The authentication probe: before a session logs in, find out how the server wants the
+//! Authentication: before a session logs in, the probe finds out how the server wants the
 //! password, so the relay never sends a cleartext or MD5 password unless allowed.
 //!
 //! tokio-postgres and pgwire-replication both answer `AuthenticationCleartextPassword` with the
@@ -12,15 +12,17 @@ use postgres_protocol::message::frontend;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
-use crate::settings::SslMode;
-use crate::{PgError, PostgresSettings, tls};
+use super::hosts::ConnectionParts;
+use super::tls;
+use crate::PgError;
+use crate::settings::{PostgresSettings, SslMode};
 
 trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
 
 /// How the server asked for the password.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AuthMethod {
+pub(crate) enum AuthMethod {
     /// No password needed (trust, or certificate authentication).
     None,
     /// `AuthenticationCleartextPassword` (pg_hba `password`, or `ldap`/`pam`/`radius`).
@@ -34,7 +36,7 @@ pub enum AuthMethod {
 }
 
 /// Runs the probe; `Ok` when logging in may go ahead.
-pub async fn probe(settings: &PostgresSettings) -> Result<AuthMethod, PgError> {
+pub(crate) async fn probe(settings: &PostgresSettings) -> Result<AuthMethod, PgError> {
     let parts = settings.parts()?;
     if parts.host.starts_with('/') {
         // Unix socket: nothing crosses a network.
@@ -63,11 +65,12 @@ pub async fn probe(settings: &PostgresSettings) -> Result<AuthMethod, PgError> {
     Ok(method)
 }
 
-async fn run(
+/// The probe's connection to the server: TLS as the sslmode says (and whether it is on).
+async fn open(
     settings: &PostgresSettings,
-    parts: &crate::ConnectionParts,
+    parts: &ConnectionParts,
     target: &str,
-) -> Result<AuthMethod, PgError> {
+) -> Result<(Box<dyn Stream>, bool), PgError> {
     let unreachable = |e: std::io::Error| PgError::Unreachable {
         target: target.to_owned(),
         reason: e.to_string(),
@@ -76,50 +79,57 @@ async fn run(
     let mut tcp = TcpStream::connect((parts.host.as_str(), parts.port))
         .await
         .map_err(unreachable)?;
+    if mode == SslMode::Disable {
+        return Ok((Box::new(tcp), false));
+    }
     let mut buf = BytesMut::new();
-    let mut tls_on = false;
-    let mut stream: Box<dyn Stream> = if mode == SslMode::Disable {
-        Box::new(tcp)
-    } else {
-        frontend::ssl_request(&mut buf);
-        tcp.write_all(&buf).await.map_err(unreachable)?;
-        buf.clear();
-        let answer = tcp.read_u8().await.map_err(unreachable)?;
-        match answer {
-            b'S' => {
-                let config = tls::client_config(settings)?.ok_or_else(|| {
-                    PgError::Settings("TLS requested without a TLS configuration".into())
-                })?;
-                let name = rustls::pki_types::ServerName::try_from(parts.host.clone())
-                    .map_err(|e| PgError::Settings(format!("host {}: {e}", parts.host)))?;
-                let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
-                let tls = connector.connect(name, tcp).await.map_err(|e| {
-                    tls_failure(settings, target, &e).unwrap_or_else(|| PgError::Tls {
-                        target: target.to_owned(),
-                        reason: e.to_string(),
-                    })
-                })?;
-                tls_on = true;
-                Box::new(tls)
-            }
-            b'N' if mode.requires_tls() => {
-                return Err(PgError::Tls {
+    frontend::ssl_request(&mut buf);
+    tcp.write_all(&buf).await.map_err(unreachable)?;
+    buf.clear();
+    let answer = tcp.read_u8().await.map_err(unreachable)?;
+    match answer {
+        b'S' => {
+            let config = tls::client_config(settings)?.ok_or_else(|| {
+                PgError::Settings("TLS requested without a TLS configuration".into())
+            })?;
+            let name = rustls::pki_types::ServerName::try_from(parts.host.clone())
+                .map_err(|e| PgError::Settings(format!("host {}: {e}", parts.host)))?;
+            let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+            let tls = connector.connect(name, tcp).await.map_err(|e| {
+                tls_failure(settings, target, &e).unwrap_or_else(|| PgError::Tls {
                     target: target.to_owned(),
-                    reason: format!(
-                        "the server does not accept TLS (ssl = off), but postgres.sslmode = {}",
-                        mode.as_str()
-                    ),
-                });
-            }
-            b'N' => Box::new(tcp),
-            other => {
-                return Err(PgError::Unreachable {
-                    target: target.to_owned(),
-                    reason: format!("unexpected answer {other:#x} to SSLRequest: not PostgreSQL?"),
-                });
-            }
+                    reason: e.to_string(),
+                })
+            })?;
+            Ok((Box::new(tls), true))
         }
+        b'N' if mode.requires_tls() => Err(PgError::Tls {
+            target: target.to_owned(),
+            reason: format!(
+                "the server does not accept TLS (ssl = off), but postgres.sslmode = {}",
+                mode.as_str()
+            ),
+        }),
+        b'N' => Ok((Box::new(tcp), false)),
+        other => Err(PgError::Unreachable {
+            target: target.to_owned(),
+            reason: format!("unexpected answer {other:#x} to SSLRequest: not PostgreSQL?"),
+        }),
+    }
+}
+
+/// Sends the StartupMessage on a connection of its own and reads how the server answers it.
+async fn run(
+    settings: &PostgresSettings,
+    parts: &ConnectionParts,
+    target: &str,
+) -> Result<AuthMethod, PgError> {
+    let unreachable = |e: std::io::Error| PgError::Unreachable {
+        target: target.to_owned(),
+        reason: e.to_string(),
     };
+    let (mut stream, tls_on) = open(settings, parts, target).await?;
+    let mut buf = BytesMut::new();
     let params = [
         ("user", parts.user.as_str()),
         ("database", parts.database.as_str()),

@@ -1,4 +1,4 @@
-//! TLS for the plain sessions (tokio-postgres through tokio-postgres-rustls), the
+//! TLS: for the plain sessions (tokio-postgres through tokio-postgres-rustls), the
 //! authentication probe (tokio-rustls), and the replication session (pgwire-replication's own
 //! rustls, configured from the same settings).
 //!
@@ -14,8 +14,8 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 
-use crate::settings::SslMode;
-use crate::{PgError, PostgresSettings};
+use crate::PgError;
+use crate::settings::{PostgresSettings, SslMode};
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     // Both ring and aws-lc-rs are linked into the binary (async-nats brings the latter), so the
@@ -41,36 +41,9 @@ pub(crate) fn client_config(
     }
     let builder = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| tls_err(format!("TLS set-up failed: {e}")))?;
-    let builder = match mode {
-        SslMode::Disable | SslMode::Prefer | SslMode::Require => builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(BelowVerifyFull::new(None))),
-        SslMode::VerifyCa | SslMode::VerifyFull => {
-            let path = settings.sslrootcert.as_deref().ok_or_else(|| {
-                tls_err(format!(
-                    "postgres.sslmode = {} needs postgres.sslrootcert",
-                    mode.as_str()
-                ))
-            })?;
-            let mut roots = RootCertStore::empty();
-            for cert in load_certs("postgres.sslrootcert", path)? {
-                roots.add(cert).map_err(|e| {
-                    tls_err(format!("postgres.sslrootcert {}: {e}", path.display()))
-                })?;
-            }
-            let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
-                .build()
-                .map_err(|e| tls_err(format!("TLS set-up failed: {e}")))?;
-            if mode == SslMode::VerifyFull {
-                builder.with_webpki_verifier(webpki)
-            } else {
-                builder
-                    .dangerous()
-                    .with_custom_certificate_verifier(Arc::new(BelowVerifyFull::new(Some(webpki))))
-            }
-        }
-    };
+        .map_err(|e| tls_err(format!("TLS set-up failed: {e}")))?
+        .dangerous()
+        .with_custom_certificate_verifier(server_verifier(settings, mode)?);
     let config = match (&settings.sslcert, &settings.sslkey) {
         (Some(cert), Some(key)) => {
             let chain = load_certs("postgres.sslcert", cert)?;
@@ -83,6 +56,37 @@ pub(crate) fn client_config(
         _ => builder.with_no_client_auth(),
     };
     Ok(Some(config))
+}
+
+/// How the server's certificate is checked in `mode` (not `disable`): the WebPKI verifier
+/// over `sslrootcert` for `verify-full`, [`BelowVerifyFull`] for the modes below it.
+fn server_verifier(
+    settings: &PostgresSettings,
+    mode: SslMode,
+) -> Result<Arc<dyn ServerCertVerifier>, PgError> {
+    if !matches!(mode, SslMode::VerifyCa | SslMode::VerifyFull) {
+        return Ok(Arc::new(BelowVerifyFull::new(None)));
+    }
+    let path = settings.sslrootcert.as_deref().ok_or_else(|| {
+        tls_err(format!(
+            "postgres.sslmode = {} needs postgres.sslrootcert",
+            mode.as_str()
+        ))
+    })?;
+    let mut roots = RootCertStore::empty();
+    for cert in load_certs("postgres.sslrootcert", path)? {
+        roots
+            .add(cert)
+            .map_err(|e| tls_err(format!("postgres.sslrootcert {}: {e}", path.display())))?;
+    }
+    let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
+        .build()
+        .map_err(|e| tls_err(format!("TLS set-up failed: {e}")))?;
+    Ok(if mode == SslMode::VerifyFull {
+        webpki
+    } else {
+        Arc::new(BelowVerifyFull::new(Some(webpki)))
+    })
 }
 
 /// pgwire-replication's TLS settings for the replication session.
@@ -174,3 +178,6 @@ impl ServerCertVerifier for BelowVerifyFull {
         self.algorithms.supported_schemes()
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -3,10 +3,13 @@
 //! back to it. For `validate --connect` and `status`, with a warning when the window nears
 //! `max_slot_wal_keep_size` (past it PostgreSQL invalidates the slot, and the relay stops).
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
-use super::format::bytes;
-use super::*;
+use relay_core::Lsn;
+use serde_json::{Value, json};
+use tokio_postgres::Client;
+
+use crate::catalog::retention::{bytes, duration, settings};
 
 /// A window at or above this share of `max_slot_wal_keep_size` is warned about.
 const NEAR: f64 = 0.8;
@@ -41,10 +44,10 @@ pub async fn replay_window(
     let confirmed_flush = info.as_ref().and_then(|s| s.confirmed_flush_lsn);
     let since = match confirmed_flush {
         Some(lsn)
-            if crate::checkpoint::position_map_access(client).await?
-                == crate::checkpoint::TableAccess::Usable =>
+            if crate::catalog::relay_tables::position_map_access(client).await?
+                == crate::catalog::relay_tables::TableAccess::Usable =>
         {
-            crate::checkpoint::anchor_at_or_before(client, slot, lsn)
+            super::anchor_at_or_before(client, slot, lsn)
                 .await?
                 .map(|a| a.commit_time)
         }
@@ -62,7 +65,7 @@ pub async fn replay_window(
 
 impl ReplayWindow {
     /// Bytes of WAL between the slot's confirmed position and the checkpoint.
-    pub fn kept_bytes(&self) -> Option<u64> {
+    pub(crate) fn kept_bytes(&self) -> Option<u64> {
         Some(self.checkpoint?.0.saturating_sub(self.confirmed_flush?.0))
     }
 
