@@ -100,15 +100,22 @@ async fn a_relay_on_a_leaf_publishes_into_the_hubs_domain() -> Result<()> {
 /// and slot stay before the event. On the relay's own publish connection and through async-nats.
 #[tokio::test]
 async fn an_ack_from_another_domain_is_refused_and_nothing_is_confirmed() -> Result<()> {
-    refused_from_the_leafs_domain("lean").await
+    refused_from_the_leafs_domain("lean", "per-message").await
 }
 
 #[tokio::test]
 async fn an_ack_from_another_domain_is_refused_through_async_nats_too() -> Result<()> {
-    refused_from_the_leafs_domain("async-nats").await
+    refused_from_the_leafs_domain("async-nats", "per-message").await
 }
 
-async fn refused_from_the_leafs_domain(publish_path: &str) -> Result<()> {
+/// An atomic batch's commit PubAck is checked like a single one (nats-server 2.12.1+; on an
+/// older server the relay publishes per message and the same refusal follows).
+#[tokio::test]
+async fn an_atomic_batch_acknowledged_from_another_domain_is_refused() -> Result<()> {
+    refused_from_the_leafs_domain("lean", "atomic-batch").await
+}
+
+async fn refused_from_the_leafs_domain(publish_path: &str, publish_mode: &str) -> Result<()> {
     let (hub, leaf) =
         NatsLeafPair::start_with_remote(NatsOptions::default(), r#"deny_exports: ["outbox.>"]"#)
             .await?
@@ -120,20 +127,36 @@ async fn refused_from_the_leafs_domain(publish_path: &str) -> Result<()> {
             name: STREAM.into(),
             subjects: vec!["outbox.>".into()],
             storage: jetstream::stream::StorageType::File,
+            allow_atomic_publish: publish_mode == "atomic-batch",
             ..Default::default()
         })
         .await?;
     }
     let env = Env::start_on_nats(leaf).await?;
+    let batches = publish_mode == "atomic-batch" && env.nats.version_at_least((2, 12, 1));
     let config = env.config_full(
-        &format!("domain = \"{HUB_DOMAIN}\"\npublish_path = \"{publish_path}\""),
+        &format!(
+            "domain = \"{HUB_DOMAIN}\"\npublish_path = \"{publish_path}\"\npublish_mode = \"{publish_mode}\""
+        ),
         "",
     );
     let mut relay = Relay::start_streaming(&config).await?;
-    let db = env.db().await?;
+    if batches {
+        relay
+            .wait_log(
+                "publishing each transaction as one atomic batch",
+                Duration::from_secs(30),
+            )
+            .await?;
+    }
+    let mut db = env.db().await?;
     let checkpoint_before = env.checkpoint().await?.unwrap_or(0);
     let slot_before = env.slot_confirmed().await?.unwrap_or(0);
-    let id = insert_event(&db, "order", "created", r#"{"n":1}"#).await?;
+    // Two events in one transaction: an atomic batch where the server has them.
+    let tx = db.transaction().await?;
+    let id = insert_event(&tx, "order", "created", r#"{"n":1}"#).await?;
+    let second = insert_event(&tx, "order", "created", r#"{"n":2}"#).await?;
+    tx.commit().await?;
     let inserted = env.current_wal().await?;
     assert!(
         checkpoint_before < inserted && slot_before < inserted,
@@ -153,11 +176,20 @@ async fn refused_from_the_leafs_domain(publish_path: &str) -> Result<()> {
     .await?;
     // What the refused acknowledgement said: the leaf stored it, the hub did not.
     let in_leaf = read_stream(&on_leaf).await?;
-    assert_eq!(
-        in_leaf.iter().map(Received::id).collect::<Vec<_>>(),
-        [id.as_str()],
-        "stored in the {LEAF_DOMAIN} domain's stream"
+    let stored: Vec<&str> = in_leaf.iter().map(Received::id).collect();
+    assert!(
+        stored.first() == Some(&id.as_str()) && stored.len() <= 2,
+        "stored in the {LEAF_DOMAIN} domain's stream: {stored:?}"
     );
+    if batches {
+        assert_eq!(stored, [id.as_str(), second.as_str()], "the whole batch");
+        assert!(
+            in_leaf
+                .iter()
+                .all(|m| !m.header("Nats-Batch-Id").is_empty()),
+            "stored as one atomic batch"
+        );
+    }
     assert_eq!(stream_count(&on_hub).await?, 0, "nothing reached the hub");
     let checkpoint = env.checkpoint().await?.unwrap_or(0);
     let slot = env.slot_confirmed().await?.unwrap_or(0);

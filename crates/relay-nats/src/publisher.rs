@@ -123,11 +123,12 @@ impl JetStreamPublisher {
                 "--allow-batched",
             ),
         };
-        // A fast batch's flow acks name no domain, and a batch's commit is not checked.
-        if self.core.domain.is_some() {
+        // A fast batch's flow acks name no domain (an atomic batch's commit PubAck does, and
+        // is checked like a single PubAck).
+        if mode == PublishMode::FastBatch && self.core.domain.is_some() {
             tracing::warn!(
                 stream = %self.core.stream,
-                "[nats] publish_mode = \"{name}\" is not used with [nats] domain set (batch acknowledgements are not checked against the domain); publishing each message on its own"
+                "[nats] publish_mode = \"{name}\" is not used with [nats] domain set (its flow acknowledgements name no domain); publishing each message on its own"
             );
             return self;
         }

@@ -335,6 +335,9 @@ impl Worker {
 enum CommitOutcome {
     /// A PubAck: the batch's id and size when the server stored it as a batch.
     Stored {
+        stream: String,
+        /// The JetStream domain of the stream (`None`: none).
+        domain: Option<String>,
         seq: u64,
         duplicate: bool,
         batch_id: Option<String>,
@@ -353,6 +356,8 @@ impl CommitOutcome {
     ) -> Self {
         match outcome {
             Ok(ack) => Self::Stored {
+                stream: ack.stream,
+                domain: Some(ack.domain).filter(|d| !d.is_empty()),
                 seq: ack.sequence,
                 duplicate: ack.duplicate,
                 batch_id: ack.batch_id,
@@ -400,13 +405,33 @@ impl CommitOutcome {
             };
         }
         match (answer.stream, answer.seq) {
-            (Some(_), Some(seq)) => Self::Stored {
+            (Some(stream), Some(seq)) => Self::Stored {
+                stream,
+                domain: answer.domain.filter(|d| !d.is_empty()),
                 seq,
                 duplicate: answer.duplicate,
                 batch_id: answer.batch,
                 batch_size: answer.count,
             },
             _ => unreadable("not a PubAck"),
+        }
+    }
+}
+
+impl CommitOutcome {
+    /// This outcome where `[nats] domain` is `expected`: a batch stored in another domain's
+    /// stream is refused (the relay stops before its transaction), as a single PubAck is.
+    fn in_domain(self, expected: Option<&str>) -> Self {
+        match self {
+            Self::Stored {
+                ref stream,
+                ref domain,
+                ..
+            } => match crate::domain::check_ack_domain(expected, stream, domain.as_deref()) {
+                Ok(()) => self,
+                Err(error) => Self::Failed(error),
+            },
+            other => other,
         }
     }
 }
@@ -463,6 +488,7 @@ async fn send_commit(
 ) -> Result<BoxFuture<'static, CommitOutcome>, PublishError> {
     let count = count.to_string();
     let lines = batch_lines(id, &count, true);
+    let domain = per_message.domain.clone();
     if let Some(lean) = lean {
         let answer = lean
             .publish_raw(&per_message.stream, last, &lines)
@@ -473,6 +499,7 @@ async fn send_commit(
                     .await
                     .unwrap_or_else(|_| Err(crate::wire::connection_closed())),
             )
+            .in_domain(domain.as_deref())
         }));
     }
     let publish = PublishMessage::build()
@@ -483,7 +510,9 @@ async fn send_commit(
         .send_publish(last.subject.clone(), publish)
         .await
     {
-        Ok(ack) => Ok(Box::pin(async move { CommitOutcome::from_nats(ack.await) })),
+        Ok(ack) => Ok(Box::pin(async move {
+            CommitOutcome::from_nats(ack.await).in_domain(domain.as_deref())
+        })),
         Err(e) => Ok(Box::pin(std::future::ready(CommitOutcome::from_nats(Err(
             e,
         ))))),
@@ -724,6 +753,44 @@ mod tests {
 
     use super::*;
 
+    /// With `[nats] domain`, a batch stored in another domain's stream (or one without a
+    /// domain) is refused for good, as a single PubAck is; one from the domain commits.
+    #[test]
+    fn a_commit_from_another_domain_is_refused() {
+        let answer = |domain: &str| {
+            CommitOutcome::from_lean(Ok(bytes::Bytes::from(format!(
+                r#"{{"stream":"OUTBOX"{domain},"seq":7,"batch":"b-1","count":2}}"#
+            ))))
+        };
+        let from_leaf = || answer(r#","domain":"leaf""#);
+        let since = Instant::now();
+        for outcome in [
+            from_leaf().in_domain(None),
+            from_leaf().in_domain(Some("leaf")),
+            answer("").in_domain(None),
+        ] {
+            assert!(
+                matches!(
+                    judge("b-1", outcome, since),
+                    Verdict::Committed { seq: 7, .. }
+                ),
+                "stored in the expected domain"
+            );
+        }
+        for outcome in [
+            from_leaf().in_domain(Some("hub")),
+            answer("").in_domain(Some("hub")),
+        ] {
+            match judge("b-1", outcome, since) {
+                Verdict::Refused(error) => {
+                    assert_eq!(error.kind, PublishErrorKind::Rejected);
+                    assert!(error.message.contains("[nats] domain = \"hub\""), "{error}");
+                }
+                other => panic!("not refused: {other:?}"),
+            }
+        }
+    }
+
     /// The lean connection's batch header names are async-nats' (and ADR-50's).
     #[test]
     fn batch_header_names_are_the_protocol_names() {
@@ -741,7 +808,7 @@ mod tests {
             br#"{"stream":"OUTBOX","seq":12,"batch":"b-1","count":3}"#,
         )));
         assert!(
-            matches!(&stored, CommitOutcome::Stored { seq: 12, batch_size: Some(3), batch_id: Some(id), duplicate: false } if id == "b-1"),
+            matches!(&stored, CommitOutcome::Stored { seq: 12, batch_size: Some(3), batch_id: Some(id), duplicate: false, .. } if id == "b-1"),
             "{stored:?}"
         );
         let since = Instant::now();

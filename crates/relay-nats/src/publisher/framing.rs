@@ -19,6 +19,8 @@ pub(crate) struct BatchAnswer {
     #[serde(rename = "type")]
     pub(crate) kind: Option<String>,
     pub(crate) stream: Option<String>,
+    /// The JetStream domain of the stream that stored it (`[nats] domain` checks it).
+    pub(crate) domain: Option<String>,
     pub(crate) seq: Option<u64>,
     pub(crate) count: Option<u64>,
     pub(crate) batch: Option<String>,
