@@ -98,12 +98,16 @@ impl WireHeaders {
             );
             return;
         }
-        let len = own_lines(msg_id, own)
-            .chain(extra.iter().copied())
-            .map(|(n, v)| proto::header_line_len(n, v))
-            .sum();
+        // Two loops, not a chain: `Chain` tests which half it is in at every line, and this is
+        // on the path of every event (callgrind, examples/publish_cost in relay-nats).
+        let line_len = |(n, v): (&str, &str)| proto::header_line_len(n, v);
+        let len = own_lines(msg_id, own).map(line_len).sum::<usize>()
+            + extra.iter().copied().map(line_len).sum::<usize>();
         let write = |out: &mut BytesMut| {
-            for (name, value) in own_lines(msg_id, own).chain(extra.iter().copied()) {
+            for (name, value) in own_lines(msg_id, own) {
+                proto::put_header_line(out, name, value);
+            }
+            for &(name, value) in extra {
                 proto::put_header_line(out, name, value);
             }
         };
