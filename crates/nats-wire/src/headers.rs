@@ -122,12 +122,14 @@ impl WireHeaders {
         );
     }
 
+    #[inline]
     fn matches(&self, stream: &str, shared: &[Header]) -> bool {
         self.stream.as_deref() == Some(stream) && same_values(&self.values, shared)
     }
 }
 
 /// Whether `names` are, by pointer, the names of `own`.
+#[inline]
 fn same_names(names: &[Arc<str>], own: &[Header]) -> bool {
     names.len() == own.len()
         && names

@@ -81,6 +81,7 @@ impl Framing for Plain {
 /// The header lines a run of messages into `stream` share, in the order they are set:
 /// `Nats-Expected-Stream`, then `shared`. With [`own_lines`], the one list every publish path
 /// sends; a later line replaces an earlier one of the same name.
+#[inline]
 pub fn shared_lines<'a>(
     stream: &'a str,
     shared: &'a [Header],
@@ -90,6 +91,7 @@ pub fn shared_lines<'a>(
 }
 
 /// The header lines of one message after the shared ones: `Nats-Msg-Id`, then `own`.
+#[inline]
 pub fn own_lines<'a>(
     msg_id: &'a str,
     own: &'a [Header],
@@ -99,6 +101,7 @@ pub fn own_lines<'a>(
 }
 
 /// Whether `values` are, by pointer, the values of `shared` (the same run of messages).
+#[inline]
 pub fn same_values(values: &[Arc<str>], shared: &[Header]) -> bool {
     values.len() == shared.len()
         && values

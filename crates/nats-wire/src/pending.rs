@@ -14,6 +14,7 @@ use crate::error::{ApiError, WireError, WireErrorKind};
 
 /// Whether a PubAck naming JetStream domain `received` (`None`: none) is from the `expected`
 /// domain: without one expected every PubAck is. The one rule for every publish path.
+#[inline]
 pub fn ack_domain_matches(expected: Option<&str>, received: Option<&[u8]>) -> bool {
     match expected {
         None => true,
@@ -201,6 +202,7 @@ impl Done {
 
     /// Hands over the answer to a publish to `subject`: its status (from the header block),
     /// and its payload.
+    #[inline]
     fn answer(
         self,
         subject: &str,

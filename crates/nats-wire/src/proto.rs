@@ -281,6 +281,7 @@ fn number(field: &[u8]) -> Result<usize, ProtocolError> {
 }
 
 /// The status code of a header block's first line (`NATS/1.0 503` → 503), if it has one.
+#[inline]
 pub(crate) fn status_code(headers: &[u8]) -> Option<u16> {
     let first = headers.split(|b| *b == b'\r').next()?;
     let rest = first.strip_prefix(b"NATS/1.0")?;
@@ -311,6 +312,7 @@ pub(crate) fn write_sub(out: &mut BytesMut, subject: &str, sid: u64) {
 pub(crate) const REPLY_TOKEN_LEN: usize = 16;
 
 /// The reply token of publish number `n`.
+#[inline]
 pub(crate) fn put_reply_token(out: &mut BytesMut, n: u64) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     for shift in (0..REPLY_TOKEN_LEN).rev() {
@@ -319,6 +321,7 @@ pub(crate) fn put_reply_token(out: &mut BytesMut, n: u64) {
 }
 
 /// Publish number `n` back from a reply token; `None` for anything else.
+#[inline]
 pub(crate) fn parse_reply_token(token: &[u8]) -> Option<u64> {
     if token.len() != REPLY_TOKEN_LEN {
         return None;
@@ -334,11 +337,13 @@ pub(crate) fn parse_reply_token(token: &[u8]) -> Option<u64> {
 }
 
 /// The bytes of one header line `<name>: <value>\r\n`.
+#[inline]
 pub(crate) fn header_line_len(name: &str, value: &str) -> usize {
     name.len() + 2 + value.len() + 2
 }
 
 /// Appends `<name>: <value>\r\n`.
+#[inline]
 pub(crate) fn put_header_line(out: &mut BytesMut, name: &str, value: &str) {
     out.put_slice(name.as_bytes());
     out.put_slice(b": ");
@@ -365,6 +370,7 @@ pub(crate) enum ReplyTo<'a> {
 }
 
 impl ReplyTo<'_> {
+    #[inline]
     fn len(self) -> usize {
         match self {
             Self::Numbered(prefix, _) => prefix.len() + 1 + REPLY_TOKEN_LEN,
@@ -374,6 +380,7 @@ impl ReplyTo<'_> {
     }
 
     /// Writes ` <reply>` (nothing for [`Self::None`]).
+    #[inline]
     fn put(self, out: &mut BytesMut) {
         match self {
             Self::Numbered(prefix, n) => {
@@ -394,6 +401,7 @@ impl ReplyTo<'_> {
 /// One `HPUB`: `HPUB <subject> [<reply>] <hdr_len> <total_len>\r\n`, the header block (`head` —
 /// the version line and lines prepared once — then the lines `tail` writes, `tail_len` bytes,
 /// then the blank line), the payload, `\r\n`.
+#[inline]
 pub(crate) fn write_hpub(
     out: &mut BytesMut,
     subject: &str,
@@ -434,6 +442,7 @@ pub(crate) fn write_empty_pub(out: &mut BytesMut, subject: &str, reply: &str) {
     out.put_slice(b" 0\r\n\r\n");
 }
 
+#[inline]
 fn put_decimal(out: &mut BytesMut, mut n: u64) {
     let mut digits = [0u8; 20];
     let mut i = digits.len();
