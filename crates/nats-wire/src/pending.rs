@@ -62,6 +62,7 @@ pub fn parse_pub_ack(payload: &[u8]) -> Outcome {
 
 /// The outcome a PubAck's payload says; with `domain`, one that names another domain (or
 /// none) is [`WireErrorKind::OtherDomain`].
+#[inline]
 pub fn parse_pub_ack_in(payload: &[u8], domain: Option<&str>) -> Outcome {
     if let Some((stored, acked_in)) = plain_pub_ack(payload)
         && ack_domain_matches(domain, acked_in)
@@ -359,6 +360,7 @@ impl<F: Framing> Pending<F> {
         self.count = 0;
     }
 
+    #[inline]
     fn trim(&mut self) {
         while matches!(self.ring.front(), Some(None)) {
             self.ring.pop_front();
