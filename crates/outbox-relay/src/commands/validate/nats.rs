@@ -230,11 +230,7 @@ fn subject_checks(f: &StreamFacts<'_>, r: &mut Report) {
 
 fn durability_checks(f: &StreamFacts<'_>, r: &mut Report) {
     for check in f.durability.checks() {
-        let line = format!("{} {}", f.name, check.aspect.name());
-        match check.hint {
-            None => r.pass(line, check.detail),
-            Some(hint) => r.hinted(Verdict::Warn, line, check.detail, hint),
-        }
+        r.assessed(format!("{} {}", f.name, check.aspect.name()), check);
     }
 }
 

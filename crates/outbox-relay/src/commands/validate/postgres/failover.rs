@@ -62,11 +62,7 @@ async fn failover_checks(
     match failover::assess(&facts, pg.failover, &pg.slot, &database) {
         Ok(checks) => {
             for check in checks {
-                let name = format!("{prefix}failover {}", check.aspect.name());
-                match check.hint {
-                    None => r.pass(name, check.detail),
-                    Some(hint) => r.hinted(Verdict::Warn, name, check.detail, hint),
-                }
+                r.assessed(format!("{prefix}failover {}", check.aspect.name()), check);
             }
         }
         // postgres.failover = true on a server without failover slots: `run` refuses it.
@@ -127,10 +123,7 @@ async fn retention_checks(
     let window = retention::measure(client, &config.postgres.slot, SHORT_SAMPLE, policy).await?;
     r.pass("retention", window.numbers());
     for check in window.checks() {
-        match check.hint {
-            None => r.pass(check.aspect.name(), check.detail),
-            Some(hint) => r.hinted(Verdict::Warn, check.aspect.name(), check.detail, hint),
-        }
+        r.assessed(check.aspect.name(), check);
     }
     // The WAL kept for `outbox-relay restore` ([relay] replay_retention).
     let replay = relay_postgres::checkpoint::replay_window(client, &config.postgres.slot).await?;

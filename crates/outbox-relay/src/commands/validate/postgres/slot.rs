@@ -160,3 +160,109 @@ fn position(f: &SlotFacts<'_>, r: &mut Report) {
         (_, None) => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info() -> SlotInfo {
+        SlotInfo {
+            slot_type: "logical".into(),
+            plugin: Some("pgoutput".into()),
+            database: Some("app".into()),
+            active_pid: None,
+            wal_status: Some("reserved".into()),
+            confirmed_flush_lsn: Some(Lsn(200)),
+            restart_lsn: Some(Lsn(100)),
+            lag_bytes: None,
+            retained_bytes: None,
+            safe_wal_size: None,
+        }
+    }
+
+    /// The lines of [`SLOT_CHECKS`] for `info` against a checkpoint, as (verdict, line).
+    fn judged(info: &SlotInfo, checkpoint: Option<Lsn>) -> Vec<(Verdict, String)> {
+        let facts = SlotFacts {
+            name: "slot relay_slot".into(),
+            slot: "relay_slot",
+            database: "app",
+            info,
+            checkpoint,
+        };
+        let mut r = Report::default();
+        for check in SLOT_CHECKS {
+            check(&facts, &mut r);
+        }
+        r.0.into_iter()
+            .map(|c| (c.verdict, c.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn a_sound_slot_passes_each_aspect_in_order() {
+        let lines = judged(&info(), Some(Lsn(300)));
+        assert_eq!(
+            lines,
+            [
+                (
+                    Verdict::Pass,
+                    "PASS  slot relay_slot: logical, pgoutput, database app".to_owned()
+                ),
+                (
+                    Verdict::Pass,
+                    "PASS  slot relay_slot wal_status: reserved".to_owned()
+                ),
+                (
+                    Verdict::Pass,
+                    "PASS  slot relay_slot active: not in use by another process".to_owned()
+                ),
+                (
+                    Verdict::Pass,
+                    format!(
+                        "PASS  slot relay_slot position: slot at {}, checkpoint {}",
+                        Lsn(200),
+                        Lsn(300)
+                    )
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_slot_ahead_of_the_checkpoint_or_lost_is_a_data_safety_failure() {
+        let mut lost = info();
+        lost.wal_status = Some("lost".into());
+        let verdicts: Vec<Verdict> = judged(&lost, Some(Lsn(100)))
+            .into_iter()
+            .map(|(v, _)| v)
+            .collect();
+        assert_eq!(
+            verdicts,
+            [Verdict::Pass, DATA_SAFETY, Verdict::Pass, DATA_SAFETY]
+        );
+    }
+
+    #[test]
+    fn another_plugin_fails_and_a_streaming_slot_only_warns() {
+        let mut other = info();
+        other.plugin = Some("wal2json".into());
+        other.active_pid = Some(4242);
+        other.confirmed_flush_lsn = None;
+        let lines = judged(&other, None);
+        assert_eq!(
+            lines.len(),
+            3,
+            "no position line without confirmed_flush_lsn: {lines:?}"
+        );
+        assert_eq!(lines[0].0, FAIL);
+        assert!(
+            lines[0].1.contains("logical slot with plugin \"wal2json\""),
+            "{lines:?}"
+        );
+        assert_eq!(lines[2].0, Verdict::Warn);
+        assert!(
+            lines[2].1.contains("pg_terminate_backend(4242)"),
+            "{lines:?}"
+        );
+    }
+}
