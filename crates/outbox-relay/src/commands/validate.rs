@@ -77,6 +77,14 @@ impl Report {
             hint: Some(hint.into()),
         });
     }
+    /// A finding of a shared assessment (relay-core's [`relay_core::check::Check`]): a pass,
+    /// or a warning with its fix, on the line `name`.
+    fn assessed<A>(&mut self, name: impl Into<String>, check: relay_core::check::Check<A>) {
+        match check.hint {
+            None => self.pass(name, check.detail),
+            Some(hint) => self.hinted(Verdict::Warn, name, check.detail, hint),
+        }
+    }
     fn fail(
         &mut self,
         name: impl Into<String>,

@@ -1,10 +1,15 @@
 //! `/metrics`: [`Telemetry`] encoded at scrape time in the Prometheus text format.
+//!
+//! Every metric family is one entry of [`FAMILIES`]: its name, its help text and how to read
+//! its value from one [`Scrape`]. Adding a metric is adding an entry (and its line in
+//! docs/operations.md, which a test holds the table to).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -15,344 +20,419 @@ use super::*;
 #[derive(Debug)]
 pub struct MetricsCollector(pub Arc<Telemetry>);
 
-fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
-    let c = ConstCounter::new(v);
-    c.encode(enc.encode_descriptor(name, help, None, c.metric_type())?)
+/// One metric family of `/metrics`.
+struct Family {
+    /// The name, without the `_total` / `_info` suffix the encoder adds.
+    name: &'static str,
+    help: &'static str,
+    read: fn(&Scrape<'_>) -> Reading,
 }
 
-fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, v: i64) -> std::fmt::Result {
-    let g = ConstGauge::new(v);
-    g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)
+/// What one scrape reads: the atomics, and each sample taken once under its lock.
+struct Scrape<'a> {
+    telemetry: &'a Telemetry,
+    stats: &'a PipelineStats,
+    slot: Option<SlotInfo>,
+    retention: Option<RetentionWindow>,
+    stream: StreamSample,
+    tables: BTreeMap<String, TableStats>,
 }
 
-fn float_gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, v: f64) -> std::fmt::Result {
-    let g = ConstGauge::new(v);
-    g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)
+/// One sample's value.
+#[derive(Debug, Clone, Copy)]
+enum Value {
+    Counter(u64),
+    Gauge(i64),
+    Float(f64),
 }
 
-fn labelled<M: EncodeMetric>(
-    enc: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    label: &str,
-    values: Vec<(&str, M)>,
-) -> std::fmt::Result {
-    let Some(kind) = values.first().map(|(_, m)| m.metric_type()) else {
-        return Ok(());
-    };
-    let mut metric = enc.encode_descriptor(name, help, None, kind)?;
-    for (value, m) in values {
-        let labels = [(label, value)];
-        m.encode(metric.encode_family(&labels)?)?;
+/// A family's value at this scrape.
+#[derive(Debug)]
+enum Reading {
+    /// Not known now (not sampled, or not applicable): the family is left out.
+    Absent,
+    One(Value),
+    /// One sample per value of the label; the family is left out when there is none.
+    Labelled(&'static str, Vec<(String, Value)>),
+    /// Cumulative counts per upper bound, the last bound `f64::MAX`.
+    Histogram {
+        sum: f64,
+        buckets: Vec<(f64, u64)>,
+    },
+    Info(&'static [(&'static str, &'static str)]),
+}
+
+fn load(a: &AtomicU64) -> u64 {
+    a.load(Ordering::Relaxed)
+}
+
+fn counter(a: &AtomicU64) -> Reading {
+    Reading::One(Value::Counter(load(a)))
+}
+
+fn gauge(v: i64) -> Reading {
+    Reading::One(Value::Gauge(v))
+}
+
+fn float(v: f64) -> Reading {
+    Reading::One(Value::Float(v))
+}
+
+/// A value that may not be known: absent then.
+fn maybe(v: Option<Value>) -> Reading {
+    v.map_or(Reading::Absent, Reading::One)
+}
+
+fn by_table(s: &Scrape<'_>, value: impl Fn(&TableStats) -> Option<Value>) -> Reading {
+    let values = s
+        .tables
+        .iter()
+        .filter_map(|(name, t)| value(t).map(|v| (name.clone(), v)))
+        .collect();
+    Reading::Labelled("table", values)
+}
+
+/// Per table with cleanup on.
+fn by_cleaned_table(s: &Scrape<'_>, value: impl Fn(&TableStats) -> Value) -> Reading {
+    by_table(s, |t| t.cleanup_mode.is_some().then(|| value(t)))
+}
+
+/// One sample per label value, each always known.
+fn labelled<const N: usize>(label: &'static str, values: [(&str, Value); N]) -> Reading {
+    Reading::Labelled(label, values.map(|(l, v)| (l.to_owned(), v)).into())
+}
+
+/// Every metric family, in the order `/metrics` shows them.
+const FAMILIES: &[Family] = &[
+    Family {
+        name: BUILD,
+        help: "Build information",
+        read: |_| Reading::Info(&[("version", VERSION), ("commit", COMMIT)]),
+    },
+    Family {
+        name: EVENTS_RECEIVED,
+        help: "Outbox rows routed to messages",
+        read: |s| counter(&s.stats.events_received),
+    },
+    Family {
+        name: EVENTS_PUBLISHED,
+        help: "Messages acknowledged by JetStream",
+        read: |s| counter(&s.stats.events_published),
+    },
+    Family {
+        name: CHANGES_SKIPPED,
+        help: "Changes that were not outbox inserts",
+        read: |s| counter(&s.stats.changes_skipped),
+    },
+    Family {
+        name: MESSAGES_SKIPPED,
+        help: "Logical decoding messages with a prefix no [[messages]] entry configures",
+        read: |s| counter(&s.stats.messages_skipped),
+    },
+    Family {
+        name: DUPLICATES,
+        help: "Acks JetStream flagged as duplicates of a stored Nats-Msg-Id",
+        read: |s| counter(&s.stats.duplicates),
+    },
+    Family {
+        name: ALREADY_PUBLISHED,
+        help: "Events not re-published because the stream already held them",
+        read: |s| counter(&s.stats.already_published),
+    },
+    Family {
+        name: DEAD_LETTERED,
+        help: "Rows that could not be routed and were published to the dead-letter subject",
+        read: |s| counter(&s.stats.dead_lettered),
+    },
+    Family {
+        name: PUBLISH_RETRIES,
+        help: "Re-publishes after an unknown outcome",
+        read: |s| counter(&s.stats.publish_retries),
+    },
+    Family {
+        name: PUBLISH_ERRORS,
+        help: "Failed publish attempts by kind",
+        read: |s| {
+            let kinds = [
+                ("unknown", &s.stats.publish_errors_unknown),
+                ("no_stream", &s.stats.publish_errors_no_stream),
+                ("rejected", &s.stats.publish_errors_rejected),
+            ];
+            labelled("kind", kinds.map(|(k, a)| (k, Value::Counter(load(a)))))
+        },
+    },
+    Family {
+        name: OUTSTANDING_ACKS,
+        help: "Events published and awaiting their ack",
+        read: |s| gauge(load(&s.stats.in_flight) as i64),
+    },
+    Family {
+        name: COMMIT_TO_ACK,
+        help: "PostgreSQL commit to JetStream ack, seconds",
+        read: |s| {
+            let mut buckets: Vec<(f64, u64)> = PipelineStats::COMMIT_TO_ACK_BOUNDS
+                .iter()
+                .copied()
+                .chain([f64::MAX])
+                .zip(s.stats.commit_to_ack_buckets.iter().map(load))
+                .collect();
+            buckets.truncate(PipelineStats::COMMIT_TO_ACK_BOUNDS.len() + 1);
+            Reading::Histogram {
+                sum: load(&s.stats.commit_to_ack_sum_micros) as f64 / 1e6,
+                buckets,
+            }
+        },
+    },
+    Family {
+        name: CHECKPOINT_LSN,
+        help: "Stored and confirmed LSN as a number",
+        read: |s| gauge(load(&s.stats.confirmed_lsn) as i64),
+    },
+    Family {
+        name: REPLAY_WINDOW_BYTES,
+        help: "Bytes between the stored checkpoint and the position confirmed to the slot ([relay] replay_retention)",
+        // 0 until the first confirmation, and without a replay retention.
+        read: |s| {
+            let slot_confirmed = load(&s.stats.slot_confirmed_lsn);
+            gauge(if slot_confirmed == 0 {
+                0
+            } else {
+                load(&s.stats.confirmed_lsn).saturating_sub(slot_confirmed) as i64
+            })
+        },
+    },
+    Family {
+        name: LAST_ACKED_COMMIT_AGE,
+        help: "Seconds since the commit of the newest acknowledged event",
+        read: |s| float(age_seconds(load(&s.stats.last_acked_commit_unix_micros))),
+    },
+    Family {
+        name: SLOT_LAG_BYTES,
+        help: "WAL between the server's position and the slot's confirmed_flush_lsn",
+        read: |s| maybe(s.slot.as_ref().and_then(|x| x.lag_bytes).map(Value::Gauge)),
+    },
+    Family {
+        name: SLOT_RETAINED_WAL_BYTES,
+        help: "WAL the slot keeps on disk",
+        read: |s| {
+            maybe(
+                s.slot
+                    .as_ref()
+                    .and_then(|x| x.retained_bytes)
+                    .map(Value::Gauge),
+            )
+        },
+    },
+    Family {
+        name: SLOT_SAFE_WAL_SIZE_BYTES,
+        help: "WAL that can be written before the slot is invalidated",
+        read: |s| {
+            maybe(
+                s.slot
+                    .as_ref()
+                    .and_then(|x| x.safe_wal_size)
+                    .map(Value::Gauge),
+            )
+        },
+    },
+    Family {
+        name: MAX_SLOT_WAL_KEEP_SIZE_BYTES,
+        help: "max_slot_wal_keep_size: WAL a slot may hold back before it is invalidated",
+        read: |s| {
+            let limit = s.retention.as_ref().and_then(RetentionWindow::limit);
+            maybe(limit.map(|l| Value::Gauge(i64::try_from(l).unwrap_or(i64::MAX))))
+        },
+    },
+    Family {
+        name: WAL_RATE,
+        help: "WAL the server writes per second (moving rate)",
+        read: |s| {
+            let rate = s.retention.as_ref().and_then(|w| w.wal_rate);
+            maybe(rate.map(|r| Value::Float(r.bytes_per_second)))
+        },
+    },
+    Family {
+        name: SLOT_RETENTION,
+        help: "Estimated seconds until the slot is invalidated if the relay stops now",
+        read: |s| {
+            maybe(
+                s.retention
+                    .as_ref()
+                    .and_then(RetentionWindow::seconds)
+                    .map(Value::Float),
+            )
+        },
+    },
+    Family {
+        name: TAKEOVER_BUDGET,
+        help: "[relay] takeover_budget: the longest relay outage planned for, seconds",
+        read: |s| {
+            let budget = s.retention.as_ref().map(|w| w.policy.budget.as_secs_f64());
+            maybe(budget.map(Value::Float))
+        },
+    },
+    Family {
+        name: TABLE_ROWS,
+        help: "Rows of the outbox table, estimated from pg_class.reltuples",
+        read: |s| by_table(s, |t| t.rows_estimate.map(Value::Float)),
+    },
+    Family {
+        name: TABLE_SIZE,
+        help: "Bytes of the outbox table with indexes and TOAST",
+        read: |s| by_table(s, |t| t.size_bytes.map(|b| Value::Float(b as f64))),
+    },
+    Family {
+        name: TABLE_OLDEST_UNCONFIRMED,
+        help: "Seconds since the oldest row not yet confirmed was created (0: none)",
+        read: |s| by_table(s, |t| t.oldest_unconfirmed_age.map(Value::Float)),
+    },
+    Family {
+        name: CLEANUP_ROWS,
+        help: "Rows deleted or marked by [outbox.cleanup]",
+        read: |s| by_cleaned_table(s, |t| Value::Counter(t.cleaned_rows)),
+    },
+    Family {
+        name: CLEANUP_PARTITIONS,
+        help: "Partitions dropped by [outbox.cleanup]",
+        read: |s| by_cleaned_table(s, |t| Value::Counter(t.dropped_partitions)),
+    },
+    Family {
+        name: CLEANUP_ERRORS,
+        help: "Cleanup rounds that failed",
+        read: |s| by_cleaned_table(s, |t| Value::Counter(t.cleanup_errors)),
+    },
+    Family {
+        name: CLEANUP_WAITING,
+        help: "Rows or partitions cleanup selected that wait for the checkpoint",
+        read: |s| by_cleaned_table(s, |t| Value::Gauge(t.waiting as i64)),
+    },
+    Family {
+        name: SLOT_WAL_STATUS,
+        help: "1 for the slot's wal_status",
+        read: |s| {
+            let current = s
+                .slot
+                .as_ref()
+                .map_or("missing", |x| x.wal_status.as_deref().unwrap_or("unknown"));
+            let statuses = ["reserved", "extended", "unreserved", "lost", "missing"];
+            labelled(
+                "status",
+                statuses.map(|st| (st, Value::Gauge(i64::from(st == current)))),
+            )
+        },
+    },
+    Family {
+        name: STREAM_LAST_SEQUENCE,
+        help: "The stream's last sequence",
+        read: |s| gauge(s.stream.last_seq as i64),
+    },
+    Family {
+        name: CONNECTED,
+        help: "1 when connected (postgres: streaming; stream: it exists)",
+        read: |s| {
+            let t = s.telemetry;
+            let up = |connected: bool| Value::Gauge(i64::from(connected));
+            labelled(
+                "dependency",
+                [
+                    ("postgres", up(t.streaming.load(Ordering::Relaxed))),
+                    ("nats", up(t.nats_connected())),
+                    ("stream", up(s.stream.present)),
+                ],
+            )
+        },
+    },
+    Family {
+        name: RECONNECTS,
+        help: "Reconnects after a lost connection",
+        read: |s| {
+            let t = s.telemetry;
+            labelled(
+                "dependency",
+                [
+                    ("postgres", Value::Counter(load(&t.pg_reconnects))),
+                    ("nats", Value::Counter(t.nats_reconnects())),
+                ],
+            )
+        },
+    },
+    Family {
+        name: READY,
+        help: "1 when /readyz answers 200",
+        read: |s| gauge(i64::from(s.telemetry.readiness().0)),
+    },
+];
+
+impl Value {
+    fn metric_type(self) -> MetricType {
+        match self {
+            Value::Counter(_) => MetricType::Counter,
+            Value::Gauge(_) | Value::Float(_) => MetricType::Gauge,
+        }
     }
-    Ok(())
+
+    fn encode(self, enc: MetricEncoder<'_>) -> std::fmt::Result {
+        match self {
+            Value::Counter(v) => ConstCounter::new(v).encode(enc),
+            Value::Gauge(v) => ConstGauge::new(v).encode(enc),
+            Value::Float(v) => ConstGauge::new(v).encode(enc),
+        }
+    }
+}
+
+impl Family {
+    fn encode(&self, reading: Reading, enc: &mut DescriptorEncoder) -> std::fmt::Result {
+        let (name, help) = (self.name, self.help);
+        match reading {
+            Reading::Absent => Ok(()),
+            Reading::One(v) => {
+                v.encode(enc.encode_descriptor(name, help, None, v.metric_type())?)
+            }
+            Reading::Labelled(label, values) => {
+                let Some(kind) = values.first().map(|(_, v)| v.metric_type()) else {
+                    return Ok(());
+                };
+                let mut metric = enc.encode_descriptor(name, help, None, kind)?;
+                for (value, v) in values {
+                    v.encode(metric.encode_family(&[(label, value.as_str())])?)?;
+                }
+                Ok(())
+            }
+            Reading::Histogram { sum, buckets } => {
+                let count = buckets.iter().map(|(_, n)| n).sum();
+                enc.encode_descriptor(name, help, None, MetricType::Histogram)?
+                    .encode_histogram::<Vec<(String, String)>>(sum, count, &buckets, None)
+            }
+            Reading::Info(labels) => enc
+                .encode_descriptor(name, help, None, MetricType::Info)?
+                .encode_info(&labels),
+        }
+    }
+}
+
+impl<'a> Scrape<'a> {
+    fn of(t: &'a Telemetry) -> Self {
+        let SlotSample { slot, retention } = lock(&t.slot_sample).clone();
+        Self {
+            telemetry: t,
+            stats: &t.stats,
+            slot,
+            retention,
+            stream: lock(&t.stream_sample).clone(),
+            tables: t.tables(),
+        }
+    }
 }
 
 impl Collector for MetricsCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
-        let t = &self.0;
-        let s = &t.stats;
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        enc.encode_descriptor(BUILD, "Build information", None, MetricType::Info)?
-            .encode_info(&[("version", VERSION), ("commit", COMMIT)])?;
-        counter(
-            &mut enc,
-            EVENTS_RECEIVED,
-            "Outbox rows routed to messages",
-            load(&s.events_received),
-        )?;
-        counter(
-            &mut enc,
-            EVENTS_PUBLISHED,
-            "Messages acknowledged by JetStream",
-            load(&s.events_published),
-        )?;
-        counter(
-            &mut enc,
-            CHANGES_SKIPPED,
-            "Changes that were not outbox inserts",
-            load(&s.changes_skipped),
-        )?;
-        counter(
-            &mut enc,
-            MESSAGES_SKIPPED,
-            "Logical decoding messages with a prefix no [[messages]] entry configures",
-            load(&s.messages_skipped),
-        )?;
-        counter(
-            &mut enc,
-            DUPLICATES,
-            "Acks JetStream flagged as duplicates of a stored Nats-Msg-Id",
-            load(&s.duplicates),
-        )?;
-        counter(
-            &mut enc,
-            ALREADY_PUBLISHED,
-            "Events not re-published because the stream already held them",
-            load(&s.already_published),
-        )?;
-        counter(
-            &mut enc,
-            DEAD_LETTERED,
-            "Rows that could not be routed and were published to the dead-letter subject",
-            load(&s.dead_lettered),
-        )?;
-        counter(
-            &mut enc,
-            PUBLISH_RETRIES,
-            "Re-publishes after an unknown outcome",
-            load(&s.publish_retries),
-        )?;
-        labelled(
-            &mut enc,
-            PUBLISH_ERRORS,
-            "Failed publish attempts by kind",
-            "kind",
-            vec![
-                (
-                    "unknown",
-                    ConstCounter::new(load(&s.publish_errors_unknown)),
-                ),
-                (
-                    "no_stream",
-                    ConstCounter::new(load(&s.publish_errors_no_stream)),
-                ),
-                (
-                    "rejected",
-                    ConstCounter::new(load(&s.publish_errors_rejected)),
-                ),
-            ],
-        )?;
-        gauge(
-            &mut enc,
-            OUTSTANDING_ACKS,
-            "Events published and awaiting their ack",
-            load(&s.in_flight) as i64,
-        )?;
-        let mut buckets: Vec<(f64, u64)> = PipelineStats::COMMIT_TO_ACK_BOUNDS
-            .iter()
-            .copied()
-            .chain([f64::MAX])
-            .zip(s.commit_to_ack_buckets.iter().map(load))
-            .collect();
-        buckets.truncate(PipelineStats::COMMIT_TO_ACK_BOUNDS.len() + 1);
-        let count = buckets.iter().map(|(_, n)| n).sum();
-        enc.encode_descriptor(
-            COMMIT_TO_ACK,
-            "PostgreSQL commit to JetStream ack, seconds",
-            None,
-            MetricType::Histogram,
-        )?
-        .encode_histogram::<Vec<(String, String)>>(
-            load(&s.commit_to_ack_sum_micros) as f64 / 1e6,
-            count,
-            &buckets,
-            None,
-        )?;
-        gauge(
-            &mut enc,
-            CHECKPOINT_LSN,
-            "Stored and confirmed LSN as a number",
-            load(&s.confirmed_lsn) as i64,
-        )?;
-        // 0 until the first confirmation, and without a replay retention.
-        let slot_confirmed = load(&s.slot_confirmed_lsn);
-        gauge(
-            &mut enc,
-            REPLAY_WINDOW_BYTES,
-            "Bytes between the stored checkpoint and the position confirmed to the slot ([relay] replay_retention)",
-            if slot_confirmed == 0 {
-                0
-            } else {
-                load(&s.confirmed_lsn).saturating_sub(slot_confirmed) as i64
-            },
-        )?;
-        let age = age_seconds(load(&s.last_acked_commit_unix_micros));
-        let g = ConstGauge::new(age);
-        g.encode(enc.encode_descriptor(
-            LAST_ACKED_COMMIT_AGE,
-            "Seconds since the commit of the newest acknowledged event",
-            None,
-            g.metric_type(),
-        )?)?;
-
-        let SlotSample { slot, retention } = lock(&t.slot_sample).clone();
-        if let Some(slot) = &slot {
-            if let Some(lag) = slot.lag_bytes {
-                gauge(
-                    &mut enc,
-                    SLOT_LAG_BYTES,
-                    "WAL between the server's position and the slot's confirmed_flush_lsn",
-                    lag,
-                )?;
-            }
-            if let Some(retained) = slot.retained_bytes {
-                gauge(
-                    &mut enc,
-                    SLOT_RETAINED_WAL_BYTES,
-                    "WAL the slot keeps on disk",
-                    retained,
-                )?;
-            }
-            if let Some(safe) = slot.safe_wal_size {
-                gauge(
-                    &mut enc,
-                    SLOT_SAFE_WAL_SIZE_BYTES,
-                    "WAL that can be written before the slot is invalidated",
-                    safe,
-                )?;
-            }
+        let scrape = Scrape::of(&self.0);
+        for family in FAMILIES {
+            family.encode((family.read)(&scrape), &mut enc)?;
         }
-        if let Some(window) = retention {
-            if let Some(limit) = window.limit() {
-                gauge(
-                    &mut enc,
-                    MAX_SLOT_WAL_KEEP_SIZE_BYTES,
-                    "max_slot_wal_keep_size: WAL a slot may hold back before it is invalidated",
-                    i64::try_from(limit).unwrap_or(i64::MAX),
-                )?;
-            }
-            if let Some(rate) = window.wal_rate {
-                float_gauge(
-                    &mut enc,
-                    WAL_RATE,
-                    "WAL the server writes per second (moving rate)",
-                    rate.bytes_per_second,
-                )?;
-            }
-            if let Some(seconds) = window.seconds() {
-                float_gauge(
-                    &mut enc,
-                    SLOT_RETENTION,
-                    "Estimated seconds until the slot is invalidated if the relay stops now",
-                    seconds,
-                )?;
-            }
-            float_gauge(
-                &mut enc,
-                TAKEOVER_BUDGET,
-                "[relay] takeover_budget: the longest relay outage planned for, seconds",
-                window.policy.budget.as_secs_f64(),
-            )?;
-        }
-        let tables = t.tables();
-        let per_table =
-            |value: &dyn Fn(&TableStats) -> Option<f64>| -> Vec<(&str, ConstGauge<f64>)> {
-                tables
-                    .iter()
-                    .filter_map(|(name, s)| value(s).map(|v| (name.as_str(), ConstGauge::new(v))))
-                    .collect()
-            };
-        labelled(
-            &mut enc,
-            TABLE_ROWS,
-            "Rows of the outbox table, estimated from pg_class.reltuples",
-            "table",
-            per_table(&|s| s.rows_estimate),
-        )?;
-        labelled(
-            &mut enc,
-            TABLE_SIZE,
-            "Bytes of the outbox table with indexes and TOAST",
-            "table",
-            per_table(&|s| s.size_bytes.map(|b| b as f64)),
-        )?;
-        labelled(
-            &mut enc,
-            TABLE_OLDEST_UNCONFIRMED,
-            "Seconds since the oldest row not yet confirmed was created (0: none)",
-            "table",
-            per_table(&|s| s.oldest_unconfirmed_age),
-        )?;
-        let cleaned = |value: &dyn Fn(&TableStats) -> u64| -> Vec<(&str, ConstCounter)> {
-            tables
-                .iter()
-                .filter(|(_, s)| s.cleanup_mode.is_some())
-                .map(|(name, s)| (name.as_str(), ConstCounter::new(value(s))))
-                .collect()
-        };
-        labelled(
-            &mut enc,
-            CLEANUP_ROWS,
-            "Rows deleted or marked by [outbox.cleanup]",
-            "table",
-            cleaned(&|s| s.cleaned_rows),
-        )?;
-        labelled(
-            &mut enc,
-            CLEANUP_PARTITIONS,
-            "Partitions dropped by [outbox.cleanup]",
-            "table",
-            cleaned(&|s| s.dropped_partitions),
-        )?;
-        labelled(
-            &mut enc,
-            CLEANUP_ERRORS,
-            "Cleanup rounds that failed",
-            "table",
-            cleaned(&|s| s.cleanup_errors),
-        )?;
-        labelled(
-            &mut enc,
-            CLEANUP_WAITING,
-            "Rows or partitions cleanup selected that wait for the checkpoint",
-            "table",
-            tables
-                .iter()
-                .filter(|(_, s)| s.cleanup_mode.is_some())
-                .map(|(name, s)| (name.as_str(), ConstGauge::new(s.waiting as i64)))
-                .collect(),
-        )?;
-        let current = slot
-            .as_ref()
-            .map_or("missing", |s| s.wal_status.as_deref().unwrap_or("unknown"));
-        labelled(
-            &mut enc,
-            SLOT_WAL_STATUS,
-            "1 for the slot's wal_status",
-            "status",
-            ["reserved", "extended", "unreserved", "lost", "missing"]
-                .into_iter()
-                .map(|st| (st, ConstGauge::new(i64::from(st == current))))
-                .collect(),
-        )?;
-        let stream = lock(&t.stream_sample).clone();
-        gauge(
-            &mut enc,
-            STREAM_LAST_SEQUENCE,
-            "The stream's last sequence",
-            stream.last_seq as i64,
-        )?;
-        labelled(
-            &mut enc,
-            CONNECTED,
-            "1 when connected (postgres: streaming; stream: it exists)",
-            "dependency",
-            vec![
-                (
-                    "postgres",
-                    ConstGauge::new(i64::from(t.streaming.load(Ordering::Relaxed))),
-                ),
-                ("nats", ConstGauge::new(i64::from(t.nats_connected()))),
-                ("stream", ConstGauge::new(i64::from(stream.present))),
-            ],
-        )?;
-        labelled(
-            &mut enc,
-            RECONNECTS,
-            "Reconnects after a lost connection",
-            "dependency",
-            vec![
-                ("postgres", ConstCounter::new(load(&t.pg_reconnects))),
-                ("nats", ConstCounter::new(t.nats_reconnects())),
-            ],
-        )?;
-        gauge(
-            &mut enc,
-            READY,
-            "1 when /readyz answers 200",
-            i64::from(t.readiness().0),
-        )?;
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,17 +1,76 @@
 //! The NATS half of the preflight: connection, JetStream and the stream's settings.
+//!
+//! Three gates, each stopping the checks when it fails (no connection, no JetStream, no
+//! stream), then [`STREAM_CHECKS`]: one entry per aspect of the existing stream, judged from
+//! the [`StreamFacts`] read once. Adding a stream check is adding an entry.
 
 use async_nats::jetstream::stream;
 use relay_core::check::CheckAspect as _;
-use relay_nats::{NatsError, subject_matches};
+use relay_nats::{Durability, NatsConnection, NatsError, subject_matches};
 
 use super::{Report, UNAVAILABLE, Verdict, error_chain};
 use crate::config::RelayConfig;
 use crate::inspect::{self, StreamLookup};
 
 pub(super) async fn nats_checks(config: &RelayConfig, r: &mut Report) {
+    let Some(connection) = connection_check(config, r).await else {
+        return;
+    };
+    if !jetstream_check(config, &connection, r).await {
+        return;
+    }
+    let name = format!("stream {}", config.nats.stream);
+    let Some(info) = stream_check(config, &connection, &name, r).await else {
+        return;
+    };
+    // Storage, replicas, persist mode and the servers' disk sync: one assessment (shared with
+    // `status` and the start-up log).
+    let durability = relay_nats::assess_durability(&connection.jetstream(), &info).await;
+    let facts = StreamFacts {
+        config,
+        connection: &connection,
+        name,
+        stream: &info.config,
+        durability,
+    };
+    for check in STREAM_CHECKS {
+        check(&facts, r);
+    }
+}
+
+/// What the checks of an existing stream judge.
+struct StreamFacts<'a> {
+    config: &'a RelayConfig,
+    connection: &'a NatsConnection,
+    /// `stream <name>`, the start of every line.
+    name: String,
+    stream: &'a stream::Config,
+    durability: Durability,
+}
+
+/// Judges one aspect of an existing stream, in lines named `stream <name> …`.
+type StreamCheck = fn(&StreamFacts<'_>, &mut Report);
+
+/// The checks of an existing stream, in the order they are reported.
+const STREAM_CHECKS: &[StreamCheck] = &[
+    subject_checks,
+    |f, r| native_header_checks(f.config, f.connection, f.stream, &f.name, r),
+    durability_checks,
+    discard_check,
+    duplicate_window_check,
+];
+
+/// The first gate: a connection to `nats.url`.
+async fn connection_check(config: &RelayConfig, r: &mut Report) -> Option<NatsConnection> {
     let nats = &config.nats;
-    let connection = match relay_nats::connect(nats).await {
-        Ok(c) => c,
+    match relay_nats::connect(nats).await {
+        Ok(c) => {
+            r.pass(
+                "nats connection",
+                format!("connected to {}", nats.display_url()),
+            );
+            Some(c)
+        }
         Err(e) => {
             r.hinted(
                 UNAVAILABLE,
@@ -19,16 +78,20 @@ pub(super) async fn nats_checks(config: &RelayConfig, r: &mut Report) {
                 format!("{e}: {}", error_chain(&e)),
                 "check nats.url / RELAY_NATS__URL and the credentials, and that nats-server is up",
             );
-            return;
+            None
         }
-    };
-    r.pass(
-        "nats connection",
-        format!("connected to {}", nats.display_url()),
-    );
+    }
+}
+
+/// The second gate: JetStream answers (in `[nats] domain`'s JetStream, if one is set).
+async fn jetstream_check(
+    config: &RelayConfig,
+    connection: &NatsConnection,
+    r: &mut Report,
+) -> bool {
+    let nats = &config.nats;
     // The account info request itself (not `query_account`, whose reply parsing differs
     // across server versions): any JSON without `error` means JetStream answers.
-    // In `[nats] domain`'s JetStream, if one is set.
     let info_subject = format!("{}.INFO", relay_nats::api_prefix(nats.domain.as_deref()));
     let answer = tokio::time::timeout(
         std::time::Duration::from_secs(5),
@@ -37,8 +100,8 @@ pub(super) async fn nats_checks(config: &RelayConfig, r: &mut Report) {
             .request(info_subject, Default::default()),
     )
     .await;
-    let problem = match answer {
-        Err(_) => Some("no answer within 5s".to_owned()),
+    let reason = match answer {
+        Err(_) => "no answer within 5s".to_owned(),
         Ok(Err(e))
             if e.kind() == async_nats::RequestErrorKind::NoResponders
                 && let Some(domain) = &nats.domain =>
@@ -51,37 +114,50 @@ pub(super) async fn nats_checks(config: &RelayConfig, r: &mut Report) {
                     stream = nats.stream
                 ),
             );
-            return;
+            return false;
         }
-        Ok(Err(e)) => Some(e.to_string()),
+        Ok(Err(e)) => e.to_string(),
         Ok(Ok(msg)) => match serde_json::from_slice::<serde_json::Value>(&msg.payload) {
             Ok(doc) if doc.get("error").is_none() => {
                 r.pass(
                     "jetstream",
                     format!("enabled ({} streams in the account)", doc["streams"]),
                 );
-                None
+                return true;
             }
-            Ok(doc) => Some(doc["error"]["description"].to_string()),
-            Err(e) => Some(format!("unreadable answer: {e}")),
+            Ok(doc) => doc["error"]["description"].to_string(),
+            Err(e) => format!("unreadable answer: {e}"),
         },
     };
-    if let Some(reason) = problem {
-        r.fail(
-            "jetstream",
-            format!("not available: {reason}"),
-            NatsError::JetStreamUnavailable {
-                url: nats.display_url(),
-                reason,
-            }
-            .to_string(),
-        );
-        return;
-    }
-    let jetstream = connection.jetstream();
-    let name = format!("stream {}", nats.stream);
-    let info = match inspect::stream(jetstream.context(), &nats.stream).await {
-        StreamLookup::Found(info) => info,
+    r.fail(
+        "jetstream",
+        format!("not available: {reason}"),
+        NatsError::JetStreamUnavailable {
+            url: nats.display_url(),
+            reason,
+        }
+        .to_string(),
+    );
+    false
+}
+
+/// The third gate: the stream exists. A stream the relay will create passes, after the check
+/// of the settings it will be created with.
+async fn stream_check(
+    config: &RelayConfig,
+    connection: &NatsConnection,
+    name: &str,
+    r: &mut Report,
+) -> Option<Box<stream::Info>> {
+    let nats = &config.nats;
+    match inspect::stream(connection.jetstream().context(), &nats.stream).await {
+        StreamLookup::Found(info) => {
+            r.pass(
+                name,
+                format!("exists, subjects [{}]", info.config.subjects.join(", ")),
+            );
+            Some(info)
+        }
         StreamLookup::NotFound if nats.create_stream => {
             // Created with the settings the mappings need: only the server's version can fail.
             let created = stream::Config {
@@ -90,12 +166,12 @@ pub(super) async fn nats_checks(config: &RelayConfig, r: &mut Report) {
                 allow_message_schedules: true,
                 ..Default::default()
             };
-            native_header_checks(config, &connection, &created, &name, r);
+            native_header_checks(config, connection, &created, name, r);
             r.pass(
                 name,
                 "missing; will be created at start (create_stream = true) or by `outbox-relay setup --create-stream`",
             );
-            return;
+            None
         }
         StreamLookup::NotFound => {
             r.fail(
@@ -107,7 +183,7 @@ pub(super) async fn nats_checks(config: &RelayConfig, r: &mut Report) {
                 }
                 .to_string(),
             );
-            return;
+            None
         }
         StreamLookup::NotEnabled(e) | StreamLookup::Failed(e) => {
             r.hinted(
@@ -116,14 +192,14 @@ pub(super) async fn nats_checks(config: &RelayConfig, r: &mut Report) {
                 format!("lookup failed: {e}"),
                 "run again",
             );
-            return;
+            None
         }
-    };
-    let c = &info.config;
-    r.pass(
-        name.clone(),
-        format!("exists, subjects [{}]", c.subjects.join(", ")),
-    );
+    }
+}
+
+/// Whether the stream captures each table's subjects, as far as a sample subject shows.
+fn subject_checks(f: &StreamFacts<'_>, r: &mut Report) {
+    let (config, name, subjects) = (f.config, &f.name, &f.stream.subjects);
     for (table, template) in config.unsampled_subjects() {
         r.hinted(
             Verdict::Warn,
@@ -134,7 +210,7 @@ pub(super) async fn nats_checks(config: &RelayConfig, r: &mut Report) {
     }
     for (table, subject) in config.sample_subjects() {
         let check = format!("{name} captures {subject}");
-        if c.subjects.iter().any(|f| subject_matches(f, &subject)) {
+        if subjects.iter().any(|f| subject_matches(f, &subject)) {
             r.pass(check, format!("subjects of {table}"));
         } else {
             r.fail(
@@ -143,38 +219,38 @@ pub(super) async fn nats_checks(config: &RelayConfig, r: &mut Report) {
                 NatsError::SubjectNotCaptured {
                     subject,
                     table,
-                    stream: nats.stream.clone(),
-                    stream_subjects: c.subjects.join(", "),
+                    stream: config.nats.stream.clone(),
+                    stream_subjects: subjects.join(", "),
                 }
                 .to_string(),
             );
         }
     }
-    native_header_checks(config, &connection, c, &name, r);
-    // Storage, replicas, persist mode and the servers' disk sync: one assessment (shared with
-    // `status` and the start-up log).
-    let durability = relay_nats::assess_durability(&jetstream, &info).await;
-    for check in durability.checks() {
-        let line = format!("{name} {}", check.aspect.name());
-        match check.hint {
-            None => r.pass(line, check.detail),
-            Some(hint) => r.hinted(Verdict::Warn, line, check.detail, hint),
-        }
+}
+
+fn durability_checks(f: &StreamFacts<'_>, r: &mut Report) {
+    for check in f.durability.checks() {
+        r.assessed(format!("{} {}", f.name, check.aspect.name()), check);
     }
+}
+
+fn discard_check(f: &StreamFacts<'_>, r: &mut Report) {
+    let c = f.stream;
+    let check = format!("{} discard", f.name);
     let limited = c.max_messages > 0 || c.max_bytes > 0 || !c.max_age.is_zero();
     if limited && c.discard == stream::DiscardPolicy::Old {
         r.hinted(
             Verdict::Warn,
-            format!("{name} discard"),
+            check,
             "limits with `discard: old`: old events are evicted silently",
             format!(
                 "nats stream edit {} --discard new (publishes are refused when full instead)",
-                nats.stream
+                f.config.nats.stream
             ),
         );
     } else {
         r.pass(
-            format!("{name} discard"),
+            check,
             format!(
                 "{:?}{}",
                 c.discard,
@@ -183,31 +259,26 @@ pub(super) async fn nats_checks(config: &RelayConfig, r: &mut Report) {
             .to_lowercase(),
         );
     }
-    let window = c.duplicate_window;
+}
+
+fn duplicate_window_check(f: &StreamFacts<'_>, r: &mut Report) {
+    let window = f.stream.duplicate_window;
+    let check = format!("{} duplicate_window", f.name);
+    let fix = format!("nats stream edit {} --dupe-window 2m", f.config.nats.stream);
+    let shown = humantime_serde::re::humantime::format_duration(window);
     if window.is_zero() {
-        r.fail(
-            format!("{name} duplicate_window"),
-            "0: re-sent events are stored twice",
-            format!("nats stream edit {} --dupe-window 2m", nats.stream),
-        );
+        r.fail(check, "0: re-sent events are stored twice", fix);
     } else if window < std::time::Duration::from_secs(60) {
         r.hinted(
             Verdict::Warn,
-            format!("{name} duplicate_window"),
-            format!(
-                "{}: a relay restart slower than this re-sends as new messages",
-                humantime_serde::re::humantime::format_duration(window)
-            ),
-            format!("nats stream edit {} --dupe-window 2m", nats.stream),
+            check,
+            format!("{shown}: a relay restart slower than this re-sends as new messages"),
+            fix,
         );
     } else {
-        r.pass(
-            format!("{name} duplicate_window"),
-            humantime_serde::re::humantime::format_duration(window).to_string(),
-        );
+        r.pass(check, shown.to_string());
     }
 }
-
 /// `ttl_column` / `schedule_column`: the server's version and the stream's settings, as the
 /// relay checks them at start.
 fn native_header_checks(

@@ -1,6 +1,38 @@
-//! `validate --connect` for `[outbox.cleanup]`.
+//! `validate --connect` for `[outbox.cleanup]`: per table, the gates of [`CLEANUP_GATES`] in
+//! order; the first that finds a problem fails the table's line, and a table past all of them
+//! passes. Adding a condition of cleanup is adding a gate.
+
+use relay_postgres::cleanup::{self, PrivilegeNeed};
 
 use super::*;
+use crate::config::{CleanupMode, CleanupSettings};
+
+/// One table with `[outbox.cleanup]`, as the gates judge it.
+struct CleanupTable<'a> {
+    client: &'a Client,
+    schema: &'a str,
+    name: &'a str,
+    oid: u32,
+    settings: &'a CleanupSettings,
+    /// `status_column` and `sent_at_column`, as far as set.
+    marked: Vec<String>,
+}
+
+/// What stops cleanup of a table: what was found, and the fix.
+type Problem = Option<(String, String)>;
+
+/// One condition of cleanup: `Some` problem when the table does not meet it.
+type CleanupGate =
+    for<'a> fn(&'a CleanupTable<'a>) -> BoxFuture<'a, Result<Problem, tokio_postgres::Error>>;
+
+/// The conditions, in the order they are judged.
+const CLEANUP_GATES: &[CleanupGate] = &[
+    |t| Box::pin(columns(t)),
+    |t| Box::pin(time_column(t)),
+    |t| Box::pin(privileges(t)),
+    |t| Box::pin(partitioning(t)),
+    |t| Box::pin(relay_tables(t)),
+];
 
 /// `[outbox.cleanup]` of each table that has one: the privileges its mode needs (with the
 /// GRANT), the columns it uses, and for `drop-partitions` a table range-partitioned on one
@@ -10,127 +42,30 @@ pub(super) async fn cleanup_checks(
     client: &Client,
     r: &mut Report,
 ) -> Result<(), tokio_postgres::Error> {
-    use relay_postgres::cleanup::{self, PrivilegeNeed};
-
-    use crate::config::CleanupMode;
-
-    for (table, settings) in config.outbox.cleanup() {
+    'tables: for (table, settings) in config.outbox.cleanup() {
         let (schema, name) = table.qualified_name();
         let (schema, name) = (schema.as_ref(), name.as_ref());
         let check = format!("cleanup {}", table.display_name());
         let Some(info) = catalog::table(client, schema, name).await? else {
             continue; // reported above
         };
-        let has_column =
-            |column: String| async move { catalog::column_exists(client, info.oid, &column).await };
-        let mut columns = Vec::new();
-        if !settings.retain().is_zero() {
-            columns.push(settings.age_column.clone());
-        }
-        let marked: Vec<String> = [&settings.status_column, &settings.sent_at_column]
+        let marked = [&settings.status_column, &settings.sent_at_column]
             .into_iter()
             .flatten()
             .cloned()
             .collect();
-        if settings.mode == CleanupMode::Mark {
-            columns.extend(marked.iter().cloned());
-        }
-        let mut missing = Vec::new();
-        for column in columns {
-            if !has_column(column.clone()).await? {
-                missing.push(column);
-            }
-        }
-        if !missing.is_empty() {
-            r.fail(
-                check,
-                format!("no column {}", missing.join(", ")),
-                "fix [outbox.cleanup] age_column / status_column / sent_at_column, or add the column",
-            );
-            continue;
-        }
-        if let Some(problem) = settings.time_column_problem(client, schema, name).await? {
-            r.fail(
-                check,
-                "the time column's type does not fit age_unit / age_time_zone",
-                problem,
-            );
-            continue;
-        }
-        let mut needs = vec![match settings.mode {
-            CleanupMode::Delete => PrivilegeNeed::Delete,
-            CleanupMode::Mark => PrivilegeNeed::Update(&marked),
-            CleanupMode::DropPartitions => PrivilegeNeed::Own,
-        }];
-        if settings.delete_after.is_some() {
-            needs.push(PrivilegeNeed::Delete);
-        }
-        let mut grants = Vec::new();
-        for need in &needs {
-            grants.extend(cleanup::privilege_problem(client, schema, name, need).await?);
-        }
-        if !grants.is_empty() {
-            r.fail(
-                check,
-                format!(
-                    "mode = \"{}\"{} needs privileges the role lacks",
-                    settings.mode.as_str(),
-                    if settings.delete_after.is_some() {
-                        " with delete_after"
-                    } else {
-                        ""
-                    }
-                ),
-                grants.join("; "),
-            );
-            continue;
-        }
-        if settings.mode == CleanupMode::DropPartitions {
-            let ranged = catalog::range_partitioned_on_one_column(client, info.oid).await?;
-            if !ranged {
-                r.fail(
-                    check,
-                    "mode = \"drop-partitions\" needs a table partitioned by RANGE on one time column",
-                    "use mode = \"delete\" for this table, or partition it (PARTITION BY RANGE (created_at))",
-                );
-                continue;
-            }
-            let relation = relay_postgres::quote_relation(schema, name);
-            if settings.create_ahead.is_some()
-                && catalog::partitions::newest_range(client, &relation)
-                    .await?
-                    .is_none()
-            {
-                r.fail(
-                    check,
-                    "create_ahead takes the width of new partitions from the newest one, and the table has no range partition with both bounds",
-                    format!("create the first partition by hand, e.g. CREATE TABLE {} PARTITION OF {relation} FOR VALUES FROM ('2030-01-01') TO ('2030-01-02')", relay_postgres::quote_relation(schema, &format!("{name}_p1"))),
-                );
-                continue;
-            }
-        }
-        match cleanup::cleanup_tables_access(client).await? {
-            TableAccess::Usable => {}
-            TableAccess::NotGranted { role } => {
-                r.fail(
-                    check,
-                    format!(
-                        "role `{role}` cannot write outbox_relay.cleanup_fence and outbox_relay.cleanup_detached"
-                    ),
-                    cleanup::cleanup_tables_grants(&role),
-                );
-                continue;
-            }
-            TableAccess::Missing => {
-                let may_create = catalog::may_create_relay_tables(client).await?;
-                if !may_create {
-                    r.fail(
-                        check,
-                        "outbox_relay.cleanup_fence and outbox_relay.cleanup_detached are missing and cannot be created",
-                        "apply migrations/0006_outbox_cleanup.sql as an owner",
-                    );
-                    continue;
-                }
+        let t = CleanupTable {
+            client,
+            schema,
+            name,
+            oid: info.oid,
+            settings,
+            marked,
+        };
+        for gate in CLEANUP_GATES {
+            if let Some((detail, hint)) = gate(&t).await? {
+                r.fail(check, detail, hint);
+                continue 'tables;
             }
         }
         r.pass(
@@ -144,4 +79,125 @@ pub(super) async fn cleanup_checks(
         );
     }
     Ok(())
+}
+
+fn problem(detail: impl Into<String>, hint: impl Into<String>) -> Problem {
+    Some((detail.into(), hint.into()))
+}
+
+/// The age column (when rows are kept a while) and, for `mark`, the marked columns exist.
+async fn columns(t: &CleanupTable<'_>) -> Result<Problem, tokio_postgres::Error> {
+    let settings = t.settings;
+    let mut columns = Vec::new();
+    if !settings.retain().is_zero() {
+        columns.push(settings.age_column.clone());
+    }
+    if settings.mode == CleanupMode::Mark {
+        columns.extend(t.marked.iter().cloned());
+    }
+    let mut missing = Vec::new();
+    for column in columns {
+        if !catalog::column_exists(t.client, t.oid, &column).await? {
+            missing.push(column);
+        }
+    }
+    if missing.is_empty() {
+        return Ok(None);
+    }
+    Ok(problem(
+        format!("no column {}", missing.join(", ")),
+        "fix [outbox.cleanup] age_column / status_column / sent_at_column, or add the column",
+    ))
+}
+
+async fn time_column(t: &CleanupTable<'_>) -> Result<Problem, tokio_postgres::Error> {
+    let found = t
+        .settings
+        .time_column_problem(t.client, t.schema, t.name)
+        .await?;
+    Ok(found.and_then(|fix| {
+        problem(
+            "the time column's type does not fit age_unit / age_time_zone",
+            fix,
+        )
+    }))
+}
+
+/// The privileges the mode (and `delete_after`) needs, with the GRANTs.
+async fn privileges(t: &CleanupTable<'_>) -> Result<Problem, tokio_postgres::Error> {
+    let settings = t.settings;
+    let mut needs = vec![match settings.mode {
+        CleanupMode::Delete => PrivilegeNeed::Delete,
+        CleanupMode::Mark => PrivilegeNeed::Update(&t.marked),
+        CleanupMode::DropPartitions => PrivilegeNeed::Own,
+    }];
+    if settings.delete_after.is_some() {
+        needs.push(PrivilegeNeed::Delete);
+    }
+    let mut grants = Vec::new();
+    for need in &needs {
+        grants.extend(cleanup::privilege_problem(t.client, t.schema, t.name, need).await?);
+    }
+    if grants.is_empty() {
+        return Ok(None);
+    }
+    Ok(problem(
+        format!(
+            "mode = \"{}\"{} needs privileges the role lacks",
+            settings.mode.as_str(),
+            if settings.delete_after.is_some() {
+                " with delete_after"
+            } else {
+                ""
+            }
+        ),
+        grants.join("; "),
+    ))
+}
+
+/// `drop-partitions`: a table range-partitioned on one column, with a partition to take the
+/// width of new ones from when `create_ahead` is set.
+async fn partitioning(t: &CleanupTable<'_>) -> Result<Problem, tokio_postgres::Error> {
+    if t.settings.mode != CleanupMode::DropPartitions {
+        return Ok(None);
+    }
+    if !catalog::range_partitioned_on_one_column(t.client, t.oid).await? {
+        return Ok(problem(
+            "mode = \"drop-partitions\" needs a table partitioned by RANGE on one time column",
+            "use mode = \"delete\" for this table, or partition it (PARTITION BY RANGE (created_at))",
+        ));
+    }
+    let relation = relay_postgres::quote_relation(t.schema, t.name);
+    if t.settings.create_ahead.is_some()
+        && catalog::partitions::newest_range(t.client, &relation)
+            .await?
+            .is_none()
+    {
+        return Ok(problem(
+            "create_ahead takes the width of new partitions from the newest one, and the table has no range partition with both bounds",
+            format!(
+                "create the first partition by hand, e.g. CREATE TABLE {} PARTITION OF {relation} FOR VALUES FROM ('2030-01-01') TO ('2030-01-02')",
+                relay_postgres::quote_relation(t.schema, &format!("{}_p1", t.name))
+            ),
+        ));
+    }
+    Ok(None)
+}
+
+/// The relay's cleanup tables are writable, or can be created.
+async fn relay_tables(t: &CleanupTable<'_>) -> Result<Problem, tokio_postgres::Error> {
+    Ok(match cleanup::cleanup_tables_access(t.client).await? {
+        TableAccess::Usable => None,
+        TableAccess::NotGranted { role } => problem(
+            format!(
+                "role `{role}` cannot write outbox_relay.cleanup_fence and outbox_relay.cleanup_detached"
+            ),
+            cleanup::cleanup_tables_grants(&role),
+        ),
+        TableAccess::Missing if catalog::may_create_relay_tables(t.client).await? => None,
+        TableAccess::Missing => problem(
+            "outbox_relay.cleanup_fence and outbox_relay.cleanup_detached are missing and cannot be created",
+            "apply migrations/0006_outbox_cleanup.sql as an owner",
+        ),
+    })
 }
