@@ -19,6 +19,11 @@ pub mod replay_retention;
 pub use cleanup::{CleanupMode, CleanupSettings};
 pub use presets::AppliedPreset;
 
+/// A command-line duration (`5s`, `1m30s`), in the grammar the configuration's durations use.
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime_serde::re::humantime::parse_duration(s).map_err(|e| e.to_string())
+}
+
 /// Prefix of environment overrides; `__` separates section and key.
 pub const ENV_PREFIX: &str = "RELAY_";
 

@@ -12,6 +12,8 @@
 
 use std::process::ExitCode;
 
+use relay_core::pipeline::PipelineError;
+use relay_core::stage::ErrorClass;
 use relay_nats::NatsError;
 use relay_postgres::PgError;
 
@@ -91,4 +93,24 @@ pub(crate) fn pg_exit(error: PgError) -> Exit {
         ExitKind::Config
     };
     Exit::new(kind, error)
+}
+
+/// The exit of an error class of a stage (a backfill, `restore`).
+pub(crate) fn class_kind(class: ErrorClass) -> ExitKind {
+    match class {
+        ErrorClass::Transient => ExitKind::Unavailable,
+        ErrorClass::Fatal => ExitKind::Config,
+        ErrorClass::SlotLost => ExitKind::DataSafety,
+    }
+}
+
+/// The exit of a pipeline that stopped on `error` (a backfill, `restore`).
+pub(crate) fn pipeline_exit_kind(error: &PipelineError) -> ExitKind {
+    match error {
+        PipelineError::Route { .. } | PipelineError::Publish { .. } => ExitKind::DataSafety,
+        PipelineError::Schema { .. } => ExitKind::Config,
+        PipelineError::Source(e) => class_kind(e.class),
+        PipelineError::Store { error, .. } => class_kind(error.class),
+        PipelineError::Protocol(_) => ExitKind::Internal,
+    }
 }

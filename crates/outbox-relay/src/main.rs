@@ -10,10 +10,12 @@ mod exit;
 mod http;
 mod inspect;
 mod otlp;
+mod progress;
 #[cfg(test)]
 mod reference_drift;
 mod run;
 mod signals;
+mod table_backfill;
 mod tail;
 mod telemetry;
 
@@ -141,7 +143,7 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         count: usize,
         /// Stop after this long without a message (e.g. `10s`).
-        #[arg(long, default_value = "10s", value_parser = humantime_duration)]
+        #[arg(long, default_value = "10s", value_parser = config::parse_duration)]
         idle_timeout: std::time::Duration,
     },
 }
@@ -151,10 +153,6 @@ enum ConfigCommand {
     /// Print the merged configuration, secrets redacted, each value with where it came from
     /// (file, environment variable, default).
     Print,
-}
-
-fn humantime_duration(s: &str) -> Result<std::time::Duration, String> {
-    humantime_serde::re::humantime::parse_duration(s).map_err(|e| e.to_string())
 }
 
 fn init_logging(format: LogFormat) {

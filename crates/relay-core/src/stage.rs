@@ -10,6 +10,10 @@ use pgoutput::{LogicalMessage, Lsn};
 use crate::message::OutboundMessage;
 use crate::route::MessageLimits;
 
+mod inert;
+
+pub use inert::{DryRunPublisher, NoStore};
+
 /// What a [`ChangeSource`] yields, in WAL order. Begin and Commit are split out because the
 /// replication client already parses them; every other pgoutput message arrives decoded.
 #[derive(Debug, Clone, PartialEq)]

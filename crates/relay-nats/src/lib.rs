@@ -10,6 +10,7 @@
 //!   asks), capture every subject the mappings can produce, and not be configured in a way that
 //!   loses acknowledged events.
 
+mod backfill;
 mod client_auth;
 mod closes;
 mod connection;
@@ -22,6 +23,7 @@ mod header_entries;
 mod native;
 mod published;
 mod publisher;
+mod restore;
 mod settings;
 mod stream;
 mod wire;
@@ -31,6 +33,7 @@ use std::sync::Arc;
 use client_auth::ClientAuth;
 use connection_state::ConnectionState;
 
+pub use backfill::{BackfillPublisher, StreamIds, stream_ids, watch_live};
 pub use connection::{JetStream, NatsConnection};
 pub use consumer_reset::{
     ConsumerReset, ConsumerResetError, reset_consumer, supports_consumer_reset,
@@ -43,6 +46,7 @@ pub use durability::{
 pub use native::check_broker_needs;
 pub use published::{StreamState, published_between, published_since, scan_headers};
 pub use publisher::JetStreamPublisher;
+pub use restore::RestorePublisher;
 pub use settings::{NatsSettings, PublishMode, PublishPath};
 pub use stream::{StreamReport, prepare_stream, subject_matches};
 

@@ -24,12 +24,14 @@ use crate::catalog::{self, table_shape};
 
 mod cursor;
 pub mod on_create;
+mod pages;
 mod snapshot;
 
 pub use cursor::{
     Cursor, CursorId, CursorStatus, ensure_cursor_table, finish_cursor, list_cursors, load_cursor,
     prepare_cursor_session, save_cursor, start_cursor,
 };
+pub use pages::{CursorStore, PageProgress, PageReader, PageSource};
 pub use snapshot::begin_page_snapshot;
 
 /// The migration that creates the cursor table (also shipped in `migrations/`).

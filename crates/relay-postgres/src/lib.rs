@@ -46,7 +46,7 @@ pub use settings::{FailoverSetting, PostgresSettings, SslMode, redact_url};
 /// A relay's shard of a shared outbox, and what a server's row filters allow.
 pub use shard::{RowFilterVerdict, ShardSpec, row_filters_unsupported};
 /// The replication stream as a `ChangeSource`.
-pub use source::PgSource;
+pub use source::{PgSource, WindowSource};
 /// A schema-qualified relation name, quoted for SQL.
 pub use sql::quote_relation;
 /// What a server error means, by SQLSTATE class; whether a failed query may be retried.

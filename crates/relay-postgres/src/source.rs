@@ -23,6 +23,10 @@ use crate::PostgresSettings;
 use crate::connect::{self, replication_config, to_wire};
 use crate::sqlstate::{ReplicationErrorKind, ReplicationPhase, replication_error_kind};
 
+mod window;
+
+pub use window::WindowSource;
+
 /// A running replication session.
 pub struct PgSource {
     client: ReplicationClient,

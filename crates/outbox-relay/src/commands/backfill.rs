@@ -3,28 +3,25 @@
 //!
 //! Each row goes through the relay's own pipeline (route, limits, dead letters, publish with
 //! retries, ack frontier) as an Insert of a pgoutput transaction of its page
-//! ([`pages::PageSource`]), so it is published exactly as the relay would publish it, plus
-//! `Outbox-Backfill: true`. The cursor (`outbox_relay.backfill`) moves over a page only after
-//! JetStream acknowledged every row up to it, so a killed backfill resumes at its cursor and
-//! re-sends at most the unacknowledged tail (deduplicated by event id). See docs/replay.md.
+//! ([`relay_postgres::backfill::PageSource`]), so it is published exactly as the relay would
+//! publish it, plus `Outbox-Backfill: true`. The cursor (`outbox_relay.backfill`) moves over a
+//! page only after JetStream acknowledged every row up to it, so a killed backfill resumes at
+//! its cursor and re-sends at most the unacknowledged tail (deduplicated by event id). See
+//! docs/replay.md. This command reads the cursor and decides where to start; the run itself is
+//! [`crate::table_backfill`], which the relay's backfill at slot creation shares.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::anyhow;
-use relay_core::route::{OutboxTableConfig, Router};
-use relay_postgres::backfill::{self as sql, BackfillError, CursorId, KeySource, TableShape};
+use relay_postgres::backfill::{self as sql, Cursor, CursorId, KeySource, TableShape};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RelayConfig;
-use crate::exit::pg_exit;
-use crate::exit::{Exit, ExitKind};
-
-mod pages;
-mod publish;
-mod table_run;
-
-pub(crate) use table_run::{RunOptions, TableRun, run_pages};
+use crate::exit::{Exit, pg_exit};
+use crate::table_backfill::{
+    RunOptions, TableRun, backfill_exit, checked_shape, mapping, run_pages,
+};
 
 /// How long counting the rows to backfill may take before the planner's estimate is used.
 const COUNT_FOR: Duration = Duration::from_secs(5);
@@ -58,118 +55,21 @@ pub struct BackfillArgs {
     #[arg(long, default_value_t = 500_000)]
     pub skip_check_limit: u64,
     /// How often to print progress on stderr (not on a terminal, which shows a bar).
-    #[arg(long, default_value = "5s", value_parser = crate::humantime_duration)]
+    #[arg(long, default_value = "5s", value_parser = crate::config::parse_duration)]
     pub progress_interval: Duration,
     /// `--log-format json`: progress lines even on a terminal.
     #[arg(skip)]
     pub log_json: bool,
 }
 
-fn backfill_exit(error: BackfillError) -> Exit {
-    let kind = match &error {
-        e if e.is_transient() => ExitKind::Unavailable,
-        BackfillError::Query { .. } => ExitKind::Internal,
-        _ => ExitKind::Config,
-    };
-    Exit::new(kind, error)
-}
-
-/// The `[[outbox]]` mapping of `table` (`schema.table` or `table`).
-pub(crate) fn mapping<'a>(
-    config: &'a RelayConfig,
-    table: &str,
-) -> Result<&'a OutboxTableConfig, Exit> {
-    let wanted = relay_core::ident::TableName::parse(table)
-        .map_err(|e| Exit::config(anyhow!("--table: {e}")))?;
-    config
-        .outbox
-        .iter()
-        .find(|o| o.is_table(&wanted.schema, &wanted.table))
-        .ok_or_else(|| {
-            let configured: Vec<String> = config
-                .outbox
-                .iter()
-                .map(OutboxTableConfig::display_name)
-                .collect();
-            Exit::config(anyhow!(
-                "table `{}` is not configured as an outbox table (configured: {}): add an [[outbox]] entry for it, or name one of those",
-                wanted.display(),
-                configured.join(", ")
-            ))
-        })
-}
-
-/// The table's shape, checked before anything is read: the mapping fits it (the relay's own
-/// check of its Relation), `filter` is a valid condition, no row to read has a NULL key.
-pub(crate) async fn checked_shape(
-    config: &RelayConfig,
-    mapping: &OutboxTableConfig,
-    reader: &tokio_postgres::Client,
-    filter: Option<&str>,
-) -> Result<TableShape, Exit> {
-    let pg = &config.postgres;
-    let (schema, table) = mapping.qualified_name();
-    let shape = sql::table_shape(reader, &schema, &table, &mapping.event_id, &pg.publication)
-        .await
-        .map_err(backfill_exit)?;
-    // The pages keep what the publication keeps; with a row_filter that must be the configured
-    // one, or rows the relay would never stream get published (or the reverse).
-    if mapping.row_filter.is_some() {
-        let unavailable = |e: tokio_postgres::Error| Exit::new(ExitKind::Unavailable, e);
-        let version = relay_postgres::catalog::server(reader)
-            .await
-            .map_err(unavailable)?
-            .version_num;
-        let verdict = relay_postgres::catalog::row_filter::row_filter_verdict(
-            reader,
-            pg,
-            version,
-            &schema,
-            &table,
-            mapping.row_filter.as_deref(),
-        )
-        .await
-        .map_err(unavailable)?;
-        if let Some(problem) = verdict.problem() {
-            return Err(Exit::config(anyhow!("{problem}")));
-        }
-    }
-    if !shape.in_publication {
-        tracing::warn!(table = %shape.table, publication = %pg.publication, "the table is not in the publication: the live relay does not publish its new rows");
-    }
-    // The mapping must fit the table before anything is read: the same check the relay makes
-    // on the table's Relation message.
-    let mut check = Router::new(std::slice::from_ref(mapping)).map_err(Exit::config)?;
-    check
-        .on_relation(shape.relation.clone(), None)
-        .map_err(|e| {
-            Exit::config(
-                anyhow::Error::new(e).context("the [[outbox]] mapping does not fit the table"),
-            )
-        })?;
-    if let Some(filter) = filter {
-        shape
-            .check_filter(reader, filter)
-            .await
-            .map_err(backfill_exit)?;
-    }
-    let nulls = shape
-        .null_keys(reader, filter)
-        .await
-        .map_err(backfill_exit)?;
-    if nulls > 0 {
-        return Err(Exit::new(
-            ExitKind::DataSafety,
-            anyhow!(
-                "{nulls} rows of {} have a NULL event id (`{}`): no message can be built for them (the relay refuses such rows too). Fix or delete them, or leave them out with --where \"{} IS NOT NULL\"",
-                shape.table,
-                shape.key.name,
-                shape.key.name
-            ),
-        ));
-    }
-
-    Ok(shape)
+/// Where a backfill starts.
+struct Start {
+    /// The stored cursor (`None`: from the first row).
+    after: Option<String>,
+    /// The last key to read (`None`: no rows).
+    end: Option<String>,
+    done_before: i64,
+    estimate: Option<i64>,
 }
 
 /// Runs one backfill of `args.table` until it finished, was stopped, or failed.
@@ -199,18 +99,9 @@ pub async fn backfill(config: &RelayConfig, args: BackfillArgs) -> Result<(), Ex
     sql::prepare_cursor_session(&cursor_client)
         .await
         .map_err(backfill_exit)?;
-    let slot = relay_postgres::catalog::slot(&reader, &pg.slot)
-        .await
-        .map_err(|e| Exit::new(ExitKind::Unavailable, e))?;
-    if slot.is_none() {
-        return Err(Exit::config(anyhow!(
-            "replication slot `{}` does not exist: start the relay (or run `outbox-relay setup`) first. The backfill publishes the rows committed before it starts; rows committed later are the relay's, and without its slot they would be published by neither",
-            pg.slot
-        )));
-    }
+    require_slot(&reader, &pg.slot).await?;
     let shape = checked_shape(config, &mapping, &reader, filter).await?;
 
-    // The cursor: resume, or start from the first row.
     let id = CursorId {
         slot: pg.slot.clone(),
         table: shape.table.clone(),
@@ -223,81 +114,20 @@ pub async fn backfill(config: &RelayConfig, args: BackfillArgs) -> Result<(), Ex
     let stored = sql::load_cursor(&cursor_client, &id)
         .await
         .map_err(backfill_exit)?;
-    if let Some(c) = stored
-        .as_ref()
-        .filter(|c| c.on_create && c.finished_at.is_none())
-    {
-        return Err(Exit::config(anyhow!(
-            "the relay's backfill of {described} at slot creation (backfill = \"on-create\") is under way since {}: the relay finishes it (a restart resumes it) before it streams; this command would read it outside the slot's snapshot",
-            c.started_at
-        )));
-    }
-    let (after, end, done_before, estimate) = match stored.filter(|_| !args.restart) {
-        Some(c) if c.finished_at.is_some() => {
-            eprintln!(
-                "backfill {described} finished at {}: {} rows; --restart runs it again",
-                c.finished_at.as_deref().unwrap_or("?"),
-                c.rows_done
-            );
-            return Ok(());
-        }
-        Some(c) if c.key_column != shape.key.name => {
-            return Err(Exit::config(anyhow!(
-                "the stored backfill cursor of {described} pages by column `{}`, the table's key is now `{}`: rerun with --restart",
-                c.key_column,
-                shape.key.name
-            )));
-        }
-        Some(c) => {
-            tracing::info!(
-                table = %shape.table,
-                filter = filter.unwrap_or(""),
-                rows_done = c.rows_done,
-                started_at = %c.started_at,
-                "resuming at {}: {} rows done by an earlier run",
-                c.last_key.as_deref().unwrap_or("the first row"),
-                c.rows_done
-            );
-            (c.last_key, c.end_key, c.rows_done, c.rows_estimate)
-        }
-        None => {
-            let end = shape
-                .last_key(&reader, filter)
-                .await
-                .map_err(backfill_exit)?;
-            let estimate = match &end {
-                Some(end) => shape
-                    .count_rows(&reader, filter, None, end, COUNT_FOR)
-                    .await
-                    .map_err(backfill_exit)?
-                    .map(|(n, _)| i64::try_from(n).unwrap_or(i64::MAX)),
-                None => Some(0),
-            };
-            sql::start_cursor(
-                &cursor_client,
-                &id,
-                &shape.key.name,
-                end.as_deref(),
-                estimate,
-            )
-            .await
-            .map_err(backfill_exit)?;
-            tracing::info!(
-                table = %shape.table,
-                filter = filter.unwrap_or(""),
-                key = %shape.key.name,
-                key_is = match shape.key.source {
-                    KeySource::PrimaryKey => "primary key",
-                    KeySource::UniqueEventId => "event id (unique index)",
-                },
-                last_key = end.as_deref().unwrap_or("none"),
-                rows_estimate = ?estimate,
-                "starting from the first row"
-            );
-            (None, end, 0, estimate)
-        }
+    let Some(start) = start(
+        &described,
+        stored,
+        &shape,
+        &args,
+        &reader,
+        &cursor_client,
+        &id,
+    )
+    .await?
+    else {
+        return Ok(());
     };
-    let Some(end) = end else {
+    let Some(end) = start.end else {
         sql::finish_cursor(&cursor_client, &id)
             .await
             .map_err(backfill_exit)?;
@@ -309,32 +139,144 @@ pub async fn backfill(config: &RelayConfig, args: BackfillArgs) -> Result<(), Ex
     let snapshot_lsn = sql::begin_page_snapshot(&reader)
         .await
         .map_err(backfill_exit)?;
-    run_pages(
-        TableRun {
-            config,
-            mapping,
-            shape,
-            reader: Arc::new(reader),
-            cursor_client,
-            id,
-            described,
-            page_filter: filter.map(str::to_owned),
-            after,
-            end,
-            done_before,
-            estimate,
-            live_until: Some(snapshot_lsn),
+    let run = TableRun {
+        config,
+        mapping,
+        shape,
+        reader: Arc::new(reader),
+        cursor_client,
+        id,
+        described,
+        page_filter: filter.map(str::to_owned),
+        after: start.after,
+        end,
+        done_before: start.done_before,
+        estimate: start.estimate,
+        live_until: Some(snapshot_lsn),
+    };
+    run_pages(run, &run_options(&args), &shutdown).await
+}
+
+fn run_options(args: &BackfillArgs) -> RunOptions {
+    RunOptions {
+        page_size: args.page_size,
+        max_in_flight: args.max_in_flight,
+        rate: args.rate,
+        skip_check_limit: args.skip_check_limit,
+        progress_interval: args.progress_interval,
+        log_progress: false,
+        progress_mode: crate::progress::Mode::for_stderr(args.log_json),
+    }
+}
+
+/// The backfill publishes the rows committed before it starts; rows committed later are the
+/// relay's, and without its slot they would be published by neither.
+async fn require_slot(reader: &tokio_postgres::Client, slot: &str) -> Result<(), Exit> {
+    let found = relay_postgres::catalog::slot(reader, slot)
+        .await
+        .map_err(|e| Exit::new(crate::exit::ExitKind::Unavailable, e))?;
+    if found.is_none() {
+        return Err(Exit::config(anyhow!(
+            "replication slot `{slot}` does not exist: start the relay (or run `outbox-relay setup`) first. The backfill publishes the rows committed before it starts; rows committed later are the relay's, and without its slot they would be published by neither"
+        )));
+    }
+    Ok(())
+}
+
+/// Where to start from the stored cursor: resume it, or start a new one (`--restart`, or none
+/// stored). `None`: the backfill finished before and there is nothing to do.
+async fn start(
+    described: &str,
+    stored: Option<Cursor>,
+    shape: &TableShape,
+    args: &BackfillArgs,
+    reader: &tokio_postgres::Client,
+    cursor_client: &tokio_postgres::Client,
+    id: &CursorId,
+) -> Result<Option<Start>, Exit> {
+    if let Some(c) = stored
+        .as_ref()
+        .filter(|c| c.on_create && c.finished_at.is_none())
+    {
+        return Err(Exit::config(anyhow!(
+            "the relay's backfill of {described} at slot creation (backfill = \"on-create\") is under way since {}: the relay finishes it (a restart resumes it) before it streams; this command would read it outside the slot's snapshot",
+            c.started_at
+        )));
+    }
+    match stored.filter(|_| !args.restart) {
+        Some(c) if c.finished_at.is_some() => {
+            eprintln!(
+                "backfill {described} finished at {}: {} rows; --restart runs it again",
+                c.finished_at.as_deref().unwrap_or("?"),
+                c.rows_done
+            );
+            Ok(None)
+        }
+        Some(c) if c.key_column != shape.key.name => Err(Exit::config(anyhow!(
+            "the stored backfill cursor of {described} pages by column `{}`, the table's key is now `{}`: rerun with --restart",
+            c.key_column,
+            shape.key.name
+        ))),
+        Some(c) => {
+            tracing::info!(
+                table = %shape.table,
+                filter = %id.filter,
+                rows_done = c.rows_done,
+                started_at = %c.started_at,
+                "resuming at {}: {} rows done by an earlier run",
+                c.last_key.as_deref().unwrap_or("the first row"),
+                c.rows_done
+            );
+            Ok(Some(Start {
+                after: c.last_key,
+                end: c.end_key,
+                done_before: c.rows_done,
+                estimate: c.rows_estimate,
+            }))
+        }
+        None => new_cursor(shape, reader, cursor_client, id).await.map(Some),
+    }
+}
+
+/// Starts cursor `id` at the first row, with the table's last key and an estimate of its rows.
+async fn new_cursor(
+    shape: &TableShape,
+    reader: &tokio_postgres::Client,
+    cursor_client: &tokio_postgres::Client,
+    id: &CursorId,
+) -> Result<Start, Exit> {
+    let filter = Some(id.filter.as_str()).filter(|f| !f.is_empty());
+    let end = shape
+        .last_key(reader, filter)
+        .await
+        .map_err(backfill_exit)?;
+    let estimate = match &end {
+        Some(end) => shape
+            .count_rows(reader, filter, None, end, COUNT_FOR)
+            .await
+            .map_err(backfill_exit)?
+            .map(|(n, _)| i64::try_from(n).unwrap_or(i64::MAX)),
+        None => Some(0),
+    };
+    sql::start_cursor(cursor_client, id, &shape.key.name, end.as_deref(), estimate)
+        .await
+        .map_err(backfill_exit)?;
+    tracing::info!(
+        table = %shape.table,
+        filter = %id.filter,
+        key = %shape.key.name,
+        key_is = match shape.key.source {
+            KeySource::PrimaryKey => "primary key",
+            KeySource::UniqueEventId => "event id (unique index)",
         },
-        &RunOptions {
-            page_size: args.page_size,
-            max_in_flight: args.max_in_flight,
-            rate: args.rate,
-            skip_check_limit: args.skip_check_limit,
-            progress_interval: args.progress_interval,
-            log_progress: false,
-            progress_mode: super::progress::Mode::for_stderr(args.log_json),
-        },
-        &shutdown,
-    )
-    .await
+        last_key = end.as_deref().unwrap_or("none"),
+        rows_estimate = ?estimate,
+        "starting from the first row"
+    );
+    Ok(Start {
+        after: None,
+        end,
+        done_before: 0,
+        estimate,
+    })
 }

@@ -37,10 +37,6 @@ pub fn parse_time(s: &str) -> Result<SystemTime, String> {
     })
 }
 
-fn humantime_duration(s: &str) -> Result<Duration, String> {
-    humantime_serde::re::humantime::parse_duration(s).map_err(|e| e.to_string())
-}
-
 /// `position`'s target.
 #[derive(Debug, Clone, clap::Args)]
 #[group(required = true, multiple = false)]
@@ -75,7 +71,7 @@ pub struct Search {
     pub max_gets: u32,
     /// How far the clocks of PostgreSQL and the NATS servers may differ; the stream-only search
     /// starts this much earlier.
-    #[arg(long, default_value = "5s", value_parser = humantime_duration)]
+    #[arg(long, default_value = "5s", value_parser = crate::config::parse_duration)]
     pub clock_margin: Duration,
     /// Ignore the position map and search the stream only.
     #[arg(long)]

@@ -13,31 +13,26 @@
 //! the end, and a copy a killed restore left is dropped at the next start. See docs/replay.md.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::anyhow;
 use relay_core::Lsn;
 use relay_core::pipeline::{Pipeline, PipelineError, PipelineStats, RunOutcome};
 use relay_core::route::Router;
-use relay_core::stage::Publisher;
-use relay_postgres::PgSource;
+use relay_core::stage::{DryRunPublisher, NoStore, Publisher};
+use relay_nats::RestorePublisher;
 use relay_postgres::catalog::{self, restore_slot};
+use relay_postgres::{PgSource, WindowSource};
 use tokio_util::sync::CancellationToken;
 
-use super::class_kind;
-use super::progress::{self, Mode, Ticker};
 use crate::config::RelayConfig;
-use crate::exit::{Exit, ExitKind};
-use crate::exit::{nats_exit, pg_exit};
-
-mod stages;
+use crate::exit::{Exit, ExitKind, class_kind, nats_exit, pg_exit};
+use crate::progress::{self, Mode, Ticker};
 
 /// How long dropping the copy waits for the walsender that streamed it to let go.
 const DROP_WAIT: Duration = Duration::from_secs(10);
-
-use stages::{DryRunPublisher, DuplicateCheck, NoStore, RestorePublisher, WindowSource};
 
 /// `outbox-relay restore`'s options.
 #[derive(Debug, clap::Args)]
@@ -57,7 +52,7 @@ pub struct RestoreArgs {
     #[arg(long, default_value_t = 256)]
     pub max_in_flight: usize,
     /// How often to print progress on stderr (not on a terminal, which shows a bar).
-    #[arg(long, default_value = "5s", value_parser = crate::humantime_duration)]
+    #[arg(long, default_value = "5s", value_parser = crate::config::parse_duration)]
     pub progress_interval: Duration,
     /// `--log-format json`: progress lines even on a terminal.
     #[arg(skip)]
@@ -352,12 +347,7 @@ async fn run_window(
     let inner = PgSource::start(&copy_settings, window.from, Lsn(0))
         .await
         .map_err(|e| Exit::new(class_kind(e.class), e))?;
-    let source = WindowSource {
-        inner,
-        end: window.end,
-        in_tx: false,
-        reached: reached.clone(),
-    };
+    let source = WindowSource::new(inner, window.end, reached.clone());
     let stats = Arc::new(PipelineStats::default());
     let report = Arc::new(Report {
         window: (window.from, window.end),
@@ -366,37 +356,37 @@ async fn run_window(
         stats: stats.clone(),
         dry_run: args.dry_run,
     });
-    let not_stored = Arc::new(Mutex::new(Vec::new()));
     let shown = Ticker::start(
         Mode::for_stderr(args.log_json),
         args.progress_interval,
         report,
         progress::stderr(),
     );
-    let result = if args.dry_run {
+    let (result, not_stored) = if args.dry_run {
         let dry = DryRunPublisher {
             limits: publisher.limits(),
         };
-        pipeline_run(
+        let result = pipeline_run(
             config, args, source, dry, router, window, in_stream, &stats, shutdown,
         )
-        .await
+        .await;
+        (result, Vec::new())
     } else {
-        let restoring = RestorePublisher {
-            duplicates: Arc::new(DuplicateCheck {
-                jetstream: publisher.jetstream().clone(),
-                stream: config.nats.stream.clone(),
-                not_stored: not_stored.clone(),
-            }),
-            inner: publisher,
-        };
-        pipeline_run(
-            config, args, source, restoring, router, window, in_stream, &stats, shutdown,
+        let restoring = RestorePublisher::new(publisher, config.nats.stream.clone());
+        let result = pipeline_run(
+            config,
+            args,
+            source,
+            restoring.clone(),
+            router,
+            window,
+            in_stream,
+            &stats,
+            shutdown,
         )
-        .await
+        .await;
+        (result, restoring.take_not_stored())
     };
-    let not_stored =
-        std::mem::take(&mut *not_stored.lock().unwrap_or_else(PoisonError::into_inner));
     finish(
         &shown,
         (window.from, window.end),
@@ -434,7 +424,7 @@ async fn pipeline_run<P: Publisher>(
     pipeline.skip_published(in_stream);
     let result = pipeline.run(shutdown.cancelled()).await;
     let (source, _, _) = pipeline.into_parts();
-    source.inner.stop(Duration::from_secs(1)).await;
+    source.into_inner().stop(Duration::from_secs(1)).await;
     result
 }
 
@@ -489,7 +479,7 @@ fn finish(
         }
         Err(error) => {
             shown.finish("failed");
-            let kind = super::pipeline_exit_kind(&error);
+            let kind = crate::exit::pipeline_exit_kind(&error);
             Err(Exit::new(
                 kind,
                 anyhow::Error::new(error).context(format!(

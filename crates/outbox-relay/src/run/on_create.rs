@@ -28,9 +28,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::SessionEnd;
 use super::stop::{Step, Stop, postgres, retry};
-use crate::commands::backfill::{RunOptions, TableRun, checked_shape, mapping, run_pages};
 use crate::config::RelayConfig;
 use crate::exit::{Exit, ExitKind};
+use crate::table_backfill::{RunOptions, TableRun, checked_shape, mapping, run_pages};
 
 /// Event ids of rows committed after the consistent point that a resumed backfill publishes
 /// (and the slot streams), at most this many per table; the live pipeline skips them.
@@ -305,7 +305,7 @@ fn run_options(config: &RelayConfig) -> RunOptions {
         skip_check_limit: 500_000,
         progress_interval: Duration::from_secs(5),
         log_progress: true,
-        progress_mode: crate::commands::progress::Mode::Lines,
+        progress_mode: crate::progress::Mode::Lines,
     }
 }
 

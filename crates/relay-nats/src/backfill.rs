@@ -2,18 +2,17 @@
 //! added, and the event ids the stream already holds for a table.
 
 use std::collections::HashSet;
-use std::sync::{Arc, LazyLock, Mutex, PoisonError};
-use std::time::Duration;
+use std::sync::{Arc, LazyLock};
 
 use futures::StreamExt as _;
 use relay_core::Lsn;
-use relay_core::id_digest::{IdDigest, id_digest};
+use relay_core::id_digest::{IdDigest, SharedIds, id_digest};
 use relay_core::message::{HEADER_BACKFILL, HEADER_MSG_ID, HEADER_TABLE, OutboundMessage};
 use relay_core::route::MessageLimits;
 use relay_core::stage::{PublishError, Publisher};
-use relay_nats::{JetStream, JetStreamPublisher, NatsError};
-use relay_postgres::PostgresSettings;
 use tokio_util::sync::CancellationToken;
+
+use crate::{JetStream, JetStreamPublisher, NatsError};
 
 /// `Outbox-Backfill: true`, allocated once.
 static BACKFILL_HEADER: LazyLock<(Arc<str>, Arc<str>)> =
@@ -21,7 +20,15 @@ static BACKFILL_HEADER: LazyLock<(Arc<str>, Arc<str>)> =
 
 /// The relay's publisher; every message gets `Outbox-Backfill: true` as its last header.
 #[derive(Debug, Clone)]
-pub(super) struct BackfillPublisher(pub(super) JetStreamPublisher);
+pub struct BackfillPublisher(JetStreamPublisher);
+
+impl BackfillPublisher {
+    /// `inner`, marking every message as the backfill's.
+    #[must_use]
+    pub fn new(inner: JetStreamPublisher) -> Self {
+        Self(inner)
+    }
+}
 
 impl Publisher for BackfillPublisher {
     type Ack = <JetStreamPublisher as Publisher>::Ack;
@@ -62,23 +69,19 @@ fn marked(msg: &Arc<OutboundMessage>) -> Arc<OutboundMessage> {
     Arc::new(marked)
 }
 
-/// Fingerprints of the event ids the relay publishes for one table while the backfill runs.
-pub(super) type LiveIds = Arc<Mutex<HashSet<IdDigest>>>;
-
 /// Watches the stream's subjects with a plain NATS subscription and notes the event id of every
 /// message of `table` that is not the backfill's own: the relay's live publishes. Subscribed
 /// (and confirmed by the server) before the stream's ids are read, so together they cover
 /// every row the stream holds or the relay is publishing. A message the subscription misses
 /// (no subscribe permission, a slow consumer) only means the backfill sends that row too.
-/// Ends when `stop` is cancelled ([`end_watch_when_relay_passes`]), after noting what the
-/// server sent before the unsubscribe.
-pub(super) async fn watch_live(
+/// Ends when `stop` is cancelled, after noting what the server sent before the unsubscribe.
+pub async fn watch_live(
     client: &async_nats::Client,
     subjects: &[String],
     table: &str,
     stop: &CancellationToken,
-) -> (LiveIds, Vec<tokio::task::JoinHandle<()>>) {
-    let live = LiveIds::default();
+) -> (SharedIds, Vec<tokio::task::JoinHandle<()>>) {
+    let live = SharedIds::default();
     let mut tasks = Vec::new();
     for subject in subjects {
         let mut subscription = match client.subscribe(subject.clone()).await {
@@ -98,9 +101,7 @@ pub(super) async fn watch_live(
                     && headers.get(HEADER_TABLE).map(|t| t.as_str()) == Some(table.as_str())
                     && let Some(id) = headers.get(HEADER_MSG_ID)
                 {
-                    live.lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .insert(id_digest(id.as_str()));
+                    live.insert(id.as_str());
                 }
             };
             loop {
@@ -126,59 +127,9 @@ pub(super) async fn watch_live(
     (live, tasks)
 }
 
-/// How often [`end_watch_when_relay_passes`] reads the relay's checkpoint.
-const CHECKPOINT_POLL: Duration = Duration::from_millis(250);
-
-/// Ends the watch of the relay's live messages (cancels `stop`) once the relay's stored
-/// checkpoint of `slot` reached `snapshot_lsn`, the WAL position after the backfill's read
-/// snapshot: the relay has then published every row the pages can return that it will ever
-/// publish (what it publishes later was committed after the snapshot, and the pages do not see
-/// it), so watching on would only cost a copy of every message the backfill sends, which the
-/// subscription receives too. Before it ends, a round trip to the server, so that the relay's
-/// messages the server sent before are noted. Keeps watching if the checkpoint cannot be read.
-pub(super) async fn end_watch_when_relay_passes(
-    postgres: PostgresSettings,
-    snapshot_lsn: Lsn,
-    client: async_nats::Client,
-    stop: CancellationToken,
-) {
-    let session = match relay_postgres::connect(&postgres).await {
-        Ok(session) => session,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read the relay's checkpoint: watching its live messages until the backfill ends");
-            return;
-        }
-    };
-    let reached = loop {
-        match relay_postgres::catalog::stored_checkpoint(&session, &postgres.slot).await {
-            Ok(Some((checkpoint, _))) if checkpoint >= snapshot_lsn => break checkpoint,
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(slot = %postgres.slot, error = %e, "cannot read the relay's checkpoint: watching its live messages until the backfill ends");
-                return;
-            }
-        }
-        tokio::select! {
-            () = tokio::time::sleep(CHECKPOINT_POLL) => {}
-            () = stop.cancelled() => return,
-        }
-    };
-    if let Err(e) = client.flush().await {
-        tracing::warn!(error = %e, "cannot confirm the relay's last live messages: watching them until the backfill ends");
-        return;
-    }
-    tracing::info!(
-        slot = %postgres.slot,
-        checkpoint = %reached,
-        snapshot_lsn = %snapshot_lsn,
-        "the relay's checkpoint passed the backfill's snapshot: no longer watching its live messages"
-    );
-    stop.cancel();
-}
-
 /// What the stream holds for a table.
 #[derive(Debug)]
-pub(super) enum StreamIds {
+pub enum StreamIds {
     /// Fingerprints of the event ids of every message of `table` in the stream.
     Read(HashSet<IdDigest>),
     /// The stream holds more messages than the limit: not read.
@@ -188,7 +139,7 @@ pub(super) enum StreamIds {
 /// Fingerprints of the `Nats-Msg-Id` of every message in `stream` whose `Outbox-Table` is
 /// `table`, read with an ordered, headers-only consumer, when the stream holds at most `limit`
 /// messages.
-pub(super) async fn stream_ids(
+pub async fn stream_ids(
     jetstream: &JetStream,
     stream: &str,
     table: &str,
@@ -196,7 +147,7 @@ pub(super) async fn stream_ids(
 ) -> Result<StreamIds, NatsError> {
     let mut ids = HashSet::new();
     let mut too_large = None;
-    relay_nats::scan_headers(
+    crate::scan_headers(
         jetstream,
         stream,
         true,
@@ -220,4 +171,35 @@ pub(super) async fn stream_ids(
         Some(messages) => StreamIds::TooLarge(messages),
         None => StreamIds::Read(ids),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+
+    #[test]
+    fn the_backfill_header_is_added_last_to_a_copy() {
+        let original = Arc::new(OutboundMessage {
+            subject: "outbox.x".into(),
+            event_id: "e1".into(),
+            headers: vec![("Outbox-Tx-Index".into(), "0".into())],
+            shared_headers: 0,
+            payload: Bytes::from_static(b"{}"),
+            table: "public.outbox".into(),
+            commit_lsn: Lsn(0),
+            commit_time_micros: 0,
+        });
+        let sent = marked(&original);
+        let names: Vec<&str> = sent.headers.iter().map(|(n, _)| &**n).collect();
+        assert_eq!(names, ["Outbox-Tx-Index", HEADER_BACKFILL]);
+        assert_eq!(&*sent.headers[1].1, "true");
+        // A re-send marks the original again, so the header is never there twice.
+        assert_eq!(
+            original.headers.len(),
+            1,
+            "the pipeline's message is unchanged"
+        );
+    }
 }

@@ -14,33 +14,36 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use relay_core::Lsn;
-use relay_core::id_digest::{IdDigest, id_digest};
+use relay_core::id_digest::{IdDigest, SharedIds, id_digest};
 use relay_core::stage::{
     ChangeSource, CheckpointStore, ErrorClass, SourceError, SourceEvent, StoreError,
 };
-use relay_postgres::backfill::{self, BackfillError, CursorId, TableShape};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::{BackfillError, CursorId, TableShape, finish_cursor, save_cursor};
+
 /// What the source, the store and the progress report share.
 #[derive(Debug, Default)]
-pub(super) struct Progress {
+pub struct PageProgress {
     /// Page number → its last key and the rows done once it is (over every run).
     pages: Mutex<BTreeMap<u64, (String, i64)>>,
     /// The stored cursor: last key and rows done.
     stored: Mutex<(Option<String>, i64)>,
     /// Rows read this run.
-    pub(super) read: AtomicU64,
+    read: AtomicU64,
     /// Rows not published because the stream already holds their event id.
-    pub(super) skipped: AtomicU64,
+    skipped: AtomicU64,
     /// Number of the last page handed to the pipeline.
-    pub(super) last_page: AtomicU64,
+    last_page: AtomicU64,
     /// Every page was read.
-    pub(super) exhausted: AtomicBool,
+    exhausted: AtomicBool,
 }
 
-impl Progress {
-    pub(super) fn new(last_key: Option<String>, rows_done: i64) -> Self {
+impl PageProgress {
+    /// A run that resumes at cursor `last_key` with `rows_done` rows done by earlier runs.
+    #[must_use]
+    pub fn new(last_key: Option<String>, rows_done: i64) -> Self {
         Self {
             stored: Mutex::new((last_key, rows_done)),
             ..Self::default()
@@ -48,30 +51,80 @@ impl Progress {
     }
 
     /// The stored cursor: last key and rows done.
-    pub(super) fn stored(&self) -> (Option<String>, i64) {
+    #[must_use]
+    pub fn stored(&self) -> (Option<String>, i64) {
         self.stored
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
     }
+
+    /// Rows read this run.
+    #[must_use]
+    pub fn read(&self) -> u64 {
+        self.read.load(Ordering::Relaxed)
+    }
+
+    /// Rows not published because the stream already held them or the relay published them.
+    #[must_use]
+    pub fn skipped(&self) -> u64 {
+        self.skipped.load(Ordering::Relaxed)
+    }
+
+    /// Whether every page was read and the ack frontier (`confirmed`, a page number) reached
+    /// the last of them: the backfill is complete.
+    #[must_use]
+    pub fn complete_at(&self, confirmed: Lsn) -> bool {
+        self.exhausted.load(Ordering::Relaxed)
+            && confirmed.0 == self.last_page.load(Ordering::Relaxed)
+    }
+
+    /// Page `page_no` ends at `last_key` with `rows_done` rows done: known before its Commit
+    /// is handed out, so before the frontier can reach it.
+    fn note_page(&self, page_no: u64, last_key: String, rows_done: i64) {
+        self.pages
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(page_no, (last_key, rows_done));
+    }
+
+    /// The cursor of page `page_no`, which the frontier reached; pages up to it are behind
+    /// the cursor for good and forgotten.
+    fn take_page(&self, page_no: u64) -> Option<(String, i64)> {
+        let mut pages = self.pages.lock().unwrap_or_else(PoisonError::into_inner);
+        let page = pages.get(&page_no).cloned();
+        pages.retain(|n, _| *n > page_no);
+        page
+    }
+
+    fn set_stored(&self, key: String, rows_done: i64) {
+        *self.stored.lock().unwrap_or_else(PoisonError::into_inner) = (Some(key), rows_done);
+    }
 }
 
 /// What the page reader needs.
-pub(super) struct PageReader {
-    pub(super) client: Arc<tokio_postgres::Client>,
-    pub(super) shape: TableShape,
-    pub(super) filter: Option<String>,
-    pub(super) after: Option<String>,
-    pub(super) end: String,
-    pub(super) page_size: usize,
+#[derive(Debug)]
+pub struct PageReader {
+    /// The read session, in the backfill's snapshot.
+    pub client: Arc<tokio_postgres::Client>,
+    /// The table.
+    pub shape: TableShape,
+    /// A condition on the rows (`--where`), `None` for all.
+    pub filter: Option<String>,
+    /// The stored cursor (`None`: from the first row).
+    pub after: Option<String>,
+    /// The last key to read.
+    pub end: String,
+    /// Rows per page.
+    pub page_size: usize,
     /// Rows per second at most (0: no limit).
-    pub(super) rate: u64,
+    pub rate: u64,
     /// Rows done before this run.
-    pub(super) rows_done: i64,
+    pub rows_done: i64,
     /// Fingerprints of the event ids the stream already holds for this table.
-    pub(super) skip: HashSet<IdDigest>,
+    pub skip: HashSet<IdDigest>,
     /// Fingerprints of the event ids the relay published for it since.
-    pub(super) live: super::publish::LiveIds,
+    pub live: SharedIds,
 }
 
 /// Pages read ahead of the one being published: the next SELECT runs while JetStream
@@ -80,7 +133,7 @@ const PAGES_AHEAD: usize = 2;
 
 /// The table's rows as pgoutput transactions, one per page.
 #[derive(Debug)]
-pub(super) struct PageSource {
+pub struct PageSource {
     rx: mpsc::Receiver<Result<Vec<SourceEvent>, SourceError>>,
     /// The rest of the page being handed out.
     current: std::vec::IntoIter<SourceEvent>,
@@ -112,7 +165,10 @@ fn pg_now_micros() -> i64 {
 }
 
 impl PageSource {
-    pub(super) fn start(reader: PageReader, progress: Arc<Progress>) -> Self {
+    /// Starts reading `reader`'s pages on a task of its own (stopped when the source is
+    /// dropped), a few pages ahead of the pipeline.
+    #[must_use]
+    pub fn start(reader: PageReader, progress: Arc<PageProgress>) -> Self {
         let (tx, rx) = mpsc::channel(PAGES_AHEAD);
         let task = tokio::spawn(read_pages(reader, progress, tx));
         Self {
@@ -127,7 +183,7 @@ impl PageSource {
 /// first error.
 async fn read_pages(
     mut reader: PageReader,
-    progress: Arc<Progress>,
+    progress: Arc<PageProgress>,
     tx: mpsc::Sender<Result<Vec<SourceEvent>, SourceError>>,
 ) {
     let started = Instant::now();
@@ -164,12 +220,7 @@ async fn read_pages(
         for (_, insert) in rows {
             let known = reader.shape.event_id_of(&insert).is_some_and(|id| {
                 let id = id_digest(id);
-                reader.skip.contains(&id)
-                    || reader
-                        .live
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .contains(&id)
+                reader.skip.contains(&id) || reader.live.contains(&id)
             });
             if known {
                 progress.skipped.fetch_add(1, Ordering::Relaxed);
@@ -178,12 +229,7 @@ async fn read_pages(
             }
         }
         rows_done += i64::try_from(count).unwrap_or(i64::MAX);
-        // Known before the Commit is sent, so before the frontier can reach the page.
-        progress
-            .pages
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(page_no, (last_key.clone(), rows_done));
+        progress.note_page(page_no, last_key.clone(), rows_done);
         let events = reader
             .shape
             .page_transaction(page_no, inserts, page_no == 1, pg_now_micros());
@@ -225,10 +271,30 @@ impl ChangeSource for PageSource {
 
 /// Stores the cursor: the last key of the newest page behind the ack frontier.
 #[derive(Debug)]
-pub(super) struct CursorStore {
-    pub(super) client: tokio_postgres::Client,
-    pub(super) id: CursorId,
-    pub(super) progress: Arc<Progress>,
+pub struct CursorStore {
+    client: tokio_postgres::Client,
+    id: CursorId,
+    progress: Arc<PageProgress>,
+}
+
+impl CursorStore {
+    /// The store of cursor `id`, on `client` ([`super::prepare_cursor_session`]).
+    #[must_use]
+    pub fn new(client: tokio_postgres::Client, id: CursorId, progress: Arc<PageProgress>) -> Self {
+        Self {
+            client,
+            id,
+            progress,
+        }
+    }
+
+    /// Marks the backfill finished: every row was acknowledged ([`PageProgress::complete_at`]).
+    ///
+    /// # Errors
+    /// The update failed.
+    pub async fn finish(&self) -> Result<(), BackfillError> {
+        finish_cursor(&self.client, &self.id).await
+    }
 }
 
 impl CheckpointStore for CursorStore {
@@ -237,27 +303,16 @@ impl CheckpointStore for CursorStore {
     }
 
     async fn save(&mut self, lsn: Lsn) -> Result<(), StoreError> {
-        let page = {
-            let mut pages = self
-                .progress
-                .pages
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            let page = pages.get(&lsn.0).cloned();
-            // Pages before it are behind the cursor for good.
-            pages.retain(|n, _| *n > lsn.0);
-            page
-        };
-        let Some((key, rows_done)) = page else {
+        let Some((key, rows_done)) = self.progress.take_page(lsn.0) else {
             return Err(StoreError::new(
                 ErrorClass::Fatal,
                 format!("backfill page {} is unknown", lsn.0),
             ));
         };
-        backfill::save_cursor(&self.client, &self.id, &key, rows_done)
+        save_cursor(&self.client, &self.id, &key, rows_done)
             .await
             .map_err(|e| {
-                let class = if relay_postgres::is_transient_query_error(&e) {
+                let class = if crate::is_transient_query_error(&e) {
                     ErrorClass::Transient
                 } else {
                     ErrorClass::Fatal
@@ -268,11 +323,36 @@ impl CheckpointStore for CursorStore {
                 )
                 .with_source(e)
             })?;
-        *self
-            .progress
-            .stored
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = (Some(key), rows_done);
+        self.progress.set_stored(key, rows_done);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_page_behind_the_frontier_gives_its_cursor_once() {
+        let progress = PageProgress::new(None, 10);
+        progress.note_page(1, "k100".into(), 110);
+        progress.note_page(2, "k200".into(), 210);
+        progress.note_page(3, "k300".into(), 310);
+        // The frontier jumped over page 1 to page 2: page 2's cursor, page 1 forgotten.
+        assert_eq!(progress.take_page(2), Some(("k200".into(), 210)));
+        assert_eq!(progress.take_page(1), None, "behind the cursor for good");
+        assert_eq!(progress.take_page(3), Some(("k300".into(), 310)));
+        assert_eq!(progress.take_page(4), None, "a page never read is unknown");
+    }
+
+    #[test]
+    fn complete_only_when_every_page_was_read_and_the_last_confirmed() {
+        let progress = PageProgress::new(Some("k0".into()), 0);
+        assert_eq!(progress.stored(), (Some("k0".into()), 0));
+        progress.last_page.store(3, Ordering::Relaxed);
+        assert!(!progress.complete_at(Lsn(3)), "pages remain to be read");
+        progress.exhausted.store(true, Ordering::Relaxed);
+        assert!(!progress.complete_at(Lsn(2)), "page 3 is not acknowledged");
+        assert!(progress.complete_at(Lsn(3)));
     }
 }
