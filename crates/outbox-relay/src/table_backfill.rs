@@ -5,14 +5,18 @@
 //! [`Pipeline`] with the relay's delivery rule; this module builds them, runs them and says
 //! how the run ended.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::anyhow;
 use relay_core::Lsn;
+use relay_core::id_digest::IdDigest;
 use relay_core::pipeline::{Pipeline, PipelineError, PipelineStats, RunOutcome};
 use relay_core::route::{OutboxTableConfig, Router};
-use relay_nats::{BackfillPublisher, PublishMode};
+use relay_nats::{
+    BackfillPublisher, JetStreamPublisher, NatsConnection, PublishMode, StreamReport,
+};
 use relay_postgres::backfill::{
     CursorId, CursorStore, PageProgress, PageReader, PageSource, TableShape,
 };
@@ -89,27 +93,10 @@ pub(crate) async fn run_pages(
     let (nats, publisher, stream) =
         crate::broker::connect_publisher(config, opts.max_in_flight, PublishMode::PerMessage)
             .await?;
-    // First the watch of the relay's live messages, then the stream's ids: no gap between.
     let (watch, skip) = if opts.skip_check_limit == 0 {
-        (LiveWatch::none(), Default::default())
+        (LiveWatch::none(), HashSet::new())
     } else {
-        let watch = LiveWatch::start(
-            config,
-            nats.client(),
-            &stream,
-            &run.shape.table,
-            run.live_until,
-        )
-        .await;
-        let skip = live::stream_ids(
-            publisher.jetstream(),
-            &config.nats.stream,
-            &run.shape.table,
-            opts.skip_check_limit,
-            stream.duplicate_window,
-        )
-        .await;
-        (watch, skip)
+        known_ids(&run, opts, &nats, &publisher, &stream).await
     };
 
     let stats = Arc::new(PipelineStats::default());
@@ -168,6 +155,35 @@ pub(crate) async fn run_pages(
         shown: &shown,
     };
     ended.exit(result, shutdown).await
+}
+
+/// The rows to leave out: first the watch of the relay's live messages, then the stream's ids,
+/// so that there is no gap between.
+async fn known_ids(
+    run: &TableRun<'_>,
+    opts: &RunOptions,
+    nats: &NatsConnection,
+    publisher: &JetStreamPublisher,
+    stream: &StreamReport,
+) -> (LiveWatch, HashSet<IdDigest>) {
+    let config = run.config;
+    let watch = LiveWatch::start(
+        config,
+        nats.client(),
+        stream,
+        &run.shape.table,
+        run.live_until,
+    )
+    .await;
+    let skip = live::stream_ids(
+        publisher.jetstream(),
+        &config.nats.stream,
+        &run.shape.table,
+        opts.skip_check_limit,
+        stream.duplicate_window,
+    )
+    .await;
+    (watch, skip)
 }
 
 /// A run that ended, for its summary and exit.

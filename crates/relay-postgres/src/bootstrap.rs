@@ -230,19 +230,88 @@ pub async fn prepare_slot(
             actual: server.wal_level,
         });
     }
+    let quoted_tables = check_tables(client, settings, tables, &server).await?;
+    let publication_created = ensure_publication(client, settings, tables, &quoted_tables).await?;
+    check_membership(client, settings, tables, server.version_num).await?;
 
+    let slot = &settings.slot;
+    // Failover slots (PostgreSQL 17+), as `[postgres] failover` says; refused before 17 only
+    // when asked for explicitly.
+    let failover = settings.failover.wanted(server.version_num)?;
+    note_failover_off(settings, server.version_num);
+    let Some(info) = lookup_slot(client, slot).await? else {
+        if let Some(checkpoint) = checkpoint {
+            return Err(slot_lost(client, slot, checkpoint, server.version_num, failover).await);
+        }
+        if !settings.create_slot {
+            return Err(PgError::SlotMissing { slot: slot.clone() });
+        }
+        let (lsn, exported) = if export {
+            let exported = export::create(settings, failover, server.version_num).await?;
+            (exported.consistent_point, Some(exported))
+        } else {
+            (create_slot(client, slot, failover).await?, None)
+        };
+        tracing::info!(slot = %slot, lsn = %lsn, failover, exported_snapshot = exported.is_some(), "created replication slot");
+        let info = lookup_slot(client, slot)
+            .await?
+            .ok_or_else(|| PgError::SlotMissing { slot: slot.clone() })?;
+        let state = SlotState {
+            confirmed_flush_lsn: lsn,
+            slot: info,
+            created: true,
+            publication_created,
+            checkpoint,
+        };
+        return Ok((state, exported));
+    };
+    let confirmed_flush_lsn = usable_slot(slot, &info, &server)?;
+    let synced = check_failover_flag(client, settings, &server, failover).await?;
+    crate::publication_order::check(
+        client,
+        settings,
+        confirmed_flush_lsn,
+        info.active_pid.is_some(),
+        server.version_num,
+    )
+    .await?;
+    let checkpoint =
+        reconcile_checkpoint(client, slot, checkpoint, confirmed_flush_lsn, synced).await?;
+    let state = SlotState {
+        confirmed_flush_lsn,
+        slot: info,
+        created: false,
+        publication_created,
+        checkpoint,
+    };
+    Ok((state, None))
+}
+
+async fn lookup_slot(client: &Client, slot: &str) -> Result<Option<catalog::SlotInfo>, PgError> {
+    catalog::slot(client, slot)
+        .await
+        .map_err(query_err(format!("cannot look up replication slot {slot}")))
+}
+
+/// Every table exists, and the server can apply the row filters `settings` and the tables ask
+/// for; returns the tables quoted.
+async fn check_tables(
+    client: &Client,
+    settings: &PostgresSettings,
+    tables: &[PublishedTable],
+    server: &catalog::ServerInfo,
+) -> Result<Vec<String>, PgError> {
     let mut quoted_tables = Vec::with_capacity(tables.len());
     for t in tables {
         let found = catalog::table(client, &t.schema, &t.table)
             .await
             .map_err(query_err(format!("cannot look up table {}", t.name())))?;
         if found.is_none() {
-            return Err(filters::table_missing(client, t, server.database).await);
+            return Err(filters::table_missing(client, t, server.database.clone()).await);
         }
         quoted_tables.push(t.relation());
     }
 
-    let publication = &settings.publication;
     if settings.shard.is_some() && server.version_num < crate::shard::ROW_FILTERS_SINCE {
         return Err(PgError::Settings(format!(
             "postgres.shard needs publication row filters, which PostgreSQL {} does not have (since 15): remove postgres.shard and run one relay, or upgrade",
@@ -257,12 +326,24 @@ pub async fn prepare_slot(
     if let Some(problem) = crate::shard::row_filters_unsupported(&filtered, server.version_num) {
         return Err(PgError::Settings(problem));
     }
+    Ok(quoted_tables)
+}
+
+/// The publication exists and publishes inserts, or is created (`create_publication`) with
+/// every table and its row filter; returns whether it was created now.
+async fn ensure_publication(
+    client: &Client,
+    settings: &PostgresSettings,
+    tables: &[PublishedTable],
+    quoted_tables: &[String],
+) -> Result<bool, PgError> {
+    let publication = &settings.publication;
     let found = catalog::publication(client, publication)
         .await
         .map_err(query_err(format!(
             "cannot look up publication {publication}"
         )))?;
-    let publication_created = match found {
+    Ok(match found {
         Some(info) if !info.publishes_inserts => {
             return Err(PgError::PublicationNoInsert {
                 publication: publication.clone(),
@@ -298,7 +379,17 @@ pub async fn prepare_slot(
                 tables: quoted_tables.join(", "),
             });
         }
-    };
+    })
+}
+
+/// Every table is a member of the publication, with the row filter it is configured with.
+async fn check_membership(
+    client: &Client,
+    settings: &PostgresSettings,
+    tables: &[PublishedTable],
+    version_num: i32,
+) -> Result<(), PgError> {
+    let publication = &settings.publication;
     for t in tables {
         let membership = partitions::membership(client, publication, &t.schema, &t.table)
             .await
@@ -318,50 +409,20 @@ pub async fn prepare_slot(
                 ));
             }
         }
-        filters::check_row_filter(client, settings, server.version_num, t).await?;
+        filters::check_row_filter(client, settings, version_num, t).await?;
     }
+    Ok(())
+}
 
-    let slot = &settings.slot;
-    // Failover slots (PostgreSQL 17+), as `[postgres] failover` says; refused before 17 only
-    // when asked for explicitly.
-    let failover = settings.failover.wanted(server.version_num)?;
-    note_failover_off(settings, server.version_num);
-    let lookup = |slot: &str| {
-        let slot = slot.to_owned();
-        async move {
-            catalog::slot(client, &slot)
-                .await
-                .map_err(query_err(format!("cannot look up replication slot {slot}")))
-        }
-    };
-    let Some(info) = lookup(slot).await? else {
-        if let Some(checkpoint) = checkpoint {
-            return Err(slot_lost(client, slot, checkpoint, server.version_num, failover).await);
-        }
-        if !settings.create_slot {
-            return Err(PgError::SlotMissing { slot: slot.clone() });
-        }
-        let (lsn, exported) = if export {
-            let exported = export::create(settings, failover, server.version_num).await?;
-            (exported.consistent_point, Some(exported))
-        } else {
-            (create_slot(client, slot, failover).await?, None)
-        };
-        tracing::info!(slot = %slot, lsn = %lsn, failover, exported_snapshot = exported.is_some(), "created replication slot");
-        let info = lookup(slot)
-            .await?
-            .ok_or_else(|| PgError::SlotMissing { slot: slot.clone() })?;
-        let state = SlotState {
-            confirmed_flush_lsn: lsn,
-            slot: info,
-            created: true,
-            publication_created,
-            checkpoint,
-        };
-        return Ok((state, exported));
-    };
+/// The existing slot is a logical pgoutput slot of this database, not invalidated and not
+/// being created by another relay; returns its confirmed position.
+fn usable_slot(
+    slot: &str,
+    info: &catalog::SlotInfo,
+    server: &catalog::ServerInfo,
+) -> Result<Lsn, PgError> {
     let unusable = |reason: String| PgError::SlotUnusable {
-        slot: slot.clone(),
+        slot: slot.to_owned(),
         reason,
     };
     if info.slot_type != "logical" || info.plugin.as_deref() != Some("pgoutput") {
@@ -377,23 +438,29 @@ pub async fn prepare_slot(
         )));
     }
     if info.is_lost() {
-        return Err(PgError::SlotInvalidated { slot: slot.clone() });
+        return Err(PgError::SlotInvalidated {
+            slot: slot.to_owned(),
+        });
     }
     // A logical slot shows no confirmed position while its creator waits for a consistent
     // snapshot: another relay of the pair is creating it right now.
-    let Some(confirmed_flush_lsn) = info.confirmed_flush_lsn else {
-        return Err(PgError::SlotCreatedConcurrently { slot: slot.clone() });
-    };
-    let synced = check_failover_flag(client, settings, &server, failover).await?;
-    crate::publication_order::check(
-        client,
-        settings,
-        confirmed_flush_lsn,
-        info.active_pid.is_some(),
-        server.version_num,
-    )
-    .await?;
-    let checkpoint = match checkpoint {
+    info.confirmed_flush_lsn
+        .ok_or_else(|| PgError::SlotCreatedConcurrently {
+            slot: slot.to_owned(),
+        })
+}
+
+/// The checkpoint to resume from, given the slot's confirmed position: a slot ahead of it is
+/// refused unless explained ([`checkpoint_after_slot`]); a failover slot behind it resumes
+/// from the checkpoint.
+async fn reconcile_checkpoint(
+    client: &Client,
+    slot: &str,
+    checkpoint: Option<Lsn>,
+    confirmed_flush_lsn: Lsn,
+    synced: bool,
+) -> Result<Option<Lsn>, PgError> {
+    Ok(match checkpoint {
         Some(read) if confirmed_flush_lsn > read => {
             let again = checkpoint_after_slot(client, slot, read, confirmed_flush_lsn).await;
             if synced && let Err(PgError::SlotAhead { checkpoint, .. }) = &again {
@@ -416,15 +483,7 @@ pub async fn prepare_slot(
             Some(read)
         }
         other => other,
-    };
-    let state = SlotState {
-        confirmed_flush_lsn,
-        slot: info,
-        created: false,
-        publication_created,
-        checkpoint,
-    };
-    Ok((state, None))
+    })
 }
 
 /// Creates `slot` with SQL; returns its position.

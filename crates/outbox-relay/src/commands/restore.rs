@@ -172,6 +172,56 @@ async fn prepare(
     args: &RestoreArgs,
 ) -> Result<Option<Window>, Exit> {
     let slot = config.postgres.slot.as_str();
+    let Some((from, end, checkpoint)) = window_bounds(client, slot, args).await? else {
+        return Ok(None);
+    };
+    let copy = restore_slot::copy_name(slot);
+    if catalog::slot(client, &copy)
+        .await
+        .map_err(query_exit(format!(
+            "cannot look up replication slot {copy}"
+        )))?
+        .is_some()
+    {
+        drop_leftover_copy(client, slot, &copy).await?;
+    }
+    restore_slot::copy_slot(client, slot, &copy)
+        .await
+        .map_err(query_exit(format!(
+            "cannot copy replication slot {slot} to {copy} (pg_copy_logical_replication_slot: PostgreSQL 12+, the REPLICATION attribute)"
+        )))?;
+    tracing::info!(slot, copy = %copy, "copied the slot; the copy is dropped at the end (a killed restore leaves it: the next restore drops it)");
+    let copied = catalog::slot(client, &copy)
+        .await
+        .map_err(query_exit(format!(
+            "cannot look up replication slot {copy}"
+        )))?;
+    require_kept(
+        client,
+        config,
+        &copy,
+        copied.as_ref().and_then(|c| c.confirmed_flush_lsn),
+        from,
+    )
+    .await?;
+    eprintln!(
+        "restore of the events committed in [{from}, {end}) of slot {slot} (stored checkpoint {checkpoint}), decoded from its copy {copy}{}",
+        if args.dry_run {
+            "; dry run: nothing is published"
+        } else {
+            ""
+        }
+    );
+    Ok(Some(Window { from, end, copy }))
+}
+
+/// The window `[from, end)` and the stored checkpoint, from the main slot and the arguments;
+/// `None`: the window is empty.
+async fn window_bounds(
+    client: &tokio_postgres::Client,
+    slot: &str,
+    args: &RestoreArgs,
+) -> Result<Option<(Lsn, Lsn, Lsn)>, Exit> {
     let main = catalog::slot(client, slot)
         .await
         .map_err(query_exit(format!(
@@ -215,50 +265,51 @@ async fn prepare(
         );
         return Ok(None);
     }
-    let copy = restore_slot::copy_name(slot);
-    if catalog::slot(client, &copy)
+    Ok(Some((from, end, checkpoint)))
+}
+
+/// Drops the copy a killed restore left, refusing while another restore streams it.
+async fn drop_leftover_copy(
+    client: &tokio_postgres::Client,
+    slot: &str,
+    copy: &str,
+) -> Result<(), Exit> {
+    tracing::warn!(copy = %copy, "a previous restore left its copy of the slot (it was killed?): dropping it");
+    // A walsender of a killed restore lets go a moment later; one still streaming after
+    // the wait belongs to a restore that runs.
+    restore_slot::drop_slot(client, copy, DROP_WAIT)
         .await
-        .map_err(query_exit(format!(
-            "cannot look up replication slot {copy}"
-        )))?
-        .is_some()
-    {
-        tracing::warn!(copy = %copy, "a previous restore left its copy of the slot (it was killed?): dropping it");
-        // A walsender of a killed restore lets go a moment later; one still streaming after
-        // the wait belongs to a restore that runs.
-        restore_slot::drop_slot(client, &copy, DROP_WAIT)
-            .await
-            .map_err(|e| {
-                let in_use = e.code().is_some_and(|c| {
-                    relay_postgres::SqlStateKind::of(c.code())
-                        == relay_postgres::SqlStateKind::ObjectInUse
-                });
-                if in_use {
-                    Exit::new(
-                        ExitKind::Unavailable,
-                        anyhow!("slot `{copy}` (the restore's copy of `{slot}`) is being streamed: another restore is running; wait for it, or stop it"),
-                    )
-                } else {
-                    query_exit(format!("cannot drop the leftover slot {copy}"))(e)
-                }
-            })?;
-    }
-    restore_slot::copy_slot(client, slot, &copy)
-        .await
-        .map_err(query_exit(format!(
-            "cannot copy replication slot {slot} to {copy} (pg_copy_logical_replication_slot: PostgreSQL 12+, the REPLICATION attribute)"
-        )))?;
-    tracing::info!(slot, copy = %copy, "copied the slot; the copy is dropped at the end (a killed restore leaves it: the next restore drops it)");
-    let copied = catalog::slot(client, &copy)
-        .await
-        .map_err(query_exit(format!(
-            "cannot look up replication slot {copy}"
-        )))?;
-    let kept_from = copied.as_ref().and_then(|c| c.confirmed_flush_lsn);
+        .map_err(|e| {
+            let in_use = e.code().is_some_and(|c| {
+                relay_postgres::SqlStateKind::of(c.code())
+                    == relay_postgres::SqlStateKind::ObjectInUse
+            });
+            if in_use {
+                Exit::new(
+                    ExitKind::Unavailable,
+                    anyhow!("slot `{copy}` (the restore's copy of `{slot}`) is being streamed: another restore is running; wait for it, or stop it"),
+                )
+            } else {
+                query_exit(format!("cannot drop the leftover slot {copy}"))(e)
+            }
+        })?;
+    Ok(())
+}
+
+/// The copy keeps the WAL from `from` on (`kept_from`: where it starts); else it is dropped,
+/// and the error says how far back a restore can go.
+async fn require_kept(
+    client: &tokio_postgres::Client,
+    config: &RelayConfig,
+    copy: &str,
+    kept_from: Option<Lsn>,
+    from: Lsn,
+) -> Result<(), Exit> {
+    let slot = config.postgres.slot.as_str();
     match kept_from {
         Some(kept) if from >= kept => {}
         other => {
-            let _ = restore_slot::drop_slot(client, &copy, DROP_WAIT).await;
+            let _ = restore_slot::drop_slot(client, copy, DROP_WAIT).await;
             let kept = other.map_or_else(|| "?".to_owned(), |l| l.to_string());
             let when = match other {
                 Some(l) => relay_postgres::checkpoint::anchor_at_or_before(client, slot, l)
@@ -286,15 +337,23 @@ async fn prepare(
             ));
         }
     }
-    eprintln!(
-        "restore of the events committed in [{from}, {end}) of slot {slot} (stored checkpoint {checkpoint}), decoded from its copy {copy}{}",
-        if args.dry_run {
-            "; dry run: nothing is published"
-        } else {
-            ""
-        }
-    );
-    Ok(Some(Window { from, end, copy }))
+    Ok(())
+}
+
+/// The relay's router, bound to the tables' OIDs and partitions as the relay binds it.
+async fn bound_router(
+    config: &RelayConfig,
+    client: &tokio_postgres::Client,
+) -> Result<Router, Exit> {
+    let mut router = config.router().map_err(Exit::config)?;
+    let oids = catalog::outbox_table_oids(client, &config.tables())
+        .await
+        .map_err(pg_exit)?;
+    router.bind_catalog(&oids.tables, oids.read_at);
+    catalog::partitions::bind(client, &config.tables(), &mut router)
+        .await
+        .map_err(pg_exit)?;
+    Ok(router)
 }
 
 /// Decodes the window from the copy and publishes what the stream lacks.
@@ -332,15 +391,7 @@ async fn run_window(
         in_stream.len()
     );
 
-    let mut router = config.router().map_err(Exit::config)?;
-    let oids = catalog::outbox_table_oids(client, &config.tables())
-        .await
-        .map_err(pg_exit)?;
-    router.bind_catalog(&oids.tables, oids.read_at);
-    catalog::partitions::bind(client, &config.tables(), &mut router)
-        .await
-        .map_err(pg_exit)?;
-
+    let router = bound_router(config, client).await?;
     let mut copy_settings = server.clone();
     copy_settings.slot.clone_from(&window.copy);
     let reached = Arc::new(AtomicU64::new(window.from.0));

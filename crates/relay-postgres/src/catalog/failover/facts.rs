@@ -158,97 +158,11 @@ pub async fn facts(client: &Client, slot: &str) -> Result<FailoverFacts, tokio_p
     let checkpoint = crate::catalog::stored_checkpoint(client, slot)
         .await?
         .map(|(lsn, _)| lsn);
-    let (mut primary, mut standby) = (None, None);
-    if in_recovery {
-        // pg_settings hides primary_conninfo from roles that may not read it (it can hold a
-        // password); missing settings (sync_replication_slots before 17) read as off.
-        let rows = client
-            .query(
-                "SELECT name, setting FROM pg_catalog.pg_settings \
-                 WHERE name IN ('sync_replication_slots', 'hot_standby_feedback', \
-                                'primary_slot_name', 'primary_conninfo')",
-                &[],
-            )
-            .await?;
-        let mut facts = StandbyFacts {
-            sync_replication_slots: false,
-            hot_standby_feedback: false,
-            primary_slot_name: None,
-            primary_conninfo: Conninfo::Hidden,
-        };
-        for row in rows {
-            let (name, setting): (String, Option<String>) = (row.get(0), row.get(1));
-            let setting = setting.unwrap_or_default();
-            match name.as_str() {
-                "sync_replication_slots" => facts.sync_replication_slots = setting == "on",
-                "hot_standby_feedback" => facts.hot_standby_feedback = setting == "on",
-                "primary_slot_name" => {
-                    facts.primary_slot_name = (!setting.is_empty()).then_some(setting);
-                }
-                "primary_conninfo" => {
-                    facts.primary_conninfo = if setting.trim().is_empty() {
-                        Conninfo::Empty
-                    } else {
-                        Conninfo::Set {
-                            dbname: conninfo_dbname(&setting)
-                                .filter(|d| !d.is_empty() && d != "replication"),
-                        }
-                    };
-                }
-                _ => {}
-            }
-        }
-        standby = Some(facts);
+    let (primary, standby) = if in_recovery {
+        (None, Some(standby_facts(client).await?))
     } else {
-        let mut facts = PrimaryFacts::default();
-        if version_num >= FAILOVER_SLOTS_SINCE {
-            let value: Option<String> = client
-                .query_one(
-                    "SELECT current_setting('synchronized_standby_slots', true)",
-                    &[],
-                )
-                .await?
-                .get(0);
-            facts.synchronized_standby_slots = list_setting(&value.unwrap_or_default());
-        }
-        facts.physical_slots = client
-            .query(
-                "SELECT slot_name::text, active, xmin IS NOT NULL OR catalog_xmin IS NOT NULL \
-                 FROM pg_catalog.pg_replication_slots WHERE slot_type = 'physical' \
-                 ORDER BY slot_name",
-                &[],
-            )
-            .await?
-            .iter()
-            .map(|r| PhysicalSlot {
-                name: r.get(0),
-                active: r.get(1),
-                holds_xmin: r.get(2),
-            })
-            .collect();
-        // Logical walsenders (the relay's own) stream a logical slot; base backups are no
-        // standbys.
-        facts.standbys = client
-            .query(
-                "SELECT r.application_name, host(r.client_addr), r.state, s.slot_name::text \
-                 FROM pg_catalog.pg_stat_replication r \
-                 LEFT JOIN pg_catalog.pg_replication_slots s ON s.active_pid = r.pid \
-                 WHERE (s.slot_type IS NULL OR s.slot_type = 'physical') \
-                   AND r.state IS DISTINCT FROM 'backup' \
-                 ORDER BY r.application_name",
-                &[],
-            )
-            .await?
-            .iter()
-            .map(|r| StreamingStandby {
-                name: r.get(0),
-                client_addr: r.get(1),
-                state: r.get(2),
-                slot: r.get(3),
-            })
-            .collect();
-        primary = Some(facts);
-    }
+        (Some(primary_facts(client, version_num).await?), None)
+    };
     Ok(FailoverFacts {
         version_num,
         in_recovery,
@@ -258,4 +172,102 @@ pub async fn facts(client: &Client, slot: &str) -> Result<FailoverFacts, tokio_p
         primary,
         standby,
     })
+}
+
+/// What a standby's settings say about following the primary's slots.
+async fn standby_facts(client: &Client) -> Result<StandbyFacts, tokio_postgres::Error> {
+    // pg_settings hides primary_conninfo from roles that may not read it (it can hold a
+    // password); missing settings (sync_replication_slots before 17) read as off.
+    let rows = client
+        .query(
+            "SELECT name, setting FROM pg_catalog.pg_settings \
+             WHERE name IN ('sync_replication_slots', 'hot_standby_feedback', \
+                            'primary_slot_name', 'primary_conninfo')",
+            &[],
+        )
+        .await?;
+    let mut facts = StandbyFacts {
+        sync_replication_slots: false,
+        hot_standby_feedback: false,
+        primary_slot_name: None,
+        primary_conninfo: Conninfo::Hidden,
+    };
+    for row in rows {
+        let (name, setting): (String, Option<String>) = (row.get(0), row.get(1));
+        let setting = setting.unwrap_or_default();
+        match name.as_str() {
+            "sync_replication_slots" => facts.sync_replication_slots = setting == "on",
+            "hot_standby_feedback" => facts.hot_standby_feedback = setting == "on",
+            "primary_slot_name" => {
+                facts.primary_slot_name = (!setting.is_empty()).then_some(setting);
+            }
+            "primary_conninfo" => {
+                facts.primary_conninfo = if setting.trim().is_empty() {
+                    Conninfo::Empty
+                } else {
+                    Conninfo::Set {
+                        dbname: conninfo_dbname(&setting)
+                            .filter(|d| !d.is_empty() && d != "replication"),
+                    }
+                };
+            }
+            _ => {}
+        }
+    }
+    Ok(facts)
+}
+
+/// The primary's standbys and physical slots, and which of them failover slots wait for.
+async fn primary_facts(
+    client: &Client,
+    version_num: i32,
+) -> Result<PrimaryFacts, tokio_postgres::Error> {
+    let mut facts = PrimaryFacts::default();
+    if version_num >= FAILOVER_SLOTS_SINCE {
+        let value: Option<String> = client
+            .query_one(
+                "SELECT current_setting('synchronized_standby_slots', true)",
+                &[],
+            )
+            .await?
+            .get(0);
+        facts.synchronized_standby_slots = list_setting(&value.unwrap_or_default());
+    }
+    facts.physical_slots = client
+        .query(
+            "SELECT slot_name::text, active, xmin IS NOT NULL OR catalog_xmin IS NOT NULL \
+             FROM pg_catalog.pg_replication_slots WHERE slot_type = 'physical' \
+             ORDER BY slot_name",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| PhysicalSlot {
+            name: r.get(0),
+            active: r.get(1),
+            holds_xmin: r.get(2),
+        })
+        .collect();
+    // Logical walsenders (the relay's own) stream a logical slot; base backups are no
+    // standbys.
+    facts.standbys = client
+        .query(
+            "SELECT r.application_name, host(r.client_addr), r.state, s.slot_name::text \
+             FROM pg_catalog.pg_stat_replication r \
+             LEFT JOIN pg_catalog.pg_replication_slots s ON s.active_pid = r.pid \
+             WHERE (s.slot_type IS NULL OR s.slot_type = 'physical') \
+               AND r.state IS DISTINCT FROM 'backup' \
+             ORDER BY r.application_name",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| StreamingStandby {
+            name: r.get(0),
+            client_addr: r.get(1),
+            state: r.get(2),
+            slot: r.get(3),
+        })
+        .collect();
+    Ok(facts)
 }
