@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace on a fresh machine: installs what is missing, then
 #   1. format and lint checks (rustfmt, clippy, no import loop between the modules or files of
-#      a crate),
+#      a crate, no function over 80 lines without a reason beside it),
 #   2. all unit, integration and end-to-end tests against PostgreSQL 15 and nats-server 2.9
 #      (Debian), each test starting its own servers on free ports,
 #   3. the Python and TypeScript consumer libraries (scripts/consumers-test.sh: packages from PyPI
@@ -32,6 +32,10 @@ cargo fmt --all --check
 step "module loops"
 python3 scripts/module-loops-test.py
 python3 scripts/module-loops.py
+
+step "long functions"
+python3 scripts/long-functions-test.py
+python3 scripts/long-functions.py
 
 step "cargo clippy"
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings

@@ -212,6 +212,8 @@ pub(crate) async fn open(
         .map_err(|_| OpenError::TimedOut(timeout))?
 }
 
+// Long: the connection handshake in protocol order (INFO, TLS, CONNECT, PING/PONG); each step needs
+// the previous one's state
 async fn handshake(
     settings: &ConnectOptions,
     server: &ServerUrl,

@@ -36,6 +36,8 @@ impl WireHeaders {
     /// [`Self::write_hpub`] with `extra` lines after the message's own (an atomic batch's
     /// `Nats-Batch-*` lines; the route refuses `Nats-*` names in a message's own headers, so
     /// they never repeat one).
+    // Long: the per-message header writer on the publish hot path: the cached header block is
+    // reused or rewritten in one pass
     pub(crate) fn write_hpub_with<F: Framing>(
         &mut self,
         out: &mut BytesMut,

@@ -98,6 +98,7 @@ pub(crate) const MAX_SERVER_MESSAGE: usize = i32::MAX as usize;
 
 /// Takes one complete operation off the front of `buf`; `None` while it is incomplete (read
 /// more and call again).
+// Long: one `match` over the server's protocol operations, each a few lines
 pub(crate) fn parse_op(buf: &mut BytesMut) -> Result<Option<ServerOp>, ProtocolError> {
     let Some(end) = find_crlf(buf) else {
         if buf.len() > MAX_SERVER_LINE {

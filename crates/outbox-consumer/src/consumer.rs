@@ -117,6 +117,8 @@ impl Consumer {
     /// completes; messages in flight are finished (committed and acked) before it returns.
     ///
     /// Returns an error only for problems it cannot retry: see [`Error`].
+    // Long: one `select!` loop over messages, finished work and shutdown; its arms share the worker
+    // slots and the drain state
     pub async fn run<H: Handler>(
         self,
         handler: H,

@@ -126,6 +126,8 @@ pub(crate) async fn lock_free_slot(slots: &[Mutex<Slot>]) -> tokio::sync::MutexG
 
 impl Inner {
     /// Handles one message to the end: acked, NAKed or parked. `Err` only for fatal errors.
+    // Long: one message to its end (handler, commit, ack, NAK or park) with the retry state of that
+    // one message
     pub(crate) async fn process<H: Handler>(
         &self,
         slot: &mut Slot,

@@ -424,6 +424,7 @@ impl RelayConfig {
     }
 
     /// Checks everything that can be checked without connecting.
+    // Long: a list of independent checks without connecting, each a few lines with its own error
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.postgres
             .validate()

@@ -32,6 +32,8 @@ enum SessionEnd {
 }
 
 /// Runs the relay until shutdown or a fatal error.
+// Long: the supervisor's loop: session, backoff and restart around one shared shutdown token and
+// telemetry
 pub async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), Exit> {
     let shutdown = CancellationToken::new();
     crate::signals::spawn_handler(

@@ -30,6 +30,7 @@ fn cpu_target_us(per_tx: u64) -> f64 {
     if per_tx >= 100 { 5.0 } else { 40.0 }
 }
 
+// Long: the catch-up table's rows in the order it prints them
 fn catch_up_rows(out: &mut String, sc: &Scenario, startup_cpu: Option<f64>) {
     let limit = sc.limit();
     let _ = writeln!(
@@ -197,6 +198,7 @@ fn debezium_row(out: &mut String, sc: &Scenario) {
     }
 }
 
+// Long: the report's sections in the order it prints them
 pub fn render(args: &Args, res: &Results) -> String {
     let mut out = String::new();
     let _ = writeln!(

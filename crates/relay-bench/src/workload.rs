@@ -301,6 +301,8 @@ fn machine() -> String {
 }
 
 #[allow(clippy::too_many_arguments)] // one backlog's settings, each used once
+// Long: one measured run: set-up, the timed region and its readings in order, so what the figure
+// includes reads in one place
 async fn scenario(
     env: &Env,
     args: &Args,

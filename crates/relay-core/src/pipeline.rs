@@ -258,6 +258,8 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
     /// One loop in two phases: *reading* (source, acks, checkpoints) and, after a shutdown, the
     /// end of the source or a failure, *draining*: no more reading, outstanding acks awaited for
     /// at most `drain_timeout` so the stored position is as far as the broker really got.
+    // Long: one `select!` loop over source, acks, checkpoints and shutdown; its arms share the
+    // in-flight set, the timers and the drain state
     pub async fn run(
         &mut self,
         shutdown: impl Future<Output = ()>,

@@ -206,6 +206,8 @@ impl Router {
     }
 }
 
+// Long: every mapped column is looked up with one shared `find` closure over the relation; each
+// mapping is a few lines
 fn compile(table: &TableRoute, relation: Arc<Relation>) -> Result<CompiledRoute, RouteError> {
     // The configured name, not the relation's: rows written under an earlier name of the same
     // table (see `Router::bind_catalog`) are the configured table's events.

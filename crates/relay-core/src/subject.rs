@@ -213,6 +213,8 @@ pub enum TemplateError {
 
 impl SubjectTemplate {
     /// Parses `template`; placeholders are `{column}` and `{levels:column}`.
+    // Long: one pass over the template's grammar (literals, `{column}`, `{levels:column}`) with its
+    // errors in place
     pub fn parse(template: &str) -> Result<Self, TemplateError> {
         if template.is_empty() {
             return Err(TemplateError::Empty);

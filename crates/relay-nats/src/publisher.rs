@@ -100,6 +100,8 @@ impl JetStreamPublisher {
     /// a batch: the pipeline stops reading at that many outstanding events, so a larger atomic
     /// batch could never commit, and a fast batch needs its flow acks more often than that.
     #[must_use]
+    // Long: one `match` over the mode and what the server and stream allow, each case with its one
+    // warning
     pub fn with_publish_mode(
         mut self,
         mode: PublishMode,

@@ -49,6 +49,8 @@ pub use relay_core::subject::subject_matches;
 /// for) and captures every sample subject `(table, subject)`; refuses broker-native headers
 /// (`needs`) the server or stream cannot honour; reports durability warnings (asking the
 /// servers for their sync setting, up to 2 s).
+// Long: the start-up stream checks in order (exists or created, subjects, native needs,
+// durability); each refuses with its own error
 pub async fn prepare_stream(
     jetstream: &JetStream,
     settings: &NatsSettings,

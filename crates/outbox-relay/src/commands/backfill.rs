@@ -73,6 +73,8 @@ struct Start {
 }
 
 /// Runs one backfill of `args.table` until it finished, was stopped, or failed.
+// Long: the command's steps in order (arguments, sessions, shape, cursor, snapshot, run); each
+// needs the previous one's result
 pub async fn backfill(config: &RelayConfig, args: BackfillArgs) -> Result<(), Exit> {
     if args.page_size == 0 || args.max_in_flight == 0 {
         return Err(Exit::config(anyhow!(

@@ -158,6 +158,8 @@ async fn describe_range(
 }
 
 /// `outbox-relay replay`.
+// Long: the command's steps in order (connect, find the start, create the consumer, print); each
+// needs the previous one's result
 pub async fn replay(config: &RelayConfig, args: &ReplayArgs) -> Result<(), Exit> {
     let nats = relay_nats::connect(&config.nats)
         .await

@@ -357,6 +357,7 @@ async fn bound_router(
 }
 
 /// Decodes the window from the copy and publishes what the stream lacks.
+// Long: the window's stages built and run in order, with the dry run beside the real publisher
 async fn run_window(
     config: &RelayConfig,
     args: &RestoreArgs,

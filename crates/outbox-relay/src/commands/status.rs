@@ -20,6 +20,7 @@ use crate::exit::{Exit, ExitKind};
 use crate::inspect::{self, StreamLookup};
 
 /// Prints the status as text, or as one JSON document with `json`.
+// Long: builds the one JSON document `status` prints, a section after the other, each a few lines
 pub async fn status(
     config: &RelayConfig,
     json_out: bool,
@@ -169,6 +170,7 @@ fn text(v: &Value) -> String {
     }
 }
 
+// Long: prints the status document's sections in order, each a few lines
 fn print_text(config: &RelayConfig, doc: &Value) {
     let slot = &doc["slot_state"];
     if slot.is_null() {

@@ -138,6 +138,8 @@ pub(super) struct Prepared {
 /// with an unrecorded snapshot would look like a slot this relay streamed from): records the
 /// snapshot of a slot just created, or finds the backfills an earlier start left unfinished.
 /// `None`: nothing to do (the lock is released).
+// Long: one `match` over what the slot's creation left (a snapshot to record, backfills to resume,
+// nothing), under one lock
 pub(super) async fn prepare(
     config: &RelayConfig,
     server: &PostgresSettings,

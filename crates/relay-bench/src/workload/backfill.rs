@@ -50,6 +50,8 @@ fn now_us() -> i64 {
         .map_or(0, |d| d.as_micros() as i64)
 }
 
+// Long: one measured run: set-up, the timed region and its readings in order, so what the figure
+// includes reads in one place
 pub(super) async fn backfill(env: &Env, args: &Args) -> Result<BackfillRun> {
     let rows = args.backfill_rows();
     let live_rate = args.backfill_live_rate;

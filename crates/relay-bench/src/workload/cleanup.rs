@@ -286,6 +286,8 @@ async fn sample_sizes(
     Ok(out)
 }
 
+// Long: one measured run: set-up, the timed region and its readings in order, so what the figure
+// includes reads in one place
 async fn run_mode(env: &Env, args: &Args, mode: CleanupMode, secs: u64) -> Result<CleanupRun> {
     let timing = Timing::for_run(secs);
     let rate = args.cleanup_rate;

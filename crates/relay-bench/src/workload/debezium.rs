@@ -193,6 +193,8 @@ pub(super) async fn debezium_catch_up(
     result
 }
 
+// Long: one measured run: set-up, the timed region and its readings in order, so what the figure
+// includes reads in one place
 async fn run(env: &Env, dbz: &Debezium, slot: &str, rows: u64) -> Result<DebeziumRun> {
     create_stream(env, STREAM, "outbox.>").await?;
     let log = env.log_dir.join(format!("{slot}.log"));

@@ -128,6 +128,8 @@ struct ModeRuns {
 
 /// The catch-up of one backlog in each mode the server can do: `--rounds` rounds, in each the
 /// relay then `--compare-bin` (if given) per mode. The relay's median round stands for the mode.
+// Long: one measured run: set-up, the timed region and its readings in order, so what the figure
+// includes reads in one place
 async fn catch_up_per_mode(
     env: &Env,
     args: &Args,

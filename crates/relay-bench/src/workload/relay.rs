@@ -233,6 +233,8 @@ pub(super) async fn relay_catch_up(
 }
 
 /// [`relay_catch_up`] with settings of its own (`extra`).
+// Long: one measured run: set-up, the timed region and its readings in order, so what the figure
+// includes reads in one place
 pub(super) async fn relay_catch_up_with(
     env: &Env,
     bin: &Path,

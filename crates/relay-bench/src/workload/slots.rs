@@ -86,6 +86,8 @@ fn shard_config(
     Ok((slot, config))
 }
 
+// Long: one measured run: set-up, the timed region and its readings in order, so what the figure
+// includes reads in one place
 async fn slots_run(env: &Env, args: &Args, count: u32, rows: u64) -> Result<SlotsRun> {
     reset(env).await?;
     let mif = args.max_in_flight.first().copied().unwrap_or(1024);

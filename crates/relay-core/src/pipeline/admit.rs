@@ -127,6 +127,8 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
     /// message): the message to publish, `None` when there is nothing to publish (not an
     /// outbox event, or already in the stream), or the error that stops the relay.
     #[allow(clippy::result_large_err)]
+    // Long: one decision per routed event (error policy, dead letter, skip, collision, limits) on
+    // the hot path; each arm returns
     fn admit(
         &mut self,
         routed: Result<Option<OutboundMessage>, RouteError>,

@@ -79,6 +79,8 @@ impl CompiledRoute {
             .map_or_else(|| format!("#{index}"), |c| c.name.clone())
     }
 
+    // Long: the per-row hot path (docs/benchmarks.md counts its instructions): each value is read
+    // once into the message, no intermediate is built
     pub(super) fn build(
         &self,
         insert: &Insert,

@@ -128,6 +128,8 @@ static NAMES: std::sync::LazyLock<Names> = std::sync::LazyLock::new(|| Names {
 });
 
 /// Compiles the table's native options against `relation`: `None` when it has none.
+// Long: every native option looks its column up with one shared `find` closure over the relation;
+// each option is a few lines
 pub(super) fn compile(
     config: &OutboxTableConfig,
     table: &str,
@@ -240,6 +242,8 @@ impl NativePlan {
 
     /// Appends the row's native and CloudEvents headers; a scheduled row's `subject` becomes
     /// its schedule subject (`<schedule_subject>.<event id>`), its target the old subject.
+    // Long: the per-row native and CloudEvents headers on the hot path; the columns share one UTF-8
+    // check closure
     pub(super) fn apply(
         &self,
         text: Text<'_>,

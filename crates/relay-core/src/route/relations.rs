@@ -59,6 +59,8 @@ impl Router {
     /// name, or whose mapped columns are gone, renamed or retyped, is an error here, before any
     /// row of the transaction that announces it is routed: the relay stops instead of counting
     /// the table's rows as "not an outbox".
+    // Long: one `match` over how the relation is known (by name, by OID, as a partition), then the
+    // checks of that one case
     pub fn on_relation(
         &mut self,
         relation: Relation,

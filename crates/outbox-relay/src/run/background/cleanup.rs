@@ -46,6 +46,8 @@ enum RoundEnd {
 }
 
 impl CleanupTask {
+    // Long: one `select!` loop of cleanup rounds; its arms share the session, the backoff and the
+    // shutdown
     pub(super) async fn run(
         self,
         postgres: PostgresSettings,
