@@ -34,52 +34,31 @@
 //! stored each message as it came: batching ends, and the other messages of the batch are
 //! re-sent on their own (duplicates).
 
-use std::error::Error as _;
 use std::hash::{BuildHasher as _, Hasher as _};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use async_nats::jetstream;
 use async_nats::jetstream::message::PublishMessage;
 use futures::future::BoxFuture;
 use relay_core::Lsn;
 use relay_core::message::OutboundMessage;
-use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind};
+use relay_core::stage::{PubReceipt, PublishError};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 
 use super::MessagePublisher;
-use super::framing::{
-    BatchAnswer, Command, Framer, FramingMode, Reply, batchable, reply_when_acked, unknown,
-};
-use crate::error_codes::kind_for_error_code;
+use super::framing::{Command, Framer, FramingMode, Reply, batchable, reply_when_acked, unknown};
 use crate::wire::LeanConnection;
+
+mod outcome;
+
+use outcome::{CommitOutcome, Verdict, judge};
 
 /// Messages in one atomic batch, at most (nats-server's default `max_batch_size`).
 pub const MAX_BATCH: usize = 1000;
 /// Atomic batches open at once per stream, at most (nats-server's default).
 pub const MAX_OPEN_BATCHES: usize = 50;
-
-/// 10201: the batch holds a message id the stream already has (or one id twice).
-const BATCH_DUPLICATE: u64 = 10201;
-/// 10174: the stream does not allow atomic publish.
-const BATCH_DISABLED: u64 = 10174;
-/// 10177: a header the server does not allow in a batch (`Nats-Msg-Id` before 2.12.1).
-const BATCH_UNSUPPORTED_HEADER: u64 = 10177;
-/// 10175: a batch message without `Nats-Batch-Sequence`.
-const BATCH_MISSING_SEQUENCE: u64 = 10175;
-/// 10176: the server holds no complete batch under this id: a gap in its sequence, an id it
-/// still holds open for a batch abandoned mid-way, or a batch it timed out.
-const BATCH_INCOMPLETE: u64 = 10176;
-/// 10179: the batch id is over 64 characters.
-const BATCH_INVALID_ID: u64 = 10179;
-/// 10199: more messages than the server's `max_batch_size`.
-const BATCH_TOO_LARGE: u64 = 10199;
-/// 10200: a `Nats-Batch-Commit` value the server does not know.
-const BATCH_INVALID_COMMIT: u64 = 10200;
-/// 10210: the stream or the server has its most open batches already.
-const BATCH_TOO_MANY_OPEN: u64 = 10210;
 
 /// The failpoint between a batch's messages and its commit.
 const BEFORE_COMMIT: &str = "atomic_batch_before_commit";
@@ -87,10 +66,6 @@ const BEFORE_COMMIT: &str = "atomic_batch_before_commit";
 /// First wait before a batch is published again; doubled up to [`REPUBLISH_MAX_DELAY`].
 const REPUBLISH_FIRST_DELAY: Duration = Duration::from_millis(100);
 const REPUBLISH_MAX_DELAY: Duration = Duration::from_secs(5);
-/// How long "no responders" (a leader election) is retried before it counts as no stream, as
-/// the pipeline's `no_stream_grace` default.
-const NO_STREAM_GRACE: Duration = Duration::from_secs(30);
-
 /// Mints batch ids: `<commit LSN as HI-LO hex>-<part>-<run>-<n>`, where `<run>` is 48 random
 /// bits drawn when the process starts and `<n>` counts the batches it framed. No id repeats
 /// within a process (the count), and two processes share one with a chance of 2^-48 per pair
@@ -330,112 +305,6 @@ impl Worker {
     }
 }
 
-/// What the server answered to a batch's commit, from either path.
-#[derive(Debug)]
-enum CommitOutcome {
-    /// A PubAck: the batch's id and size when the server stored it as a batch.
-    Stored {
-        stream: String,
-        /// The JetStream domain of the stream (`None`: none).
-        domain: Option<String>,
-        seq: u64,
-        duplicate: bool,
-        batch_id: Option<String>,
-        batch_size: Option<u64>,
-    },
-    /// A JetStream API error with its error code.
-    Refused { code: u64, error: PublishError },
-    /// No answer (a timeout, a lost connection) or a 503.
-    Failed(PublishError),
-}
-
-impl CommitOutcome {
-    /// The outcome async-nats reports.
-    fn from_nats(
-        outcome: Result<jetstream::publish::PublishAck, jetstream::context::PublishError>,
-    ) -> Self {
-        match outcome {
-            Ok(ack) => Self::Stored {
-                stream: ack.stream,
-                domain: Some(ack.domain).filter(|d| !d.is_empty()),
-                seq: ack.sequence,
-                duplicate: ack.duplicate,
-                batch_id: ack.batch_id,
-                batch_size: ack.batch_size,
-            },
-            Err(error) => {
-                let code = error
-                    .source()
-                    .and_then(|s| s.downcast_ref::<jetstream::Error>())
-                    .map(|e| e.error_code().0);
-                let error = crate::publisher::classify(error);
-                match code {
-                    Some(code) => Self::Refused { code, error },
-                    None => Self::Failed(error),
-                }
-            }
-        }
-    }
-
-    /// The outcome an answer on the lean connection says.
-    fn from_lean(outcome: crate::wire::RawOutcome) -> Self {
-        let payload = match outcome {
-            Ok(payload) => payload,
-            Err(error) => return Self::Failed(crate::wire::publish_error(error)),
-        };
-        let unreadable = |why: &str| {
-            Self::Failed(unknown(&format!(
-                "the answer to an atomic batch's commit is {why}: {}",
-                String::from_utf8_lossy(&payload[..payload.len().min(200)])
-            )))
-        };
-        let Ok(answer) = serde_json::from_slice::<BatchAnswer>(&payload) else {
-            return unreadable("not JSON");
-        };
-        if let Some(error) = answer.error {
-            return Self::Refused {
-                code: error.err_code,
-                error: PublishError::new(
-                    kind_for_error_code(error.err_code),
-                    format!(
-                        "{} (status {}, error code {})",
-                        error.description, error.code, error.err_code
-                    ),
-                ),
-            };
-        }
-        match (answer.stream, answer.seq) {
-            (Some(stream), Some(seq)) => Self::Stored {
-                stream,
-                domain: answer.domain.filter(|d| !d.is_empty()),
-                seq,
-                duplicate: answer.duplicate,
-                batch_id: answer.batch,
-                batch_size: answer.count,
-            },
-            _ => unreadable("not a PubAck"),
-        }
-    }
-}
-
-impl CommitOutcome {
-    /// This outcome where `[nats] domain` is `expected`: a batch stored in another domain's
-    /// stream is refused (the relay stops before its transaction), as a single PubAck is.
-    fn in_domain(self, expected: Option<&str>) -> Self {
-        match self {
-            Self::Stored {
-                ref stream,
-                ref domain,
-                ..
-            } => match crate::domain::check_ack_domain(expected, stream, domain.as_deref()) {
-                Ok(()) => self,
-                Err(error) => Self::Failed(error),
-            },
-            other => other,
-        }
-    }
-}
-
 /// The batch headers (ADR-50), as the lean connection writes them; a test holds them to
 /// async-nats' names.
 const BATCH_ID: &str = "Nats-Batch-Id";
@@ -542,75 +411,6 @@ struct Settling {
     /// The id it was last published under.
     id: String,
     members: Vec<(Arc<OutboundMessage>, Reply)>,
-}
-
-/// What a commit's outcome means for the batch.
-#[derive(Debug)]
-enum Verdict {
-    /// Committed: every member is stored, in consecutive sequences ending at `seq`.
-    Committed { seq: u64, size: Option<u64> },
-    /// A server that ignores batch headers stored each message as it came.
-    StoredOneByOne { seq: u64, duplicate: bool },
-    /// Refused whole because the stream has one of its ids: stored before.
-    StoredBefore,
-    /// The stream or server takes no batches (10174, 10177).
-    NoBatches,
-    /// Not committed, or the outcome is unknown: publish it again as a new batch.
-    Again(PublishError),
-    /// Refused for good; nothing of it is stored.
-    Refused(PublishError),
-}
-
-/// What the outcome of the commit of batch `id` means; `since`: when the batch was first
-/// found not committed (for the grace of "no responders").
-fn judge(id: &str, outcome: CommitOutcome, since: Instant) -> Verdict {
-    let (code, error) = match outcome {
-        CommitOutcome::Stored {
-            seq,
-            batch_id,
-            batch_size,
-            ..
-        } if batch_id.as_deref() == Some(id) => {
-            return Verdict::Committed {
-                seq,
-                size: batch_size,
-            };
-        }
-        CommitOutcome::Stored { seq, duplicate, .. } => {
-            return Verdict::StoredOneByOne { seq, duplicate };
-        }
-        CommitOutcome::Refused { code, error } => (Some(code), error),
-        CommitOutcome::Failed(error) => (None, error),
-    };
-    let refused = |fix: &str| {
-        Verdict::Refused(PublishError::new(
-            PublishErrorKind::Rejected,
-            format!(
-                "JetStream refused atomic batch {id} ({}): {fix}",
-                error.message
-            ),
-        ))
-    };
-    match code {
-        Some(BATCH_DUPLICATE) => Verdict::StoredBefore,
-        Some(BATCH_DISABLED | BATCH_UNSUPPORTED_HEADER) => Verdict::NoBatches,
-        Some(BATCH_INCOMPLETE | BATCH_MISSING_SEQUENCE | BATCH_TOO_MANY_OPEN) => {
-            Verdict::Again(error)
-        }
-        Some(BATCH_TOO_LARGE) => refused(
-            "the server's jetstream max_batch_size is below the relay's batch size, min(1000, [relay] max_in_flight); set max_in_flight at or below the server's max_batch_size",
-        ),
-        Some(BATCH_INVALID_ID | BATCH_INVALID_COMMIT) => refused(
-            "the server does not take this relay's batch headers; set [nats] publish_mode = \"per-message\" and report the server version",
-        ),
-        _ => match error.kind {
-            PublishErrorKind::Unknown => Verdict::Again(error),
-            PublishErrorKind::NoStream if since.elapsed() < NO_STREAM_GRACE => {
-                Verdict::Again(error)
-            }
-            _ => Verdict::Refused(error),
-        },
-    }
 }
 
 impl Settling {
@@ -748,160 +548,4 @@ pub(crate) fn supports_atomic_batches(version: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use relay_core::Lsn;
-
-    use super::*;
-
-    /// With `[nats] domain`, a batch stored in another domain's stream (or one without a
-    /// domain) is refused for good, as a single PubAck is; one from the domain commits.
-    #[test]
-    fn a_commit_from_another_domain_is_refused() {
-        let answer = |domain: &str| {
-            CommitOutcome::from_lean(Ok(bytes::Bytes::from(format!(
-                r#"{{"stream":"OUTBOX"{domain},"seq":7,"batch":"b-1","count":2}}"#
-            ))))
-        };
-        let from_leaf = || answer(r#","domain":"leaf""#);
-        let since = Instant::now();
-        for outcome in [
-            from_leaf().in_domain(None),
-            from_leaf().in_domain(Some("leaf")),
-            answer("").in_domain(None),
-        ] {
-            assert!(
-                matches!(
-                    judge("b-1", outcome, since),
-                    Verdict::Committed { seq: 7, .. }
-                ),
-                "stored in the expected domain"
-            );
-        }
-        for outcome in [
-            from_leaf().in_domain(Some("hub")),
-            answer("").in_domain(Some("hub")),
-        ] {
-            match judge("b-1", outcome, since) {
-                Verdict::Refused(error) => {
-                    assert_eq!(error.kind, PublishErrorKind::Rejected);
-                    assert!(error.message.contains("[nats] domain = \"hub\""), "{error}");
-                }
-                other => panic!("not refused: {other:?}"),
-            }
-        }
-    }
-
-    /// The lean connection's batch header names are async-nats' (and ADR-50's).
-    #[test]
-    fn batch_header_names_are_the_protocol_names() {
-        use async_nats::header::{NATS_BATCH_COMMIT, NATS_BATCH_ID, NATS_BATCH_SEQUENCE};
-        assert_eq!(BATCH_ID, NATS_BATCH_ID.to_string());
-        assert_eq!(BATCH_SEQUENCE, NATS_BATCH_SEQUENCE.to_string());
-        assert_eq!(BATCH_COMMIT, NATS_BATCH_COMMIT.to_string());
-    }
-
-    /// An answer on the lean connection reads as the same outcome async-nats reports: a
-    /// commit's PubAck with its batch, an API error with its code, and what is not a PubAck.
-    #[test]
-    fn lean_commit_answers_read_as_outcomes() {
-        let stored = CommitOutcome::from_lean(Ok(bytes::Bytes::from_static(
-            br#"{"stream":"OUTBOX","seq":12,"batch":"b-1","count":3}"#,
-        )));
-        assert!(
-            matches!(&stored, CommitOutcome::Stored { seq: 12, batch_size: Some(3), batch_id: Some(id), duplicate: false, .. } if id == "b-1"),
-            "{stored:?}"
-        );
-        let since = Instant::now();
-        assert!(matches!(
-            judge("b-1", stored, since),
-            Verdict::Committed {
-                seq: 12,
-                size: Some(3)
-            }
-        ));
-        for (code, committed_never) in [
-            (BATCH_INCOMPLETE, "again"),
-            (BATCH_TOO_MANY_OPEN, "again"),
-            (BATCH_MISSING_SEQUENCE, "again"),
-            (BATCH_DUPLICATE, "before"),
-            (BATCH_DISABLED, "none"),
-            (BATCH_TOO_LARGE, "refused"),
-        ] {
-            let answer = format!(
-                r#"{{"error":{{"code":400,"err_code":{code},"description":"x"}},"stream":"OUTBOX","seq":0}}"#
-            );
-            let outcome = CommitOutcome::from_lean(Ok(answer.into()));
-            let verdict = judge("b-1", outcome, since);
-            let got = match verdict {
-                Verdict::Again(_) => "again",
-                Verdict::StoredBefore => "before",
-                Verdict::NoBatches => "none",
-                Verdict::Refused(_) => "refused",
-                _ => "other",
-            };
-            assert_eq!(got, committed_never, "error code {code}");
-        }
-        for not_an_ack in [&b"nonsense"[..], br#"{"seq":3}"#] {
-            let outcome = CommitOutcome::from_lean(Ok(bytes::Bytes::copy_from_slice(not_an_ack)));
-            assert!(
-                matches!(judge("b-1", outcome, since), Verdict::Again(_)),
-                "{not_an_ack:?}: its outcome is unknown, the batch goes again"
-            );
-        }
-        let per_message = CommitOutcome::from_lean(Ok(bytes::Bytes::from_static(
-            br#"{"stream":"OUTBOX","seq":4}"#,
-        )));
-        assert!(matches!(
-            judge("b-1", per_message, since),
-            Verdict::StoredOneByOne {
-                seq: 4,
-                duplicate: false
-            }
-        ));
-    }
-
-    /// An id never repeats in a process, differs between two processes' minters (a restarted
-    /// or standby relay), names its transaction and part, and fits the server's 64 characters.
-    #[test]
-    fn batch_ids_never_repeat_and_fit_the_server() {
-        let (dead, restarted) = (BatchIds::new(), BatchIds::new());
-        assert_ne!(dead.run, restarted.run);
-        let lsn = Lsn(0x1_0000_2000);
-        let first = dead.mint(lsn, 0);
-        assert!(first.starts_with("1-2000-0-"), "{first}");
-        assert_ne!(
-            dead.mint(lsn, 0),
-            first,
-            "the same transaction again: a new id"
-        );
-        assert_ne!(restarted.mint(lsn, 0), first);
-        let longest = BatchIds {
-            run: 0xFFFF_FFFF_FFFF,
-            next: u64::MAX.into(),
-        }
-        .mint(Lsn(u64::MAX), u32::MAX);
-        assert!(
-            longest.len() <= 64,
-            "{longest}: {} characters",
-            longest.len()
-        );
-    }
-
-    #[test]
-    fn nats_msg_id_in_batches_needs_2_12_1() {
-        for yes in [
-            "2.12.1",
-            "2.12.15",
-            "2.14.0",
-            "2.15.1",
-            "v2.14.5",
-            "3.0.0",
-            "2.13.0-RC.1",
-        ] {
-            assert!(supports_atomic_batches(yes), "{yes}");
-        }
-        for no in ["2.12.0", "2.11.9", "2.9.10", "", "garbage", "2.12.0-RC.5"] {
-            assert!(!supports_atomic_batches(no), "{no}");
-        }
-    }
-}
+mod tests;
