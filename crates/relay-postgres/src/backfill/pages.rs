@@ -329,30 +329,4 @@ impl CheckpointStore for CursorStore {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_page_behind_the_frontier_gives_its_cursor_once() {
-        let progress = PageProgress::new(None, 10);
-        progress.note_page(1, "k100".into(), 110);
-        progress.note_page(2, "k200".into(), 210);
-        progress.note_page(3, "k300".into(), 310);
-        // The frontier jumped over page 1 to page 2: page 2's cursor, page 1 forgotten.
-        assert_eq!(progress.take_page(2), Some(("k200".into(), 210)));
-        assert_eq!(progress.take_page(1), None, "behind the cursor for good");
-        assert_eq!(progress.take_page(3), Some(("k300".into(), 310)));
-        assert_eq!(progress.take_page(4), None, "a page never read is unknown");
-    }
-
-    #[test]
-    fn complete_only_when_every_page_was_read_and_the_last_confirmed() {
-        let progress = PageProgress::new(Some("k0".into()), 0);
-        assert_eq!(progress.stored(), (Some("k0".into()), 0));
-        progress.last_page.store(3, Ordering::Relaxed);
-        assert!(!progress.complete_at(Lsn(3)), "pages remain to be read");
-        progress.exhausted.store(true, Ordering::Relaxed);
-        assert!(!progress.complete_at(Lsn(2)), "page 3 is not acknowledged");
-        assert!(progress.complete_at(Lsn(3)));
-    }
-}
+mod tests;
