@@ -20,6 +20,9 @@
 //! the caller's [`Framing`], so its hot loop is compiled in the caller's crate, where functions
 //! of this crate are not inlined without it (callgrind, relay-nats' `examples/publish_cost`).
 
+// What a module exports to its siblings only is `pub(crate)`: `pub` is the crate's API.
+#![warn(unreachable_pub)]
+
 mod connect;
 mod connection;
 mod error;

@@ -40,6 +40,9 @@
 //!
 //! See `docs/consumers.md` for the crash windows, the ordering modes and ledger pruning.
 
+// What a module exports to its siblings only is `pub(crate)`: `pub` is the crate's API.
+#![warn(unreachable_pub)]
+
 mod builder;
 mod consumer;
 mod event;

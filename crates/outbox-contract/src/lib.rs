@@ -8,6 +8,9 @@
 //!
 //! No dependencies, no IO.
 
+// What a module exports to its siblings only is `pub(crate)`: `pub` is the crate's API.
+#![warn(unreachable_pub)]
+
 mod lsn;
 mod reserved;
 

@@ -24,6 +24,9 @@
 //! From the start, a scan of message headers (an ephemeral ordered consumer, headers only)
 //! reads forward to the first message that reaches the target.
 
+// What a module exports to its siblings only is `pub(crate)`: `pub` is the crate's API.
+#![warn(unreachable_pub)]
+
 mod read;
 
 use std::fmt;

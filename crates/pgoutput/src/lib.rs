@@ -36,6 +36,9 @@
 //!   slices of the input; only names are copied into `String`s.
 //! * Decoding is strict: a message must use the whole buffer.
 
+// What a module exports to its siblings only is `pub(crate)`: `pub` is the crate's API.
+#![warn(unreachable_pub)]
+
 mod cursor;
 mod decode;
 mod error;

@@ -11,6 +11,9 @@
 //! [`pipeline::Pipeline`] runs them. Nothing here does IO; `relay-postgres` and `relay-nats`
 //! implement the traits.
 
+// What a module exports to its siblings only is `pub(crate)`: `pub` is the crate's API.
+#![warn(unreachable_pub)]
+
 pub mod check;
 pub mod failpoint;
 pub mod frontier;

@@ -10,6 +10,9 @@
 //!   asks), capture every subject the mappings can produce, and not be configured in a way that
 //!   loses acknowledged events.
 
+// What a module exports to its siblings only is `pub(crate)`: `pub` is the crate's API.
+#![warn(unreachable_pub)]
+
 mod backfill;
 mod client_auth;
 mod closes;

@@ -21,7 +21,7 @@ use relay_core::message::{HEADER_COMMIT_LSN, HEADER_EVENT_ID, HEADER_MSG_ID};
 use crate::{JetStream, NatsError};
 
 /// Most messages one scan reads (about 1 MB of ids at most).
-pub const MAX_SCANNED: u64 = 20_000;
+pub(crate) const MAX_SCANNED: u64 = 20_000;
 /// Gap after which a scan gives up waiting for the next message.
 const IDLE: Duration = Duration::from_secs(3);
 

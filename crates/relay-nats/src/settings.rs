@@ -7,9 +7,9 @@ use relay_core::secret::{Secret, serialize_url};
 use serde::{Deserialize, Serialize};
 
 /// Default JetStream stream name.
-pub const DEFAULT_STREAM: &str = "OUTBOX";
+pub(crate) const DEFAULT_STREAM: &str = "OUTBOX";
 /// Default duplicate window for streams the relay creates.
-pub const DEFAULT_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+pub(crate) const DEFAULT_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 
 /// How the relay reaches JetStream and which stream it publishes into. Printed and serialized
 /// without secrets: passwords, tokens and seeds as `<redacted>`, a URL's password replaced.

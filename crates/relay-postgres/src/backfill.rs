@@ -126,7 +126,7 @@ fn query_err(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -
     move |source| BackfillError::Query { context, source }
 }
 
-pub use crate::sql::{quote_ident, quote_literal};
+use crate::sql::{quote_ident, quote_literal};
 
 /// Why the backfill pages by this column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

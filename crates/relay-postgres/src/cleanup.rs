@@ -61,7 +61,7 @@ pub use ahead::{AheadReport, MAX_CREATED_PER_ROUND};
 pub use partitions::{DropPlan, DropReport};
 pub use rows::{Applied, Batch, CleanupAction, RowPlan};
 
-pub use crate::sql::quote_ident;
+use crate::sql::quote_ident;
 use crate::sql::quote_literal;
 
 fn millis(d: Duration) -> u128 {

@@ -9,7 +9,7 @@ use crate::catalog;
 
 /// The migration that creates the functions (`CREATE OR REPLACE`: installing it again is a
 /// no-op).
-pub const EMIT_FUNCTIONS_MIGRATION: &str =
+pub(crate) const EMIT_FUNCTIONS_MIGRATION: &str =
     include_str!("../../../migrations/0005_emit_outbox_message.sql");
 
 /// What `setup` found or did.

@@ -29,7 +29,7 @@ use crate::{PgError, PostgresSettings};
 /// when no change decoded after that position predates it; `PublicationNewerThanSlot`
 /// otherwise. `slot_active`: another process streams the slot; it cannot be peeked then, and
 /// this session cannot stream it either (a standby): the session that finds it free checks.
-pub async fn check(
+pub(crate) async fn check(
     client: &Client,
     settings: &PostgresSettings,
     slot_lsn: Lsn,

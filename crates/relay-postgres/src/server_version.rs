@@ -3,7 +3,7 @@
 
 /// `150019` → `15.19`.
 #[must_use]
-pub fn version_text(server_version_num: i32) -> String {
+pub(crate) fn version_text(server_version_num: i32) -> String {
     format!(
         "{}.{}",
         server_version_num / 10_000,

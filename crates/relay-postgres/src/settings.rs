@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 use crate::PgError;
 
 mod failover;
-pub use failover::{FAILOVER_SLOTS_SINCE, FailoverSetting};
+pub(crate) use failover::FAILOVER_SLOTS_SINCE;
+pub use failover::FailoverSetting;
 
 /// How the relay reaches PostgreSQL and which slot and publication it uses. Printed and
 /// serialized without secrets: the password as `<redacted>`, the URL with its password
@@ -167,7 +168,7 @@ impl Default for PostgresSettings {
 /// Checks a slot or publication name: PostgreSQL's rule for slot names (lower-case letters,
 /// digits, underscore, at most 63 bytes). pgwire-replication interpolates names into
 /// `START_REPLICATION` unquoted, so nothing else may pass.
-pub fn validate_identifier(what: &'static str, name: &str) -> Result<(), PgError> {
+pub(crate) fn validate_identifier(what: &'static str, name: &str) -> Result<(), PgError> {
     let ok = !name.is_empty()
         && name.len() <= 63
         && name

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::sql::quote_ident;
 
 /// PostgreSQL got publication row filters in 15.
-pub const ROW_FILTERS_SINCE: i32 = 150_000;
+pub(crate) const ROW_FILTERS_SINCE: i32 = 150_000;
 
 /// `[postgres] shard = { key = "aggregateid", count = 4, index = 0 }`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -47,7 +47,7 @@ fn from_wire(lsn: pgwire_replication::Lsn) -> Lsn {
 
 /// Classifies a replication error by its SQLSTATE and the phase it arrived in
 /// ([`crate::sqlstate::replication_error_kind`]), naming the slot.
-pub fn classify(slot: &str, error: PgWireError, phase: ReplicationPhase) -> SourceError {
+pub(crate) fn classify(slot: &str, error: PgWireError, phase: ReplicationPhase) -> SourceError {
     let code = crate::sqlstate::wire_sqlstate(&error)
         .map(|c| format!(" (SQLSTATE {c})"))
         .unwrap_or_default();

@@ -1,11 +1,12 @@
 //! Quoting for the SQL the relay builds from names and values it was given (tables, columns,
 //! partition bounds, mark values). One home, so every statement quotes alike.
 
-pub use relay_core::ident::{display_relation, quote_displayed, quote_ident, quote_relation};
+pub use relay_core::ident::quote_relation;
+pub(crate) use relay_core::ident::{display_relation, quote_displayed, quote_ident};
 
 /// A string literal that reads back as `value` whatever `standard_conforming_strings` says.
 #[must_use]
-pub fn quote_literal(value: &str) -> String {
+pub(crate) fn quote_literal(value: &str) -> String {
     format!("E'{}'", value.replace('\\', "\\\\").replace('\'', "''"))
 }
 

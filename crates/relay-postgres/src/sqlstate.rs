@@ -71,7 +71,7 @@ pub fn is_transient_query_error(error: &tokio_postgres::Error) -> bool {
 /// The SQLSTATE of a server error on the replication session. pgwire-replication passes the
 /// server's ErrorResponse on as text only, `"<message> (SQLSTATE <code>)"`; this is the one
 /// place that reads the code back out of it.
-pub fn wire_sqlstate(error: &PgWireError) -> Option<&str> {
+pub(crate) fn wire_sqlstate(error: &PgWireError) -> Option<&str> {
     let PgWireError::Server(text) = error else {
         return None;
     };
@@ -86,7 +86,7 @@ pub fn wire_sqlstate(error: &PgWireError) -> Option<&str> {
 
 /// When an error reached the replication session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReplicationPhase {
+pub(crate) enum ReplicationPhase {
     /// Logging in, or the answer to START_REPLICATION (the slot is acquired here).
     Start,
     /// After the server started streaming (the output plugin reads the publication here).
@@ -95,7 +95,7 @@ pub enum ReplicationPhase {
 
 /// What a failure of the replication session means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReplicationErrorKind {
+pub(crate) enum ReplicationErrorKind {
     /// 42704 at START_REPLICATION: the slot does not exist.
     SlotMissing,
     /// 55000: the slot cannot be used, in practice because it was invalidated.
@@ -114,7 +114,7 @@ pub enum ReplicationErrorKind {
 
 /// Classifies a replication-session error by its SQLSTATE (never by its message) and the
 /// phase it arrived in.
-pub fn replication_error_kind(
+pub(crate) fn replication_error_kind(
     error: &PgWireError,
     phase: ReplicationPhase,
 ) -> ReplicationErrorKind {
@@ -140,7 +140,7 @@ pub fn replication_error_kind(
 /// Whether evaluating an expression failed on the expression itself, not on the server or the
 /// session: syntax or name errors (class 42: an unknown column, function or operator, a type
 /// mismatch; not 42501, a missing privilege) and data exceptions (class 22: a cast that fails).
-pub fn is_expression_mismatch(code: &tokio_postgres::error::SqlState) -> bool {
+pub(crate) fn is_expression_mismatch(code: &tokio_postgres::error::SqlState) -> bool {
     let code = code.code();
     (code.starts_with("42") && code != "42501") || code.starts_with("22")
 }

@@ -7,6 +7,9 @@
 //!
 //! Errors name the setting and the file, never what the file holds.
 
+// What a module exports to its siblings only is `pub(crate)`: `pub` is the crate's API.
+#![warn(unreachable_pub)]
+
 use std::path::{Path, PathBuf};
 
 use rustls_pki_types::pem::{self, PemObject as _};

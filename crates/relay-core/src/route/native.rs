@@ -22,7 +22,7 @@ use crate::value::oid;
 
 mod parse;
 
-pub use parse::{interval_micros, timestamptz_rfc3339, ttl_seconds};
+pub(super) use parse::{interval_micros, timestamptz_rfc3339, ttl_seconds};
 
 /// What a table needs from the broker for its native headers (checked against the server's
 /// version and the stream's settings at start and by `validate --connect`).

@@ -56,9 +56,9 @@ mod outcome;
 use outcome::{CommitOutcome, Verdict, judge};
 
 /// Messages in one atomic batch, at most (nats-server's default `max_batch_size`).
-pub const MAX_BATCH: usize = 1000;
+pub(super) const MAX_BATCH: usize = 1000;
 /// Atomic batches open at once per stream, at most (nats-server's default).
-pub const MAX_OPEN_BATCHES: usize = 50;
+pub(super) const MAX_OPEN_BATCHES: usize = 50;
 
 /// The failpoint between a batch's messages and its commit.
 const BEFORE_COMMIT: &str = "atomic_batch_before_commit";

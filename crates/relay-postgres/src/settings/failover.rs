@@ -18,7 +18,7 @@ pub enum FailoverSetting {
 }
 
 /// The first PostgreSQL version with failover slots (`server_version_num`).
-pub const FAILOVER_SLOTS_SINCE: i32 = 170_000;
+pub(crate) const FAILOVER_SLOTS_SINCE: i32 = 170_000;
 
 impl FailoverSetting {
     /// Whether the slot should be a failover slot on a server of `server_version_num`; an error

@@ -11,7 +11,7 @@ const SECONDS_PER_YEAR: i64 = 31_557_600;
 /// An `interval` in `IntervalStyle=postgres` form (`1 year 2 mons 3 days 04:05:06.5`,
 /// `-1 days +02:00:00`, `00:00:30`) as microseconds, months and years counted as PostgreSQL's
 /// `EXTRACT(EPOCH FROM …)` counts them.
-pub fn interval_micros(text: &str) -> Result<i64, String> {
+pub(crate) fn interval_micros(text: &str) -> Result<i64, String> {
     let bad = |why: &str| format!("`{text}` is not an interval in IntervalStyle postgres ({why})");
     let mut total: i128 = 0;
     let mut tokens = text.split_whitespace().peekable();
@@ -65,13 +65,13 @@ fn time_micros(token: &str) -> Option<i128> {
 
 /// Whole seconds of a TTL of `micros`, a part second rounded up (JetStream's TTLs are whole
 /// seconds; rounding down could make a sub-second TTL 0, which means none).
-pub fn ttl_seconds(micros: i64) -> i64 {
+pub(crate) fn ttl_seconds(micros: i64) -> i64 {
     micros.div_euclid(MICROS_PER_SECOND) + i64::from(micros.rem_euclid(MICROS_PER_SECOND) != 0)
 }
 
 /// A `timestamptz` as the session renders it (`2026-11-30 20:15:00.123456+00`) in RFC 3339
 /// UTC (`2026-11-30T20:15:00.123456Z`). Infinite, BC and five-digit years are refused.
-pub fn timestamptz_rfc3339(text: &str) -> Result<String, String> {
+pub(crate) fn timestamptz_rfc3339(text: &str) -> Result<String, String> {
     let bad = || {
         format!(
             "`{text}` is not a timestamp with time zone between 1970 and 9999 in UTC (DateStyle ISO)"
