@@ -1,10 +1,14 @@
-//! Publishes `N` events through one of the two per-message paths against a nats-server it
+//! Publishes `N` events through one of the publish paths against a nats-server it
 //! starts, for instruction counts of the publish path alone:
 //!
 //! ```text
 //! valgrind --tool=callgrind cargo-built/examples/publish_cost lean 10000
 //! valgrind --tool=callgrind cargo-built/examples/publish_cost async-nats 10000
+//! valgrind --tool=callgrind cargo-built/examples/publish_cost atomic 10000
 //! ```
+//!
+//! `atomic` is the lean connection with `publish_mode = "atomic-batch"`: each transaction of
+//! 100 events one batch (nats-server 2.12.1+).
 //!
 //! Run each at two sizes; the difference over the difference in events is the cost per event
 //! without start-up. The nats-server child is not instrumented (no `--trace-children`).
@@ -18,7 +22,7 @@ use bytes::Bytes;
 use relay_core::Lsn;
 use relay_core::message::OutboundMessage;
 use relay_core::stage::Publisher as _;
-use relay_nats::{JetStreamPublisher, NatsSettings};
+use relay_nats::{JetStreamPublisher, NatsSettings, PublishMode};
 use relay_testkit::NatsServer;
 
 /// Outstanding acks, as the pipeline keeps many in flight.
@@ -31,8 +35,9 @@ async fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let mode = args
         .next()
-        .context("usage: publish_cost lean|async-nats N")?;
+        .context("usage: publish_cost lean|async-nats|atomic N")?;
     let count: usize = args.next().context("N")?.parse()?;
+    let atomic = mode == "atomic";
     let server = NatsServer::start().await?;
     let settings = NatsSettings {
         url: server.url(),
@@ -40,7 +45,7 @@ async fn main() -> Result<()> {
     };
     let ack_timeout = Duration::from_secs(10);
     let publisher = match mode.as_str() {
-        "lean" => {
+        "lean" | "atomic" => {
             let connection = relay_nats::connect(&settings).await?;
             JetStreamPublisher::new(&connection, "OUTBOX", ack_timeout, WINDOW)
         }
@@ -55,14 +60,32 @@ async fn main() -> Result<()> {
         .get_or_create_stream(async_nats::jetstream::stream::Config {
             name: "OUTBOX".into(),
             subjects: vec!["outbox.>".into()],
+            allow_atomic_publish: atomic,
             ..Default::default()
         })
         .await?;
+    let publisher = if atomic {
+        let batching = publisher.with_publish_mode(PublishMode::AtomicBatch, true, WINDOW);
+        if !batching.batches() {
+            bail!("nats-server {} takes no atomic batches (2.12.1+)", server.version());
+        }
+        batching
+    } else {
+        publisher
+    };
     let payload = Bytes::from(vec![b'x'; 200]);
     let mut outstanding = VecDeque::new();
     let mut tx: Vec<(Arc<str>, Arc<str>)> = Vec::new();
     for i in 0..count {
         if i % TX_ROWS == 0 {
+            // Per message, the transaction calls do nothing: left out so the counts stay
+            // comparable with the earlier ones.
+            if atomic {
+                if i > 0 {
+                    publisher.end_transaction();
+                }
+                publisher.begin_transaction(Lsn((i / TX_ROWS) as u64));
+            }
             tx = vec![
                 ("Outbox-Commit-Lsn".into(), format!("0/{i:X}").into()),
                 ("Outbox-Xid".into(), i.to_string().into()),
@@ -78,7 +101,8 @@ async fn main() -> Result<()> {
             shared_headers: tx.len(),
             payload: payload.clone(),
             table: "public.outbox".into(),
-            commit_lsn: Lsn(i as u64),
+            // A batch member carries its transaction's commit LSN.
+            commit_lsn: Lsn(if atomic { i / TX_ROWS } else { i } as u64),
             commit_time_micros: 0,
         });
         outstanding.push_back(publisher.send(&msg).await?);
@@ -87,6 +111,9 @@ async fn main() -> Result<()> {
         {
             ack.await?;
         }
+    }
+    if atomic {
+        publisher.end_transaction();
     }
     for ack in outstanding {
         ack.await?;
