@@ -1,7 +1,7 @@
 //! `outbox-relay`: PostgreSQL outbox table → NATS JetStream, without polling.
 //!
 //! Orchestration only: parse the command line, load the configuration, start logging, then hand
-//! over to [`run`] (the relay), [`tail`] (read the stream back) or one of the [`commands`].
+//! over to [`run`] (the relay) or one of the [`commands`].
 
 mod broker;
 mod commands;
@@ -16,7 +16,6 @@ mod reference_drift;
 mod run;
 mod signals;
 mod table_backfill;
-mod tail;
 mod telemetry;
 
 use std::path::PathBuf;
@@ -229,7 +228,7 @@ fn try_main(cli: Cli) -> Result<(), Exit> {
             Command::Tail {
                 count,
                 idle_timeout,
-            } => tail::tail(&config, count, idle_timeout).await,
+            } => commands::tail::tail(&config, count, idle_timeout).await,
             Command::Validate { .. } => commands::validate::preflight(&config).await,
             Command::Setup { create_stream } => {
                 commands::setup::setup(&config, create_stream).await

@@ -67,7 +67,10 @@ async fn main() -> Result<()> {
     let publisher = if atomic {
         let batching = publisher.with_publish_mode(PublishMode::AtomicBatch, true, WINDOW);
         if !batching.batches() {
-            bail!("nats-server {} takes no atomic batches (2.12.1+)", server.version());
+            bail!(
+                "nats-server {} takes no atomic batches (2.12.1+)",
+                server.version()
+            );
         }
         batching
     } else {

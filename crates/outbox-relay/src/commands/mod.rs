@@ -1,5 +1,6 @@
-//! The operator commands besides `run` and `tail`: `validate --connect` (preflight), `setup`,
-//! `status` and `config print`.
+//! The operator commands besides `run` (the supervisor, [`crate::run`]): `validate
+//! --connect` (preflight), `setup`, `status`, `config print`, `tail`, `backfill`, `restore`,
+//! `replay` and `position`.
 
 pub mod backfill;
 pub mod config_print;
@@ -8,4 +9,5 @@ pub mod replay;
 pub mod restore;
 pub mod setup;
 pub mod status;
+pub mod tail;
 pub mod validate;
