@@ -168,7 +168,7 @@ async fn known_ids(
 ) -> (LiveWatch, HashSet<IdDigest>) {
     let config = run.config;
     let watch = LiveWatch::start(
-        config,
+        &config.postgres,
         nats.client(),
         stream,
         &run.shape.table,

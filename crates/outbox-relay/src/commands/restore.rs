@@ -305,39 +305,36 @@ async fn require_kept(
     kept_from: Option<Lsn>,
     from: Lsn,
 ) -> Result<(), Exit> {
-    let slot = config.postgres.slot.as_str();
-    match kept_from {
-        Some(kept) if from >= kept => {}
-        other => {
-            let _ = restore_slot::drop_slot(client, copy, DROP_WAIT).await;
-            let kept = other.map_or_else(|| "?".to_owned(), |l| l.to_string());
-            let when = match other {
-                Some(l) => relay_postgres::checkpoint::anchor_at_or_before(client, slot, l)
-                    .await
-                    .ok()
-                    .flatten()
-                    .map(|a| {
-                        format!(
-                            " (events committed since about {})",
-                            humantime::format_rfc3339_seconds(a.commit_time)
-                        )
-                    })
-                    .unwrap_or_default(),
-                None => String::new(),
-            };
-            let setting = config
-                .relay
-                .replay_retention
-                .map_or_else(|| "not set".to_owned(), |r| format!("`{r}`"));
-            return Err(Exit::new(
-                ExitKind::DataSafety,
-                anyhow!(
-                    "cannot restore from {from}: slot `{slot}` keeps the WAL from commit LSN {kept} on{when}, not before. Restore can go back to --from-lsn {kept}; events committed before it are gone from WAL. [relay] replay_retention ({setting}) sets how much WAL the slot keeps behind the checkpoint (docs/replay.md)"
-                ),
-            ));
-        }
+    if kept_from.is_some_and(|kept| from >= kept) {
+        return Ok(());
     }
-    Ok(())
+    let slot = config.postgres.slot.as_str();
+    let _ = restore_slot::drop_slot(client, copy, DROP_WAIT).await;
+    let kept = kept_from.map_or_else(|| "?".to_owned(), |l| l.to_string());
+    let when = match kept_from {
+        Some(l) => relay_postgres::checkpoint::anchor_at_or_before(client, slot, l)
+            .await
+            .ok()
+            .flatten()
+            .map(|a| {
+                format!(
+                    " (events committed since about {})",
+                    humantime::format_rfc3339_seconds(a.commit_time)
+                )
+            })
+            .unwrap_or_default(),
+        None => String::new(),
+    };
+    let setting = config
+        .relay
+        .replay_retention
+        .map_or_else(|| "not set".to_owned(), |r| format!("`{r}`"));
+    Err(Exit::new(
+        ExitKind::DataSafety,
+        anyhow!(
+            "cannot restore from {from}: slot `{slot}` keeps the WAL from commit LSN {kept} on{when}, not before. Restore can go back to --from-lsn {kept}; events committed before it are gone from WAL. [relay] replay_retention ({setting}) sets how much WAL the slot keeps behind the checkpoint (docs/replay.md)"
+        ),
+    ))
 }
 
 /// The relay's router, bound to the tables' OIDs and partitions as the relay binds it.

@@ -11,8 +11,6 @@ use relay_nats::{JetStream, StreamIds, StreamReport};
 use relay_postgres::PostgresSettings;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::RelayConfig;
-
 /// The watch of the relay's live messages: the ids it noted, and its tasks.
 pub(super) struct LiveWatch {
     pub(super) ids: SharedIds,
@@ -33,7 +31,7 @@ impl LiveWatch {
     /// Watches `table`'s messages on the stream's subjects; with `live_until`, until the relay's
     /// checkpoint reached it. Started before the stream's ids are read: no gap between.
     pub(super) async fn start(
-        config: &RelayConfig,
+        postgres: &PostgresSettings,
         client: &async_nats::Client,
         report: &StreamReport,
         table: &str,
@@ -43,7 +41,7 @@ impl LiveWatch {
         let (ids, tasks) = relay_nats::watch_live(client, &report.subjects, table, &stop).await;
         if let Some(snapshot_lsn) = live_until {
             tokio::spawn(end_watch_when_relay_passes(
-                config.postgres.clone(),
+                postgres.clone(),
                 snapshot_lsn,
                 client.clone(),
                 stop.clone(),
