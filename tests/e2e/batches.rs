@@ -172,7 +172,12 @@ async fn a_re_sent_batch_is_not_stored_twice() -> Result<()> {
             publisher.begin_transaction(Lsn(lsn));
             let mut acks = Vec::new();
             for id in ids {
-                acks.push(publisher.send(&event(id, lsn)).await.expect("handed over"));
+                acks.push(
+                    publisher
+                        .send(&event(id, lsn), None)
+                        .await
+                        .expect("handed over"),
+                );
             }
             publisher.end_transaction();
             let mut receipts = Vec::new();

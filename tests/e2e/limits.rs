@@ -350,7 +350,7 @@ async fn the_limits_match_the_servers_to_the_byte() -> Result<()> {
     assert_eq!(limits.max_control_line, 4096);
     let stored = |msg: Arc<OutboundMessage>| {
         let publisher = publisher.clone();
-        async move { publisher.send(&msg).await?.await }
+        async move { publisher.send(&msg, None).await?.await }
     };
 
     // The control line.
@@ -367,7 +367,7 @@ async fn the_limits_match_the_servers_to_the_byte() -> Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("at the limit: {e}"))?;
     let over = boundary_message(&format!("{exact}a"), 10, 10);
-    let refused = publisher.send(&over).await.err().context("refused")?;
+    let refused = publisher.send(&over, None).await.err().context("refused")?;
     assert_eq!(refused.kind, PublishErrorKind::Rejected);
     assert!(
         refused.message.contains("max_control_line of 4096"),
@@ -402,7 +402,7 @@ async fn the_limits_match_the_servers_to_the_byte() -> Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("header block at the limit: {e}"))?;
     let over = boundary_message("outbox.h", note + 1, 0);
-    let refused = publisher.send(&over).await.err().context("refused")?;
+    let refused = publisher.send(&over, None).await.err().context("refused")?;
     assert!(refused.message.contains("65535"), "{refused}");
     let raw = js
         .publish_with_headers(
@@ -424,7 +424,7 @@ async fn the_limits_match_the_servers_to_the_byte() -> Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("max_payload at the limit: {e}"))?;
     let over = boundary_message("outbox.p", 10, (1 << 20) - base + 1);
-    let refused = publisher.send(&over).await.err().context("refused")?;
+    let refused = publisher.send(&over, None).await.err().context("refused")?;
     assert!(
         refused.message.contains("max_payload of 1048576"),
         "{refused}"

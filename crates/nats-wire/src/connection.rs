@@ -18,6 +18,7 @@ use crate::error::WireError;
 use crate::headers::WireHeaders;
 use crate::pending::{self, Outcome, RawOutcome};
 use crate::{Framing, proto};
+use outbox_contract::HEADER_EXPECTED_LAST_MSG_ID;
 
 mod session;
 
@@ -188,6 +189,25 @@ impl<F: Framing> Connection<F> {
         msg: &Arc<F::Message>,
     ) -> Result<oneshot::Receiver<Outcome>, WireError> {
         self.publish_numbered(stream, msg, &[], pending::Pending::<F>::push)
+    }
+
+    /// [`Self::publish`], stored only if the stream's last message has the id `after`, when
+    /// set (`Nats-Expected-Last-Msg-Id`; the server answers 10070 otherwise).
+    pub fn publish_after(
+        &self,
+        stream: &str,
+        msg: &Arc<F::Message>,
+        after: Option<&str>,
+    ) -> Result<oneshot::Receiver<Outcome>, WireError> {
+        match after {
+            None => self.publish_numbered(stream, msg, &[], pending::Pending::<F>::push),
+            Some(id) => self.publish_numbered(
+                stream,
+                msg,
+                &[(HEADER_EXPECTED_LAST_MSG_ID, id)],
+                pending::Pending::<F>::push,
+            ),
+        }
     }
 
     /// Queues `msg` (into `stream`) with the `extra` header lines, replying to its publish

@@ -28,6 +28,10 @@ pub const HEADER_MSG_ID: &str = "Nats-Msg-Id";
 /// JetStream refuses the message unless this stream stores it; the relay sets its configured
 /// stream, so a subject captured by another stream fails instead of landing there.
 pub const HEADER_EXPECTED_STREAM: &str = "Nats-Expected-Stream";
+/// JetStream stores the message only if the stream's last message has this `Nats-Msg-Id`: the
+/// relay chains each event on the one committed before it while that one is not yet known
+/// stored, so the stream keeps commit order under broker faults.
+pub const HEADER_EXPECTED_LAST_MSG_ID: &str = "Nats-Expected-Last-Msg-Id";
 /// LSN of the commit record of the transaction that inserted the row, in [`Lsn`]'s text form.
 pub const HEADER_COMMIT_LSN: &str = "Outbox-Commit-Lsn";
 /// PostgreSQL transaction id of that transaction.

@@ -202,15 +202,23 @@ impl TracedPublisher {
 impl Publisher for TracedPublisher {
     type Ack = BoxFuture<'static, Result<PubReceipt, PublishError>>;
 
-    async fn send(&self, msg: &Arc<OutboundMessage>) -> Result<Self::Ack, PublishError> {
+    async fn send(
+        &self,
+        msg: &Arc<OutboundMessage>,
+        after: Option<&str>,
+    ) -> Result<Self::Ack, PublishError> {
         let span = self.span(msg);
-        let sent = self.inner.send(msg).await;
+        let sent = self.inner.send(msg, after).await;
         Self::traced(span, sent)
     }
 
-    async fn resend(&self, msg: &Arc<OutboundMessage>) -> Result<Self::Ack, PublishError> {
+    async fn resend(
+        &self,
+        msg: &Arc<OutboundMessage>,
+        after: Option<&str>,
+    ) -> Result<Self::Ack, PublishError> {
         let span = self.span(msg);
-        let sent = self.inner.resend(msg).await;
+        let sent = self.inner.resend(msg, after).await;
         Self::traced(span, sent)
     }
 

@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use futures::FutureExt as _;
 use futures::stream::{FuturesUnordered, StreamExt};
 use pgoutput::{LogicalMessage, Lsn};
 use tokio::time::{Instant, MissedTickBehavior};
@@ -33,7 +32,7 @@ use crate::stage::{
     SourceEvent, StoreError,
 };
 use crate::trail::SlotTrail;
-use deliver::{Delivery, RetryPolicy, deliver};
+use deliver::{Attempt, Outcome, RetryPolicy, Window, attempt};
 use positions::Positions;
 pub use stats::PipelineStats;
 
@@ -265,6 +264,7 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
         shutdown: impl Future<Output = ()>,
     ) -> Result<RunOutcome, PipelineError> {
         let mut shutdown = pin!(shutdown);
+        // Publish attempts whose outcome is pending; `window` keeps their messages in order.
         let mut in_flight: FuturesUnordered<_> = FuturesUnordered::new();
         let mut tick = tokio::time::interval(self.config.checkpoint_interval);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -273,6 +273,7 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
             max: self.config.retry_max,
             no_stream_grace: self.config.no_stream_grace,
         };
+        let mut window = Window::new(policy);
         let max_in_flight = self.config.max_in_flight.max(1);
         let mut failure: Option<PipelineError> = None;
         // Set when draining starts.
@@ -284,7 +285,12 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
 
         loop {
             let reading = drain_deadline.is_none();
-            if !reading && !finishing_tx && in_flight.is_empty() {
+            // After a failure nothing waits for a re-send: the failure is what is reported.
+            if !reading
+                && !finishing_tx
+                && in_flight.is_empty()
+                && (failure.is_some() || !window.has_failed())
+            {
                 break;
             }
             // Only the open transaction's events are outstanding and its Commit will not be
@@ -294,15 +300,24 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
             if !reading && !finishing_tx && self.frontier.only_open_transaction_pending() {
                 break;
             }
-            let can_read = (reading || finishing_tx) && in_flight.len() < max_in_flight;
+            let can_read =
+                (reading || finishing_tx) && window.open() && window.len() < max_in_flight;
+            window.settle(in_flight.len());
+            let resend_at = window.resend_at();
             // What the select produced: a message to publish, an error, or a phase change.
             let step: Result<Option<(OutboundMessage, EventTicket)>, Stop> = tokio::select! {
                 biased;
                 () = &mut shutdown, if reading => Err(Stop::Shutdown),
                 () = sleep_until_some(drain_deadline), if !reading => Err(Stop::DrainTimedOut),
-                Some((mark, done)) = in_flight.next(), if !in_flight.is_empty() => {
-                    self.positions.finished(mark);
-                    self.on_delivery(done).map_err(Stop::Failed)
+                Some(done) = in_flight.next(), if !in_flight.is_empty() => {
+                    self.on_attempt(&mut window, done).map_err(Stop::Failed)
+                }
+                () = sleep_until_some(resend_at), if resend_at.is_some() => {
+                    if let Some((seq, msg)) = window.start_round(&self.stats) {
+                        let sent = self.publisher.resend(&msg, None).await;
+                        in_flight.push(attempt(seq, sent));
+                    }
+                    Ok(None)
                 }
                 _ = tick.tick() => match self.checkpoint(false).await {
                     Ok(()) => Ok(None),
@@ -322,7 +337,10 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
             match step {
                 Ok(Some((msg, ticket))) => {
                     let mark = self.positions.launched();
-                    in_flight.push(self.launch(msg, ticket, policy, mark).await);
+                    let msg = Arc::new(msg);
+                    let sent = self.publisher.send(&msg, window.after()).await;
+                    let seq = window.push(msg, ticket, mark);
+                    in_flight.push(attempt(seq, sent));
                 }
                 Ok(None) => {}
                 Err(Stop::DrainTimedOut) => break,
@@ -342,6 +360,13 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
                     }
                     drain_deadline
                         .get_or_insert_with(|| Instant::now() + self.config.drain_timeout);
+                }
+            }
+            // The first event not stored was: the others it held back follow, in order.
+            for seq in window.take_burst(&self.stats) {
+                if let Some((msg, after)) = window.resend_args(seq) {
+                    let sent = self.publisher.resend(&msg, after).await;
+                    in_flight.push(attempt(seq, sent));
                 }
             }
             if finishing_tx && self.tx.is_none() {
@@ -436,39 +461,20 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
         Ok(None)
     }
 
-    /// Hands `msg` to the publisher (in call order) and returns the future that sees it
-    /// acknowledged, re-publishing while the outcome is unknown. The future hands `mark` (see
-    /// [`Positions::launched`]) back with the outcome.
-    async fn launch(
-        &self,
-        msg: OutboundMessage,
-        ticket: EventTicket,
-        policy: RetryPolicy,
-        mark: u64,
-    ) -> impl Future<Output = (u64, Delivery)> + use<S, P, C> {
-        let msg = Arc::new(msg);
-        let first = self.publisher.send(&msg).await;
-        deliver(
-            self.publisher.clone(),
-            msg,
-            first,
-            ticket,
-            policy,
-            self.stats.clone(),
-        )
-        .map(move |done| (mark, done))
-    }
-
-    /// Acks one delivery. A collision the broker revealed goes to the dead-letter subject when
-    /// one is set: the returned message is published under the same ticket.
+    /// Takes one publish attempt's outcome. A collision the broker revealed goes to the
+    /// dead-letter subject when one is set: the returned message is published under the same
+    /// ticket.
     // The large variant (Route) is the cold path that ends the session.
     #[allow(clippy::result_large_err)]
-    fn on_delivery(
+    fn on_attempt(
         &mut self,
-        done: Delivery,
+        window: &mut Window,
+        done: Attempt,
     ) -> Result<Option<(OutboundMessage, EventTicket)>, PipelineError> {
-        match done {
-            Ok((ticket, receipt, msg)) => {
+        match window.on_attempt(done, self.publisher.max_server_closes(), &self.stats) {
+            Outcome::Again => Ok(None),
+            Outcome::Stored(ticket, receipt, msg, mark) => {
+                self.positions.finished(mark);
                 self.frontier.ack(ticket)?;
                 self.positions
                     .stored(msg.commit_lsn, msg.commit_time_micros, receipt.stream_seq);
@@ -478,7 +484,8 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
                 }
                 Ok(None)
             }
-            Err((ticket, msg, error)) => {
+            Outcome::Refused(ticket, msg, error, mark) => {
+                self.positions.finished(mark);
                 let dead_letter_subject = self.config.dead_letter_subject.as_ref();
                 match dead_letter_subject {
                     Some(subject) if error.kind == PublishErrorKind::Collision => {

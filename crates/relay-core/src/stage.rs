@@ -137,9 +137,18 @@ pub enum PublishErrorKind {
     /// No stream answered (no responders): a stream leader election, or no stream captures
     /// the subject. Retried for a grace period, then fatal.
     NoStream,
-    /// The broker refused the message for good (too large, stream full with `discard: new`,
-    /// permissions). Fatal.
+    /// The broker refused the message for good (too large, permissions, another stream).
+    /// Fatal.
     Rejected,
+    /// The stream is at one of its limits (`max_msgs`, `max_bytes`, `max_msgs_per_subject` with
+    /// `discard: new`) or out of storage, and stored nothing: a definite refusal, not an
+    /// unknown outcome. Not the row's fault: re-sent in commit order once there is room, never
+    /// dead-lettered, never skipped.
+    StreamFull,
+    /// The stream refused the message because its predecessor in commit order was not the
+    /// stream's last message (`Nats-Expected-Last-Msg-Id`, see [`Publisher::send`]): stored
+    /// nothing. Re-sent in commit order after everything before it is settled.
+    OutOfTurn,
     /// The stream already holds this event id with a different subject or payload: two outbox
     /// rows share an id. Fatal, or dead-lettered when a dead-letter subject is set.
     Collision,
@@ -172,9 +181,17 @@ pub trait Publisher: Clone + Send + Sync + 'static {
 
     /// Hands `msg` to the broker connection, in call order, returning its pending ack. The ack
     /// future may keep `msg` (a reference count, no copy).
+    ///
+    /// `after` keeps commit order under broker faults: when it is `Some(id)`, the message
+    /// published just before this one (event id `id`) is not yet known to be stored, and the
+    /// broker must store this one only if the stream's last message is `id`
+    /// (`Nats-Expected-Last-Msg-Id`), answering [`PublishErrorKind::OutOfTurn`] otherwise.
+    /// `None`: everything before it is stored. A publisher that cannot make the condition
+    /// (a dry run, a batch member) ignores it.
     fn send(
         &self,
         msg: &Arc<OutboundMessage>,
+        after: Option<&str>,
     ) -> impl Future<Output = Result<Self::Ack, PublishError>> + Send;
 
     /// What the broker accepts for one message: the route stage refuses a row whose message
@@ -208,9 +225,11 @@ pub trait Publisher: Clone + Send + Sync + 'static {
     /// Publishes again a message whose outcome was unknown: [`Publisher::send`] for a publisher
     /// without batches; a batching publisher sends it on its own (its transaction's batch is
     /// over).
+    /// `after` as in [`Publisher::send`].
     fn resend(
         &self,
         msg: &Arc<OutboundMessage>,
+        after: Option<&str>,
     ) -> impl Future<Output = Result<Self::Ack, PublishError>> + Send;
 
     /// The stream whose sequences [`PubReceipt::stream_seq`] counts, when every message lands in

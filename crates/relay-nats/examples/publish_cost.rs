@@ -108,7 +108,7 @@ async fn main() -> Result<()> {
             commit_lsn: Lsn(if atomic { i / TX_ROWS } else { i } as u64),
             commit_time_micros: 0,
         });
-        outstanding.push_back(publisher.send(&msg).await?);
+        outstanding.push_back(publisher.send(&msg, None).await?);
         if outstanding.len() >= WINDOW
             && let Some(ack) = outstanding.pop_front()
         {

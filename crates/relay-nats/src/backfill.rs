@@ -33,12 +33,22 @@ impl BackfillPublisher {
 impl Publisher for BackfillPublisher {
     type Ack = <JetStreamPublisher as Publisher>::Ack;
 
-    async fn send(&self, msg: &Arc<OutboundMessage>) -> Result<Self::Ack, PublishError> {
-        self.0.send(&marked(msg)).await
+    // A backfill publishes old rows in key order beside the relay's live events, not in commit
+    // order: it makes no condition on the stream's last message (docs/guarantees.md).
+    async fn send(
+        &self,
+        msg: &Arc<OutboundMessage>,
+        _after: Option<&str>,
+    ) -> Result<Self::Ack, PublishError> {
+        self.0.send(&marked(msg), None).await
     }
 
-    async fn resend(&self, msg: &Arc<OutboundMessage>) -> Result<Self::Ack, PublishError> {
-        self.0.resend(&marked(msg)).await
+    async fn resend(
+        &self,
+        msg: &Arc<OutboundMessage>,
+        _after: Option<&str>,
+    ) -> Result<Self::Ack, PublishError> {
+        self.0.resend(&marked(msg), None).await
     }
 
     // Handed on as every wrapper must (the backfill publishes per message: they do nothing).

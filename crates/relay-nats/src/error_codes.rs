@@ -16,9 +16,38 @@ pub(crate) fn kind_for_error_code(code: u64) -> PublishErrorKind {
         ErrorCode::STREAM_NOT_MATCH
         | ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM
         | ErrorCode::STREAM_HEADER_EXCEEDS_MAXIMUM
-        | ErrorCode::STREAM_WRONG_LAST_MESSAGE_ID
         | ErrorCode::STREAM_WRONG_LAST_SEQUENCE => PublishErrorKind::Rejected,
-        // Store failures (disk full, `discard: new` limits) may clear: keep retrying, loudly.
+        // The commit-order condition (`Nats-Expected-Last-Msg-Id`): not stored, re-sent in turn.
+        ErrorCode::STREAM_WRONG_LAST_MESSAGE_ID => PublishErrorKind::OutOfTurn,
+        // No room: a stream limit with `discard: new` (10077 "maximum messages exceeded",
+        // "maximum bytes exceeded", "maximum messages per subject exceeded"), or the account's
+        // or server's storage. Nothing stored: re-sent in order once there is room.
+        code if STREAM_FULL.contains(&code.0) => PublishErrorKind::StreamFull,
+        // Anything else may clear: keep retrying, loudly.
         _ => PublishErrorKind::Unknown,
+    }
+}
+
+/// The codes that say the stream stored nothing for lack of room: store failed (10077, the
+/// limits with `discard: new`), account resources (10002), insufficient resources (10023),
+/// memory (10028) and storage (10047) exceeded.
+const STREAM_FULL: [u64; 5] = [10077, 10002, 10023, 10028, 10047];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_stream_is_a_definite_refusal_and_a_wrong_last_id_is_out_of_turn() {
+        for code in STREAM_FULL {
+            assert_eq!(
+                kind_for_error_code(code),
+                PublishErrorKind::StreamFull,
+                "{code}"
+            );
+        }
+        assert_eq!(kind_for_error_code(10070), PublishErrorKind::OutOfTurn);
+        assert_eq!(kind_for_error_code(10054), PublishErrorKind::Rejected);
+        assert_eq!(kind_for_error_code(10999), PublishErrorKind::Unknown);
     }
 }

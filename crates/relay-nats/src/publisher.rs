@@ -253,14 +253,20 @@ impl JetStreamPublisher {
 impl Publisher for JetStreamPublisher {
     type Ack = BoxFuture<'static, Result<PubReceipt, PublishError>>;
 
-    async fn send(&self, msg: &Arc<OutboundMessage>) -> Result<Self::Ack, PublishError> {
+    async fn send(
+        &self,
+        msg: &Arc<OutboundMessage>,
+        after: Option<&str>,
+    ) -> Result<Self::Ack, PublishError> {
         self.check_limits(msg)?;
         if let Some(framer) = self.strategy.framer() {
+            // Batches make no condition on the stream's last message (an atomic batch refuses
+            // `Nats-Expected-Last-Msg-Id`): docs/guarantees.md says what the batch modes keep.
             return Ok(framer.send(msg));
         }
         // From the pipeline's loop: never wait for a lost connection here (the delivery
         // re-sends, and its re-send waits).
-        self.core.send_now(msg).await
+        self.core.send_now(msg, after).await
     }
 
     fn begin_transaction(&self, commit_lsn: relay_core::Lsn) {
@@ -275,9 +281,13 @@ impl Publisher for JetStreamPublisher {
         }
     }
 
-    async fn resend(&self, msg: &Arc<OutboundMessage>) -> Result<Self::Ack, PublishError> {
+    async fn resend(
+        &self,
+        msg: &Arc<OutboundMessage>,
+        after: Option<&str>,
+    ) -> Result<Self::Ack, PublishError> {
         self.check_limits(msg)?;
-        self.core.send_alone(msg).await
+        self.core.send_alone(msg, after).await
     }
 
     fn limits(&self) -> MessageLimits {

@@ -85,13 +85,21 @@ async fn holds(jetstream: &JetStream, stream: &str, seq: u64, id: &str) -> bool 
 impl Publisher for RestorePublisher {
     type Ack = BoxFuture<'static, Result<PubReceipt, PublishError>>;
 
-    async fn send(&self, msg: &Arc<OutboundMessage>) -> Result<Self::Ack, PublishError> {
-        let ack = self.inner.send(msg).await?;
+    async fn send(
+        &self,
+        msg: &Arc<OutboundMessage>,
+        after: Option<&str>,
+    ) -> Result<Self::Ack, PublishError> {
+        let ack = self.inner.send(msg, after).await?;
         Ok(self.checked(ack, msg))
     }
 
-    async fn resend(&self, msg: &Arc<OutboundMessage>) -> Result<Self::Ack, PublishError> {
-        let ack = self.inner.resend(msg).await?;
+    async fn resend(
+        &self,
+        msg: &Arc<OutboundMessage>,
+        after: Option<&str>,
+    ) -> Result<Self::Ack, PublishError> {
+        let ack = self.inner.resend(msg, after).await?;
         Ok(self.checked(ack, msg))
     }
 

@@ -138,7 +138,7 @@ async fn one_connection(
         for id in ids {
             acks.push(
                 publisher
-                    .send(&event(&format!("{mode:?}-{path:?}-{id}"), lsn))
+                    .send(&event(&format!("{mode:?}-{path:?}-{id}"), lsn), None)
                     .await?,
             );
         }
@@ -186,7 +186,7 @@ async fn one_connection(
     // A re-send is out of order by nature, but goes on the same connection too (its duplicate
     // check reads the stored copy through async-nats: management).
     let resend = publisher
-        .resend(&event(&format!("{mode:?}-{path:?}-alone"), 0x10))
+        .resend(&event(&format!("{mode:?}-{path:?}-alone"), 0x10), None)
         .await?;
     ensure!(resend.await?.duplicate, "the re-send is dropped by its id");
     let resent = published_by(monitor).await?;

@@ -65,7 +65,7 @@ async fn pub_acks_carry_sequence_duplicate_and_the_relays_headers() -> Result<()
     let server = NatsServer::start().await?;
     let publisher = publisher(&settings(server.url())).await?;
     for (i, id) in ["a", "b", "c"].iter().enumerate() {
-        let ack = publisher.send(&event(id, "outbox.x", b"{}")).await?;
+        let ack = publisher.send(&event(id, "outbox.x", b"{}"), None).await?;
         // Every outstanding ack holds one of these: small, as on the async-nats path.
         assert!(
             std::mem::size_of_val(&*ack) <= 512,
@@ -78,13 +78,13 @@ async fn pub_acks_carry_sequence_duplicate_and_the_relays_headers() -> Result<()
     }
     // The same event again: JetStream drops it by Nats-Msg-Id, and the stored copy matches.
     let again = publisher
-        .resend(&event("b", "outbox.x", b"{}"))
+        .resend(&event("b", "outbox.x", b"{}"), None)
         .await?
         .await?;
     assert_eq!((again.stream_seq, again.duplicate), (2, true));
     // A second row reusing the id with another payload: a collision, not a silent success.
     let collision = publisher
-        .send(&event("b", "outbox.x", b"{\"other\":1}"))
+        .send(&event("b", "outbox.x", b"{\"other\":1}"), None)
         .await?
         .await
         .expect_err("a collision");
@@ -128,12 +128,12 @@ async fn refusals_too_large_no_stream_and_no_permission() -> Result<()> {
     let publisher = publisher(&settings).await?;
     // The lean connection's max_payload once it is up.
     publisher
-        .send(&event("ok", "outbox.x", b"{}"))
+        .send(&event("ok", "outbox.x", b"{}"), None)
         .await?
         .await?;
     assert_eq!(publisher.limits().max_payload, 2048);
     let big = publisher
-        .send(&event("big", "outbox.x", &[b'x'; 4096]))
+        .send(&event("big", "outbox.x", &[b'x'; 4096]), None)
         .await
         .err()
         .context("too large is refused before sending")?;
@@ -141,7 +141,7 @@ async fn refusals_too_large_no_stream_and_no_permission() -> Result<()> {
     assert!(big.to_string().contains("too large"), "{big}");
     // A subject no stream captures: 503 no responders.
     let none = publisher
-        .send(&event("none", "elsewhere.x", b"{}"))
+        .send(&event("none", "elsewhere.x", b"{}"), None)
         .await?
         .await
         .expect_err("no stream");
@@ -149,7 +149,7 @@ async fn refusals_too_large_no_stream_and_no_permission() -> Result<()> {
     // A subject the user may not publish to: refused at once, naming the subject and the fix.
     let started = Instant::now();
     let denied = publisher
-        .send(&event("secret", "outbox.secret", b"{}"))
+        .send(&event("secret", "outbox.secret", b"{}"), None)
         .await?
         .await
         .expect_err("denied");
@@ -163,7 +163,7 @@ async fn refusals_too_large_no_stream_and_no_permission() -> Result<()> {
     assert!(started.elapsed() < ACK_TIMEOUT, "not after the ack timeout");
     // And the connection still publishes.
     let next = publisher
-        .send(&event("after", "outbox.x", b"{}"))
+        .send(&event("after", "outbox.x", b"{}"), None)
         .await?
         .await?;
     assert_eq!(next.stream_seq, 2);
@@ -175,13 +175,15 @@ async fn a_server_restart_resolves_outstanding_acks_and_the_resend_dedupes() -> 
     let mut server = NatsServer::start().await?;
     let publisher = publisher(&settings(server.url())).await?;
     publisher
-        .send(&event("first", "outbox.x", b"{}"))
+        .send(&event("first", "outbox.x", b"{}"), None)
         .await?
         .await?;
     // Frozen: the publish goes out, no PubAck comes back.
     server.pause()?;
     wait_stopped(server.pid().context("a pid")?).await?;
-    let ack = publisher.send(&event("second", "outbox.x", b"{}")).await?;
+    let ack = publisher
+        .send(&event("second", "outbox.x", b"{}"), None)
+        .await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     server.kill9()?;
     let started = Instant::now();
@@ -197,7 +199,10 @@ async fn a_server_restart_resolves_outstanding_acks_and_the_resend_dedupes() -> 
     // The re-send reconnects (waiting for the server) and is stored once.
     let mut receipt = None;
     for _ in 0..20 {
-        match publisher.resend(&event("second", "outbox.x", b"{}")).await {
+        match publisher
+            .resend(&event("second", "outbox.x", b"{}"), None)
+            .await
+        {
             Ok(ack) => match ack.await {
                 Ok(r) => {
                     receipt = Some(r);
@@ -212,7 +217,7 @@ async fn a_server_restart_resolves_outstanding_acks_and_the_resend_dedupes() -> 
     let receipt = receipt.context("stored after the restart")?;
     assert_eq!(receipt.stream_seq, 2, "{receipt:?}");
     let again = publisher
-        .resend(&event("second", "outbox.x", b"{}"))
+        .resend(&event("second", "outbox.x", b"{}"), None)
         .await?
         .await?;
     assert_eq!((again.stream_seq, again.duplicate), (2, true));
@@ -231,7 +236,10 @@ async fn a_server_restart_resolves_outstanding_acks_and_the_resend_dedupes() -> 
 /// Publishes event `id` with `settings` and checks it is stored as new.
 async fn publishes_with(settings: &NatsSettings, id: &str) -> Result<()> {
     let publisher = publisher(settings).await?;
-    let receipt = publisher.send(&event(id, "outbox.x", b"{}")).await?.await?;
+    let receipt = publisher
+        .send(&event(id, "outbox.x", b"{}"), None)
+        .await?
+        .await?;
     ensure!(receipt.stream_seq >= 1 && !receipt.duplicate, "{receipt:?}");
     Ok(())
 }
@@ -322,7 +330,10 @@ async fn a_refused_second_connection_falls_back_to_async_nats() -> Result<()> {
     let publisher = publisher(&settings(server.url())).await?;
     let started = Instant::now();
     for (i, id) in ["a", "b"].iter().enumerate() {
-        let receipt = publisher.send(&event(id, "outbox.x", b"{}")).await?.await?;
+        let receipt = publisher
+            .send(&event(id, "outbox.x", b"{}"), None)
+            .await?
+            .await?;
         assert_eq!(receipt.stream_seq, i as u64 + 1);
     }
     assert!(

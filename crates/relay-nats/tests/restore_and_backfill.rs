@@ -52,11 +52,14 @@ async fn a_duplicate_of_a_purged_copy_is_reported_not_restored() -> Result<()> {
     let restoring = RestorePublisher::new(plain.clone(), STREAM.into());
 
     // Stored, then purged: the server still remembers the id for its duplicate window.
-    plain.send(&event("gone", "public.outbox")).await?.await?;
+    plain
+        .send(&event("gone", "public.outbox"), None)
+        .await?
+        .await?;
     let context = plain.jetstream().context();
     context.get_stream(STREAM).await?.purge().await?;
     let receipt = restoring
-        .send(&event("gone", "public.outbox"))
+        .send(&event("gone", "public.outbox"), None)
         .await?
         .await?;
     ensure!(
@@ -66,11 +69,11 @@ async fn a_duplicate_of_a_purged_copy_is_reported_not_restored() -> Result<()> {
 
     // Stored and still held: a duplicate that is restored.
     restoring
-        .send(&event("kept", "public.outbox"))
+        .send(&event("kept", "public.outbox"), None)
         .await?
         .await?;
     let again = restoring
-        .resend(&event("kept", "public.outbox"))
+        .resend(&event("kept", "public.outbox"), None)
         .await?
         .await?;
     ensure!(again.duplicate, "the second copy of `kept` is a duplicate");
@@ -93,7 +96,7 @@ async fn the_event_ids_of_a_table_are_read_from_the_stream_up_to_a_limit() -> Re
         ("a2", "public.outbox"),
         ("b1", "shop.outbox"),
     ] {
-        publisher.send(&event(id, table)).await?.await?;
+        publisher.send(&event(id, table), None).await?.await?;
     }
     let read = stream_ids(publisher.jetstream(), STREAM, "public.outbox", 10).await?;
     let StreamIds::Read(ids) = read else {

@@ -136,7 +136,7 @@ impl Env {
         if id.is_some() {
             let receipt = self
                 .relay
-                .send(&Arc::new(msg))
+                .send(&Arc::new(msg), None)
                 .await
                 .map_err(|e| anyhow!("relay publish: {e}"))?
                 .await

@@ -37,7 +37,7 @@ async fn publish(env: &Env, from: u64, to: u64) -> anyhow::Result<Vec<Published>
         let msg = relay_message_at(&id, "outbox.Order.Created", "{}", lsn, micros)?;
         let receipt = env
             .relay
-            .send(&Arc::new(msg))
+            .send(&Arc::new(msg), None)
             .await
             .map_err(|e| anyhow!("{e}"))?
             .await

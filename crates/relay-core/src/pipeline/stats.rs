@@ -37,6 +37,14 @@ pub struct PipelineStats {
     pub publish_errors_no_stream: AtomicU64,
     /// Publishes JetStream refused for good.
     pub publish_errors_rejected: AtomicU64,
+    /// Publishes the stream refused for lack of room (a limit with `discard: new`, storage):
+    /// re-sent in commit order once there is room.
+    pub publish_errors_stream_full: AtomicU64,
+    /// Publishes the stream refused because their predecessor in commit order was not its
+    /// last message (another writer, or a fault): re-sent in commit order.
+    pub publish_errors_out_of_turn: AtomicU64,
+    /// 1 while the oldest unacknowledged event waits for room in a full stream, else 0.
+    pub stream_full: AtomicU64,
     /// Commit-to-ack latency: acks per bucket of [`PipelineStats::COMMIT_TO_ACK_BOUNDS`] (not
     /// cumulative); the last bucket counts everything above the largest bound.
     pub commit_to_ack_buckets: [AtomicU64; 14],
@@ -88,6 +96,8 @@ impl PipelineStats {
             PublishErrorKind::Rejected | PublishErrorKind::Collision => {
                 &self.publish_errors_rejected
             }
+            PublishErrorKind::StreamFull => &self.publish_errors_stream_full,
+            PublishErrorKind::OutOfTurn => &self.publish_errors_out_of_turn,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }

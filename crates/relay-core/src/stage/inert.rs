@@ -36,7 +36,11 @@ pub struct DryRunPublisher {
 impl Publisher for DryRunPublisher {
     type Ack = std::future::Ready<Result<PubReceipt, PublishError>>;
 
-    async fn send(&self, _msg: &Arc<OutboundMessage>) -> Result<Self::Ack, PublishError> {
+    async fn send(
+        &self,
+        _msg: &Arc<OutboundMessage>,
+        _after: Option<&str>,
+    ) -> Result<Self::Ack, PublishError> {
         Ok(std::future::ready(Ok(PubReceipt {
             stream_seq: 0,
             duplicate: false,
@@ -51,8 +55,12 @@ impl Publisher for DryRunPublisher {
 
     fn end_transaction(&self) {}
 
-    async fn resend(&self, msg: &Arc<OutboundMessage>) -> Result<Self::Ack, PublishError> {
-        self.send(msg).await
+    async fn resend(
+        &self,
+        msg: &Arc<OutboundMessage>,
+        after: Option<&str>,
+    ) -> Result<Self::Ack, PublishError> {
+        self.send(msg, after).await
     }
 }
 
@@ -90,8 +98,8 @@ mod tests {
         };
         let publisher = DryRunPublisher { limits };
         for ack in [
-            publisher.send(&message()).await.unwrap(),
-            publisher.resend(&message()).await.unwrap(),
+            publisher.send(&message(), None).await.unwrap(),
+            publisher.resend(&message(), None).await.unwrap(),
         ] {
             let receipt = ack.await.unwrap();
             assert!(!receipt.duplicate, "a dry run counts every event as new");

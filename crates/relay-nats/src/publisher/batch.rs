@@ -185,7 +185,7 @@ impl Worker {
 
     /// Publishes `msg` on its own; its ack goes to `reply`.
     async fn alone(&self, msg: Arc<OutboundMessage>, reply: Reply) {
-        reply_when_acked(self.per_message.send_now(&msg).await, reply);
+        reply_when_acked(self.per_message.send_now(&msg, None).await, reply);
     }
 
     async fn add(&mut self, msg: Arc<OutboundMessage>, reply: Reply) {
@@ -525,7 +525,7 @@ impl Settling {
                 // the stream's deduplication answers for those it already holds (all of them
                 // after 10201: the batch that stored them was atomic too).
                 for (msg, reply) in members {
-                    let outcome = match per_message.send_now(&msg).await {
+                    let outcome = match per_message.send_now(&msg, None).await {
                         Ok(ack) => ack.await,
                         Err(e) => Err(e),
                     };

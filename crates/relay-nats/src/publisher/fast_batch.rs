@@ -164,7 +164,7 @@ impl Worker {
 
     /// Publishes `msg` on its own; its ack goes to `reply`.
     async fn alone(&self, msg: Arc<OutboundMessage>, reply: Reply) {
-        reply_when_acked(self.per_message.send_alone(&msg).await, reply);
+        reply_when_acked(self.per_message.send_alone(&msg, None).await, reply);
     }
 
     async fn add(&mut self, msg: Arc<OutboundMessage>, reply: Reply) {
@@ -489,7 +489,7 @@ impl Reader {
             if member.seq <= stored {
                 continue;
             }
-            let outcome = match self.per_message.send_alone(&member.msg).await {
+            let outcome = match self.per_message.send_alone(&member.msg, None).await {
                 Ok(ack) => ack.await,
                 Err(e) => Err(e),
             };

@@ -18,10 +18,11 @@ impl MessagePublisher {
         &self,
         lean: &LeanConnection,
         msg: &Arc<OutboundMessage>,
+        after: Option<&str>,
         probe: Option<tokio::sync::OwnedMutexGuard<()>>,
     ) -> Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError> {
         let outcome = lean
-            .publish(&self.stream, msg)
+            .publish_after(&self.stream, msg, after)
             .map_err(crate::wire::publish_error)?;
         let context = self.shared.clone();
         let stream = self.stream.clone();

@@ -12,7 +12,7 @@ use async_nats::jetstream;
 use async_nats::jetstream::context::PublishErrorKind as NatsKind;
 use async_nats::jetstream::message::PublishMessage;
 use futures::future::BoxFuture;
-use relay_core::message::OutboundMessage;
+use relay_core::message::{HEADER_EXPECTED_LAST_MSG_ID, OutboundMessage};
 use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind};
 
 use super::headers::HeaderState;
@@ -138,8 +138,9 @@ impl MessagePublisher {
     pub(crate) async fn send_now(
         &self,
         msg: &Arc<OutboundMessage>,
+        after: Option<&str>,
     ) -> Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError> {
-        self.send_waiting(msg, Duration::ZERO).await
+        self.send_waiting(msg, after, Duration::ZERO).await
     }
 
     /// Publishes `msg` (re-sends, and what a batch does not take). While the lean connection is
@@ -148,14 +149,18 @@ impl MessagePublisher {
     pub(crate) async fn send_alone(
         &self,
         msg: &Arc<OutboundMessage>,
+        after: Option<&str>,
     ) -> Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError> {
-        self.send_waiting(msg, self.ack_timeout).await
+        self.send_waiting(msg, after, self.ack_timeout).await
     }
 
-    /// Publishes `msg`, waiting at most `wait` for a lost lean connection.
+    /// Publishes `msg` (stored only if the stream's last message is `after`, when set: see
+    /// [`relay_core::stage::Publisher::send`]), waiting at most `wait` for a lost lean
+    /// connection.
     async fn send_waiting(
         &self,
         msg: &Arc<OutboundMessage>,
+        after: Option<&str>,
         wait: Duration,
     ) -> Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError> {
         if self.quarantine.is_suspect(&msg.event_id) {
@@ -163,12 +168,15 @@ impl MessagePublisher {
             // (the pipeline's loop, which polls the other deliveries) never blocks on it.
             let this = self.clone();
             let msg = msg.clone();
+            let after = after.map(str::to_owned);
             return Ok(Box::pin(async move {
                 let probe = this.quarantine.probe().await;
-                this.publish(&msg, Some(probe), wait).await?.await
+                this.publish(&msg, after.as_deref(), Some(probe), wait)
+                    .await?
+                    .await
             }));
         }
-        self.publish(msg, None, wait).await
+        self.publish(msg, after, None, wait).await
     }
 
     /// Sends `msg` now; the returned future sees it acknowledged. `probe` (a suspect's turn,
@@ -176,19 +184,24 @@ impl MessagePublisher {
     async fn publish(
         &self,
         msg: &Arc<OutboundMessage>,
+        after: Option<&str>,
         probe: Option<tokio::sync::OwnedMutexGuard<()>>,
         wait: Duration,
     ) -> Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError> {
         if let Some(lean) = &self.lean
             && lean.ready(wait).await
         {
-            return self.publish_lean(lean, msg, probe);
+            return self.publish_lean(lean, msg, after, probe);
         }
         // Before sending: a server close from now on may be this message's doing.
         let state = self.jetstream.state();
         let mut closes = state.closes.subscribe();
+        let mut headers = self.headers(msg);
+        if let Some(after) = after {
+            headers.insert(HEADER_EXPECTED_LAST_MSG_ID, after);
+        }
         let publish = PublishMessage::build()
-            .headers(self.headers(msg))
+            .headers(headers)
             .payload(msg.payload.clone());
         let ack = self
             .context()
@@ -293,9 +306,9 @@ pub(crate) fn classify(error: jetstream::context::PublishError) -> PublishError 
         }
         // 503 no responders: a leader election, or no stream captures the subject.
         NatsKind::StreamNotFound => PublishErrorKind::NoStream,
-        NatsKind::MaxPayloadExceeded
-        | NatsKind::WrongLastMessageId
-        | NatsKind::WrongLastSequence => PublishErrorKind::Rejected,
+        // The commit-order condition: the predecessor was not the stream's last message.
+        NatsKind::WrongLastMessageId => PublishErrorKind::OutOfTurn,
+        NatsKind::MaxPayloadExceeded | NatsKind::WrongLastSequence => PublishErrorKind::Rejected,
         _ => server_code.map_or(PublishErrorKind::Unknown, |code| {
             kind_for_error_code(code.0)
         }),

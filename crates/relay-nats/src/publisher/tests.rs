@@ -58,7 +58,7 @@ async fn headers_come_from_the_transaction_template_and_the_event() {
     }
     // Every outstanding ack holds one of these: keep it small (the rare paths are boxed).
     let ack = publisher
-        .send(&Arc::new(cases[2].0.clone()))
+        .send(&Arc::new(cases[2].0.clone()), None)
         .await
         .expect("queued while the client connects");
     assert!(

@@ -59,10 +59,10 @@ fn recorded(h: &Harness) -> Vec<PositionAnchor> {
 
 #[tokio::test(start_paused = true)]
 async fn the_anchor_has_the_lowest_sequence_and_the_earliest_commit_behind_the_checkpoint() {
-    let broker = FakeBroker::default();
+    let broker = FakeBroker::storing_on_ack();
     {
         let mut b = broker.0.lock().unwrap();
-        // a is slow: the fake broker stores a message when it acks it, so b and c land first.
+        // a is slow: this broker stores a message when it acks it, so b and c land first.
         b.delays.insert("a".into(), Duration::from_millis(30));
     }
     let mut events = preamble();
@@ -94,8 +94,9 @@ async fn the_anchor_has_the_lowest_sequence_and_the_earliest_commit_behind_the_c
 async fn an_event_acked_beyond_the_checkpoint_lowers_the_anchor_of_that_checkpoint() {
     // b is lost on its first send and re-sent after a backoff, so the checkpoint waits at tx 1
     // while e (tx 3) is already acked at a sequence lower than b's. Keying anchors on "acks since
-    // the last checkpoint" would give tx 2 the anchor (b, 3) and lose e at 2.
-    let broker = FakeBroker::default();
+    // the last checkpoint" would give tx 2 the anchor (b, 3) and lose e at 2. (A broker that
+    // stores out of order, as without the commit-order condition.)
+    let broker = FakeBroker::storing_on_ack();
     broker
         .0
         .lock()

@@ -119,6 +119,8 @@ pub(super) enum Fault {
     FailBeforeWrite,
     /// Refused for good.
     Reject,
+    /// Refused for lack of room: nothing stored.
+    Full,
 }
 
 #[derive(Default)]
@@ -132,12 +134,58 @@ pub(super) struct BrokerState {
     pub(super) outstanding: usize,
     pub(super) max_outstanding: usize,
     pub(super) sends: usize,
+    /// Sends refused because `after` was not the stream's last message.
+    pub(super) out_of_turn: usize,
+    /// Stores each message when its ack is due, not when it is sent, and checks no `after`: a
+    /// broker whose stream order follows ack timing (as batches of a publish mode that makes
+    /// no condition, or copies from an earlier session), for tests of a stream out of order.
+    pub(super) stores_on_ack: bool,
+}
+
+impl BrokerState {
+    /// Stores `msg` as JetStream would: a duplicate is answered with its first copy's sequence
+    /// before any condition is checked; then `after` must be the last message stored.
+    fn store(
+        &mut self,
+        msg: &OutboundMessage,
+        after: Option<&str>,
+    ) -> Result<PubReceipt, PublishError> {
+        if let Some(i) = self.stream.iter().position(|m| m.event_id == msg.event_id) {
+            return Ok(PubReceipt {
+                stream_seq: i as u64 + 1,
+                duplicate: true,
+            });
+        }
+        if let Some(after) = after
+            && self.stream.last().map(|m| m.event_id.as_str()) != Some(after)
+        {
+            self.out_of_turn += 1;
+            return Err(PublishError::new(
+                PublishErrorKind::OutOfTurn,
+                format!("wrong last msg id: expected {after}"),
+            ));
+        }
+        self.ids.insert(msg.event_id.clone());
+        self.stream.push(msg.clone());
+        Ok(PubReceipt {
+            stream_seq: self.stream.len() as u64,
+            duplicate: false,
+        })
+    }
 }
 
 #[derive(Clone, Default)]
 pub(super) struct FakeBroker(pub(super) Arc<Mutex<BrokerState>>);
 
 impl FakeBroker {
+    /// A broker that stores in ack order and ignores `after` (see
+    /// [`BrokerState::stores_on_ack`]).
+    pub(super) fn storing_on_ack() -> Self {
+        let broker = Self::default();
+        broker.0.lock().unwrap().stores_on_ack = true;
+        broker
+    }
+
     /// A broker that acknowledges event `id` only after `delay`.
     pub(super) fn with_delay(id: &str, delay: Duration) -> Self {
         let broker = Self::default();
@@ -149,48 +197,63 @@ impl FakeBroker {
 impl Publisher for FakeBroker {
     type Ack = futures::future::BoxFuture<'static, Result<PubReceipt, PublishError>>;
 
-    async fn send(&self, msg: &Arc<OutboundMessage>) -> Result<Self::Ack, PublishError> {
+    /// Stores (or loses) the message when it is sent, in send order like a server reading one
+    /// connection, and answers after the event's delay. `after` is checked like
+    /// `Nats-Expected-Last-Msg-Id`, after the duplicate check as in nats-server.
+    async fn send(
+        &self,
+        msg: &Arc<OutboundMessage>,
+        after: Option<&str>,
+    ) -> Result<Self::Ack, PublishError> {
         let state = self.0.clone();
         let msg = OutboundMessage::clone(msg);
-        let (delay, fault) = {
+        let (delay, outcome) = {
             let mut s = state.lock().unwrap();
             s.sends += 1;
             s.outstanding += 1;
             s.max_outstanding = s.max_outstanding.max(s.outstanding);
             let fault = s.faults.get_mut(&msg.event_id).and_then(|q| q.pop_front());
             let delay = s.delays.get(&msg.event_id).copied();
-            (delay.unwrap_or(Duration::from_millis(1)), fault)
+            let after = if s.stores_on_ack { None } else { after };
+            let outcome = match fault {
+                Some(Fault::Reject) => {
+                    Err(PublishError::new(PublishErrorKind::Rejected, "too big"))
+                }
+                Some(Fault::FailBeforeWrite) => {
+                    Err(PublishError::new(PublishErrorKind::Unknown, "timed out"))
+                }
+                Some(Fault::Full) => Err(PublishError::new(
+                    PublishErrorKind::StreamFull,
+                    "maximum messages exceeded",
+                )),
+                _ if s.stores_on_ack => Ok((
+                    PubReceipt {
+                        stream_seq: 0,
+                        duplicate: false,
+                    },
+                    fault,
+                )),
+                _ => s.store(&msg, after).map(|receipt| (receipt, fault)),
+            };
+            (delay.unwrap_or(Duration::from_millis(1)), outcome)
         };
         Ok(Box::pin(async move {
             tokio::time::sleep(delay).await;
             let mut s = state.lock().unwrap();
             s.outstanding -= 1;
-            if fault == Some(Fault::Reject) {
-                return Err(PublishError::new(PublishErrorKind::Rejected, "too big"));
-            }
-            if fault == Some(Fault::FailBeforeWrite) {
-                return Err(PublishError::new(PublishErrorKind::Unknown, "timed out"));
-            }
-            let duplicate = !s.ids.insert(msg.event_id.clone());
-            if !duplicate {
-                s.stream.push(msg.clone());
-            }
-            // Like JetStream: a duplicate's receipt names the first copy.
-            let seq = s
-                .stream
-                .iter()
-                .position(|m| m.event_id == msg.event_id)
-                .map_or(0, |i| i as u64 + 1);
-            if fault == Some(Fault::FailAfterWrite) {
-                return Err(PublishError::new(
+            let outcome = match outcome {
+                Ok((_, fault)) if s.stores_on_ack && fault != Some(Fault::FailBeforeWrite) => {
+                    (s.store(&msg, None)?, fault)
+                }
+                outcome => outcome?,
+            };
+            match outcome {
+                (_, Some(Fault::FailAfterWrite)) => Err(PublishError::new(
                     PublishErrorKind::Unknown,
                     "ack timed out",
-                ));
+                )),
+                (receipt, _) => Ok(receipt),
             }
-            Ok(PubReceipt {
-                stream_seq: seq,
-                duplicate,
-            })
         }))
     }
 
@@ -202,8 +265,12 @@ impl Publisher for FakeBroker {
 
     fn end_transaction(&self) {}
 
-    async fn resend(&self, msg: &Arc<OutboundMessage>) -> Result<Self::Ack, PublishError> {
-        self.send(msg).await
+    async fn resend(
+        &self,
+        msg: &Arc<OutboundMessage>,
+        after: Option<&str>,
+    ) -> Result<Self::Ack, PublishError> {
+        self.send(msg, after).await
     }
 }
 
