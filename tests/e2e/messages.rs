@@ -450,13 +450,14 @@ pub(crate) async fn kill9_loop(env: &Env, nats_extra: &str, scenario: &str) -> R
     );
     let js = env.jetstream().await?;
     let deadline = Instant::now() + Duration::from_secs(60);
-    let counts = loop {
+    let (counts, stored) = loop {
+        let stored = read_stream(&js).await?;
         let mut counts: HashMap<String, usize> = HashMap::new();
-        for m in read_stream(&js).await? {
+        for m in &stored {
             *counts.entry(m.id().to_owned()).or_default() += 1;
         }
         if committed.iter().all(|id| counts.contains_key(id)) || Instant::now() > deadline {
-            break counts;
+            break (counts, stored);
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
@@ -476,6 +477,7 @@ pub(crate) async fn kill9_loop(env: &Env, nats_extra: &str, scenario: &str) -> R
         (0..10).step_by(2).all(|k| outstanding[k] > 0),
         format!("publishes outstanding at the 5 kills that wait for them: {outstanding:?}"),
     );
+    v.judge_order(&db, &stored).await?;
     v.require(messages > 0, "messages committed");
     v.assert_with_log(&relay.log());
     Ok(())

@@ -215,7 +215,7 @@ impl Relay {
     pub fn start_with_env(config: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<Self> {
         let log = config.with_extension(format!("{}.log", fastrand_suffix()));
         let file = std::fs::File::create(&log)?;
-        let child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        let child = Command::new(relay_bin())
             .arg("--config")
             .arg(config)
             .args(args)
@@ -575,12 +575,18 @@ pub async fn wait_metric(
     }
 }
 
+/// The relay binary the tests run: this build's, or `RELAY_TEST_BIN` (to show a scenario failing
+/// on another build, e.g. the one before a fix).
+pub fn relay_bin() -> std::ffi::OsString {
+    std::env::var_os("RELAY_TEST_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_outbox-relay").into())
+}
+
 /// Runs the relay binary with `args` (e.g. `validate --connect`) and waits for it.
 pub async fn relay_cmd(config: &Path, args: &[&str]) -> Result<Output> {
     let config = config.to_owned();
     let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
     Ok(tokio::task::spawn_blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        Command::new(relay_bin())
             .arg("--config")
             .arg(&config)
             .args(&args)

@@ -36,12 +36,15 @@ pub const DUPLICATES: &str = "outbox_relay_duplicates_acknowledged";
 pub const ALREADY_PUBLISHED: &str = "outbox_relay_events_already_published";
 /// Counter: rows that could not be routed and went to `[relay] dead_letter_subject`.
 pub const DEAD_LETTERED: &str = "outbox_relay_events_dead_lettered";
-/// Counter, label `kind` = `unknown` | `no_stream` | `rejected`: failed publish attempts.
+/// Counter, label `kind` = `unknown` | `no_stream` | `rejected` | `stream_full` |
+/// `out_of_turn`: failed publish attempts.
 pub const PUBLISH_ERRORS: &str = "outbox_relay_publish_errors";
 /// Counter: re-publishes after an unknown outcome.
 pub const PUBLISH_RETRIES: &str = "outbox_relay_publish_retries";
 /// Gauge: events published and awaiting their ack.
 pub const OUTSTANDING_ACKS: &str = "outbox_relay_outstanding_acks";
+/// Gauge: 1 while the oldest unacknowledged event waits for room in a full stream.
+pub const STREAM_FULL: &str = "outbox_relay_stream_full";
 /// Histogram: PostgreSQL commit time to JetStream ack, seconds.
 pub const COMMIT_TO_ACK: &str = "outbox_relay_commit_to_ack_seconds";
 /// Gauge: the stored and confirmed LSN, as a number.

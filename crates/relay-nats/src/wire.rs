@@ -153,14 +153,19 @@ mod tests {
             of(WireErrorKind::NoResponders).kind,
             PublishErrorKind::NoStream
         );
-        // Expected stream mismatch: refused for good; a store failure: try again.
+        // Expected stream mismatch: refused for good; a full stream: nothing stored, again
+        // once there is room; the commit-order condition: again, in turn.
         assert_eq!(
             of(WireErrorKind::Refused { err_code: 10060 }).kind,
             PublishErrorKind::Rejected
         );
         assert_eq!(
             of(WireErrorKind::Refused { err_code: 10077 }).kind,
-            PublishErrorKind::Unknown
+            PublishErrorKind::StreamFull
+        );
+        assert_eq!(
+            of(WireErrorKind::Refused { err_code: 10070 }).kind,
+            PublishErrorKind::OutOfTurn
         );
         let other = of(WireErrorKind::OtherDomain {
             stream: "OUTBOX".into(),

@@ -1,6 +1,10 @@
 //! The oracle: outbox rows are never deleted during a scenario, so the table is the truth.
 //! Every committed event id is ok (exactly once in the stream), dup (more than once) or lost
-//! (not in the stream); a stream message whose id is no committed row is a phantom.
+//! (not in the stream); a stream message whose id is no committed row is a phantom. Order is
+//! judged per aggregate (`aggregatetype`, `aggregateid`): its events in commit order (the
+//! transaction's start time, one writer per aggregate, then the row's `g` within it) must have
+//! their first copies in the stream in that order; an event whose first copy is stored before
+//! that of an event of its aggregate committed earlier counts as reordered.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write as _;
@@ -20,6 +24,8 @@ pub struct Verdict {
     pub dup: usize,
     pub lost: usize,
     pub phantom: usize,
+    /// Events stored after an event of their aggregate that was committed later.
+    pub reordered: usize,
     pub pass: bool,
     pub note: String,
 }
@@ -33,13 +39,14 @@ impl Verdict {
             None => self.scenario.clone(),
         };
         let line = format!(
-            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
             scenario,
             self.written,
             self.ok,
             self.dup,
             self.lost,
             self.phantom,
+            self.reordered,
             if self.pass { "PASS" } else { "FAIL" },
             self.note
         );
@@ -114,18 +121,20 @@ pub async fn classify(
     let deadline = Instant::now() + timeout;
     // Cheap first: wait for the message count before reading every message (once, usually).
     let _ = wait_stream_count(env, committed.len(), timeout).await;
-    let counts = loop {
+    let (counts, messages) = loop {
+        let messages = read_stream(&js).await?;
         let mut counts: HashMap<String, usize> = HashMap::new();
-        for m in read_stream(&js).await? {
+        for m in &messages {
             *counts.entry(m.id().to_owned()).or_default() += 1;
         }
         let complete = committed.iter().all(|id| counts.contains_key(id));
         if complete || Instant::now() > deadline {
-            break counts;
+            break (counts, messages);
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
-    let v = Verdict::from_counts(scenario, &committed, &counts, allow_dup, note);
+    let mut v = Verdict::from_counts(scenario, &committed, &counts, allow_dup, note);
+    v.judge_order(&env.db().await?, &messages).await?;
     if v.lost > 0 {
         // Name a few, with their insert time, to tell a relay bug from a test that wrote
         // before the slot existed.
@@ -166,6 +175,7 @@ impl Verdict {
             dup: 0,
             lost: 0,
             phantom: 0,
+            reordered: 0,
             pass: false,
             note: note.to_owned(),
         };
@@ -179,6 +189,69 @@ impl Verdict {
         v.phantom = counts.keys().filter(|id| !committed.contains(*id)).count();
         v.pass = v.lost == 0 && v.phantom == 0 && (allow_dup || v.dup == 0) && v.written > 0;
         v
+    }
+}
+
+impl Verdict {
+    /// Judges order per aggregate (see the module's documentation) against the committed rows,
+    /// from the stream's `messages` in stream order; fails the verdict on any reordered event.
+    pub async fn judge_order(
+        &mut self,
+        db: &tokio_postgres::Client,
+        messages: &[Received],
+    ) -> Result<()> {
+        let mut first: HashMap<&str, u64> = HashMap::new();
+        for m in messages {
+            first.entry(m.id()).or_insert(m.seq);
+        }
+        let rows = db
+            .query(
+                "SELECT id::text, aggregatetype || '/' || aggregateid, \
+                        (extract(epoch FROM created_at) * 1000000)::bigint, \
+                        CASE WHEN jsonb_typeof(payload -> 'g') = 'number' \
+                             THEN (payload ->> 'g')::bigint ELSE 0 END \
+                 FROM outbox",
+                &[],
+            )
+            .await?;
+        // aggregate -> (commit key, first stream sequence) of its stored events.
+        let mut aggregates: HashMap<String, Vec<((i64, i64), u64)>> = HashMap::new();
+        for row in &rows {
+            let id: String = row.get(0);
+            if let Some(seq) = first.get(id.as_str()) {
+                aggregates
+                    .entry(row.get(1))
+                    .or_default()
+                    .push(((row.get(2), row.get(3)), *seq));
+            }
+        }
+        let mut reordered = 0;
+        let mut example = None;
+        for (aggregate, mut events) in aggregates {
+            // Events of one key (one transaction without `g`) have no order to judge: sorted
+            // by sequence they never count.
+            events.sort();
+            let mut latest = 0;
+            for (key, seq) in events {
+                if seq < latest {
+                    reordered += 1;
+                    example.get_or_insert(format!(
+                        "{aggregate}: the event committed at {key:?} is at sequence {seq}, after one committed before it at {latest}"
+                    ));
+                }
+                latest = latest.max(seq);
+            }
+        }
+        self.reordered = reordered;
+        if reordered > 0 {
+            self.pass = false;
+            self.note = format!(
+                "{reordered} reordered (e.g. {}); {}",
+                example.unwrap_or_default(),
+                self.note
+            );
+        }
+        Ok(())
     }
 }
 

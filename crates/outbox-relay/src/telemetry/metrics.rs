@@ -146,7 +146,7 @@ const FAMILIES: &[Family] = &[
     },
     Family {
         name: PUBLISH_RETRIES,
-        help: "Re-publishes after an unknown outcome",
+        help: "Re-publishes after a failed publish, in commit order",
         read: |s| counter(&s.stats.publish_retries),
     },
     Family {
@@ -157,6 +157,8 @@ const FAMILIES: &[Family] = &[
                 ("unknown", &s.stats.publish_errors_unknown),
                 ("no_stream", &s.stats.publish_errors_no_stream),
                 ("rejected", &s.stats.publish_errors_rejected),
+                ("stream_full", &s.stats.publish_errors_stream_full),
+                ("out_of_turn", &s.stats.publish_errors_out_of_turn),
             ];
             labelled("kind", kinds.map(|(k, a)| (k, Value::Counter(load(a)))))
         },
@@ -165,6 +167,11 @@ const FAMILIES: &[Family] = &[
         name: OUTSTANDING_ACKS,
         help: "Events published and awaiting their ack",
         read: |s| gauge(load(&s.stats.in_flight) as i64),
+    },
+    Family {
+        name: STREAM_FULL,
+        help: "1 while the oldest unacknowledged event waits for room in a full stream",
+        read: |s| gauge(load(&s.stats.stream_full) as i64),
     },
     Family {
         name: COMMIT_TO_ACK,

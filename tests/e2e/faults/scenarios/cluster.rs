@@ -1,4 +1,5 @@
-//! Fault scenario 15: a three-node NATS cluster with leader step-downs and a node kill.
+//! Fault scenarios 15 and 22: a three-node NATS cluster with leader step-downs and a node kill,
+//! and its stream leader killed under load.
 
 use std::time::{Duration, Instant};
 
@@ -60,7 +61,7 @@ async fn s15_three_node_cluster_with_leader_stepdowns_and_a_node_kill() -> Resul
     // Classify against the cluster: read through a client of the cluster.
     let committed = committed_ids(&env).await?;
     let deadline = Instant::now() + settle();
-    let counts = loop {
+    let (counts, stored) = loop {
         let mut counts = std::collections::HashMap::<String, usize>::new();
         // A node that just restarted may still be catching up: a failed read is retried.
         let messages = match read_stream(&js).await {
@@ -72,11 +73,11 @@ async fn s15_three_node_cluster_with_leader_stepdowns_and_a_node_kill() -> Resul
             }
             Err(e) => return Err(e),
         };
-        for m in messages {
+        for m in &messages {
             *counts.entry(m.id().to_owned()).or_default() += 1;
         }
         if committed.iter().all(|id| counts.contains_key(id)) || Instant::now() > deadline {
-            break counts;
+            break (counts, messages);
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
@@ -90,11 +91,110 @@ async fn s15_three_node_cluster_with_leader_stepdowns_and_a_node_kill() -> Resul
             relay.log().matches("re-publishing").count()
         ),
     );
+    v.judge_order(&env.db().await?, &stored).await?;
     v.require(
         stepped == 4,
         format!("4 step-downs, each electing another leader: {moves:?}"),
     );
     v.assert_with_log(&relay.log());
+    Ok(())
+}
+
+/// 22. A three-node NATS cluster with an R3 stream: the stream's leader is killed (-9) under
+/// load three times, each time restarted after a new leader was elected. Messages the old
+/// leader had not stored must not be overtaken by later ones the new leader stores: lost 0,
+/// no duplicate, and each aggregate's events in commit order.
+#[tokio::test(flavor = "multi_thread")]
+async fn s22_cluster_stream_leader_killed_under_load() -> Result<()> {
+    let env = Env::start().await?;
+    let mut cluster = relay_testkit::NatsCluster::start(3).await?;
+    let client = async_nats::ConnectOptions::new()
+        .connect(
+            cluster
+                .urls()
+                .iter()
+                .map(|u| u.parse::<async_nats::ServerAddr>())
+                .collect::<Result<Vec<_>, _>>()?,
+        )
+        .await?;
+    let js = async_nats::jetstream::new(client.clone());
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: STREAM.into(),
+        subjects: vec!["outbox.>".into()],
+        num_replicas: 3,
+        storage: async_nats::jetstream::stream::StorageType::File,
+        allow_atomic_publish: publish_mode().as_deref() == Some("atomic-batch"),
+        allow_batch_publish: publish_mode().as_deref() == Some("fast-batch"),
+        ..Default::default()
+    })
+    .await?;
+    let config = config_via(
+        &env,
+        &in_mode(env.config_full("", "")),
+        env.pg.port(),
+        &cluster.url(),
+    )?;
+    let relay = started(&config, &[]).await?;
+    let load = Load::start(&env, 3, 20, Duration::from_millis(10)).await?;
+    let mut killed = Vec::new();
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let Ok(Some(leader)) = relay_testkit::stream_leader(&client, STREAM).await else {
+            continue;
+        };
+        let Some(victim) = cluster.node_index(&leader) else {
+            continue;
+        };
+        cluster.node(victim).kill9()?;
+        killed.push(leader);
+        // A new leader is elected among the other two while load goes on.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        cluster.node(victim).start_again().await?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    load.stop().await;
+    let committed = committed_ids(&env).await?;
+    let deadline = Instant::now() + settle();
+    let (counts, stored) = loop {
+        let mut counts = std::collections::HashMap::<String, usize>::new();
+        let messages = match read_stream(&js).await {
+            Ok(messages) => messages,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("s22: reading the stream failed, retrying: {e:#}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        for m in &messages {
+            *counts.entry(m.id().to_owned()).or_default() += 1;
+        }
+        if committed.iter().all(|id| counts.contains_key(id)) || Instant::now() > deadline {
+            break (counts, messages);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let log = relay.log();
+    let mut v = Verdict::from_counts(
+        "22 NATS cluster R3: stream leader kill -9 x3 under load",
+        &committed,
+        &counts,
+        false,
+        &format!(
+            "leaders killed: {killed:?}; re-send rounds {}",
+            log.matches("re-publishing").count()
+        ),
+    );
+    v.judge_order(&env.db().await?, &stored).await?;
+    v.require(
+        killed.len() == 3,
+        format!("three leaders killed: {killed:?}"),
+    );
+    v.require(
+        log.contains("re-publishing"),
+        "publishes failed at the kills and were sent again",
+    );
+    v.assert_with_log(&log);
     Ok(())
 }
 

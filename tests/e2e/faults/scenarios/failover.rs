@@ -24,19 +24,21 @@ async fn classify_on(pair: &Pair, scenario: &str, timeout: Duration) -> Result<V
     let committed = committed_on(&pair.standby).await?;
     let js = pair.env.jetstream().await?;
     let deadline = Instant::now() + timeout;
-    let counts = loop {
+    let (counts, messages) = loop {
+        let messages = read_stream(&js).await?;
         let mut counts: HashMap<String, usize> = HashMap::new();
-        for m in read_stream(&js).await? {
+        for m in &messages {
             *counts.entry(m.id().to_owned()).or_default() += 1;
         }
         if committed.iter().all(|id| counts.contains_key(id)) || Instant::now() > deadline {
-            break counts;
+            break (counts, messages);
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
-    Ok(Verdict::from_counts(
-        scenario, &committed, &counts, false, "",
-    ))
+    let mut v = Verdict::from_counts(scenario, &committed, &counts, false, "");
+    v.judge_order(&pair.standby.connect(DB).await?, &messages)
+        .await?;
+    Ok(v)
 }
 
 /// 17. Failover slot, synchronized to the standby, `synchronized_standby_slots` on the primary:

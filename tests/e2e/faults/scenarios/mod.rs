@@ -4,12 +4,16 @@
 //! * `outages`: NATS or PostgreSQL down, restarted or cut off (4-7).
 //! * `slots`: the replication slot: lag, standby takeover, lost or advanced slots, transaction
 //!   shapes (8-13).
-//! * `cluster`: a three-node NATS cluster (15).
+//! * `cluster`: a three-node NATS cluster: step-downs and a node kill (15), the stream
+//!   leader killed under load (22).
+//! * `full`: the stream full under load, then its limit raised (20), with a relay kill while
+//!   full (21).
 //! * `failover`: the PostgreSQL primary killed and a standby promoted (17-19).
 
 mod cluster;
 mod crashes;
 mod failover;
+mod full;
 mod outages;
 mod slots;
 
