@@ -471,7 +471,8 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
         window: &mut Window,
         done: Attempt,
     ) -> Result<Option<(OutboundMessage, EventTicket)>, PipelineError> {
-        match window.on_attempt(done, self.publisher.max_server_closes(), &self.stats) {
+        let publisher = &self.publisher;
+        match window.on_attempt(done, || publisher.max_server_closes(), &self.stats) {
             Outcome::Again => Ok(None),
             Outcome::Stored(ticket, receipt, msg, mark) => {
                 self.positions.finished(mark);

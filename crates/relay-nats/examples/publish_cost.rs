@@ -12,6 +12,9 @@
 //!
 //! Run each at two sizes; the difference over the difference in events is the cost per event
 //! without start-up. The nats-server child is not instrumented (no `--trace-children`).
+//!
+//! Each event names the one before it as the pipeline does while that one is unacknowledged
+//! (`Nats-Expected-Last-Msg-Id`, the commit-order condition), except the first.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -79,6 +82,7 @@ async fn main() -> Result<()> {
     let payload = Bytes::from(vec![b'x'; 200]);
     let mut outstanding = VecDeque::new();
     let mut tx: Vec<(Arc<str>, Arc<str>)> = Vec::new();
+    let mut previous: Option<Arc<OutboundMessage>> = None;
     for i in 0..count {
         if i % TX_ROWS == 0 {
             // Per message, the transaction calls do nothing: left out so the counts stay
@@ -108,7 +112,9 @@ async fn main() -> Result<()> {
             commit_lsn: Lsn(if atomic { i / TX_ROWS } else { i } as u64),
             commit_time_micros: 0,
         });
-        outstanding.push_back(publisher.send(&msg, None).await?);
+        let after = previous.as_ref().map(|m| m.event_id.as_str());
+        outstanding.push_back(publisher.send(&msg, after).await?);
+        previous = Some(msg);
         if outstanding.len() >= WINDOW
             && let Some(ack) = outstanding.pop_front()
         {

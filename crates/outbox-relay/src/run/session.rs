@@ -373,13 +373,16 @@ impl Supervisor<'_> {
             }
             Err(e @ (PipelineError::Route { .. } | PipelineError::Publish { .. })) => {
                 source.stop(stop_wait).await;
-                Err(Exit::new(
-                    ExitKind::DataSafety,
+                Err(Exit::new(ExitKind::DataSafety, {
+                    let advice = super::stop::stop_advice(
+                        &e,
+                        self.config.relay.dead_letter_subject.is_some(),
+                    );
                     anyhow::Error::new(e).context(format!(
-                        "stopped before this transaction; confirmed position stays at {}. A committed row cannot change: fix the mapping (or set [relay] dead_letter_subject) and restart; the relay resumes there",
+                        "stopped before this transaction; confirmed position stays at {}. {advice}",
                         confirmed()
-                    )),
-                )
+                    ))
+                })
                 .into())
             }
             Err(e @ PipelineError::Schema { .. }) => {

@@ -113,3 +113,84 @@ mod tests {
         );
     }
 }
+
+/// What to do about a transaction the relay stopped before, by cause: only a row's problem is
+/// fixed by the mapping or parked by `[relay] dead_letter_subject` (and that one is suggested
+/// only while it is not set); a broker's refusal is fixed on the NATS side.
+pub(super) fn stop_advice(
+    error: &relay_core::pipeline::PipelineError,
+    dead_letter_set: bool,
+) -> &'static str {
+    use relay_core::pipeline::PipelineError;
+    use relay_core::stage::PublishErrorKind;
+    match error {
+        PipelineError::Publish { error, .. } => match error.kind {
+            PublishErrorKind::Collision if dead_letter_set => {
+                "Two outbox rows share this event id: give new rows ids of their own and restart; the relay resumes there"
+            }
+            PublishErrorKind::Collision => {
+                "Two outbox rows share this event id: give new rows ids of their own (or set [relay] dead_letter_subject to park the second one) and restart; the relay resumes there"
+            }
+            PublishErrorKind::NoStream => {
+                "No stream answered for [relay] no_stream_grace: create the stream (or let the relay: [nats] create_stream = true), make it capture the subject, or bring its servers back, and restart; the relay resumes there"
+            }
+            _ => {
+                "This is the broker's refusal, not the row's: the reason above says what to change on the NATS side (permissions, domain, stream, server limits); then restart, and the relay resumes there"
+            }
+        },
+        _ if dead_letter_set => {
+            "A committed row cannot change: fix the mapping and restart; the relay resumes there"
+        }
+        _ => {
+            "A committed row cannot change: fix the mapping (or set [relay] dead_letter_subject) and restart; the relay resumes there"
+        }
+    }
+}
+
+#[cfg(test)]
+mod advice_tests {
+    use relay_core::Lsn;
+    use relay_core::pipeline::PipelineError;
+    use relay_core::stage::{PublishError, PublishErrorKind};
+
+    use super::stop_advice;
+
+    fn refused(kind: PublishErrorKind) -> PipelineError {
+        PipelineError::Publish {
+            event_id: "e".into(),
+            subject: "outbox.x".into(),
+            error: PublishError::new(kind, "why"),
+        }
+    }
+
+    #[test]
+    fn only_a_rows_problem_suggests_the_mapping_or_the_dead_letter_subject() {
+        let denied = stop_advice(&refused(PublishErrorKind::Rejected), false);
+        assert!(
+            !denied.contains("dead_letter_subject") && !denied.contains("mapping"),
+            "{denied}"
+        );
+        assert!(denied.contains("NATS side"), "{denied}");
+        let grace = stop_advice(&refused(PublishErrorKind::NoStream), false);
+        assert!(
+            grace.contains("no_stream_grace") && !grace.contains("dead_letter"),
+            "{grace}"
+        );
+        assert!(
+            stop_advice(&refused(PublishErrorKind::Collision), false)
+                .contains("dead_letter_subject")
+        );
+        assert!(
+            !stop_advice(&refused(PublishErrorKind::Collision), true)
+                .contains("dead_letter_subject")
+        );
+        let route = PipelineError::Route {
+            event_id: None,
+            xid: 1,
+            commit_lsn: Lsn(1),
+            error: relay_core::route::RouteError::UnknownRelation(7),
+        };
+        assert!(stop_advice(&route, false).contains("dead_letter_subject"));
+        assert!(!stop_advice(&route, true).contains("dead_letter_subject"));
+    }
+}

@@ -108,6 +108,8 @@ pub(super) struct Window {
     no_stream_since: Option<Instant>,
     /// The error of the round's first failure, for its one log line.
     first_error: Option<PublishError>,
+    /// `PipelineStats::stream_full` is set (written only when it changes: acks are per event).
+    full: bool,
 }
 
 impl Window {
@@ -123,6 +125,7 @@ impl Window {
             delay: policy.initial,
             no_stream_since: None,
             first_error: None,
+            full: false,
         }
     }
 
@@ -175,10 +178,11 @@ impl Window {
     }
 
     /// Takes one attempt's outcome.
+    /// `max_server_closes` is asked only on a failure (see [`crate::stage::Publisher::max_server_closes`]).
     pub(super) fn on_attempt(
         &mut self,
         (seq, result): Attempt,
-        max_server_closes: u32,
+        max_server_closes: impl FnOnce() -> u32,
         stats: &PipelineStats,
     ) -> Outcome {
         let probe = self.probe == Some(seq);
@@ -196,13 +200,15 @@ impl Window {
                 entry.state = State::Settled;
                 entry.closes = 0;
                 stats.observe_ack(&entry.msg, &receipt);
-                stats.stream_full.store(0, Ordering::Relaxed);
                 *no_stream_since = None;
                 let stored = Outcome::Stored(entry.ticket, receipt, entry.msg.clone(), entry.mark);
                 if probe {
                     self.probe = None;
                     self.burst_due = true;
                     self.delay = policy.initial;
+                }
+                if std::mem::take(&mut self.full) {
+                    stats.stream_full.store(0, Ordering::Relaxed);
                 }
                 self.pop_settled();
                 return stored;
@@ -215,7 +221,7 @@ impl Window {
         } else {
             0
         };
-        let refused = if error.closed_by_server && entry.closes >= max_server_closes.max(1) {
+        let refused = if error.closed_by_server && entry.closes >= max_server_closes().max(1) {
             Some(refused_after_closes(entry.closes, &error))
         } else {
             match error.kind {
@@ -236,7 +242,7 @@ impl Window {
             self.pop_settled();
             return refused;
         }
-        if error.kind == PublishErrorKind::StreamFull {
+        if error.kind == PublishErrorKind::StreamFull && !std::mem::replace(&mut self.full, true) {
             stats.stream_full.store(1, Ordering::Relaxed);
         }
         entry.state = State::Failed;
@@ -264,7 +270,13 @@ impl Window {
     /// round is timed (backoff from `retry_initial`, doubling to `retry_max`).
     pub(super) fn settle(&mut self, attempts_out: usize) {
         if self.halted && attempts_out == 0 && self.probe.is_none() && self.resend_at.is_none() {
-            self.resend_at = Some(Instant::now() + self.delay);
+            let mut at = Instant::now() + self.delay;
+            // While no stream answers, the round that decides is the one at the end of the
+            // grace: the relay stops when the grace has passed, not a backoff later.
+            if let Some(since) = self.no_stream_since {
+                at = at.min((since + self.policy.no_stream_grace).max(Instant::now()));
+            }
+            self.resend_at = Some(at);
         }
     }
 
