@@ -19,8 +19,14 @@ use crate::faults::oracle::*;
 use crate::support::*;
 
 /// Waits until every event committed on the new primary is in the stream (or `timeout`), then
-/// classifies the stream against that server's outbox table.
-async fn classify_on(pair: &Pair, scenario: &str, timeout: Duration) -> Result<Verdict> {
+/// classifies the stream against that server's outbox table, and its order unless `order` is
+/// false.
+async fn classify_on(
+    pair: &Pair,
+    scenario: &str,
+    timeout: Duration,
+    order: bool,
+) -> Result<Verdict> {
     let committed = committed_on(&pair.standby).await?;
     let js = pair.env.jetstream().await?;
     let deadline = Instant::now() + timeout;
@@ -36,8 +42,10 @@ async fn classify_on(pair: &Pair, scenario: &str, timeout: Duration) -> Result<V
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     let mut v = Verdict::from_counts(scenario, &committed, &counts, false, "");
-    v.judge_order(&pair.standby.connect(DB).await?, &messages)
-        .await?;
+    if order {
+        v.judge_order(&pair.standby.connect(DB).await?, &messages)
+            .await?;
+    }
     Ok(v)
 }
 
@@ -80,6 +88,7 @@ async fn s17_failover_slot_survives_kill9_of_the_primary_and_promotion() -> Resu
         &pair,
         "17 failover: kill -9 primary, promote standby",
         settle(),
+        true,
     )
     .await?;
     let log = relay.log();
@@ -179,6 +188,7 @@ async fn s18_without_synchronized_standby_slots() -> Result<()> {
         &pair,
         "18 failover without synchronized_standby_slots",
         settle(),
+        true,
     )
     .await?;
     let phantoms = v.phantom;
@@ -328,9 +338,11 @@ async fn s19_without_a_failover_slot_the_relay_stops_and_backfill_recovers() -> 
     .await?;
     let backfilled = out.status.success();
 
-    let mut v = classify_on(&pair, "19 failover without a failover slot", settle()).await?;
+    // Order is not judged: the recovery's backfill publishes the rows the failover skipped after
+    // the events committed since, by design (docs/guarantees.md, "Commit order").
+    let mut v = classify_on(&pair, "19 failover without a failover slot", settle(), false).await?;
     v.note = format!(
-        "PostgreSQL {}.{}{}: exit 65 naming the slot, timeline 2 and the procedure; no new slot; recovered: new slot, backfill --where \"created_at >= <checkpoint time - 1 min>\"",
+        "PostgreSQL {}.{}{}: order not judged (recovered by backfill); exit 65 naming the slot, timeline 2 and the procedure; no new slot; recovered: new slot, backfill --where \"created_at >= <checkpoint time - 1 min>\"",
         version / 10_000,
         version % 10_000,
         if postgres_extra.is_empty() {
