@@ -119,6 +119,7 @@ pub trait Credentials: Send + Sync {
 pub type ServerErrorObserver = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// Everything needed to (re)connect.
+#[derive(Clone)]
 pub struct ConnectOptions {
     pub servers: Vec<ServerUrl>,
     pub credentials: Arc<dyn Credentials>,
@@ -135,6 +136,10 @@ pub struct ConnectOptions {
     pub on_server_error: Option<ServerErrorObserver>,
     /// The JetStream domain every PubAck must name (`None`: any, or none).
     pub domain: Option<Arc<str>>,
+    /// The stream every PubAck must name (`None`: any). An answer naming another stream is not
+    /// the stream's: another stream with the subject, or another client answering the reply
+    /// subject first.
+    pub stream: Option<Arc<str>>,
 }
 
 impl ConnectOptions {
@@ -156,6 +161,7 @@ impl ConnectOptions {
             name: "nats-wire".to_owned(),
             on_server_error: None,
             domain: None,
+            stream: None,
         })
     }
 }

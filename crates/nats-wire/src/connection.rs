@@ -110,7 +110,7 @@ impl<F: Framing> Connection<F> {
     pub fn new(settings: Arc<ConnectOptions>, ack_timeout: Duration) -> Self {
         let (stop_tx, stop) = watch::channel(());
         let reply_prefix = format!("_INBOX.{}", nuid::next());
-        let pending = pending::Pending::in_domain(settings.domain.clone());
+        let pending = pending::Pending::expecting(settings.stream.clone(), settings.domain.clone());
         Self {
             inner: Arc::new(Inner {
                 settings,

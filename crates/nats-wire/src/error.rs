@@ -26,6 +26,9 @@ pub enum WireErrorKind {
         expected: String,
         received: Option<String>,
     },
+    /// A PubAck naming stream `received`, not `expected`, the stream the connection expects
+    /// ([`crate::ConnectOptions::stream`]): not an acknowledgement of the stream's.
+    OtherStream { expected: String, received: String },
 }
 
 /// A publish's refusal or unknown outcome.

@@ -36,7 +36,8 @@ pub use connection::{BatchReplies, Connection, framed_header_lines};
 pub use error::{ApiError, WireError, WireErrorKind};
 pub use message::{Framing, Header, Plain, PlainMessage, own_lines, same_values, shared_lines};
 pub use pending::{
-    Outcome, RawOutcome, Stored, ack_domain_matches, parse_pub_ack, parse_pub_ack_in,
+    Outcome, RawOutcome, Stored, ack_domain_matches, parse_pub_ack, parse_pub_ack_from,
+    parse_pub_ack_in,
 };
 pub use proto::fast_batch_reply_suffix_len;
 

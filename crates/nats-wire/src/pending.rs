@@ -62,9 +62,16 @@ pub fn parse_pub_ack(payload: &[u8]) -> Outcome {
 
 /// The outcome a PubAck's payload says; with `domain`, one that names another domain (or
 /// none) is [`WireErrorKind::OtherDomain`].
-#[inline]
 pub fn parse_pub_ack_in(payload: &[u8], domain: Option<&str>) -> Outcome {
-    if let Some((stored, acked_in)) = plain_pub_ack(payload)
+    parse_pub_ack_from(payload, None, domain)
+}
+
+/// [`parse_pub_ack_in`], and with `stream`, a PubAck naming another stream is
+/// [`WireErrorKind::OtherStream`].
+#[inline]
+pub fn parse_pub_ack_from(payload: &[u8], stream: Option<&str>, domain: Option<&str>) -> Outcome {
+    if let Some((stored, acked_by, acked_in)) = plain_pub_ack(payload)
+        && stream.is_none_or(|s| s.as_bytes() == acked_by)
         && ack_domain_matches(domain, acked_in)
     {
         return Ok(stored);
@@ -91,6 +98,13 @@ pub fn parse_pub_ack_in(payload: &[u8], domain: Option<&str>) -> Outcome {
         ));
     }
     match (ack.stream, ack.seq) {
+        (Some(acked_by), Some(_)) if stream.is_some_and(|s| s != acked_by) => Err(WireError::new(
+            WireErrorKind::OtherStream {
+                expected: stream.unwrap_or_default().to_owned(),
+                received: acked_by,
+            },
+            "a PubAck naming another stream",
+        )),
         (Some(stream), Some(seq)) => {
             let received = ack.domain.filter(|d| !d.is_empty());
             if !ack_domain_matches(domain, received.as_deref().map(str::as_bytes)) {
@@ -120,8 +134,8 @@ pub fn parse_pub_ack_in(payload: &[u8], domain: Option<&str>) -> Outcome {
 /// read without serde: it is on the path of every event, where serde_json's field matching was
 /// a tenth of the relay's instructions per message. `None` for anything else (an error, other
 /// fields, escapes in a string): [`parse_pub_ack_in`] then reads it with serde_json. With it
-/// the `domain` entry's bytes, if any.
-fn plain_pub_ack(payload: &[u8]) -> Option<(Stored, Option<&[u8]>)> {
+/// the stream's name and the `domain` entry's bytes, if any.
+fn plain_pub_ack(payload: &[u8]) -> Option<(Stored, &[u8], Option<&[u8]>)> {
     /// JSON's whitespace only (`is_ascii_whitespace` would also skip a form feed).
     fn ws(b: &[u8]) -> &[u8] {
         let n = b
@@ -143,7 +157,9 @@ fn plain_pub_ack(payload: &[u8]) -> Option<(Stored, Option<&[u8]>)> {
         let b = ws(b).strip_prefix(b"\"")?.strip_prefix(key)?;
         Some(ws(ws(b.strip_prefix(b"\"")?).strip_prefix(b":")?))
     }
-    let mut rest = string_end(entry(payload.strip_prefix(b"{")?, b"stream")?.strip_prefix(b"\"")?)?;
+    let name = entry(payload.strip_prefix(b"{")?, b"stream")?.strip_prefix(b"\"")?;
+    let mut rest = string_end(name)?;
+    let stream = &name[..name.len() - rest.len() - 1];
     rest = ws(rest).strip_prefix(b",")?;
     let mut domain = None;
     if let Some(value) = entry(rest, b"domain") {
@@ -166,7 +182,7 @@ fn plain_pub_ack(payload: &[u8]) -> Option<(Stored, Option<&[u8]>)> {
         }
         None => false,
     };
-    (ws(rest.strip_prefix(b"}")?).is_empty()).then_some((Stored { seq, duplicate }, domain))
+    (ws(rest.strip_prefix(b"}")?).is_empty()).then_some((Stored { seq, duplicate }, stream, domain))
 }
 
 /// The outcome of a 503 status: no stream captures the subject (or its leader is being
@@ -209,6 +225,7 @@ impl Done {
         subject: &str,
         status: Option<u16>,
         payload: &bytes::Bytes,
+        stream: Option<&str>,
         domain: Option<&str>,
     ) {
         let refused = match status {
@@ -220,7 +237,9 @@ impl Done {
         };
         match (self, refused) {
             (done, Some(error)) => done.fail(error),
-            (Self::Parsed(done), None) => drop(done.send(parse_pub_ack_in(payload, domain))),
+            (Self::Parsed(done), None) => {
+                drop(done.send(parse_pub_ack_from(payload, stream, domain)));
+            }
             (Self::Raw(done), None) => drop(done.send(Ok(payload.clone()))),
         }
     }
@@ -234,6 +253,8 @@ pub(crate) struct Pending<F: Framing> {
     count: usize,
     /// `[nats] domain`: the domain every PubAck must name.
     domain: Option<Arc<str>>,
+    /// `[nats] stream`: the stream every PubAck must name.
+    stream: Option<Arc<str>>,
 }
 
 impl<F: Framing> Default for Pending<F> {
@@ -243,15 +264,18 @@ impl<F: Framing> Default for Pending<F> {
             ring: VecDeque::new(),
             count: 0,
             domain: None,
+            stream: None,
         }
     }
 }
 
 impl<F: Framing> Pending<F> {
-    /// No publishes yet; their PubAcks must name JetStream domain `domain`, if any.
-    pub(crate) fn in_domain(domain: Option<Arc<str>>) -> Self {
+    /// No publishes yet; their PubAcks must name `stream` and JetStream domain `domain`, each
+    /// if set.
+    pub(crate) fn expecting(stream: Option<Arc<str>>, domain: Option<Arc<str>>) -> Self {
         Self {
             domain,
+            stream,
             ..Self::default()
         }
     }
@@ -317,6 +341,7 @@ impl<F: Framing> Pending<F> {
                 F::subject(&entry.msg),
                 status,
                 payload,
+                self.stream.as_deref(),
                 self.domain.as_deref(),
             );
         }

@@ -101,6 +101,17 @@ pub(crate) fn options(
     Ok(options)
 }
 
+/// A PubAck that names another stream than the relay's: not an acknowledgement of the relay's
+/// stream (fatal: the relay stops before the message's transaction; docs/security.md).
+pub(crate) fn other_stream(expected: &str, received: &str) -> PublishError {
+    PublishError::new(
+        PublishErrorKind::Rejected,
+        format!(
+            "an answer to the relay's publish names stream `{received}`, not `{expected}`: not counted as stored. Another client answered the relay's reply subject, or another stream captured the subject: other users of the account must not both subscribe to the outbox subjects and publish to _INBOX.> (docs/security.md, \"Who else may use the account\")"
+        ),
+    )
+}
+
 /// The outcome of a publish whose connection was dropped before it was answered.
 pub(crate) fn connection_closed() -> WireError {
     WireError {
@@ -124,6 +135,7 @@ pub(crate) fn publish_error(error: WireError) -> PublishError {
             expected,
             received,
         } => crate::domain::mismatch(Some(&expected), &stream, received.as_deref()),
+        WireErrorKind::OtherStream { expected, received } => other_stream(&expected, &received),
         WireErrorKind::Denied => PublishError::new(
             PublishErrorKind::Rejected,
             format!(

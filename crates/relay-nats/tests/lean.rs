@@ -361,3 +361,47 @@ async fn wait_stopped(pid: u32) -> Result<()> {
     }
     anyhow::bail!("nats-server {pid} did not stop")
 }
+
+/// A second client that sees the relay's publishes (a core subscriber of their subjects) and may
+/// publish to `_INBOX.>` answers first with a PubAck of its own: one naming another stream is
+/// refused on both publish paths, never counted as stored.
+#[tokio::test]
+async fn a_forged_pub_ack_naming_another_stream_is_refused() -> Result<()> {
+    use futures::StreamExt as _;
+    let server = NatsServer::start().await?;
+    let forger = async_nats::connect(server.url()).await?;
+    // The stream does not capture `forge.>`: the forger's answer is the only one.
+    let mut seen = forger.subscribe("forge.>").await?;
+    let answering = forger.clone();
+    tokio::spawn(async move {
+        while let Some(msg) = seen.next().await {
+            if let Some(reply) = msg.reply {
+                let _ = answering
+                    .publish(
+                        reply,
+                        Bytes::from_static(br#"{"stream":"FORGED", "seq":1}"#),
+                    )
+                    .await;
+            }
+        }
+    });
+    forger.flush().await?;
+    let lean = publisher(&settings(server.url())).await?;
+    let client = async_nats::connect(server.url()).await?;
+    let plain = JetStreamPublisher::with_default_limits(client, STREAM, ACK_TIMEOUT, 64);
+    for (path, publisher) in [("lean", &lean), ("async-nats", &plain)] {
+        let outcome = publisher
+            .send(&event(&format!("forged-{path}"), "forge.x", b"{}"), None)
+            .await?
+            .await;
+        let Err(error) = outcome else {
+            panic!("{path}: a forged ack was taken for a stored message");
+        };
+        assert_eq!(error.kind, PublishErrorKind::Rejected, "{path}: {error}");
+        assert!(
+            error.message.contains("`FORGED`") && error.message.contains("docs/security.md"),
+            "{path}: {error}"
+        );
+    }
+    Ok(())
+}

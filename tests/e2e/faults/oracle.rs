@@ -236,7 +236,7 @@ impl Verdict {
                 if seq < latest {
                     reordered += 1;
                     example.get_or_insert(format!(
-                        "{aggregate}: the event committed at {key:?} is at sequence {seq}, after one committed before it at {latest}"
+                        "{aggregate}: the event committed at {key:?} is at sequence {seq}, before one committed earlier at {latest}"
                     ));
                 }
                 latest = latest.max(seq);

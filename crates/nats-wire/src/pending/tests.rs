@@ -55,7 +55,7 @@ fn plain_pub_acks_read_as_serde_reads_them() {
         (b"", None),
     ] {
         let text = String::from_utf8_lossy(payload);
-        let fast = plain_pub_ack(payload).map(|(stored, _)| stored);
+        let fast = plain_pub_ack(payload).map(|(stored, _, _)| stored);
         assert_eq!(fast, want, "{text}");
         if let Some(fast) = fast {
             let by_serde: PubAck = serde_json::from_slice(payload).expect("valid JSON");
@@ -269,4 +269,28 @@ async fn the_sweep_expires_only_what_is_due_and_subjects_resolve_together() {
     assert_eq!(pending.len(), 1, "not due yet");
     pending.resolve(2, None, &Bytes::from_static(br#"{"stream":"S", "seq":1}"#));
     assert!(late.await.unwrap().is_ok());
+}
+
+#[test]
+fn a_pub_ack_naming_another_stream_is_not_the_streams() {
+    let ack = br#"{"stream":"FORGED", "seq":7}"#;
+    let Err(error) = parse_pub_ack_from(ack, Some("OUTBOX"), None) else {
+        panic!("accepted an ack of another stream");
+    };
+    assert_eq!(
+        error.kind,
+        WireErrorKind::OtherStream {
+            expected: "OUTBOX".into(),
+            received: "FORGED".into()
+        }
+    );
+    // The slow path (fields in another order) too.
+    let ack = br#"{"seq":7,"stream":"FORGED"}"#;
+    assert!(parse_pub_ack_from(ack, Some("OUTBOX"), None).is_err());
+    let ack = br#"{"stream":"OUTBOX", "seq":7}"#;
+    assert_eq!(
+        parse_pub_ack_from(ack, Some("OUTBOX"), None).map(|s| s.seq),
+        Ok(7)
+    );
+    assert!(parse_pub_ack_from(br#"{"stream":"ANY", "seq":7}"#, None, None).is_ok());
 }

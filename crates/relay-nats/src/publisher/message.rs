@@ -20,6 +20,7 @@ use crate::closes::{self, Quarantine};
 use crate::connection::{JetStream, NatsConnection};
 use crate::error_codes::kind_for_error_code;
 use crate::wire::LeanConnection;
+use nats_wire::ConnectOptions;
 
 /// Publishes one message at a time into one stream. Cheap to clone (reference counts): the
 /// publisher and its framing task each hold one.
@@ -63,9 +64,12 @@ impl MessagePublisher {
         let token = inbox.rsplit('.').next().map_or(0, str::len);
         // The lean path when the connection was made from settings (its reply subjects are
         // `<inbox>.<16 hex digits>`).
-        let lean = connection
-            .lean_settings()
-            .map(|settings| Arc::new(LeanConnection::new(settings, ack_timeout)));
+        let lean = connection.lean_settings().map(|settings| {
+            // Every PubAck must name this publisher's stream.
+            let mut options = ConnectOptions::clone(&settings);
+            options.stream = Some(stream.into());
+            Arc::new(LeanConnection::new(Arc::new(options), ack_timeout))
+        });
         let jetstream = connection.jetstream_with(
             jetstream::ContextBuilder::new()
                 .timeout(ack_timeout)
@@ -245,6 +249,9 @@ impl MessagePublisher {
                     _ => error,
                 }
             })?;
+            if ack.stream != *stream {
+                return Err(crate::wire::other_stream(&stream, &ack.stream));
+            }
             crate::domain::check_ack_domain(domain.as_deref(), &ack.stream, Some(&ack.domain))?;
             if ack.duplicate {
                 // Boxed: the lookup's future is kilobytes, and inline it would make every

@@ -340,7 +340,13 @@ async fn s19_without_a_failover_slot_the_relay_stops_and_backfill_recovers() -> 
 
     // Order is not judged: the recovery's backfill publishes the rows the failover skipped after
     // the events committed since, by design (docs/guarantees.md, "Commit order").
-    let mut v = classify_on(&pair, "19 failover without a failover slot", settle(), false).await?;
+    let mut v = classify_on(
+        &pair,
+        "19 failover without a failover slot",
+        settle(),
+        false,
+    )
+    .await?;
     v.note = format!(
         "PostgreSQL {}.{}{}: order not judged (recovered by backfill); exit 65 naming the slot, timeline 2 and the procedure; no new slot; recovered: new slot, backfill --where \"created_at >= <checkpoint time - 1 min>\"",
         version / 10_000,
