@@ -222,17 +222,17 @@ impl<F: Framing> Connection<F> {
         let inner = &self.inner;
         self.queue(|state| {
             let n = state.next_n;
-            state.next_n += 1;
             let Shared { out, headers, .. } = &mut *state;
             let reply = proto::ReplyTo::Numbered(&inner.reply_prefix, n);
-            headers.write_hpub_with::<F>(out, stream, msg, reply, extra);
-            register(
+            headers.write_hpub_with::<F>(out, stream, msg, reply, extra)?;
+            state.next_n += 1;
+            Ok(register(
                 &mut state.pending,
                 n,
                 msg.clone(),
                 Instant::now() + inner.ack_timeout,
-            )
-        })
+            ))
+        })?
     }
 
     /// Queues `msg` (into `stream`) with the `extra` header lines and no reply: an atomic
@@ -245,8 +245,8 @@ impl<F: Framing> Connection<F> {
     ) -> Result<(), WireError> {
         self.queue(|state| {
             let Shared { out, headers, .. } = state;
-            headers.write_hpub_with::<F>(out, stream, msg, proto::ReplyTo::None, extra);
-        })
+            headers.write_hpub_with::<F>(out, stream, msg, proto::ReplyTo::None, extra)
+        })?
     }
 
     /// Queues `msg` (into `stream`) with the `extra` header lines; the receiver gets the
@@ -300,8 +300,8 @@ impl<F: Framing> Connection<F> {
     pub fn publish_to(&self, stream: &str, msg: &F::Message, reply: &str) -> Result<(), WireError> {
         self.queue(|state| {
             let Shared { out, headers, .. } = state;
-            headers.write_hpub::<F>(out, stream, msg, proto::ReplyTo::Subject(reply));
-        })
+            headers.write_hpub::<F>(out, stream, msg, proto::ReplyTo::Subject(reply))
+        })?
     }
 
     /// Queues an empty message to `subject` replying to `reply` (a fast batch's commit).
@@ -367,12 +367,17 @@ fn not_connected(settings: &ConnectOptions) -> WireError {
 /// same set.
 pub fn framed_header_lines<F: Framing>(stream: &str, msg: &F::Message) -> Vec<(String, String)> {
     let mut out = BytesMut::new();
-    WireHeaders::default().write_hpub::<F>(
-        &mut out,
-        stream,
-        msg,
-        proto::ReplyTo::Numbered("_INBOX.t", 0),
-    );
+    if WireHeaders::default()
+        .write_hpub::<F>(
+            &mut out,
+            stream,
+            msg,
+            proto::ReplyTo::Numbered("_INBOX.t", 0),
+        )
+        .is_err()
+    {
+        return Vec::new();
+    }
     let text = std::str::from_utf8(&out).expect("utf-8 frame");
     let (line, rest) = text.split_once("\r\n").expect("a control line");
     let header_len: usize = line

@@ -29,6 +29,9 @@ pub enum WireErrorKind {
     /// A PubAck naming stream `received`, not `expected`, the stream the connection expects
     /// ([`crate::ConnectOptions::stream`]): not an acknowledgement of the stream's.
     OtherStream { expected: String, received: String },
+    /// A header of the message (its name `header`) holds CR, LF or NUL: it cannot be framed,
+    /// and nothing was sent.
+    Unsendable { header: String },
 }
 
 /// A publish's refusal or unknown outcome.

@@ -4,6 +4,9 @@ use std::sync::Arc;
 
 use bytes::BytesMut;
 
+use outbox_contract::HEADER_MSG_ID;
+
+use crate::error::{WireError, WireErrorKind};
 use crate::message::{Framing, Header, own_lines, same_values, shared_lines};
 use crate::proto;
 
@@ -29,8 +32,8 @@ impl WireHeaders {
         stream: &str,
         msg: &F::Message,
         reply: proto::ReplyTo<'_>,
-    ) {
-        self.write_hpub_with::<F>(out, stream, msg, reply, &[]);
+    ) -> Result<(), WireError> {
+        self.write_hpub_with::<F>(out, stream, msg, reply, &[])
     }
 
     /// [`Self::write_hpub`] with `extra` lines after the message's own (an atomic batch's
@@ -38,6 +41,9 @@ impl WireHeaders {
     /// they never repeat one).
     // Long: the per-message header writer on the publish hot path: the cached header block is
     // reused or rewritten in one pass
+    /// A header name or value holding CR, LF or NUL is refused ([`WireErrorKind::Unsendable`]),
+    /// nothing written: it would end the line, or the frame, early. Shared lines are checked
+    /// once per run of messages, names once per set of names, values every time.
     pub(crate) fn write_hpub_with<F: Framing>(
         &mut self,
         out: &mut BytesMut,
@@ -45,11 +51,25 @@ impl WireHeaders {
         msg: &F::Message,
         reply: proto::ReplyTo<'_>,
         extra: &[(&str, &str)],
-    ) {
+    ) -> Result<(), WireError> {
         let (shared, own) = (F::shared_headers(msg), F::own_headers(msg));
         let msg_id = F::msg_id(msg);
         let mut names_known = same_names(&self.own_names, own);
+        let own_values = std::iter::once((HEADER_MSG_ID, msg_id))
+            .chain(own.iter().map(|(name, value)| (&**name, &**value)))
+            .chain(extra.iter().copied());
+        for (name, value) in own_values {
+            if !line_safe(value) {
+                return Err(unsendable(name));
+            }
+        }
         if !self.matches(stream, shared) {
+            if let Some((name, _)) = shared_lines(stream, shared)
+                .find(|(name, value)| !line_safe(name) || !line_safe(value))
+            {
+                self.stream = None;
+                return Err(unsendable(name));
+            }
             self.values = shared.iter().map(|(_, v)| v.clone()).collect();
             self.stream = Some(stream.into());
             self.head.clear();
@@ -61,6 +81,10 @@ impl WireHeaders {
             names_known = false;
         }
         if !names_known {
+            if let Some((name, _)) = own.iter().find(|(name, _)| !line_safe(name)) {
+                self.own_names.clear();
+                return Err(unsendable(name));
+            }
             self.repeats = own_lines(msg_id, own).enumerate().any(|(i, (name, _))| {
                 shared_lines(stream, shared).any(|(n, _)| n == name)
                     || own_lines(msg_id, own).take(i).any(|(n, _)| n == name)
@@ -98,7 +122,7 @@ impl WireHeaders {
                 write,
                 F::payload(msg),
             );
-            return;
+            return Ok(());
         }
         // Two loops, not a chain: `Chain` tests which half it is in at every line, and this is
         // on the path of every event (callgrind, examples/publish_cost in relay-nats).
@@ -122,12 +146,33 @@ impl WireHeaders {
             write,
             F::payload(msg),
         );
+        Ok(())
     }
 
     #[inline]
     fn matches(&self, stream: &str, shared: &[Header]) -> bool {
         self.stream.as_deref() == Some(stream) && same_values(&self.values, shared)
     }
+}
+
+/// Whether `text` can be a header name or value on the wire: no CR, LF or NUL.
+#[inline]
+fn line_safe(text: &str) -> bool {
+    memchr::memchr3(b'\r', b'\n', 0, text.as_bytes()).is_none()
+}
+
+/// The refusal of a message whose header `name` cannot be framed.
+#[cold]
+fn unsendable(name: &str) -> WireError {
+    WireError::new(
+        WireErrorKind::Unsendable {
+            header: name.escape_debug().to_string(),
+        },
+        format!(
+            "header `{}` holds a line break or NUL, which a NATS header cannot carry",
+            name.escape_debug()
+        ),
+    )
 }
 
 /// Whether `names` are, by pointer, the names of `own`.

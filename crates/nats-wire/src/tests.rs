@@ -188,3 +188,54 @@ async fn an_unanswered_publish_times_out_as_unknown_without_a_timer_of_its_own()
     let _ = done_tx.send(());
     server.await.unwrap();
 }
+
+/// A header line that would end early (CR, LF, NUL in a name or a value, shared or the
+/// message's own) is refused before anything is written, and the next message is framed as
+/// usual.
+#[test]
+fn a_header_with_a_line_break_or_nul_is_never_framed() {
+    use crate::headers::WireHeaders;
+    use crate::proto::ReplyTo;
+    let frame = |msg: &PlainMessage, extra: &[(&str, &str)]| {
+        let mut out = bytes::BytesMut::new();
+        let result = WireHeaders::default().write_hpub_with::<Plain>(
+            &mut out,
+            "OUTBOX",
+            msg,
+            ReplyTo::Numbered("_INBOX.t", 1),
+            extra,
+        );
+        (result, out.len())
+    };
+    let with = |name: &str, value: &str, shared: usize| {
+        let mut msg = PlainMessage::new("outbox.x", "id-1", bytes::Bytes::from_static(b"{}"));
+        msg.headers = vec![(name.into(), value.into())];
+        msg.shared = shared;
+        msg
+    };
+    for bad in ["a\r\nb", "a\nb", "a\rb", "a\0b"] {
+        for shared in [0, 1] {
+            let (result, written) = frame(&with("Note", bad, shared), &[]);
+            let error = result.expect_err("refused");
+            assert_eq!(
+                error.kind,
+                WireErrorKind::Unsendable {
+                    header: "Note".into()
+                }
+            );
+            assert_eq!(written, 0, "nothing written");
+            let (result, written) = frame(&with(bad, "v", shared), &[]);
+            assert!(result.is_err() && written == 0, "a bad name {bad:?}");
+        }
+        let (result, _) = frame(
+            &with("Note", "ok", 0),
+            &[("Nats-Expected-Last-Msg-Id", bad)],
+        );
+        assert!(result.is_err(), "a bad extra line");
+        let mut msg = with("Note", "ok", 0);
+        msg.msg_id = format!("id{bad}");
+        assert!(frame(&msg, &[]).0.is_err(), "a bad id");
+    }
+    let (result, written) = frame(&with("Note", "fine", 1), &[]);
+    assert!(result.is_ok() && written > 0);
+}

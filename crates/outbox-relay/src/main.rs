@@ -127,9 +127,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Point a durable consumer (new, or deleted and re-created with --yes) at the events
-    /// committed from a commit LSN or time, so they are delivered again; --dry-run prints the
-    /// range and its size. See docs/replay.md.
+    /// Point a durable consumer (new; an existing one reset in place on nats-server 2.14+, or
+    /// deleted and re-created with --yes before) at the events committed from a commit LSN or
+    /// time, so they are delivered again; --dry-run prints the range and its size. See
+    /// docs/replay.md.
     Replay(commands::replay::ReplayArgs),
     /// Publish again, from the WAL the slot still keeps ([relay] replay_retention), the events
     /// committed from a commit LSN that the stream no longer holds (purged, re-created, lost),

@@ -136,6 +136,10 @@ pub(crate) fn publish_error(error: WireError) -> PublishError {
             received,
         } => crate::domain::mismatch(Some(&expected), &stream, received.as_deref()),
         WireErrorKind::OtherStream { expected, received } => other_stream(&expected, &received),
+        WireErrorKind::Unsendable { .. } => PublishError::new(
+            PublishErrorKind::Rejected,
+            format!("{detail}: nothing was sent; the value must not hold CR, LF or NUL"),
+        ),
         WireErrorKind::Denied => PublishError::new(
             PublishErrorKind::Rejected,
             format!(

@@ -72,6 +72,9 @@ impl Router {
         reason: &dyn std::fmt::Display,
     ) -> Option<OutboundMessage> {
         let (table, payload) = self.raw_row(insert)?;
+        // The table's name as a header value, like every other value: a table renamed to a
+        // name with a line break must not break the frame (nor the id made of it).
+        let table = header_value(&table);
         let event_id = if tx.commit_lsn == Lsn(0) {
             format!("dlq:{table}:row:{:032x}", xxh3_128(&payload))
         } else {

@@ -513,3 +513,24 @@ fn dead_letters_of_rows_without_a_known_commit_are_named_by_the_row() {
         "another row at the same position"
     );
 }
+
+#[test]
+fn a_dead_letter_of_a_table_renamed_to_a_name_with_a_line_break_holds_no_line_break() {
+    let mut router = Router::new(&[OutboxTableConfig::with_defaults("public.outbox")]).unwrap();
+    router.on_relation_live(debezium_relation(1)).unwrap();
+    let mut renamed = debezium_relation(1);
+    renamed.name = "out\r\nbox".into();
+    // Renamed: an error for the relay (it stops, or dead-letters the table's rows).
+    assert!(router.on_relation(renamed, None).is_err());
+    let row = insert(
+        1,
+        &[Some("a"), None, Some("1"), Some("t"), Some("{}"), None],
+    );
+    let dead = router
+        .dead_letter_row("dlq", &row, &tx(), 3, &"renamed")
+        .expect("a dead letter");
+    for (name, value) in &dead.headers {
+        assert!(!value.contains(['\r', '\n']), "{name}: {value:?}");
+    }
+    assert!(!dead.event_id.contains(['\r', '\n']), "{:?}", dead.event_id);
+}
