@@ -239,3 +239,27 @@ fn a_header_with_a_line_break_or_nul_is_never_framed() {
     let (result, written) = frame(&with("Note", "fine", 1), &[]);
     assert!(result.is_ok() && written > 0);
 }
+
+#[test]
+fn line_safe_finds_cr_lf_and_nul_at_every_position_and_nothing_else() {
+    use crate::headers::line_safe;
+    for len in 0..40 {
+        let clean: String = (0..len).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+        assert!(line_safe(&clean));
+        for at in 0..len {
+            for bad in ['\r', '\n', '\0'] {
+                let mut text: Vec<char> = clean.chars().collect();
+                text[at] = bad;
+                let text: String = text.into_iter().collect();
+                assert!(!line_safe(&text), "{text:?}");
+            }
+            // Other control characters and non-ASCII bytes are the route's to judge.
+            for fine in ['\t', '\u{1f}', 'é', '\u{80}'] {
+                let mut text: Vec<char> = clean.chars().collect();
+                text[at] = fine;
+                let text: String = text.into_iter().collect();
+                assert!(line_safe(&text), "{text:?}");
+            }
+        }
+    }
+}

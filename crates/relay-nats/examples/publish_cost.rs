@@ -14,7 +14,8 @@
 //! without start-up. The nats-server child is not instrumented (no `--trace-children`).
 //!
 //! Each event names the one before it as the pipeline does while that one is unacknowledged
-//! (`Nats-Expected-Last-Msg-Id`, the commit-order condition), except the first.
+//! (`Nats-Expected-Last-Msg-Id`, the commit-order condition), except the first; `lean-unchained`
+//! is `lean` without that condition, to tell its cost apart.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -41,6 +42,7 @@ async fn main() -> Result<()> {
         .context("usage: publish_cost lean|async-nats|atomic N")?;
     let count: usize = args.next().context("N")?.parse()?;
     let atomic = mode == "atomic";
+    let chained = mode != "lean-unchained";
     let server = NatsServer::start().await?;
     let settings = NatsSettings {
         url: server.url(),
@@ -48,7 +50,7 @@ async fn main() -> Result<()> {
     };
     let ack_timeout = Duration::from_secs(10);
     let publisher = match mode.as_str() {
-        "lean" | "atomic" => {
+        "lean" | "lean-unchained" | "atomic" => {
             let connection = relay_nats::connect(&settings).await?;
             JetStreamPublisher::new(&connection, "OUTBOX", ack_timeout, WINDOW)
         }
@@ -112,7 +114,10 @@ async fn main() -> Result<()> {
             commit_lsn: Lsn(if atomic { i / TX_ROWS } else { i } as u64),
             commit_time_micros: 0,
         });
-        let after = previous.as_ref().map(|m| m.event_id.as_str());
+        let after = previous
+            .as_ref()
+            .filter(|_| chained)
+            .map(|m| m.event_id.as_str());
         outstanding.push_back(publisher.send(&msg, after).await?);
         previous = Some(msg);
         if outstanding.len() >= WINDOW
