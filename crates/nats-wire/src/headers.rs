@@ -287,30 +287,33 @@ mod tests {
         let mut reused = WireHeaders::default();
         for msg in &messages {
             let (mut again, mut fresh) = (BytesMut::new(), BytesMut::new());
-            reused.write_hpub::<Plain>(
-                &mut again,
-                "OUTBOX",
-                msg,
-                proto::ReplyTo::Numbered("_INBOX.t", 1),
-            )
-            .expect("framed");
-            WireHeaders::default().write_hpub::<Plain>(
-                &mut fresh,
-                "OUTBOX",
-                msg,
-                proto::ReplyTo::Numbered("_INBOX.t", 1),
-            )
-            .expect("framed");
+            reused
+                .write_hpub::<Plain>(
+                    &mut again,
+                    "OUTBOX",
+                    msg,
+                    proto::ReplyTo::Numbered("_INBOX.t", 1),
+                )
+                .expect("framed");
+            WireHeaders::default()
+                .write_hpub::<Plain>(
+                    &mut fresh,
+                    "OUTBOX",
+                    msg,
+                    proto::ReplyTo::Numbered("_INBOX.t", 1),
+                )
+                .expect("framed");
             assert_eq!(again, fresh, "message {}", msg.msg_id);
         }
         // The repeated name was written once, with the later value.
         let mut out = BytesMut::new();
-        WireHeaders::default().write_hpub::<Plain>(
-            &mut out,
-            "OUTBOX",
-            &messages[3],
-            proto::ReplyTo::Numbered("_INBOX.t", 1),
-        )
+        WireHeaders::default()
+            .write_hpub::<Plain>(
+                &mut out,
+                "OUTBOX",
+                &messages[3],
+                proto::ReplyTo::Numbered("_INBOX.t", 1),
+            )
             .expect("framed");
         let text = String::from_utf8_lossy(&out);
         assert_eq!(text.matches("Outbox-Table:").count(), 1, "{text}");

@@ -244,7 +244,9 @@ fn a_header_with_a_line_break_or_nul_is_never_framed() {
 fn line_safe_finds_cr_lf_and_nul_at_every_position_and_nothing_else() {
     use crate::headers::line_safe;
     for len in 0..40 {
-        let clean: String = (0..len).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+        let clean: String = (0..len)
+            .map(|i| char::from(b'a' + (i % 26) as u8))
+            .collect();
         assert!(line_safe(&clean));
         for at in 0..len {
             for bad in ['\r', '\n', '\0'] {
@@ -262,4 +264,36 @@ fn line_safe_finds_cr_lf_and_nul_at_every_position_and_nothing_else() {
             }
         }
     }
+}
+
+/// An `INFO` announcing thousands of servers does not grow the failover list past its bound.
+#[tokio::test]
+async fn the_servers_an_info_announces_are_bounded() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let lean = connection(port, Duration::from_secs(30));
+    let server = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut seen = BytesMut::new();
+        socket
+            .write_all(b"INFO {\"version\":\"9.9.9\",\"headers\":true,\"max_payload\":1000}\r\n")
+            .await
+            .unwrap();
+        read_until(&mut socket, &mut seen, "PING\r\n").await;
+        socket.write_all(b"PONG\r\n").await.unwrap();
+        let urls: Vec<String> = (0..5000)
+            .map(|i| format!("\"10.9.{}.{}:4222\"", i / 250, i % 250))
+            .collect();
+        let info = format!(
+            "INFO {{\"headers\":true,\"connect_urls\":[{}]}}\r\nPING\r\n",
+            urls.join(",")
+        );
+        socket.write_all(info.as_bytes()).await.unwrap();
+        read_until(&mut socket, &mut seen, "PONG\r\n").await;
+        socket
+    });
+    assert!(lean.ready(Duration::from_secs(5)).await, "connected");
+    let _socket = server.await.unwrap();
+    let learned = lean.inner.lock().discovered.len();
+    assert_eq!(learned, 64, "MAX_DISCOVERED");
 }

@@ -17,6 +17,9 @@ use crate::error::{WireError, WireErrorKind};
 use crate::proto::{self, ServerOp};
 use crate::{Framing, is_closing_protocol_error};
 
+/// Servers learned from `INFO` `connect_urls`, at most: a cluster announces a few.
+pub(crate) const MAX_DISCOVERED: usize = 64;
+
 /// How often the reader looks for PubAcks past their deadline.
 const SWEEP_EVERY: Duration = Duration::from_millis(100);
 /// How often the client pings an idle-looking server, and how many unanswered pings mean the
@@ -264,6 +267,10 @@ impl<F: Framing> Inner<F> {
         }
         let mut state = self.lock();
         for url in &info.connect_urls {
+            // A server (or something posing as one) cannot grow the list without end.
+            if state.discovered.len() >= MAX_DISCOVERED {
+                break;
+            }
             let Ok(server) = ServerUrl::parse(url) else {
                 continue;
             };
