@@ -14,34 +14,7 @@ use crate::support::*;
 /// is retried; lost 0, no duplicate in the stream.
 #[tokio::test(flavor = "multi_thread")]
 async fn s15_three_node_cluster_with_leader_stepdowns_and_a_node_kill() -> Result<()> {
-    let env = Env::start().await?;
-    let mut cluster = relay_testkit::NatsCluster::start(3).await?;
-    let client = async_nats::ConnectOptions::new()
-        .connect(
-            cluster
-                .urls()
-                .iter()
-                .map(|u| u.parse::<async_nats::ServerAddr>())
-                .collect::<Result<Vec<_>, _>>()?,
-        )
-        .await?;
-    let js = async_nats::jetstream::new(client.clone());
-    js.create_stream(async_nats::jetstream::stream::Config {
-        name: STREAM.into(),
-        subjects: vec!["outbox.>".into()],
-        num_replicas: 3,
-        storage: async_nats::jetstream::stream::StorageType::File,
-        allow_atomic_publish: publish_mode().as_deref() == Some("atomic-batch"),
-        allow_batch_publish: publish_mode().as_deref() == Some("fast-batch"),
-        ..Default::default()
-    })
-    .await?;
-    let config = config_via(
-        &env,
-        &in_mode(env.config_full("", "")),
-        env.pg.port(),
-        &cluster.url(),
-    )?;
+    let (env, mut cluster, client, js, config) = r3_cluster().await?;
     let relay = started(&config, &[]).await?;
     let load = Load::start(&env, 2, 20, Duration::from_millis(20)).await?;
     // Each step-down must move the leadership: the leader before and the one elected after.
@@ -60,27 +33,7 @@ async fn s15_three_node_cluster_with_leader_stepdowns_and_a_node_kill() -> Resul
 
     // Classify against the cluster: read through a client of the cluster.
     let committed = committed_ids(&env).await?;
-    let deadline = Instant::now() + settle();
-    let (counts, stored) = loop {
-        let mut counts = std::collections::HashMap::<String, usize>::new();
-        // A node that just restarted may still be catching up: a failed read is retried.
-        let messages = match read_stream(&js).await {
-            Ok(messages) => messages,
-            Err(e) if Instant::now() < deadline => {
-                eprintln!("s15: reading the stream failed, retrying: {e:#}");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
-        for m in &messages {
-            *counts.entry(m.id().to_owned()).or_default() += 1;
-        }
-        if committed.iter().all(|id| counts.contains_key(id)) || Instant::now() > deadline {
-            break (counts, messages);
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    let (counts, stored) = read_settled(&js, &committed, "s15").await?;
     let mut v = Verdict::from_counts(
         "15 NATS cluster R3: stepdowns + node kill",
         &committed,
@@ -106,8 +59,63 @@ async fn s15_three_node_cluster_with_leader_stepdowns_and_a_node_kill() -> Resul
 /// no duplicate, and each aggregate's events in commit order.
 #[tokio::test(flavor = "multi_thread")]
 async fn s22_cluster_stream_leader_killed_under_load() -> Result<()> {
+    let (env, mut cluster, client, js, config) = r3_cluster().await?;
+    let relay = started(&config, &[]).await?;
+    let load = Load::start(&env, 3, 20, Duration::from_millis(10)).await?;
+    let mut killed = Vec::new();
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let Ok(Some(leader)) = relay_testkit::stream_leader(&client, STREAM).await else {
+            continue;
+        };
+        let Some(victim) = cluster.node_index(&leader) else {
+            continue;
+        };
+        cluster.node(victim).kill9()?;
+        killed.push(leader);
+        // A new leader is elected among the other two while load goes on.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        cluster.node(victim).start_again().await?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    load.stop().await;
+    let committed = committed_ids(&env).await?;
+    let (counts, stored) = read_settled(&js, &committed, "s22").await?;
+    let log = relay.log();
+    let mut v = Verdict::from_counts(
+        "22 NATS cluster R3: stream leader kill -9 x3 under load",
+        &committed,
+        &counts,
+        false,
+        &format!(
+            "leaders killed: {killed:?}; re-send rounds {}",
+            log.matches("re-publishing").count()
+        ),
+    );
+    v.judge_order(&env.db().await?, &stored).await?;
+    v.require(
+        killed.len() == 3,
+        format!("three leaders killed: {killed:?}"),
+    );
+    v.require(
+        log.contains("re-publishing"),
+        "publishes failed at the kills and were sent again",
+    );
+    v.assert_with_log(&log);
+    Ok(())
+}
+
+/// A test's servers: PostgreSQL and a three-node NATS cluster with the R3 stream (in the publish
+/// mode of the run), a client of the cluster and the relay's config through it.
+async fn r3_cluster() -> Result<(
+    Env,
+    relay_testkit::NatsCluster,
+    async_nats::Client,
+    async_nats::jetstream::Context,
+    std::path::PathBuf,
+)> {
     let env = Env::start().await?;
-    let mut cluster = relay_testkit::NatsCluster::start(3).await?;
+    let cluster = relay_testkit::NatsCluster::start(3).await?;
     let client = async_nats::ConnectOptions::new()
         .connect(
             cluster
@@ -134,68 +142,37 @@ async fn s22_cluster_stream_leader_killed_under_load() -> Result<()> {
         env.pg.port(),
         &cluster.url(),
     )?;
-    let relay = started(&config, &[]).await?;
-    let load = Load::start(&env, 3, 20, Duration::from_millis(10)).await?;
-    let mut killed = Vec::new();
-    for _ in 0..3 {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let Ok(Some(leader)) = relay_testkit::stream_leader(&client, STREAM).await else {
-            continue;
-        };
-        let Some(victim) = cluster.node_index(&leader) else {
-            continue;
-        };
-        cluster.node(victim).kill9()?;
-        killed.push(leader);
-        // A new leader is elected among the other two while load goes on.
-        tokio::time::sleep(Duration::from_secs(4)).await;
-        cluster.node(victim).start_again().await?;
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
-    load.stop().await;
-    let committed = committed_ids(&env).await?;
+    Ok((env, cluster, client, js, config))
+}
+
+/// Reads the stream through the cluster until every committed event is in it (or the settle
+/// time passed): copies per event id, and the messages in stream order. A node that just
+/// restarted may still be catching up: a failed read is retried.
+async fn read_settled(
+    js: &async_nats::jetstream::Context,
+    committed: &std::collections::HashSet<String>,
+    scenario: &str,
+) -> Result<(std::collections::HashMap<String, usize>, Vec<Received>)> {
     let deadline = Instant::now() + settle();
-    let (counts, stored) = loop {
-        let mut counts = std::collections::HashMap::<String, usize>::new();
-        let messages = match read_stream(&js).await {
+    loop {
+        let messages = match read_stream(js).await {
             Ok(messages) => messages,
             Err(e) if Instant::now() < deadline => {
-                eprintln!("s22: reading the stream failed, retrying: {e:#}");
+                eprintln!("{scenario}: reading the stream failed, retrying: {e:#}");
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 continue;
             }
             Err(e) => return Err(e),
         };
+        let mut counts = std::collections::HashMap::<String, usize>::new();
         for m in &messages {
             *counts.entry(m.id().to_owned()).or_default() += 1;
         }
         if committed.iter().all(|id| counts.contains_key(id)) || Instant::now() > deadline {
-            break (counts, messages);
+            return Ok((counts, messages));
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
-    };
-    let log = relay.log();
-    let mut v = Verdict::from_counts(
-        "22 NATS cluster R3: stream leader kill -9 x3 under load",
-        &committed,
-        &counts,
-        false,
-        &format!(
-            "leaders killed: {killed:?}; re-send rounds {}",
-            log.matches("re-publishing").count()
-        ),
-    );
-    v.judge_order(&env.db().await?, &stored).await?;
-    v.require(
-        killed.len() == 3,
-        format!("three leaders killed: {killed:?}"),
-    );
-    v.require(
-        log.contains("re-publishing"),
-        "publishes failed at the kills and were sent again",
-    );
-    v.assert_with_log(&log);
-    Ok(())
+    }
 }
 
 /// Asks the stream's leader to step down and waits (10 s) until another node leads it: the

@@ -14,18 +14,23 @@ fn one_event_transactions(n: u64) -> (Vec<SourceEvent>, Vec<String>) {
     (events, ids)
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_message_lost_with_others_in_flight_is_stored_before_them() {
-    // e3 is lost (a leader change, a restart) while e4.. are in flight: without the condition
-    // on the stream's last message they would be stored before its re-send.
-    let (events, ids) = one_event_transactions(20);
-    let broker = FakeBroker::default();
+/// `broker`, failing event `id`'s sends with `faults` in turn.
+fn faulty<const N: usize>(broker: FakeBroker, id: &str, faults: [Fault; N]) -> FakeBroker {
     broker
         .0
         .lock()
         .unwrap()
         .faults
-        .insert("e3".into(), [Fault::FailBeforeWrite].into());
+        .insert(id.into(), faults.into());
+    broker
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_message_lost_with_others_in_flight_is_stored_before_them() {
+    // e3 is lost (a leader change, a restart) while e4.. are in flight: without the condition
+    // on the stream's last message they would be stored before its re-send.
+    let (events, ids) = one_event_transactions(20);
+    let broker = faulty(FakeBroker::default(), "e3", [Fault::FailBeforeWrite]);
     let (result, h) = run_script(events, broker, PipelineConfig::default(), false).await;
     assert_eq!(result.unwrap().confirmed, Lsn(20_000));
     assert_eq!(stream_ids(&h), ids, "commit order");
@@ -42,13 +47,7 @@ async fn a_message_lost_with_others_in_flight_is_stored_before_them() {
 async fn without_the_condition_a_lost_message_lands_after_later_ones() {
     // The same fault on a broker that ignores the condition: the failure the chain prevents.
     let (events, ids) = one_event_transactions(20);
-    let broker = FakeBroker::storing_on_ack();
-    broker
-        .0
-        .lock()
-        .unwrap()
-        .faults
-        .insert("e3".into(), [Fault::FailBeforeWrite].into());
+    let broker = faulty(FakeBroker::storing_on_ack(), "e3", [Fault::FailBeforeWrite]);
     let (result, h) = run_script(events, broker, PipelineConfig::default(), false).await;
     assert_eq!(result.unwrap().confirmed, Lsn(20_000));
     assert_ne!(stream_ids(&h), ids, "stored out of order");
@@ -59,13 +58,11 @@ async fn a_full_stream_holds_everything_back_until_there_is_room_and_keeps_order
     // The stream is full for e5's first three sends; e6.. would fit (a smaller message, a
     // message aged out): they must still wait for e5.
     let (events, ids) = one_event_transactions(12);
-    let broker = FakeBroker::default();
-    broker
-        .0
-        .lock()
-        .unwrap()
-        .faults
-        .insert("e5".into(), [Fault::Full, Fault::Full, Fault::Full].into());
+    let broker = faulty(
+        FakeBroker::default(),
+        "e5",
+        [Fault::Full, Fault::Full, Fault::Full],
+    );
     let config = PipelineConfig {
         checkpoint_interval: Duration::from_millis(10),
         ..PipelineConfig::default()
@@ -91,13 +88,7 @@ async fn a_full_stream_holds_everything_back_until_there_is_room_and_keeps_order
 async fn while_the_stream_is_full_one_message_is_tried_per_round() {
     // A long outage costs one re-send per round, not the whole window.
     let (events, _) = one_event_transactions(50);
-    let broker = FakeBroker::default();
-    broker
-        .0
-        .lock()
-        .unwrap()
-        .faults
-        .insert("e0".into(), vec![Fault::Full; 6].into());
+    let broker = faulty(FakeBroker::default(), "e0", [Fault::Full; 6]);
     let (result, h) = run_script(events, broker, PipelineConfig::default(), false).await;
     assert_eq!(result.unwrap().confirmed, Lsn(50_000));
     let broker = h.broker.0.lock().unwrap();
@@ -110,13 +101,7 @@ async fn while_the_stream_is_full_one_message_is_tried_per_round() {
 #[tokio::test(start_paused = true)]
 async fn an_ack_lost_after_the_store_is_answered_as_a_duplicate_and_order_holds() {
     let (events, ids) = one_event_transactions(10);
-    let broker = FakeBroker::default();
-    broker
-        .0
-        .lock()
-        .unwrap()
-        .faults
-        .insert("e2".into(), [Fault::FailAfterWrite].into());
+    let broker = faulty(FakeBroker::default(), "e2", [Fault::FailAfterWrite]);
     let (result, h) = run_script(events, broker, PipelineConfig::default(), false).await;
     assert_eq!(result.unwrap().confirmed, Lsn(10_000));
     assert_eq!(stream_ids(&h), ids);
