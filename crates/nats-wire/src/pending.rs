@@ -129,13 +129,16 @@ pub fn parse_pub_ack_from(payload: &[u8], stream: Option<&str>, domain: Option<&
     }
 }
 
+/// A plain PubAck: what it stored, the stream's name and the domain's, as bytes of the answer.
+type PlainAck<'a> = (Stored, &'a [u8], Option<&'a [u8]>);
+
 /// The PubAck as nats-server writes it for a stored message, `{"stream":"S", "seq":N}` (an
 /// optional `"domain":"D"` entry between, and `,"duplicate": true` at the end for a duplicate),
 /// read without serde: it is on the path of every event, where serde_json's field matching was
 /// a tenth of the relay's instructions per message. `None` for anything else (an error, other
 /// fields, escapes in a string): [`parse_pub_ack_in`] then reads it with serde_json. With it
 /// the stream's name and the `domain` entry's bytes, if any.
-fn plain_pub_ack(payload: &[u8]) -> Option<(Stored, &[u8], Option<&[u8]>)> {
+fn plain_pub_ack(payload: &[u8]) -> Option<PlainAck<'_>> {
     /// JSON's whitespace only (`is_ascii_whitespace` would also skip a form feed).
     fn ws(b: &[u8]) -> &[u8] {
         let n = b

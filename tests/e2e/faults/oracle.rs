@@ -214,8 +214,10 @@ impl Verdict {
                 &[],
             )
             .await?;
-        // aggregate -> (commit key, first stream sequence) of its stored events.
-        let mut aggregates: HashMap<String, Vec<((i64, i64), u64)>> = HashMap::new();
+        // aggregate -> (commit key: transaction start µs and `g`, first stream sequence) of its
+        // stored events.
+        type CommitKey = (i64, i64);
+        let mut aggregates: HashMap<String, Vec<(CommitKey, u64)>> = HashMap::new();
         for row in &rows {
             let id: String = row.get(0);
             if let Some(seq) = first.get(id.as_str()) {
