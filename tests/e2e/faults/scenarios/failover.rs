@@ -75,8 +75,10 @@ async fn s17_failover_slot_survives_kill9_of_the_primary_and_promotion() -> Resu
 
     pair.env.pg.kill9()?;
     let killed = Instant::now();
-    // A standby is promoted a moment after the primary died (by an operator or a tool).
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // A standby is promoted a moment after the primary died (by an operator or a tool): 2 s,
+    // so the relay's reconnects (backoff 250 ms doubling to 1 s) meet the read-only standby
+    // first even on a loaded machine (at 1 s one CI run saw none before the promotion).
+    tokio::time::sleep(Duration::from_secs(2)).await;
     pair.standby.promote().await?;
     let promoted = killed.elapsed();
     wait_log_count(&relay, "replication started", 2, Duration::from_secs(30)).await?;
