@@ -15,6 +15,7 @@ use serde::de::{DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess
 use serde_json::value::RawValue;
 
 use super::config::{ConfigError, OutboxTableConfig, PAYLOAD_WHOLE_ROW};
+use super::limits::MessageLimits;
 
 impl OutboxTableConfig {
     /// `payload_pointer` and `headers_json_pointer`, parsed; refuses the combinations that
@@ -360,6 +361,11 @@ pub enum HeaderObjectError {
     /// A member given twice.
     #[error("member `{0}` appears twice")]
     Twice(String),
+    /// More header text than JetStream stores in one message.
+    #[error(
+        "member `{0}` brings the header lines past {1} bytes, more than JetStream stores with one message; move the data into the payload"
+    )]
+    TooLarge(String, usize),
     /// A value NATS cannot carry in a header.
     #[error(
         "the value of member `{0}` holds a control character (CR, LF, tab, …), which a header cannot carry"
@@ -428,14 +434,27 @@ impl<'de> Visitor<'de> for HeaderVisitor<'_, '_, '_> {
         f.write_str("a JSON object")
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        let start = self.out.len();
+        let mut names = DistinctNames::default();
+        let mut block = 0usize;
         while let Some(name) = map.next_key_seed(Name)? {
             let raw: &'de RawValue = map.next_value()?;
             let checked = check_name(&name, self.mapped).and_then(|()| {
-                if self.out[start..].iter().any(|(n, _)| *n == name) {
+                if !names.insert(&name) {
                     return Err(HeaderObjectError::Twice(name.to_string()));
                 }
-                header_value(&name, raw.get())
+                let value = header_value(&name, raw.get())?;
+                // Stop at JetStream's header limit, not after the whole object: a row of
+                // 100,000 members is refused after the first few thousand.
+                block += value
+                    .as_ref()
+                    .map_or(0, |v| MessageLimits::header_line_len(&name, v));
+                if block > MessageLimits::JETSTREAM_MAX_HEADER_BYTES {
+                    return Err(HeaderObjectError::TooLarge(
+                        name.to_string(),
+                        MessageLimits::JETSTREAM_MAX_HEADER_BYTES,
+                    ));
+                }
+                Ok(value)
             });
             match checked {
                 Ok(Some(value)) => self.out.push((name, value.as_ref().into())),
@@ -475,13 +494,75 @@ fn header_value<'a>(name: &str, raw: &'a str) -> Result<Option<Cow<'a, str>>, He
                     .map_err(|e| HeaderObjectError::BadString(name.to_owned(), e.to_string()))?,
             ),
         },
-        // Numbers, booleans, objects and arrays: their JSON text as written.
+        // Objects and arrays: their JSON text without the layout (a pretty-printed `json`
+        // column holds line breaks, which a header cannot carry).
+        Some(b'{' | b'[') => compact(raw),
+        // Numbers and booleans: their JSON text as written.
         _ => Cow::Borrowed(raw),
     };
     if value.chars().any(char::is_control) {
         return Err(HeaderObjectError::ControlCharacter(name.to_owned()));
     }
     Ok(Some(value))
+}
+
+/// `json` (valid JSON text) without the whitespace between its tokens; members, numbers and
+/// strings byte for byte as written. Borrowed when there is none to remove.
+fn compact(json: &str) -> Cow<'_, str> {
+    let layout = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r');
+    if !json.as_bytes().iter().any(layout) {
+        return Cow::Borrowed(json);
+    }
+    let mut out = String::with_capacity(json.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for c in json.chars() {
+        if in_string {
+            // JSON strings hold no raw whitespace but the space, which is kept.
+            (in_string, escaped) = (escaped || c != '"', !escaped && c == '\\');
+        } else if c == '"' {
+            in_string = true;
+        } else if c.is_ascii_whitespace() {
+            continue;
+        }
+        out.push(c);
+    }
+    Cow::Owned(out)
+}
+
+/// Names of an object's members seen so far: a scan while there are few (most objects), a set
+/// past that, so an object of 100,000 members costs 100,000 look-ups, not 5 billion comparisons.
+pub(super) struct DistinctNames<T> {
+    few: Vec<T>,
+    many: std::collections::HashSet<T>,
+}
+
+impl<T> Default for DistinctNames<T> {
+    fn default() -> Self {
+        Self {
+            few: Vec::new(),
+            many: std::collections::HashSet::new(),
+        }
+    }
+}
+
+impl<T: std::hash::Hash + Eq + Clone> DistinctNames<T> {
+    /// Members compared one by one up to this many.
+    const SCAN: usize = 16;
+
+    /// Adds `name`; false when it was there already.
+    pub(super) fn insert(&mut self, name: &T) -> bool {
+        if self.few.len() < Self::SCAN {
+            if self.few.contains(name) {
+                return false;
+            }
+            self.few.push(name.clone());
+            return true;
+        }
+        if self.many.is_empty() {
+            self.many.extend(self.few.iter().cloned());
+        }
+        self.many.insert(name.clone())
+    }
 }
 
 #[cfg(test)]

@@ -551,8 +551,9 @@ impl<'de: 'a, 'a> Deserialize<'de> for Fields<'a> {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
                 let mut fields: Vec<(String, &'a RawValue)> = Vec::new();
+                let mut names = super::json::DistinctNames::default();
                 while let Some(key) = map.next_key::<String>()? {
-                    if fields.iter().any(|(k, _)| *k == key) {
+                    if !names.insert(&key) {
                         return Err(A::Error::custom(format!("key `{key}` appears twice")));
                     }
                     let value: &'a RawValue = map.next_value()?;

@@ -167,7 +167,7 @@ fn envelope_headers_take_the_header_object_rule() {
     assert_eq!(msg.header("N"), Some("12.50"));
     assert_eq!(msg.header("B"), Some("false"));
     assert_eq!(msg.header("Z"), None);
-    assert_eq!(msg.header("O"), Some(r#"{"k": [1, "\u00e9"]}"#));
+    assert_eq!(msg.header("O"), Some(r#"{"k":[1,"\u00e9"]}"#));
     assert_eq!(msg.header("S"), Some("café"));
 }
 

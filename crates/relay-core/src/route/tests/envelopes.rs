@@ -444,6 +444,21 @@ fn oversized_members_and_levels_are_blamed_on_their_column() {
         extra_header_bytes: 30,
     };
     let big_header = format!(r#"{{"Big": "{}"}}"#, "h".repeat(70_000));
+    // Past JetStream's header limit on its own: refused while the members are read.
+    let row = cap_row("orders", Some(&cap_content(&big_header, "1")));
+    let err = router.route_insert(&row, &tx(), 0).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("column `Content`"), "{text}");
+    assert!(
+        text.contains("member `Big` brings the header lines past"),
+        "{text}"
+    );
+    // Within it, but over what this server allows: the size check names the member.
+    let big_header = format!(r#"{{"Big": "{}"}}"#, "h".repeat(60_000));
+    let limits = MessageLimits {
+        max_header_block: 50_000,
+        ..limits
+    };
     let row = cap_row("orders", Some(&cap_content(&big_header, "1")));
     let msg = router.route_insert(&row, &tx(), 0).unwrap();
     let err = router.check_limits(&row, msg, &limits).unwrap_err();

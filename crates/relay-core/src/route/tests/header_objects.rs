@@ -60,7 +60,7 @@ fn a_header_object_column_expands_beside_the_mapped_headers() {
     assert_eq!(msg.header("Retry"), Some("2"));
     assert_eq!(msg.header("Price"), Some("12.50"));
     assert_eq!(msg.header("Redelivered"), Some("false"));
-    assert_eq!(msg.header("Host"), Some(r#"{"Machine": "w1"}"#));
+    assert_eq!(msg.header("Host"), Some(r#"{"Machine":"w1"}"#));
     assert_eq!(msg.header("Gone"), None);
     assert_eq!(msg.header("Outbox-Event-Type"), Some("Created"));
     assert_eq!(msg.header("ce-type"), Some("Created"));
