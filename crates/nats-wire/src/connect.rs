@@ -229,7 +229,7 @@ async fn handshake(
     tcp.set_nodelay(true)?;
     let mut buf = BytesMut::with_capacity(4096);
     let mut tcp = tcp;
-    let info = match read_op(&mut tcp, &mut buf).await? {
+    let info = match read_op(&mut tcp, &mut buf, proto::message_limit(0)).await? {
         ServerOp::Info(text) => text.parse()?,
         // e.g. `maximum connections exceeded`, sent on accept.
         ServerOp::Err(text) => return Err(OpenError::Refused(text)),
@@ -318,7 +318,13 @@ async fn handshake(
     writer.flush().await?;
     let mut info = info;
     loop {
-        match read_op(&mut reader, &mut buf).await? {
+        match read_op(
+            &mut reader,
+            &mut buf,
+            proto::message_limit(info.max_payload),
+        )
+        .await?
+        {
             ServerOp::Pong => break,
             ServerOp::Err(text) => return Err(OpenError::Refused(text)),
             ServerOp::Info(text) => info = text.parse()?,
@@ -340,9 +346,10 @@ async fn handshake(
 async fn read_op<R: AsyncRead + Unpin + ?Sized>(
     reader: &mut R,
     buf: &mut BytesMut,
+    limit: usize,
 ) -> Result<ServerOp, OpenError> {
     loop {
-        if let Some(op) = proto::parse_op(buf)? {
+        if let Some(op) = proto::parse_op(buf, limit)? {
             return Ok(op);
         }
         buf.reserve(4096);

@@ -35,7 +35,7 @@ fn parse_chunks(chunks: &[&[u8]]) -> (Vec<ServerOp>, End) {
         buf.extend_from_slice(chunk);
         loop {
             let before = buf.len();
-            match proto::parse_op(&mut buf) {
+            match proto::parse_op(&mut buf, MAX_SERVER_MESSAGE) {
                 Ok(Some(op)) => {
                     // Progress on every operation: the loop ends within the input's length.
                     assert!(buf.len() < before, "{op:?} consumed nothing");

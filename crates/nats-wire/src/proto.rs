@@ -91,15 +91,33 @@ pub(crate) struct ProtocolError(pub(crate) String);
 /// with many `connect_urls` is the longest).
 pub(crate) const MAX_SERVER_LINE: usize = 1 << 20;
 
-/// The most bytes (headers and payload) one `MSG`/`HMSG` can carry: nats-server's
-/// `max_payload` is an int32, and it refuses to take a bigger message from any publisher. A
-/// larger length is garbage, not a message to wait for (the buffer would grow without end).
+/// The most bytes (headers and payload) one `MSG`/`HMSG` can carry before the server said its
+/// `max_payload`: nats-server's `max_payload` is an int32. A larger length is garbage, not a
+/// message to wait for (the buffer would grow without end).
 pub(crate) const MAX_SERVER_MESSAGE: usize = i32::MAX as usize;
 
+/// Room for the headers the server adds to a message it delivers (a status line, a
+/// description): [`message_limit`] allows this much over `max_payload`.
+const SERVER_HEADER_ROOM: usize = 4096;
+
+/// The largest `MSG`/`HMSG` to wait for from a server that announced `max_payload` (0: not
+/// yet). The server refuses any publish over `max_payload` (headers and payload together), so
+/// nothing it delivers on the relay's reply subjects is larger, save for the headers it adds
+/// itself; a length over that is refused at once instead of buffered.
+pub(crate) fn message_limit(max_payload: usize) -> usize {
+    match max_payload {
+        0 => MAX_SERVER_MESSAGE,
+        n => n.saturating_add(SERVER_HEADER_ROOM).min(MAX_SERVER_MESSAGE),
+    }
+}
+
 /// Takes one complete operation off the front of `buf`; `None` while it is incomplete (read
-/// more and call again).
+/// more and call again). A message longer than `limit` bytes (see [`message_limit`]) is an error.
 // Long: one `match` over the server's protocol operations, each a few lines
-pub(crate) fn parse_op(buf: &mut BytesMut) -> Result<Option<ServerOp>, ProtocolError> {
+pub(crate) fn parse_op(
+    buf: &mut BytesMut,
+    limit: usize,
+) -> Result<Option<ServerOp>, ProtocolError> {
     let Some(end) = find_crlf(buf) else {
         if buf.len() > MAX_SERVER_LINE {
             return Err(ProtocolError("control line too long".into()));
@@ -170,10 +188,10 @@ pub(crate) fn parse_op(buf: &mut BytesMut) -> Result<Option<ServerOp>, ProtocolE
         fields.get(..count).unwrap_or_default(),
     ) {
         (false, [subject, _sid, total] | [subject, _sid, _, total]) => {
-            (*subject, 0, number(total)?)
+            (*subject, 0, number(total, limit)?)
         }
         (true, [subject, _sid, header, total] | [subject, _sid, _, header, total]) => {
-            (*subject, number(header)?, number(total)?)
+            (*subject, number(header, limit)?, number(total, limit)?)
         }
         _ => {
             return Err(ProtocolError(format!(
@@ -185,7 +203,7 @@ pub(crate) fn parse_op(buf: &mut BytesMut) -> Result<Option<ServerOp>, ProtocolE
     if header_len > total_len {
         return Err(ProtocolError("header length over total length".into()));
     }
-    // `number` bounds both lengths by MAX_SERVER_MESSAGE, so this cannot wrap.
+    // `number` bounds both lengths by `limit` (at most MAX_SERVER_MESSAGE), so this cannot wrap.
     let frame_len = end + 2 + total_len + 2;
     if buf.len() < frame_len {
         return Ok(None);
@@ -255,8 +273,8 @@ fn trim(bytes: &[u8]) -> &[u8] {
 }
 
 /// A length field: decimal digits only (`usize::from_str` would also take a `+`), at most
-/// [`MAX_SERVER_MESSAGE`].
-fn number(field: &[u8]) -> Result<usize, ProtocolError> {
+/// `limit` (itself at most [`MAX_SERVER_MESSAGE`]).
+fn number(field: &[u8], limit: usize) -> Result<usize, ProtocolError> {
     let bad = |why: &str| {
         ProtocolError(format!(
             "bad length `{}`{why}",
@@ -273,10 +291,10 @@ fn number(field: &[u8]) -> Result<usize, ProtocolError> {
         .unwrap_or(u64::MAX);
     usize::try_from(n)
         .ok()
-        .filter(|n| *n <= MAX_SERVER_MESSAGE)
+        .filter(|n| *n <= limit.min(MAX_SERVER_MESSAGE))
         .ok_or_else(|| {
             bad(&format!(
-                " (over {MAX_SERVER_MESSAGE}, nats-server's largest message)"
+                " (over {limit}, the largest message the server's max_payload allows)"
             ))
         })
 }

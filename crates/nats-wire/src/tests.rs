@@ -297,3 +297,38 @@ async fn the_servers_an_info_announces_are_bounded() {
     let learned = lean.inner.lock().discovered.len();
     assert_eq!(learned, 64, "MAX_DISCOVERED");
 }
+
+#[tokio::test]
+async fn a_message_longer_than_max_payload_drops_the_connection_instead_of_buffering_it() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let lean = connection(port, Duration::from_secs(30));
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut seen = BytesMut::new();
+        socket
+            .write_all(b"INFO {\"headers\":true,\"max_payload\":1000}\r\n")
+            .await
+            .unwrap();
+        read_until(&mut socket, &mut seen, "PING\r\n").await;
+        socket.write_all(b"PONG\r\n").await.unwrap();
+        let frames = read_until(&mut socket, &mut seen, "{}\r\n").await;
+        let reply = reply_of(&frames);
+        // A reply announcing 100 MB to a client told that nothing exceeds 1,000 bytes; only
+        // its first bytes ever come.
+        let line = format!("MSG {reply} 1 100000000\r\n{{\"stream\":");
+        socket.write_all(line.as_bytes()).await.unwrap();
+        let _ = done_rx.await;
+    });
+    let ack = ready_publish(&lean, "a").await.unwrap();
+    let lost = tokio::time::timeout(Duration::from_secs(10), ack)
+        .await
+        .expect("resolved at the line, not after the ack timeout")
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(lost.kind, WireErrorKind::Unknown, "{lost}");
+    assert!(lost.to_string().contains("max_payload"), "{lost}");
+    let _ = done_tx.send(());
+    server.await.unwrap();
+}

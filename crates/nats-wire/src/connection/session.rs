@@ -173,7 +173,8 @@ async fn read_loop<F: Framing>(inner: &Inner<F>, mut reader: Reader, mut buf: By
     let mut last_ping = Instant::now();
     loop {
         loop {
-            match proto::parse_op(&mut buf) {
+            let limit = proto::message_limit(inner.max_payload.load(Ordering::Relaxed));
+            match proto::parse_op(&mut buf, limit) {
                 Ok(Some(op)) => inner.on_op(op),
                 Ok(None) => break,
                 Err(e) => return Loss::Protocol(e),

@@ -3,7 +3,7 @@ use super::*;
 fn parse_all(input: &[u8]) -> Vec<ServerOp> {
     let mut buf = BytesMut::from(input);
     let mut ops = Vec::new();
-    while let Some(op) = parse_op(&mut buf).expect("parses") {
+    while let Some(op) = parse_op(&mut buf, MAX_SERVER_MESSAGE).expect("parses") {
         ops.push(op);
     }
     assert!(buf.is_empty(), "all consumed: {buf:?}");
@@ -190,11 +190,11 @@ fn split_reads_wait_for_the_whole_operation() {
     for cut in 0..input.len() {
         let mut buf = BytesMut::from(&input[..cut]);
         let mut ops = Vec::new();
-        while let Some(op) = parse_op(&mut buf).unwrap() {
+        while let Some(op) = parse_op(&mut buf, MAX_SERVER_MESSAGE).unwrap() {
             ops.push(op);
         }
         buf.extend_from_slice(&input[cut..]);
-        while let Some(op) = parse_op(&mut buf).unwrap() {
+        while let Some(op) = parse_op(&mut buf, MAX_SERVER_MESSAGE).unwrap() {
             ops.push(op);
         }
         assert_eq!(ops, whole, "cut at {cut}");
@@ -225,7 +225,7 @@ fn a_frame_ends_exactly_where_its_lengths_say() {
     ] {
         let mut buf = BytesMut::from(bad);
         assert!(
-            parse_op(&mut buf).is_err(),
+            parse_op(&mut buf, MAX_SERVER_MESSAGE).is_err(),
             "{}",
             String::from_utf8_lossy(bad)
         );
@@ -247,9 +247,33 @@ fn garbage_is_an_error() {
     ] {
         let mut buf = BytesMut::from(bad);
         assert!(
-            parse_op(&mut buf).is_err(),
+            parse_op(&mut buf, MAX_SERVER_MESSAGE).is_err(),
             "{}",
             String::from_utf8_lossy(bad)
         );
     }
+}
+
+#[test]
+fn a_message_over_the_servers_max_payload_is_refused_at_its_line() {
+    let limit = message_limit(1000);
+    assert!(limit >= 1000 && limit < MAX_SERVER_MESSAGE, "{limit}");
+    // Within max_payload: a whole message is taken; half of one waits for the rest.
+    let mut whole = BytesMut::from(&b"MSG s 1 5\r\nhello\r\n"[..]);
+    assert!(matches!(
+        parse_op(&mut whole, limit),
+        Ok(Some(ServerOp::Msg { .. }))
+    ));
+    let mut half = BytesMut::from(&b"MSG s 1 900\r\nabc"[..]);
+    assert!(matches!(parse_op(&mut half, limit), Ok(None)));
+    // Over it, only the line has come: refused now, not buffered while 100 MB arrive.
+    let over = format!("MSG s 1 {}\r\nabc", limit + 1);
+    let mut buf = BytesMut::from(over.as_bytes());
+    let refused = parse_op(&mut buf, limit).unwrap_err();
+    assert!(refused.0.contains("max_payload"), "{refused}");
+    let over_headers = format!("HMSG s 1 12 {}\r\nNATS/1.0\r\n\r\n", limit + 1);
+    let mut buf = BytesMut::from(over_headers.as_bytes());
+    assert!(parse_op(&mut buf, limit).is_err());
+    // Before the server said its max_payload, the protocol's own bound.
+    assert_eq!(message_limit(0), MAX_SERVER_MESSAGE);
 }
