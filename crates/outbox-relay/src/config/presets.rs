@@ -133,7 +133,9 @@ fn fill(
             }
             (Some(Value::Object(own)), Value::Object(preset)) if key == "headers" => {
                 for (header, column) in preset {
-                    if !own.contains_key(&header) {
+                    // NATS header names compare without regard to case (as the mapped-header
+                    // check does): an entry's `traceParent` replaces the preset's `traceparent`.
+                    if !own.keys().any(|name| name.eq_ignore_ascii_case(&header)) {
                         filled.push(format!("{prefix}headers.{header}"));
                         own.insert(header, column);
                     }
@@ -171,5 +173,27 @@ mod tests {
         let error = apply("nservicebus", &mut Map::new()).expect_err("unknown");
         assert!(error.contains("unknown preset `nservicebus`"), "{error}");
         assert!(error.contains("cap, debezium"), "{error}");
+    }
+
+    #[test]
+    fn an_entrys_header_replaces_the_presets_whatever_its_case() {
+        let mut entry: Map<String, Value> = serde_json::from_str(
+            r#"{"headers": {"TRACEPARENT": "trace_ctx", "outbox-event-type": "kind"}}"#,
+        )
+        .unwrap();
+        let applied = apply("debezium", &mut entry).unwrap();
+        let headers = entry["headers"].as_object().unwrap();
+        let names: Vec<&str> = headers.keys().map(String::as_str).collect();
+        for preset_name in ["traceparent", "Outbox-Event-Type"] {
+            assert!(!names.contains(&preset_name), "{names:?}");
+            assert!(
+                !applied.keys.iter().any(|k| k.ends_with(preset_name)),
+                "{:?}",
+                applied.keys
+            );
+        }
+        assert_eq!(headers["TRACEPARENT"], "trace_ctx");
+        assert_eq!(headers["outbox-event-type"], "kind");
+        assert!(names.contains(&"Outbox-Aggregate-Id"), "{names:?}");
     }
 }
