@@ -1,6 +1,7 @@
 //! The reference docs against the code: every key `docs/configuration.md` lists exists, with
 //! the default the code has, and every key the code has is listed; every command is in
-//! `docs/operations.md`'s command table; a default a doc gives for a command's flag
+//! `docs/operations.md`'s command table, which also quotes each command's one-line summary as
+//! `outbox-relay help` prints it; a default a doc gives for a command's flag
 //! (`` `--page-size` (default 1000) ``) is the flag's own.
 
 use clap::CommandFactory as _;
@@ -177,6 +178,50 @@ fn flag_defaults_in_the_docs_are_the_flags_own() {
             }
         }
         commands.extend(command.get_subcommands().cloned());
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// `outbox-relay help`'s one-line summary of each command (and of `config print`), as
+/// `docs/operations.md` quotes it: a summary changed in the code without the docs, or the other
+/// way round, fails here, so the two are read side by side when either changes.
+#[test]
+fn operations_md_quotes_each_commands_summary_as_the_cli_gives_it() {
+    let text = doc("operations.md");
+    let heading = "### What `outbox-relay help` says of each command";
+    let Some(start) = text.find(heading) else {
+        panic!("docs/operations.md has no heading {heading:?}");
+    };
+    let section = &text[start + heading.len()..];
+    let section = &section[..section.find("\n#").unwrap_or(section.len())];
+    let mut expected = Vec::new();
+    let mut commands = vec![(String::new(), crate::Cli::command())];
+    while let Some((prefix, command)) = commands.pop() {
+        for sub in command.get_subcommands() {
+            let name = format!("{prefix}{}", sub.get_name());
+            if sub.get_name() == "help" {
+                continue;
+            }
+            if sub.has_subcommands() {
+                commands.push((format!("{name} "), sub.clone()));
+            } else {
+                let about = sub.get_about().map(ToString::to_string).unwrap_or_default();
+                expected.push(format!("- `outbox-relay {name}`: {about}"));
+            }
+        }
+    }
+    // The docs wrap nothing here: one line per command.
+    let quoted: Vec<&str> = section.lines().filter(|l| l.starts_with("- `")).collect();
+    let mut problems = Vec::new();
+    for line in &expected {
+        if !quoted.contains(&line.as_str()) {
+            problems.push(format!("missing or different: {line}"));
+        }
+    }
+    for line in &quoted {
+        if !expected.iter().any(|e| e == line) {
+            problems.push(format!("no such command or summary: {line}"));
+        }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
