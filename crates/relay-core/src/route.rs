@@ -19,6 +19,7 @@ mod build;
 mod config;
 mod dead_letter;
 mod error;
+mod header_size;
 mod json;
 mod limits;
 mod messages;

@@ -15,7 +15,7 @@ use serde::de::{DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess
 use serde_json::value::RawValue;
 
 use super::config::{ConfigError, OutboxTableConfig, PAYLOAD_WHOLE_ROW};
-use super::limits::MessageLimits;
+use super::header_size;
 
 impl OutboxTableConfig {
     /// `payload_pointer` and `headers_json_pointer`, parsed; refuses the combinations that
@@ -447,11 +447,11 @@ impl<'de> Visitor<'de> for HeaderVisitor<'_, '_, '_> {
                 // 100,000 members is refused after the first few thousand.
                 block += value
                     .as_ref()
-                    .map_or(0, |v| MessageLimits::header_line_len(&name, v));
-                if block > MessageLimits::JETSTREAM_MAX_HEADER_BYTES {
+                    .map_or(0, |v| header_size::line_len(&name, v));
+                if block > header_size::JETSTREAM_MAX_HEADER_BYTES {
                     return Err(HeaderObjectError::TooLarge(
                         name.to_string(),
-                        MessageLimits::JETSTREAM_MAX_HEADER_BYTES,
+                        header_size::JETSTREAM_MAX_HEADER_BYTES,
                     ));
                 }
                 Ok(value)

@@ -50,7 +50,7 @@ impl MessageLimits {
     /// nats-server's default `max_control_line` (`MAX_CONTROL_LINE_SIZE`).
     pub const DEFAULT_MAX_CONTROL_LINE: usize = 4096;
     /// The longest header block JetStream stores (`math.MaxUint16`).
-    pub const JETSTREAM_MAX_HEADER_BYTES: usize = 65_535;
+    pub const JETSTREAM_MAX_HEADER_BYTES: usize = super::header_size::JETSTREAM_MAX_HEADER_BYTES;
 
     /// No limits known: every message fits.
     pub const NONE: Self = Self {
@@ -63,7 +63,7 @@ impl MessageLimits {
 
     /// The bytes one header line `<name>: <value>\r\n` takes.
     pub fn header_line_len(name: &str, value: &str) -> usize {
-        name.len() + 2 + value.len() + 2
+        super::header_size::line_len(name, value)
     }
 
     /// The header block of `msg` as sent: framing, `Nats-Msg-Id`, the message's headers and the

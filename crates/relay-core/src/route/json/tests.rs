@@ -349,7 +349,7 @@ fn an_object_of_100000_members_is_refused_at_the_header_limit_within_a_second() 
         panic!("{refused:?}");
     };
     let lines: usize = (0..)
-        .map(|i| MessageLimits::header_line_len(&format!("h{i}"), "v"))
+        .map(|i| header_size::line_len(&format!("h{i}"), "v"))
         .scan(0, |sum, len| {
             *sum += len;
             Some(*sum)
