@@ -63,12 +63,19 @@ async fn s22_cluster_stream_leader_killed_under_load() -> Result<()> {
     let relay = started(&config, &[]).await?;
     let load = Load::start(&env, 3, 20, Duration::from_millis(10)).await?;
     let mut killed = Vec::new();
+    let mut misses = Vec::new();
     for _ in 0..3 {
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let Ok(Some(leader)) = relay_testkit::stream_leader(&client, STREAM).await else {
-            continue;
+        // After a restart the cluster may take a while to elect and answer on a loaded machine.
+        let leader = match leader_within(&client, Duration::from_secs(20)).await {
+            Ok(leader) => leader,
+            Err(e) => {
+                misses.push(e);
+                continue;
+            }
         };
         let Some(victim) = cluster.node_index(&leader) else {
+            misses.push(format!("leader {leader} is no node of the cluster"));
             continue;
         };
         cluster.node(victim).kill9()?;
@@ -95,7 +102,7 @@ async fn s22_cluster_stream_leader_killed_under_load() -> Result<()> {
     v.judge_order(&env.db().await?, &stored).await?;
     v.require(
         killed.len() == 3,
-        format!("three leaders killed: {killed:?}"),
+        format!("three leaders killed: {killed:?}, not found: {misses:?}"),
     );
     v.require(
         log.contains("re-publishing"),
@@ -175,23 +182,31 @@ async fn read_settled(
     }
 }
 
+/// The stream's leader, asked until one answers within `wait`; or why none was found.
+async fn leader_within(client: &async_nats::Client, wait: Duration) -> Result<String, String> {
+    let deadline = Instant::now() + wait;
+    loop {
+        let last = match relay_testkit::stream_leader(client, STREAM).await {
+            Ok(Some(leader)) => return Ok(leader),
+            Ok(None) => "no leader".to_owned(),
+            Err(e) => format!("{e:#}"),
+        };
+        if Instant::now() > deadline {
+            return Err(format!("no stream leader within {wait:?}: {last}"));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Asks the stream's leader to step down and waits (10 s) until another node leads it: the
 /// old and the new leader's server names, or what went wrong.
 async fn step_down(client: &async_nats::Client) -> Result<(String, String), String> {
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut last: String;
     // The leader now (none during an election; requests fail while there is none).
-    let before = loop {
-        match relay_testkit::stream_leader(client, STREAM).await {
-            Ok(Some(leader)) => break leader,
-            Ok(None) => last = "no leader".into(),
-            Err(e) => last = format!("{e:#}"),
-        }
-        if Instant::now() > deadline {
-            return Err(format!("no leader before the step-down: {last}"));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let before = leader_within(client, Duration::from_secs(10))
+        .await
+        .map_err(|e| format!("before the step-down: {e}"))?;
     while let Err(e) = relay_testkit::stream_leader_stepdown(client, STREAM).await {
         if Instant::now() > deadline {
             return Err(format!("step-down of {before} refused: {e:#}"));
