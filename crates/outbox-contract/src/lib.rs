@@ -32,6 +32,10 @@ pub const HEADER_EXPECTED_STREAM: &str = "Nats-Expected-Stream";
 /// relay chains each event on the one committed before it while that one is not yet known
 /// stored, so the stream keeps commit order under broker faults.
 pub const HEADER_EXPECTED_LAST_MSG_ID: &str = "Nats-Expected-Last-Msg-Id";
+/// JetStream stores the message (an atomic batch, checked at its commit) only if the stream's
+/// last sequence is this one: in `atomic-batch` mode, on a batch's first message, the
+/// sequence at which the event committed before it is stored.
+pub const HEADER_EXPECTED_LAST_SEQUENCE: &str = "Nats-Expected-Last-Sequence";
 /// LSN of the commit record of the transaction that inserted the row, in [`Lsn`]'s text form.
 pub const HEADER_COMMIT_LSN: &str = "Outbox-Commit-Lsn";
 /// PostgreSQL transaction id of that transaction.

@@ -84,6 +84,10 @@ fn every_string_constant_is_in_the_file_with_its_value() {
         ("HEADER_MSG_ID", HEADER_MSG_ID),
         ("HEADER_EXPECTED_STREAM", HEADER_EXPECTED_STREAM),
         ("HEADER_EXPECTED_LAST_MSG_ID", HEADER_EXPECTED_LAST_MSG_ID),
+        (
+            "HEADER_EXPECTED_LAST_SEQUENCE",
+            HEADER_EXPECTED_LAST_SEQUENCE,
+        ),
         ("HEADER_COMMIT_LSN", HEADER_COMMIT_LSN),
         ("HEADER_XID", HEADER_XID),
         ("HEADER_COMMIT_TIME", HEADER_COMMIT_TIME),

@@ -238,6 +238,10 @@ impl Publisher for TracedPublisher {
         self.inner.end_transaction();
     }
 
+    fn hold(&self) {
+        self.inner.hold();
+    }
+
     fn stream_name(&self) -> Option<Arc<str>> {
         self.inner.stream_name()
     }

@@ -473,7 +473,11 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
     ) -> Result<Option<(OutboundMessage, EventTicket)>, PipelineError> {
         let publisher = &self.publisher;
         match window.on_attempt(done, || publisher.max_server_closes(), &self.stats) {
-            Outcome::Again => Ok(None),
+            Outcome::Again => {
+                // Nothing new goes out until the window settles: nothing may be held back.
+                publisher.hold();
+                Ok(None)
+            }
             Outcome::Stored(ticket, receipt, msg, mark) => {
                 self.positions.finished(mark);
                 self.frontier.ack(ticket)?;

@@ -208,7 +208,7 @@ pub trait Publisher: Clone + Send + Sync + 'static {
         u32::MAX
     }
 
-    // The next three have no default on purpose: a publisher that wraps another (tracing,
+    // The next four have no default on purpose: a publisher that wraps another (tracing,
     // backfill, restore) must hand them on, or its inner publisher's batches silently stop
     // following transactions (`restore` once published atomic-batch windows per message).
 
@@ -221,6 +221,12 @@ pub trait Publisher: Clone + Send + Sync + 'static {
 
     /// The transaction begun last is complete: a batching publisher commits its batch now.
     fn end_transaction(&self);
+
+    /// A fault: the pipeline sends nothing new until everything in flight is settled, possibly
+    /// in the middle of a transaction. A batching publisher sends what it holds back now (the
+    /// open batch is committed as a part of its transaction), or the pipeline would wait for
+    /// it for ever; the rest of the transaction follows as another part.
+    fn hold(&self);
 
     /// Publishes again a message whose outcome was unknown: [`Publisher::send`] for a publisher
     /// without batches; a batching publisher sends it on its own (its transaction's batch is

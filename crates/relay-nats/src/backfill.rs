@@ -60,6 +60,10 @@ impl Publisher for BackfillPublisher {
         self.0.end_transaction();
     }
 
+    fn hold(&self) {
+        self.0.hold();
+    }
+
     fn limits(&self) -> MessageLimits {
         // The route stage checks rows against these: count the header added here.
         let mut limits = self.0.limits();

@@ -21,6 +21,7 @@ use crate::connection::{JetStream, NatsConnection};
 use crate::settings::PublishMode;
 
 mod batch;
+mod chain;
 pub(crate) mod fast_batch;
 mod framing;
 pub(crate) mod headers;
@@ -260,9 +261,9 @@ impl Publisher for JetStreamPublisher {
     ) -> Result<Self::Ack, PublishError> {
         self.check_limits(msg)?;
         if let Some(framer) = self.strategy.framer() {
-            // Batches make no condition on the stream's last message (an atomic batch refuses
-            // `Nats-Expected-Last-Msg-Id`): docs/guarantees.md says what the batch modes keep.
-            return Ok(framer.send(msg));
+            // The framing task keeps the condition on the stream's last message its own way
+            // (docs/guarantees.md, "Commit order").
+            return Ok(framer.send(msg, after));
         }
         // From the pipeline's loop: never wait for a lost connection here (the delivery
         // re-sends, and its re-send waits).
@@ -281,13 +282,25 @@ impl Publisher for JetStreamPublisher {
         }
     }
 
+    fn hold(&self) {
+        if let Some(framer) = self.strategy.framer() {
+            framer.hold();
+        }
+    }
+
     async fn resend(
         &self,
         msg: &Arc<OutboundMessage>,
         after: Option<&str>,
     ) -> Result<Self::Ack, PublishError> {
         self.check_limits(msg)?;
-        self.core.send_alone(msg, after).await
+        // Atomic batches keep commit order by the stream's sequence: a re-send is counted in
+        // their chain from before it goes until it is answered.
+        let Some(chain) = self.strategy.framer().and_then(Framer::chain) else {
+            return self.core.send_alone(msg, after).await;
+        };
+        let link = chain.alone(true);
+        Ok(link.follow(self.core.send_alone(msg, after).await?))
     }
 
     fn limits(&self) -> MessageLimits {

@@ -112,6 +112,10 @@ impl Publisher for RestorePublisher {
         self.inner.end_transaction();
     }
 
+    fn hold(&self) {
+        self.inner.hold();
+    }
+
     fn limits(&self) -> MessageLimits {
         self.inner.limits()
     }

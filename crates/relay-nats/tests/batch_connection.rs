@@ -240,3 +240,92 @@ async fn connections_closed(monitor: u16) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Commit order: a transaction whose first event names a predecessor that is not the stream's
+/// last message (here another writer stored one after it, as a lost predecessor would leave the
+/// stream behind) is refused out of turn with nothing of it stored; per message (and a message
+/// on its own in the batch modes) by `Nats-Expected-Last-Msg-Id`, in an atomic batch by
+/// `Nats-Expected-Last-Sequence` on its first message, from the batch before it.
+#[tokio::test]
+async fn a_transaction_after_a_predecessor_that_is_not_the_streams_last_is_refused_unstored()
+-> Result<()> {
+    let server = NatsServer::start().await?;
+    let jetstream = async_nats::jetstream::new(async_nats::connect(server.url()).await?);
+    for mode in [
+        PublishMode::PerMessage,
+        PublishMode::AtomicBatch,
+        PublishMode::FastBatch,
+    ] {
+        for path in [PublishPath::Lean, PublishPath::AsyncNats] {
+            refused_out_of_turn(&server, &jetstream, mode, path)
+                .await
+                .with_context(|| format!("{mode:?} on {path:?}"))?;
+            jetstream.delete_stream(STREAM).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn refused_out_of_turn(
+    server: &NatsServer,
+    jetstream: &async_nats::jetstream::Context,
+    mode: PublishMode,
+    path: PublishPath,
+) -> Result<()> {
+    let publisher = publisher(server, mode, path).await?;
+    let id = |name: &str| format!("{mode:?}-{path:?}-{name}");
+    // A two-event transaction, stored: a batch where the server takes the mode.
+    publisher.begin_transaction(Lsn(0x10));
+    let first = publisher.send(&event(&id("a1"), 0x10), None).await?;
+    let second = publisher
+        .send(&event(&id("a2"), 0x10), Some(&id("a1")))
+        .await?;
+    publisher.end_transaction();
+    let stored = second.await?.stream_seq;
+    first.await?;
+    let mut stream = jetstream.get_stream(STREAM).await?;
+    if publisher.batches() {
+        // The second batch below names where the first ends: the commit's sequence.
+        ensure!(stored == 2, "the first batch ends at sequence {stored}");
+    }
+    // Another writer's message lands after it.
+    jetstream
+        .publish("outbox.foreign", Bytes::from_static(b"{}"))
+        .await?
+        .await?;
+    // The next transaction's first event names a2 as its unsettled predecessor. Fast batches
+    // carry no condition (see fast_batch.rs): there, a 1-event transaction, sent on its own.
+    publisher.begin_transaction(Lsn(0x20));
+    let mut acks = vec![(
+        "b1",
+        publisher
+            .send(&event(&id("b1"), 0x20), Some(&id("a2")))
+            .await?,
+    )];
+    if !publisher.fast_batches() {
+        acks.push((
+            "b2",
+            publisher
+                .send(&event(&id("b2"), 0x20), Some(&id("b1")))
+                .await?,
+        ));
+    }
+    publisher.end_transaction();
+    for (name, ack) in acks {
+        match ack.await {
+            Err(e) if e.kind == relay_core::stage::PublishErrorKind::OutOfTurn => {}
+            other => anyhow::bail!("{name}: out of turn expected, got {other:?}"),
+        }
+    }
+    let state = stream.info().await?.state.clone();
+    ensure!(
+        state.messages == 3 && state.last_sequence == 3,
+        "nothing of the refused transaction stored: {state:?}"
+    );
+    eprintln!(
+        "{mode:?} on {path:?}, nats-server {}: refused out of turn, batches {}",
+        server.version(),
+        publisher.batches() || publisher.fast_batches()
+    );
+    Ok(())
+}

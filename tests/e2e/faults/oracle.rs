@@ -87,6 +87,8 @@ impl Verdict {
     /// failure in CI can be diagnosed from its output alone.
     pub fn assert_with_log(&self, relay_log: &str) {
         if !self.pass {
+            // The verdict first: CI output keeps the start and the end of a failure's text.
+            eprintln!("scenario failed: {self:?}");
             let lines: Vec<&str> = relay_log.lines().collect();
             let tail = &lines[lines.len().saturating_sub(80)..];
             eprintln!("--- last {} lines of the relay log ---", tail.len());
@@ -194,7 +196,8 @@ impl Verdict {
 
 impl Verdict {
     /// Judges order per aggregate (see the module's documentation) against the committed rows,
-    /// from the stream's `messages` in stream order; fails the verdict on any reordered event.
+    /// from the stream's `messages` in stream order; fails the verdict on any reordered event
+    /// where the publish mode promises order.
     pub async fn judge_order(
         &mut self,
         db: &tokio_postgres::Client,
@@ -245,7 +248,10 @@ impl Verdict {
             }
         }
         self.reordered = reordered;
-        if reordered > 0 {
+        // `fast-batch` does not promise order under broker faults (docs/guarantees.md): its
+        // reordered events are counted, and the verdict stands on the rest.
+        let promised = super::scenarios::publish_mode().as_deref() != Some("fast-batch");
+        if reordered > 0 && promised {
             self.pass = false;
             self.note = format!(
                 "{reordered} reordered (e.g. {}); {}",

@@ -55,6 +55,8 @@ impl Publisher for DryRunPublisher {
 
     fn end_transaction(&self) {}
 
+    fn hold(&self) {}
+
     async fn resend(
         &self,
         msg: &Arc<OutboundMessage>,

@@ -43,16 +43,19 @@ use async_nats::jetstream::message::PublishMessage;
 use futures::future::BoxFuture;
 use relay_core::Lsn;
 use relay_core::message::OutboundMessage;
-use relay_core::stage::{PubReceipt, PublishError};
+use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 
 use super::MessagePublisher;
-use super::framing::{Command, Framer, FramingMode, Reply, batchable, reply_when_acked, unknown};
+use super::framing::{
+    After, Command, Framer, FramingMode, Reply, batchable, reply_when_acked, unknown,
+};
 use crate::wire::LeanConnection;
 
 mod outcome;
 
+use super::chain::{Chain, Link, NoBase};
 use outcome::{CommitOutcome, Verdict, judge};
 
 /// Messages in one atomic batch, at most (nats-server's default `max_batch_size`).
@@ -109,8 +112,10 @@ impl BatchIds {
 /// returns the handle the publisher keeps.
 pub(crate) fn start(per_message: MessagePublisher, max_in_flight: usize) -> Framer {
     let (framer, receiver) = Framer::new(FramingMode::AtomicBatch);
+    let chain = Arc::new(Chain::default());
     let limit = MAX_BATCH.min(max_in_flight.max(1));
     let worker = Worker {
+        chain: chain.clone(),
         per_message,
         limit,
         permits: Arc::new(Semaphore::new(MAX_OPEN_BATCHES)),
@@ -121,7 +126,7 @@ pub(crate) fn start(per_message: MessagePublisher, max_in_flight: usize) -> Fram
         disabled: Arc::new(AtomicBool::new(false)),
     };
     tokio::spawn(worker.run(receiver));
-    framer
+    framer.with_chain(chain)
 }
 
 /// A batch being framed.
@@ -134,7 +139,11 @@ struct OpenBatch {
     /// Published already, without the commit header, in batch order.
     sent: Vec<(Arc<OutboundMessage>, Reply)>,
     /// The newest message, held back: it carries the commit header if nothing follows.
-    held: Option<(Arc<OutboundMessage>, Reply)>,
+    held: Option<(Arc<OutboundMessage>, After, Reply)>,
+    /// The first message's condition: the event it names as its predecessor.
+    first_after: After,
+    /// Its place in the commit-order chain, once its first message went out.
+    link: Option<Link>,
     /// A publish of this batch could not even be handed to the connection.
     failed: Option<PublishError>,
     permit: OwnedSemaphorePermit,
@@ -144,6 +153,7 @@ struct OpenBatch {
 }
 
 struct Worker {
+    chain: Arc<Chain>,
     per_message: MessagePublisher,
     limit: usize,
     permits: Arc<Semaphore>,
@@ -168,27 +178,31 @@ impl Worker {
                     self.current = Some(lsn);
                     self.part = 0;
                 }
-                Command::Send(msg, reply) => {
+                Command::Send(msg, after, reply) => {
                     if batchable(&msg, self.current, &self.disabled) {
-                        self.add(msg, reply).await;
+                        self.add(msg, after, reply).await;
                     } else {
-                        self.alone(msg, reply).await;
+                        self.alone(msg, after, reply).await;
                     }
                 }
                 Command::End => {
                     self.commit().await;
                     self.current = None;
                 }
+                // The transaction goes on in the next part.
+                Command::Hold => self.commit().await,
             }
         }
     }
 
-    /// Publishes `msg` on its own; its ack goes to `reply`.
-    async fn alone(&self, msg: Arc<OutboundMessage>, reply: Reply) {
-        reply_when_acked(self.per_message.send_now(&msg, None).await, reply);
+    /// Publishes `msg` on its condition, on its own; its ack goes to `reply`.
+    async fn alone(&self, msg: Arc<OutboundMessage>, after: After, reply: Reply) {
+        let link = self.chain.alone(false);
+        let sent = self.per_message.send_now(&msg, after.as_deref()).await;
+        reply_when_acked(sent.map(|ack| link.follow(ack)), reply);
     }
 
-    async fn add(&mut self, msg: Arc<OutboundMessage>, reply: Reply) {
+    async fn add(&mut self, msg: Arc<OutboundMessage>, after: After, reply: Reply) {
         if self.open.is_none() {
             let Ok(permit) = self.permits.clone().acquire_owned().await else {
                 let _ = reply.send(Err(unknown("the batch publisher stopped")));
@@ -205,6 +219,8 @@ impl Worker {
                 part: self.part,
                 sent: Vec::new(),
                 held: None,
+                first_after: after.clone(),
+                link: None,
                 failed: None,
                 permit,
             });
@@ -213,8 +229,21 @@ impl Worker {
         let Some(open) = self.open.as_mut() else {
             return;
         };
-        if let Some((previous, previous_reply)) = open.held.take() {
+        if let Some((previous, _, previous_reply)) = open.held.take() {
             let sequence = open.sent.len() + 1;
+            if sequence == 1 {
+                // The batch takes its place in the commit order as its first message goes.
+                match self.chain.open_batch(open.first_after.is_some()).await {
+                    Ok(link) => open.link = Some(link),
+                    Err(NoBase) => {
+                        open.failed = Some(PublishError::new(
+                            PublishErrorKind::OutOfTurn,
+                            "the event before this atomic batch is not known stored and the stream's last sequence is unknown: re-sent in order".to_owned(),
+                        ));
+                    }
+                }
+            }
+            let condition = open.link.as_ref().and_then(|link| link.base);
             if open.failed.is_none()
                 && let Err(e) = send_member(
                     &self.per_message,
@@ -222,6 +251,7 @@ impl Worker {
                     &previous,
                     &open.id,
                     sequence,
+                    condition.filter(|_| sequence == 1),
                 )
                 .await
             {
@@ -229,7 +259,7 @@ impl Worker {
             }
             open.sent.push((previous, previous_reply));
         }
-        open.held = Some((msg, reply));
+        open.held = Some((msg, after, reply));
         if open.sent.len() + 1 >= self.limit {
             self.commit().await;
         }
@@ -240,17 +270,20 @@ impl Worker {
         let Some(mut open) = self.open.take() else {
             return;
         };
-        let Some((last, last_reply)) = open.held.take() else {
+        let Some((last, last_after, last_reply)) = open.held.take() else {
             return;
         };
         let count = open.sent.len() + 1;
+        if let Some(link) = open.link.as_mut() {
+            self.chain.close(link, count as u64);
+        }
         if count == 1 && open.failed.is_none() {
             // One message is atomic on its own, and a batch costs the server a staging store
             // per batch (a directory created and deleted for a file-stored R1 stream:
             // nats-server's server/jetstream_batching.go, newBatchStore): ~160 batches/s here,
             // which made 1-row transactions 50x slower than per-message.
             drop(open.permit);
-            self.alone(last, last_reply).await;
+            self.alone(last, last_after, last_reply).await;
             return;
         }
         let mut members = std::mem::take(&mut open.sent);
@@ -279,7 +312,11 @@ impl Worker {
                 .await
             }
         };
+        let condition = open.link.as_ref().and_then(|link| link.base);
         let settling = Settling {
+            link: open.link.take(),
+            condition,
+            first_after: open.first_after.take(),
             per_message: self.per_message.clone(),
             disabled: self.disabled.clone(),
             ids: self.ids.clone(),
@@ -292,6 +329,12 @@ impl Worker {
         tokio::spawn(async move {
             let outcome = match first {
                 Ok(answer) => answer.await,
+                Err(failed) if failed.kind == PublishErrorKind::OutOfTurn => {
+                    // Never sent: the pipeline re-sends its events in order.
+                    settling.conclude(Verdict::Refused(failed)).await;
+                    drop(permit);
+                    return;
+                }
                 Err(failed) => {
                     settling.republish_whole(failed, Instant::now()).await;
                     drop(permit);
@@ -311,9 +354,19 @@ const BATCH_ID: &str = "Nats-Batch-Id";
 const BATCH_SEQUENCE: &str = "Nats-Batch-Sequence";
 const BATCH_COMMIT: &str = "Nats-Batch-Commit";
 
-/// The header lines of a batch member, beside the message's own.
-fn batch_lines<'a>(id: &'a str, sequence: &'a str, commit: bool) -> Vec<(&'a str, &'a str)> {
+/// The header lines of a batch member, beside the message's own; `condition` as text, on the
+/// first.
+fn batch_lines<'a>(
+    id: &'a str,
+    sequence: &'a str,
+    commit: bool,
+    condition: Option<&'a str>,
+) -> Vec<(&'a str, &'a str)> {
     let mut lines = vec![(BATCH_ID, id), (BATCH_SEQUENCE, sequence)];
+    if let Some(last) = condition {
+        // The only condition an atomic batch takes (see `chain`).
+        lines.push((relay_core::message::HEADER_EXPECTED_LAST_SEQUENCE, last));
+    }
     if commit {
         lines.push((BATCH_COMMIT, "1"));
     }
@@ -328,9 +381,11 @@ async fn send_member(
     msg: &OutboundMessage,
     id: &str,
     sequence: usize,
+    condition: Option<u64>,
 ) -> Result<(), PublishError> {
     let sequence = sequence.to_string();
-    let lines = batch_lines(id, &sequence, false);
+    let condition = condition.map(|last| last.to_string());
+    let lines = batch_lines(id, &sequence, false, condition.as_deref());
     if let Some(lean) = lean {
         return lean
             .publish_unanswered(&per_message.stream, msg, &lines)
@@ -356,7 +411,7 @@ async fn send_commit(
     count: usize,
 ) -> Result<BoxFuture<'static, CommitOutcome>, PublishError> {
     let count = count.to_string();
-    let lines = batch_lines(id, &count, true);
+    let lines = batch_lines(id, &count, true, None);
     let domain = per_message.domain.clone();
     if let Some(lean) = lean {
         let answer = lean
@@ -403,6 +458,12 @@ fn batch_headers(
 
 /// A batch whose commit was sent (or could not be), waiting for its outcome.
 struct Settling {
+    /// Its place in the commit-order chain (none when it was refused before it was sent).
+    link: Option<Link>,
+    /// The stream's last sequence its first message names, when it is conditional.
+    condition: Option<u64>,
+    /// The event its first message names as its predecessor.
+    first_after: After,
     per_message: MessagePublisher,
     disabled: Arc<AtomicBool>,
     ids: Arc<BatchIds>,
@@ -459,8 +520,16 @@ impl Settling {
             .await;
         let count = self.members.len();
         for (i, (msg, _)) in self.members.iter().enumerate().take(count - 1) {
-            if let Err(e) =
-                send_member(&self.per_message, lean.as_deref(), msg, &self.id, i + 1).await
+            let condition = self.condition.filter(|_| i == 0);
+            if let Err(e) = send_member(
+                &self.per_message,
+                lean.as_deref(),
+                msg,
+                &self.id,
+                i + 1,
+                condition,
+            )
+            .await
             {
                 return CommitOutcome::Failed(e);
             }
@@ -478,10 +547,18 @@ impl Settling {
             disabled,
             id,
             members,
+            mut link,
+            first_after,
             ..
         } = self;
+        let mut answered = |stored: Option<(u64, bool)>| {
+            if let Some(link) = link.as_mut() {
+                link.answered(stored);
+            }
+        };
         match verdict {
             Verdict::Committed { seq, size } => {
+                answered(Some((seq, false)));
                 let stored = size.unwrap_or(members.len() as u64);
                 let first = seq.saturating_sub(stored.saturating_sub(1));
                 for (i, (_, reply)) in members.into_iter().enumerate() {
@@ -492,6 +569,7 @@ impl Settling {
                 }
             }
             Verdict::StoredOneByOne { seq, duplicate } => {
+                answered(Some((seq, duplicate)));
                 // The last one is acknowledged, the others' outcomes are unknown.
                 if !disabled.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
@@ -521,23 +599,37 @@ impl Settling {
                 } else {
                     tracing::debug!(batch = %id, "batch refused whole, its ids stored before; publishing its messages one by one");
                 }
-                // Nothing of this batch was stored: each message on its own, in order, where
-                // the stream's deduplication answers for those it already holds (all of them
-                // after 10201: the batch that stored them was atomic too).
-                for (msg, reply) in members {
-                    let outcome = match per_message.send_now(&msg, None).await {
-                        Ok(ack) => ack.await,
-                        Err(e) => Err(e),
-                    };
-                    let _ = reply.send(outcome);
-                }
+                // Still in flight in the chain until the last is answered.
+                one_by_one(&per_message, members, first_after).await;
+                answered(None);
             }
             Verdict::Refused(error) | Verdict::Again(error) => {
+                answered(None);
                 for (_, reply) in members {
                     let _ = reply.send(Err(error.clone()));
                 }
             }
         }
+    }
+}
+
+/// Publishes the messages of a batch of which nothing was stored each on its own, in order,
+/// each naming the one before it (the first, the batch's predecessor), where the stream's
+/// deduplication answers for those it already holds (all of them after 10201: the batch that
+/// stored them was atomic too).
+async fn one_by_one(
+    per_message: &MessagePublisher,
+    members: Vec<(Arc<OutboundMessage>, Reply)>,
+    first_after: After,
+) {
+    let mut after = first_after;
+    for (msg, reply) in members {
+        let outcome = match per_message.send_now(&msg, after.as_deref()).await {
+            Ok(ack) => ack.await,
+            Err(e) => Err(e),
+        };
+        after = Some(Arc::from(msg.event_id.as_str()));
+        let _ = reply.send(outcome);
     }
 }
 

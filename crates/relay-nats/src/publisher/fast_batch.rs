@@ -35,7 +35,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::MessagePublisher;
 use super::framing::{
-    BatchAnswer, Command, Framer, FramingMode, Reply, batchable, reply_when_acked, unknown,
+    After, BatchAnswer, Command, Framer, FramingMode, Reply, batchable, reply_when_acked, unknown,
 };
 use crate::wire::LeanConnection;
 
@@ -83,8 +83,13 @@ pub(crate) fn supports_fast_batches(version: &str) -> bool {
 struct Member {
     seq: u64,
     msg: Arc<OutboundMessage>,
+    /// Its condition, kept for a re-send on its own.
+    after: After,
     reply: Reply,
 }
+
+/// A message handed to the framing task: the message, its condition and where its outcome goes.
+type Handed = (Arc<OutboundMessage>, After, Reply);
 
 /// A fast batch being published.
 struct OpenBatch {
@@ -111,7 +116,7 @@ struct Worker {
     /// Commit LSN of the open transaction.
     current: Option<Lsn>,
     /// A transaction's first message, held until a second one makes a batch worth starting.
-    held: Option<(Arc<OutboundMessage>, Reply)>,
+    held: Option<Handed>,
     open: Option<OpenBatch>,
     /// Set once the server showed it cannot take fast batches: everything goes on its own.
     disabled: Arc<AtomicBool>,
@@ -130,16 +135,18 @@ impl Worker {
             };
             match command {
                 Command::Begin(lsn) => self.current = Some(lsn),
-                Command::Send(msg, reply) => {
+                Command::Send(msg, after, reply) => {
                     if batchable(&msg, self.current, &self.disabled) {
-                        self.add(msg, reply).await;
+                        self.add((msg, after, reply)).await;
                     } else {
                         // Re-sends, dead letters, non-transactional messages: after what
                         // came before them, on their own.
                         self.finish().await;
-                        self.alone(msg, reply).await;
+                        self.alone((msg, after, reply)).await;
                     }
                 }
+                // What a fault left held back goes now; the transaction goes on in the next batch.
+                Command::Hold => self.finish().await,
                 Command::End => {
                     self.current = None;
                     if !commands.is_empty() {
@@ -162,12 +169,15 @@ impl Worker {
         }
     }
 
-    /// Publishes `msg` on its own; its ack goes to `reply`.
-    async fn alone(&self, msg: Arc<OutboundMessage>, reply: Reply) {
-        reply_when_acked(self.per_message.send_alone(&msg, None).await, reply);
+    /// Publishes a message on its own, on its condition; its ack goes to its reply.
+    async fn alone(&self, (msg, after, reply): Handed) {
+        reply_when_acked(
+            self.per_message.send_alone(&msg, after.as_deref()).await,
+            reply,
+        );
     }
 
-    async fn add(&mut self, msg: Arc<OutboundMessage>, reply: Reply) {
+    async fn add(&mut self, handed: Handed) {
         if self
             .open
             .as_ref()
@@ -177,26 +187,26 @@ impl Worker {
         }
         if self.open.is_none() {
             let Some(first) = self.held.take() else {
-                self.held = Some((msg, reply));
+                self.held = Some(handed);
                 return;
             };
             self.open = self.start(first).await;
             if self.open.is_none() {
                 // The batch ended at its first message (refused, a duplicate, no answer):
                 // this one waits for the next.
-                self.held = Some((msg, reply));
+                self.held = Some(handed);
                 return;
             }
         }
         if let Some(open) = self.open.as_mut() {
-            send_member(&self.per_message, open, msg, reply, 1).await;
+            send_member(&self.per_message, open, handed, 1).await;
         }
     }
 
     /// Starts a batch with `first` and waits for the server's first answer, as ADR-50 asks (it
     /// says whether the server takes the batch, and the flow to start at). `None` when the batch
     /// ended there; its reader then settles `first`.
-    async fn start(&self, (msg, reply): (Arc<OutboundMessage>, Reply)) -> Option<OpenBatch> {
+    async fn start(&self, first: Handed) -> Option<OpenBatch> {
         let lean = self.per_message.lean_path(self.ack_timeout).await;
         // On the lean connection, the batch's answers come on its own subscription, made with
         // `CONNECT`: subscribed at the server before any message of the batch is sent.
@@ -219,7 +229,7 @@ impl Worker {
             Ok(s) => s,
             Err(e) => {
                 tracing::debug!(error = %e, "cannot subscribe to a fast batch's replies; publishing on its own");
-                self.alone(msg, reply).await;
+                self.alone(first).await;
                 return None;
             }
         };
@@ -239,12 +249,12 @@ impl Worker {
         let mut open = OpenBatch {
             base: format!("{inbox}.{}.fail", self.flow),
             next: 1,
-            last_subject: msg.subject.clone(),
+            last_subject: first.0.subject.clone(),
             members,
             ended,
             lean,
         };
-        send_member(&self.per_message, &mut open, msg, reply, 0).await;
+        send_member(&self.per_message, &mut open, first, 0).await;
         match tokio::time::timeout(self.ack_timeout, is_started).await {
             Ok(Ok(true)) => Some(open),
             _ => None,
@@ -274,8 +284,8 @@ impl Worker {
                 tracing::debug!(error = %e, "cannot send a fast batch's commit");
             }
         }
-        if let Some((msg, reply)) = self.held.take() {
-            self.alone(msg, reply).await;
+        if let Some(held) = self.held.take() {
+            self.alone(held).await;
         }
     }
 }
@@ -302,12 +312,15 @@ impl Answers {
     }
 }
 
-/// Publishes `msg` as the next message of `open` with `operation` (0 start, 1 append).
+/// Publishes a message as the next message of `open` with `operation` (0 start, 1 append).
+/// Without its condition: nats-server (2.15.1) proposes a fast batch's message to a clustered
+/// stream before it checks `Nats-Expected-Last-Msg-Id`, and a refusal then fails on every
+/// replica as a critical write error that leaves the stream without a leader.
+/// The condition goes with the message when it is re-sent on its own.
 async fn send_member(
     per_message: &MessagePublisher,
     open: &mut OpenBatch,
-    msg: Arc<OutboundMessage>,
-    reply: Reply,
+    (msg, after, reply): Handed,
     operation: u8,
 ) {
     let seq = open.next;
@@ -318,6 +331,7 @@ async fn send_member(
     let _ = open.members.send(Member {
         seq,
         msg: msg.clone(),
+        after,
         reply,
     });
     let sent = match &open.lean {
@@ -489,7 +503,12 @@ impl Reader {
             if member.seq <= stored {
                 continue;
             }
-            let outcome = match self.per_message.send_alone(&member.msg, None).await {
+            // On its condition: a later batch may already be going, and must not pass it.
+            let outcome = match self
+                .per_message
+                .send_alone(&member.msg, member.after.as_deref())
+                .await
+            {
                 Ok(ack) => ack.await,
                 Err(e) => Err(e),
             };

@@ -32,13 +32,20 @@ pub(crate) struct BatchAnswer {
 /// Where a framing task sends a message's outcome.
 pub(crate) type Reply = oneshot::Sender<Result<PubReceipt, PublishError>>;
 
+/// The event id a message names as its predecessor (`Nats-Expected-Last-Msg-Id`), while that
+/// one is not known stored: see [`relay_core::stage::Publisher::send`].
+pub(crate) type After = Option<Arc<str>>;
+
 /// What the publisher tells the framing task, in call order.
 pub(crate) enum Command {
     /// A transaction with this commit LSN begins.
     Begin(Lsn),
-    Send(Arc<OutboundMessage>, Reply),
+    Send(Arc<OutboundMessage>, After, Reply),
     /// The open transaction ended.
     End,
+    /// The pipeline sends nothing new for now: send what is held back (see
+    /// [`relay_core::stage::Publisher::hold`]).
+    Hold,
 }
 
 /// Which framing task a [`Framer`] feeds.
@@ -62,13 +69,33 @@ impl FramingMode {
 pub(crate) struct Framer {
     mode: FramingMode,
     commands: mpsc::UnboundedSender<Command>,
+    /// The atomic-batch mode's commit-order chain, which the pipeline's re-sends join.
+    chain: Option<Arc<super::chain::Chain>>,
 }
 
 impl Framer {
     /// A handle for `mode`, and the receiver its framing task reads.
     pub(crate) fn new(mode: FramingMode) -> (Self, mpsc::UnboundedReceiver<Command>) {
         let (commands, receiver) = mpsc::unbounded_channel();
-        (Self { mode, commands }, receiver)
+        (
+            Self {
+                mode,
+                commands,
+                chain: None,
+            },
+            receiver,
+        )
+    }
+
+    /// This handle, with the chain its framing task keeps.
+    pub(crate) fn with_chain(mut self, chain: Arc<super::chain::Chain>) -> Self {
+        self.chain = Some(chain);
+        self
+    }
+
+    /// The commit-order chain a message sent around the framing task must join.
+    pub(crate) fn chain(&self) -> Option<&Arc<super::chain::Chain>> {
+        self.chain.as_ref()
     }
 
     pub(crate) fn begin(&self, commit_lsn: Lsn) {
@@ -79,13 +106,21 @@ impl Framer {
         let _ = self.commands.send(Command::End);
     }
 
-    /// Hands `msg` to the framing task; the future resolves with its ack.
+    pub(crate) fn hold(&self) {
+        let _ = self.commands.send(Command::Hold);
+    }
+
+    /// Hands `msg` (with its predecessor while that one is unsettled) to the framing task; the
+    /// future resolves with its ack.
     pub(crate) fn send(
         &self,
         msg: &Arc<OutboundMessage>,
+        after: Option<&str>,
     ) -> BoxFuture<'static, Result<PubReceipt, PublishError>> {
         let (reply, outcome) = oneshot::channel();
-        let sent = self.commands.send(Command::Send(msg.clone(), reply));
+        let sent = self
+            .commands
+            .send(Command::Send(msg.clone(), after.map(Arc::from), reply));
         let what = self.mode.what();
         Box::pin(async move {
             if sent.is_err() {

@@ -265,6 +265,8 @@ impl Publisher for FakeBroker {
 
     fn end_transaction(&self) {}
 
+    fn hold(&self) {}
+
     async fn resend(
         &self,
         msg: &Arc<OutboundMessage>,

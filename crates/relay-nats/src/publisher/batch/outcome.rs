@@ -28,6 +28,8 @@ pub(super) const BATCH_TOO_LARGE: u64 = 10199;
 pub(super) const BATCH_INVALID_COMMIT: u64 = 10200;
 /// 10210: the stream or the server has its most open batches already.
 pub(super) const BATCH_TOO_MANY_OPEN: u64 = 10210;
+/// The stream's last sequence is not the one the batch's first message names: nothing stored.
+pub(super) const WRONG_LAST_SEQUENCE: u64 = 10071;
 
 /// How long "no responders" (a leader election) is retried before it counts as no stream, as
 /// the pipeline's `no_stream_grace` default.
@@ -188,6 +190,13 @@ pub(super) fn judge(id: &str, outcome: CommitOutcome, since: Instant) -> Verdict
     };
     match code {
         Some(BATCH_DUPLICATE) => Verdict::StoredBefore,
+        Some(WRONG_LAST_SEQUENCE) => Verdict::Refused(PublishError::new(
+            PublishErrorKind::OutOfTurn,
+            format!(
+                "atomic batch {id} refused out of turn: the event before it is not the stream's last ({})",
+                error.message
+            ),
+        )),
         Some(BATCH_DISABLED | BATCH_UNSUPPORTED_HEADER) => Verdict::NoBatches,
         Some(BATCH_INCOMPLETE | BATCH_MISSING_SEQUENCE | BATCH_TOO_MANY_OPEN) => {
             Verdict::Again(error)
