@@ -73,6 +73,20 @@ async fn read_until(socket: &mut TcpStream, seen: &mut BytesMut, needle: &str) -
 }
 
 /// The reply subject of the (only) `HPUB` in `frames`.
+/// Accepts the client's connection as a server whose `max_payload` is 1,000 bytes, through its
+/// first `PING`/`PONG`.
+async fn accept_with_small_payload(listener: &TcpListener) -> (TcpStream, BytesMut) {
+    let (mut socket, _) = listener.accept().await.unwrap();
+    let mut seen = BytesMut::new();
+    socket
+        .write_all(b"INFO {\"headers\":true,\"max_payload\":1000}\r\n")
+        .await
+        .unwrap();
+    read_until(&mut socket, &mut seen, "PING\r\n").await;
+    socket.write_all(b"PONG\r\n").await.unwrap();
+    (socket, seen)
+}
+
 fn reply_of(frames: &str) -> String {
     let line = frames
         .lines()
@@ -157,14 +171,7 @@ async fn an_unanswered_publish_times_out_as_unknown_without_a_timer_of_its_own()
     let lean = connection(port, ack_timeout);
     let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
-        let (mut socket, _) = listener.accept().await.unwrap();
-        let mut seen = BytesMut::new();
-        socket
-            .write_all(b"INFO {\"headers\":true,\"max_payload\":1000}\r\n")
-            .await
-            .unwrap();
-        read_until(&mut socket, &mut seen, "PING\r\n").await;
-        socket.write_all(b"PONG\r\n").await.unwrap();
+        let (mut socket, mut seen) = accept_with_small_payload(&listener).await;
         read_until(&mut socket, &mut seen, "{}\r\n").await;
         // Never answers; keeps the connection open until the test is done.
         let _ = done_rx.await;
@@ -305,14 +312,7 @@ async fn a_message_longer_than_max_payload_drops_the_connection_instead_of_buffe
     let lean = connection(port, Duration::from_secs(30));
     let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
-        let (mut socket, _) = listener.accept().await.unwrap();
-        let mut seen = BytesMut::new();
-        socket
-            .write_all(b"INFO {\"headers\":true,\"max_payload\":1000}\r\n")
-            .await
-            .unwrap();
-        read_until(&mut socket, &mut seen, "PING\r\n").await;
-        socket.write_all(b"PONG\r\n").await.unwrap();
+        let (mut socket, mut seen) = accept_with_small_payload(&listener).await;
         let frames = read_until(&mut socket, &mut seen, "{}\r\n").await;
         let reply = reply_of(&frames);
         // A reply announcing 100 MB to a client told that nothing exceeds 1,000 bytes; only

@@ -6,6 +6,21 @@ fn chain() -> Arc<Chain> {
     Arc::new(Chain::default())
 }
 
+/// A conditional batch opening in a task of its own, asserted to be waiting still after a
+/// moment (`why` names what it must not pass); its result is the base it was given.
+async fn waiting_batch(
+    chain: &Arc<Chain>,
+    why: &str,
+) -> tokio::task::JoinHandle<Result<Option<u64>, NoBase>> {
+    let waiting = tokio::spawn({
+        let chain = chain.clone();
+        async move { chain.open_batch(true).await.map(|link| link.base) }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!waiting.is_finished(), "{why}");
+    waiting
+}
+
 #[tokio::test]
 async fn a_batch_after_an_unsettled_one_names_the_predicted_sequence() {
     let chain = chain();
@@ -34,15 +49,7 @@ async fn a_conditional_batch_waits_for_what_is_in_flight_when_nothing_is_predict
     let mut first = chain.open_batch(false).await.unwrap();
     chain.close(&mut first, 4);
     // The first batch's base was unknown: the next must wait for its answer.
-    let waiting = tokio::spawn({
-        let chain = chain.clone();
-        async move { chain.open_batch(true).await.map(|link| link.base) }
-    });
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(
-        !waiting.is_finished(),
-        "a batch went before its base was known"
-    );
+    let waiting = waiting_batch(&chain, "a batch went before its base was known").await;
     first.answered(Some((8, false)));
     assert_eq!(waiting.await.unwrap().unwrap(), Some(8));
 }
@@ -82,15 +89,7 @@ async fn a_conditional_batch_with_nothing_known_is_refused_unsent() {
         })
     });
     let answered = link.follow(ack);
-    let waiting = tokio::spawn({
-        let chain = chain.clone();
-        async move { chain.open_batch(true).await.map(|link| link.base) }
-    });
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(
-        !waiting.is_finished(),
-        "a batch went past a re-send in flight"
-    );
+    let waiting = waiting_batch(&chain, "a batch went past a re-send in flight").await;
     answered.await.unwrap();
     assert_eq!(waiting.await.unwrap().unwrap(), Some(21));
 }
@@ -106,13 +105,7 @@ async fn a_message_on_its_own_inside_an_open_batch_unsettles_the_prediction() {
     let mut alone = chain.alone(false);
     chain.close(&mut batch, 3);
     // Closed with the message inside: nothing predicted past it.
-    let waiting = chain.clone();
-    let next = tokio::spawn(async move { waiting.open_batch(true).await.map(|link| link.base) });
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(
-        !next.is_finished(),
-        "a batch went on a prediction the message broke"
-    );
+    let next = waiting_batch(&chain, "a batch went on a prediction the message broke").await;
     // The message is stored first, the batch's condition (5) fails: the batch is missing.
     alone.answered(Some((6, false)));
     batch.answered(None);
