@@ -18,7 +18,6 @@ use crate::error::WireError;
 use crate::headers::WireHeaders;
 use crate::pending::{self, Outcome, RawOutcome};
 use crate::{Framing, proto};
-use outbox_contract::HEADER_EXPECTED_LAST_MSG_ID;
 
 mod session;
 
@@ -191,23 +190,15 @@ impl<F: Framing> Connection<F> {
         self.publish_numbered(stream, msg, &[], pending::Pending::<F>::push)
     }
 
-    /// [`Self::publish`], stored only if the stream's last message has the id `after`, when
-    /// set (`Nats-Expected-Last-Msg-Id`; the server answers 10070 otherwise).
-    pub fn publish_after(
+    /// [`Self::publish`] with the `extra` header lines (a commit-order condition:
+    /// `Nats-Expected-Last-Msg-Id` or `Nats-Expected-Last-Sequence`).
+    pub fn publish_with(
         &self,
         stream: &str,
         msg: &Arc<F::Message>,
-        after: Option<&str>,
+        extra: &[(&str, &str)],
     ) -> Result<oneshot::Receiver<Outcome>, WireError> {
-        match after {
-            None => self.publish_numbered(stream, msg, &[], pending::Pending::<F>::push),
-            Some(id) => self.publish_numbered(
-                stream,
-                msg,
-                &[(HEADER_EXPECTED_LAST_MSG_ID, id)],
-                pending::Pending::<F>::push,
-            ),
-        }
+        self.publish_numbered(stream, msg, extra, pending::Pending::<F>::push)
     }
 
     /// Queues `msg` (into `stream`) with the `extra` header lines, replying to its publish
@@ -294,13 +285,20 @@ impl<F: Framing> Connection<F> {
         queued.is_ok() && matches!(tokio::time::timeout(wait, pong).await, Ok(Ok(())))
     }
 
-    /// Queues `msg` (into `stream`) replying to `reply`, with no PubAck awaited: a fast batch's
+    /// Queues `msg` (into `stream`) replying to `reply`, with the `extra` header lines (a fast
+    /// batch's first message carries its condition) and no PubAck awaited: a fast batch's
     /// message, whose answers the batch's own subscription reads. Fails while the connection
     /// is down (the batch's reader then sees no answer, and the message is re-sent).
-    pub fn publish_to(&self, stream: &str, msg: &F::Message, reply: &str) -> Result<(), WireError> {
+    pub fn publish_to(
+        &self,
+        stream: &str,
+        msg: &F::Message,
+        reply: &str,
+        extra: &[(&str, &str)],
+    ) -> Result<(), WireError> {
         self.queue(|state| {
             let Shared { out, headers, .. } = state;
-            headers.write_hpub::<F>(out, stream, msg, proto::ReplyTo::Subject(reply))
+            headers.write_hpub_with::<F>(out, stream, msg, proto::ReplyTo::Subject(reply), extra)
         })?
     }
 

@@ -43,6 +43,8 @@ pub(crate) async fn connect_publisher(
     for (table, template) in config.unsampled_subjects() {
         tracing::warn!(stream = %config.nats.stream, "{}", config.unsampled_warning(&table, &template));
     }
-    let publisher = publisher.with_publish_mode(mode, report.allows(mode), max_in_flight);
+    let publisher = publisher
+        .with_order_by_sequence(report.order_by_sequence)
+        .with_publish_mode(mode, report.allows(mode), max_in_flight);
     Ok((nats, publisher, report))
 }

@@ -15,10 +15,12 @@ pub(crate) fn kind_for_error_code(code: u64) -> PublishErrorKind {
         // A header block over 64 KiB (10097) is refused on every re-send too.
         ErrorCode::STREAM_NOT_MATCH
         | ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM
-        | ErrorCode::STREAM_HEADER_EXCEEDS_MAXIMUM
-        | ErrorCode::STREAM_WRONG_LAST_SEQUENCE => PublishErrorKind::Rejected,
-        // The commit-order condition (`Nats-Expected-Last-Msg-Id`): not stored, re-sent in turn.
-        ErrorCode::STREAM_WRONG_LAST_MESSAGE_ID => PublishErrorKind::OutOfTurn,
+        | ErrorCode::STREAM_HEADER_EXCEEDS_MAXIMUM => PublishErrorKind::Rejected,
+        // The commit-order conditions (`Nats-Expected-Last-Msg-Id`, `Nats-Expected-Last-Sequence`):
+        // not stored, re-sent in turn.
+        ErrorCode::STREAM_WRONG_LAST_MESSAGE_ID | ErrorCode::STREAM_WRONG_LAST_SEQUENCE => {
+            PublishErrorKind::OutOfTurn
+        }
         // No room: a stream limit with `discard: new` (10077 "maximum messages exceeded",
         // "maximum bytes exceeded", "maximum messages per subject exceeded"), or the account's
         // or server's storage. Nothing stored: re-sent in order once there is room.
@@ -38,7 +40,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_full_stream_is_a_definite_refusal_and_a_wrong_last_id_is_out_of_turn() {
+    fn a_full_stream_is_a_definite_refusal_and_a_wrong_last_id_or_sequence_is_out_of_turn() {
         for code in STREAM_FULL {
             assert_eq!(
                 kind_for_error_code(code),
@@ -47,6 +49,7 @@ mod tests {
             );
         }
         assert_eq!(kind_for_error_code(10070), PublishErrorKind::OutOfTurn);
+        assert_eq!(kind_for_error_code(10071), PublishErrorKind::OutOfTurn);
         assert_eq!(kind_for_error_code(10054), PublishErrorKind::Rejected);
         assert_eq!(kind_for_error_code(10999), PublishErrorKind::Unknown);
     }

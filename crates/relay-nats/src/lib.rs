@@ -51,7 +51,10 @@ pub use published::{StreamState, published_between, published_since, scan_header
 pub use publisher::JetStreamPublisher;
 pub use restore::RestorePublisher;
 pub use settings::{NatsSettings, PublishMode, PublishPath};
-pub use stream::{StreamReport, prepare_stream, subject_matches};
+pub use stream::{
+    MSG_ID_CONDITION_FAILS_REPLICAS, StreamReport, order_by_sequence, prepare_stream,
+    subject_matches,
+};
 
 /// Failures talking to NATS outside the publish path.
 #[derive(Debug, thiserror::Error)]

@@ -16,7 +16,7 @@ use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind, Publisher};
 use self::batch::supports_atomic_batches;
 use self::fast_batch::supports_fast_batches;
 use self::framing::Framer;
-use self::message::MessagePublisher;
+use self::message::{Condition, MessagePublisher};
 use crate::connection::{JetStream, NatsConnection};
 use crate::settings::PublishMode;
 
@@ -27,6 +27,7 @@ mod framing;
 pub(crate) mod headers;
 mod lean;
 mod message;
+mod sequenced;
 
 pub(crate) use message::classify;
 
@@ -53,13 +54,18 @@ enum Strategy {
     AtomicBatch(Arc<Framer>),
     /// Fast batches: the framing task's handle.
     FastBatch(Arc<Framer>),
+    /// Every message on its own, on a stream where every condition names a sequence: the
+    /// sequence chain's task (`sequenced`).
+    BySequence(Arc<Framer>),
 }
 
 impl Strategy {
     fn framer(&self) -> Option<&Framer> {
         match self {
             Self::PerMessage => None,
-            Self::AtomicBatch(framer) | Self::FastBatch(framer) => Some(framer),
+            Self::AtomicBatch(framer) | Self::FastBatch(framer) | Self::BySequence(framer) => {
+                Some(framer)
+            }
         }
     }
 }
@@ -91,6 +97,23 @@ impl JetStreamPublisher {
             core,
             strategy: Strategy::PerMessage,
         }
+    }
+
+    /// This publisher with every commit-order condition naming a stream sequence instead of an
+    /// event id when `by_sequence` ([`crate::StreamReport::order_by_sequence`]: a replicated
+    /// stream where a refused event-id condition would fail the stream), in every publish mode
+    /// that keeps order that way. Call before [`Self::with_publish_mode`].
+    #[must_use]
+    pub fn with_order_by_sequence(mut self, by_sequence: bool) -> Self {
+        if by_sequence && !self.core.by_sequence {
+            self.core.by_sequence = true;
+            tracing::info!(
+                stream = %self.core.stream,
+                "commit order kept by the stream's sequence (Nats-Expected-Last-Sequence): the stream is replicated, and on nats-server 2.14 or later a refused Nats-Expected-Last-Msg-Id fails a replicated stream"
+            );
+            self.strategy = Strategy::BySequence(Arc::new(sequenced::start(self.core.clone())));
+        }
+        self
     }
 
     /// This publisher in `mode`. `atomic-batch` needs a server that takes `Nats-Msg-Id` inside
@@ -132,6 +155,13 @@ impl JetStreamPublisher {
             tracing::warn!(
                 stream = %self.core.stream,
                 "[nats] publish_mode = \"{name}\" is not used with [nats] domain set (its flow acknowledgements name no domain); publishing each message on its own"
+            );
+            return self;
+        }
+        if mode == PublishMode::FastBatch && self.core.by_sequence {
+            tracing::warn!(
+                stream = %self.core.stream,
+                "[nats] publish_mode = \"{name}\" does not keep commit order on a replicated stream of nats-server 2.14 or later; publishing each message on its own"
             );
             return self;
         }
@@ -267,7 +297,7 @@ impl Publisher for JetStreamPublisher {
         }
         // From the pipeline's loop: never wait for a lost connection here (the delivery
         // re-sends, and its re-send waits).
-        self.core.send_now(msg, after).await
+        self.core.send_now(msg, Condition::event(after)).await
     }
 
     fn begin_transaction(&self, commit_lsn: relay_core::Lsn) {
@@ -294,13 +324,20 @@ impl Publisher for JetStreamPublisher {
         after: Option<&str>,
     ) -> Result<Self::Ack, PublishError> {
         self.check_limits(msg)?;
+        if self.core.by_sequence
+            && let Some(framer) = self.strategy.framer()
+        {
+            // Every condition names a sequence: the re-send takes its place in the chain in
+            // the framing task, in call order.
+            return Ok(framer.resend(msg, after));
+        }
         // Atomic batches keep commit order by the stream's sequence: a re-send is counted in
         // their chain from before it goes until it is answered.
         let Some(chain) = self.strategy.framer().and_then(Framer::chain) else {
-            return self.core.send_alone(msg, after).await;
+            return self.core.send_alone(msg, Condition::event(after)).await;
         };
         let link = chain.alone(true);
-        Ok(link.follow(self.core.send_alone(msg, after).await?))
+        Ok(link.follow(self.core.send_alone(msg, Condition::event(after)).await?))
     }
 
     fn limits(&self) -> MessageLimits {

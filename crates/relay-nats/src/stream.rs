@@ -9,6 +9,19 @@ use async_nats::jetstream::{self, stream};
 use crate::durability::{Durability, assess_durability};
 use crate::{JetStream, NatsError, NatsSettings};
 
+/// From this nats-server version on, a refused `Nats-Expected-Last-Msg-Id` fails a replicated
+/// stream: every replica checks it only when it applies the message, and since 2.14 an error
+/// there other than a limit is a write error that stops the stream ("critical write error:
+/// last msgid mismatch": no leader, and again at every restart, as the entry is replayed).
+/// `Nats-Expected-Last-Sequence` is refused before the proposal (from 2.12), storing nothing.
+pub const MSG_ID_CONDITION_FAILS_REPLICAS: (u64, u64, u64) = (2, 14, 0);
+
+/// Whether a stream of `replicas` on a server of `version` (its INFO) must have every
+/// commit-order condition name a sequence (see [`StreamReport::order_by_sequence`]).
+pub fn order_by_sequence(version: &str, replicas: usize) -> bool {
+    replicas > 1 && crate::native::version_triple(version) >= MSG_ID_CONDITION_FAILS_REPLICAS
+}
+
 /// Below this, a slow restart's re-sends land as second copies: worth a warning.
 const MIN_SAFE_DUPLICATE_WINDOW: Duration = Duration::from_secs(60);
 
@@ -25,6 +38,10 @@ pub struct StreamReport {
     pub allow_batched: bool,
     /// Whether the relay created the stream just now.
     pub created: bool,
+    /// Whether every commit-order condition must name a stream sequence rather than an event
+    /// id: a replicated stream on nats-server [`MSG_ID_CONDITION_FAILS_REPLICAS`] or later, where
+    /// a refused `Nats-Expected-Last-Msg-Id` fails the stream on every replica.
+    pub order_by_sequence: bool,
     /// How durable its acknowledgements are (storage, replicas, the servers' disk sync).
     pub durability: Durability,
     /// Human-readable warnings about settings that can lose acknowledged events or store
@@ -165,6 +182,7 @@ pub async fn prepare_stream(
         allow_atomic: config.allow_atomic_publish,
         allow_batched: config.allow_batch_publish,
         created,
+        order_by_sequence: order_by_sequence(&version, config.num_replicas),
         durability,
         warnings,
     })
@@ -172,7 +190,16 @@ pub async fn prepare_stream(
 
 #[cfg(test)]
 mod tests {
-    use super::subject_matches;
+    use super::{order_by_sequence, subject_matches};
+
+    #[test]
+    fn only_replicated_streams_of_new_servers_order_by_sequence() {
+        assert!(order_by_sequence("2.14.0", 3));
+        assert!(order_by_sequence("2.15.1", 2));
+        assert!(!order_by_sequence("2.15.1", 1));
+        assert!(!order_by_sequence("2.12.15", 3));
+        assert!(!order_by_sequence("2.9.10", 3));
+    }
 
     #[test]
     fn wildcards_match_like_nats() {

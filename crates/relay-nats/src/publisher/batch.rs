@@ -49,8 +49,10 @@ use tokio::time::Instant;
 
 use super::MessagePublisher;
 use super::framing::{
-    After, Command, Framer, FramingMode, Reply, batchable, reply_when_acked, unknown,
+    After, Command, Framer, FramingMode, Reply, alone_in_chain, batchable, reply_when_acked,
+    unknown,
 };
+use super::message::Condition;
 use crate::wire::LeanConnection;
 
 mod outcome;
@@ -182,9 +184,10 @@ impl Worker {
                     if batchable(&msg, self.current, &self.disabled) {
                         self.add(msg, after, reply).await;
                     } else {
-                        self.alone(msg, after, reply).await;
+                        self.alone(msg, after, reply, false).await;
                     }
                 }
+                Command::Resend(msg, after, reply) => self.alone(msg, after, reply, true).await,
                 Command::End => {
                     self.commit().await;
                     self.current = None;
@@ -195,10 +198,22 @@ impl Worker {
         }
     }
 
-    /// Publishes `msg` on its condition, on its own; its ack goes to `reply`.
-    async fn alone(&self, msg: Arc<OutboundMessage>, after: After, reply: Reply) {
+    /// Publishes `msg` on its condition, on its own; its ack goes to `reply`. `resend`: the
+    /// pipeline's re-send (only on a stream where every condition names a sequence; elsewhere
+    /// re-sends go around this task).
+    async fn alone(&mut self, msg: Arc<OutboundMessage>, after: After, reply: Reply, resend: bool) {
+        if self.per_message.by_sequence {
+            // Its condition is a sequence the chain predicts, which an open batch's count
+            // would change: the batch is committed first (a part of its transaction).
+            self.commit().await;
+            alone_in_chain(&self.per_message, &self.chain, &msg, &after, resend, reply).await;
+            return;
+        }
         let link = self.chain.alone(false);
-        let sent = self.per_message.send_now(&msg, after.as_deref()).await;
+        let sent = self
+            .per_message
+            .send_now(&msg, Condition::event(after.as_deref()))
+            .await;
         reply_when_acked(sent.map(|ack| link.follow(ack)), reply);
     }
 
@@ -283,7 +298,7 @@ impl Worker {
             // nats-server's server/jetstream_batching.go, newBatchStore): ~160 batches/s here,
             // which made 1-row transactions 50x slower than per-message.
             drop(open.permit);
-            self.alone(last, last_after, last_reply).await;
+            Box::pin(self.alone(last, last_after, last_reply, false)).await;
             return;
         }
         let mut members = std::mem::take(&mut open.sent);
@@ -599,7 +614,6 @@ impl Settling {
                 } else {
                     tracing::debug!(batch = %id, "batch refused whole, its ids stored before; publishing its messages one by one");
                 }
-                // Still in flight in the chain until the last is answered.
                 one_by_one(&per_message, members, first_after).await;
                 answered(None);
             }
@@ -616,15 +630,28 @@ impl Settling {
 /// Publishes the messages of a batch of which nothing was stored each on its own, in order,
 /// each naming the one before it (the first, the batch's predecessor), where the stream's
 /// deduplication answers for those it already holds (all of them after 10201: the batch that
-/// stored them was atomic too).
+/// stored them was atomic too). The batch is still in flight in the chain until the last is
+/// answered. Where every condition names a sequence, they are answered as failed instead, and
+/// the pipeline re-sends them in order through the chain.
 async fn one_by_one(
     per_message: &MessagePublisher,
     members: Vec<(Arc<OutboundMessage>, Reply)>,
     first_after: After,
 ) {
+    if per_message.by_sequence {
+        for (_, reply) in members {
+            let _ = reply.send(Err(unknown(
+                "the batch was refused whole: its messages are re-sent one by one in order",
+            )));
+        }
+        return;
+    }
     let mut after = first_after;
     for (msg, reply) in members {
-        let outcome = match per_message.send_now(&msg, after.as_deref()).await {
+        let outcome = match per_message
+            .send_now(&msg, Condition::event(after.as_deref()))
+            .await
+        {
             Ok(ack) => ack.await,
             Err(e) => Err(e),
         };

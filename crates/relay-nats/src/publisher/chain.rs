@@ -1,11 +1,14 @@
-//! Commit order for atomic batches (`batch`). JetStream refuses `Nats-Expected-Last-Msg-Id` inside an
-//! atomic batch but checks `Nats-Expected-Last-Sequence` on its first message, at the commit:
+//! Commit order for batches (`batch`, `fast_batch`) and for every message on a stream where
+//! every condition names a sequence (`sequenced`). JetStream refuses `Nats-Expected-Last-Msg-Id`
+//! inside an atomic batch (and a refused one fails a replicated stream of 2.14+) but checks
+//! `Nats-Expected-Last-Sequence` on a batch's first message (an atomic batch's at the commit):
 //! a batch whose first event names an unsettled predecessor is sent on the condition that the
 //! stream's last sequence is the one it would have once everything sent before it is stored.
-//! A batch stores all of its messages or none, so that sequence is predicted from the counts
-//! of what went out; an answer that does not match the prediction (a duplicate, another
-//! writer) forgets it, and the next batch waits until nothing is in flight and starts from the
-//! highest sequence any answer named. A condition that no longer holds is refused (10071) with
+//! An atomic batch stores all of its messages or none, and a fast batch all of them up to the
+//! first it could not store, so that sequence is predicted from the counts of what went out;
+//! an answer that does not match the prediction (a duplicate, another writer, a fast batch
+//! stored in part) forgets it, and the next batch waits until nothing is in flight and starts
+//! from the highest sequence any answer named. A condition that no longer holds is refused (10071) with
 //! nothing stored, and the pipeline re-sends in order.
 //!
 //! Messages on their own (and the pipeline's re-sends) keep their `Nats-Expected-Last-Msg-Id`
@@ -125,6 +128,20 @@ impl Chain {
         state.predicted = link.expected_end;
     }
 
+    /// A message on its own, conditioned by sequence where it is `conditional` (see
+    /// [`Self::open_batch`]; `resend`: the pipeline's re-send of one that failed): on a stream
+    /// where every condition names a sequence (`publisher::sequenced`).
+    pub(crate) async fn message(
+        self: &Arc<Self>,
+        conditional: bool,
+        resend: bool,
+    ) -> Result<Link, NoBase> {
+        let mut link = self.open_batch(conditional).await?;
+        self.close(&mut link, 1);
+        link.resend = resend;
+        Ok(link)
+    }
+
     /// A message on its own, conditioned by event id (`resend`: the pipeline's re-send of one
     /// that failed): taken before it is sent, so no batch starts from a sequence it may still
     /// change.
@@ -148,6 +165,12 @@ impl Chain {
 }
 
 impl Link {
+    /// The open batch of this link holds `count` messages (see [`Chain::close`]).
+    pub(crate) fn close(&mut self, count: u64) {
+        let chain = self.chain.clone();
+        chain.close(self, count);
+    }
+
     /// The message of this link (from [`Chain::alone`]) was sent: `ack` answers it.
     pub(crate) fn follow(
         mut self,
@@ -163,26 +186,33 @@ impl Link {
     /// Its answer: the stream sequence of its last message and whether it was a duplicate, or
     /// `None` when it failed or its outcome is unknown.
     pub(crate) fn answered(&mut self, stored: Option<(u64, bool)>) {
+        let failed = if stored.is_some() { 0 } else { self.messages };
+        self.settle(stored, failed);
+    }
+
+    /// Its answer when part of it may be stored (a fast batch stores its messages in order
+    /// up to an error or a gap): the stream sequence of the last message stored and whether it
+    /// was a duplicate, if any was, and how many of its messages failed (or have an unknown
+    /// outcome), which the pipeline's re-sends bring back.
+    pub(crate) fn settle(&mut self, last: Option<(u64, bool)>, failed: u64) {
         if self.answered {
             return;
         }
         self.answered = true;
         let mut state = self.chain.lock();
         state.in_flight = state.in_flight.saturating_sub(1);
-        match stored {
-            Some((seq, duplicate)) => {
-                state.last_seen = Some(state.last_seen.map_or(seq, |last| last.max(seq)));
-                if duplicate || self.expected_end != Some(seq) {
-                    state.predicted = None;
-                }
-                if self.resend {
-                    state.missing = state.missing.saturating_sub(1);
-                }
-            }
-            None => {
+        if let Some((seq, duplicate)) = last {
+            state.last_seen = Some(state.last_seen.map_or(seq, |last| last.max(seq)));
+            if duplicate || self.expected_end != Some(seq) {
                 state.predicted = None;
-                state.missing += self.messages;
             }
+            if self.resend {
+                state.missing = state.missing.saturating_sub(1);
+            }
+        }
+        if failed > 0 || last.is_none() {
+            state.predicted = None;
+            state.missing += failed;
         }
         if state.in_flight == 0 {
             self.chain.idle.notify_waiters();

@@ -14,9 +14,17 @@
 //! One task frames the batches, in the order the pipeline hands messages over; a task per batch
 //! reads its answers and hands each message its outcome. A message counts as acknowledged only
 //! when a flow ack or the final PubAck covers it. Messages a batch did not store (it ended early
-//! on an error or a gap) are re-sent on their own, where JetStream answers for each; when no
-//! answer comes within `ack_timeout` the outstanding messages' outcomes are unknown and the
-//! pipeline re-sends them (deduplicated by `Nats-Msg-Id`).
+//! on an error or a gap), and those whose answer did not come within `ack_timeout`, are answered
+//! as failed, and the pipeline re-sends them in commit order (deduplicated by `Nats-Msg-Id`).
+//!
+//! Commit order: a fast batch stores its messages in order up to the first it cannot store, and
+//! nothing after it, so only its first message needs a condition. When that message follows an
+//! unsettled event it carries `Nats-Expected-Last-Sequence`, the stream sequence the commit-order
+//! chain (`chain`) predicts for that event; a batch refused on it (10071) stores nothing and its
+//! events are re-sent in order. Its other messages go without a condition (a refused
+//! `Nats-Expected-Last-Msg-Id` fails a replicated stream of 2.14+, where fast batches are not
+//! used). Messages on their own (1-row transactions, dead letters, re-sends) keep their
+//! event-id condition and are counted in the chain.
 //!
 //! A batch starts with a transaction's second message (a 1-row transaction is published on its
 //! own) and stays open across transactions while the pipeline keeps handing messages over; it
@@ -34,10 +42,13 @@ use relay_core::stage::PubReceipt;
 use tokio::sync::{mpsc, oneshot};
 
 use super::MessagePublisher;
+use super::chain::{Chain, Link, NoBase};
 use super::framing::{
     After, BatchAnswer, Command, Framer, FramingMode, Reply, batchable, reply_when_acked, unknown,
 };
+use super::message::Condition;
 use crate::wire::LeanConnection;
+use relay_core::stage::{PublishError, PublishErrorKind};
 
 /// The oldest nats-server with fast batches.
 const MIN_SERVER: (u64, u64, u64) = (2, 14, 0);
@@ -61,7 +72,9 @@ pub(crate) fn flow(max_in_flight: usize) -> usize {
 /// `flow` messages between flow acks, and returns the handle the publisher keeps.
 pub(crate) fn start(per_message: MessagePublisher, flow: usize, ack_timeout: Duration) -> Framer {
     let (framer, receiver) = Framer::new(FramingMode::FastBatch);
+    let chain = Arc::new(Chain::default());
     let worker = Worker {
+        chain: chain.clone(),
         per_message,
         flow,
         ack_timeout,
@@ -71,7 +84,7 @@ pub(crate) fn start(per_message: MessagePublisher, flow: usize, ack_timeout: Dur
         disabled: Arc::new(AtomicBool::new(false)),
     };
     tokio::spawn(worker.run(receiver));
-    framer
+    framer.with_chain(chain)
 }
 
 /// Whether a server of version `version` (INFO) has fast batches: 2.14.0 or later.
@@ -82,10 +95,14 @@ pub(crate) fn supports_fast_batches(version: &str) -> bool {
 /// A message of a batch, by its batch sequence.
 struct Member {
     seq: u64,
-    msg: Arc<OutboundMessage>,
-    /// Its condition, kept for a re-send on its own.
-    after: After,
     reply: Reply,
+}
+
+/// What the framing task tells a batch's reader, in order: each member before it is sent, then
+/// the batch's place in the chain once no more members come.
+enum ToReader {
+    Member(Member),
+    Closed(Link),
 }
 
 /// A message handed to the framing task: the message, its condition and where its outcome goes.
@@ -100,7 +117,11 @@ struct OpenBatch {
     /// Subject of the newest message: the end-of-batch message goes there (a stream subject).
     last_subject: String,
     /// To the batch's reader, before each message is sent.
-    members: mpsc::UnboundedSender<Member>,
+    members: mpsc::UnboundedSender<ToReader>,
+    /// The stream sequence its first message names, when it follows an unsettled event.
+    condition: Option<u64>,
+    /// Its place in the commit-order chain, handed to the reader when the batch is dropped.
+    link: Option<Link>,
     /// Set by the reader once the server ended the batch (or stopped answering).
     ended: Arc<AtomicBool>,
     /// The lean connection the batch's messages and commit go on, as the messages published
@@ -110,6 +131,7 @@ struct OpenBatch {
 }
 
 struct Worker {
+    chain: Arc<Chain>,
     per_message: MessagePublisher,
     flow: usize,
     ack_timeout: Duration,
@@ -145,6 +167,12 @@ impl Worker {
                         self.alone((msg, after, reply)).await;
                     }
                 }
+                // Fast batches are not used where re-sends come this way (a stream where every
+                // condition names a sequence); should one come, it goes after what came before.
+                Command::Resend(msg, after, reply) => {
+                    self.finish().await;
+                    self.alone((msg, after, reply)).await;
+                }
                 // What a fault left held back goes now; the transaction goes on in the next batch.
                 Command::Hold => self.finish().await,
                 Command::End => {
@@ -171,10 +199,12 @@ impl Worker {
 
     /// Publishes a message on its own, on its condition; its ack goes to its reply.
     async fn alone(&self, (msg, after, reply): Handed) {
-        reply_when_acked(
-            self.per_message.send_alone(&msg, after.as_deref()).await,
-            reply,
-        );
+        let link = self.chain.alone(false);
+        let sent = self
+            .per_message
+            .send_alone(&msg, Condition::event(after.as_deref()))
+            .await;
+        reply_when_acked(sent.map(|ack| link.follow(ack)), reply);
     }
 
     async fn add(&mut self, handed: Handed) {
@@ -233,17 +263,31 @@ impl Worker {
                 return None;
             }
         };
+        // The batch takes its place in the commit order as its first message goes.
+        let link = match self.chain.open_batch(first.1.is_some()).await {
+            Ok(link) => link,
+            Err(NoBase) => {
+                answers.close().await;
+                let _ = first.2.send(Err(PublishError::new(
+                    PublishErrorKind::OutOfTurn,
+                    "the event before this fast batch is not known stored and the stream's last sequence is unknown: re-sent in order".to_owned(),
+                )));
+                return None;
+            }
+        };
         let (members, receiver) = mpsc::unbounded_channel();
         let (started, is_started) = oneshot::channel();
         let ended = Arc::new(AtomicBool::new(false));
         let reader = Reader {
-            per_message: self.per_message.clone(),
             disabled: self.disabled.clone(),
             ended: ended.clone(),
             ack_timeout: self.ack_timeout,
             started: Some(started),
             pending: std::collections::VecDeque::new(),
             flow_acks: 0,
+            failed: 0,
+            refusal: None,
+            last: None,
         };
         tokio::spawn(reader.run(answers, receiver));
         let mut open = OpenBatch {
@@ -251,6 +295,8 @@ impl Worker {
             next: 1,
             last_subject: first.0.subject.clone(),
             members,
+            condition: link.base,
+            link: Some(link),
             ended,
             lean,
         };
@@ -312,15 +358,24 @@ impl Answers {
     }
 }
 
+impl Drop for OpenBatch {
+    /// No more members come: the batch's count is known, and its reader settles its place in
+    /// the chain once the batch's answers are in.
+    fn drop(&mut self) {
+        if let Some(mut link) = self.link.take() {
+            link.close(self.next - 1);
+            let _ = self.members.send(ToReader::Closed(link));
+        }
+    }
+}
+
 /// Publishes a message as the next message of `open` with `operation` (0 start, 1 append).
-/// Without its condition: nats-server (2.15.1) proposes a fast batch's message to a clustered
-/// stream before it checks `Nats-Expected-Last-Msg-Id`, and a refusal then fails on every
-/// replica as a critical write error that leaves the stream without a leader.
-/// The condition goes with the message when it is re-sent on its own.
+/// Only the first carries a condition (the batch's, by sequence: see the module's text); the
+/// pipeline re-sends what the batch did not store, each on its own condition.
 async fn send_member(
     per_message: &MessagePublisher,
     open: &mut OpenBatch,
-    (msg, after, reply): Handed,
+    (msg, _, reply): Handed,
     operation: u8,
 ) {
     let seq = open.next;
@@ -328,26 +383,36 @@ async fn send_member(
     open.last_subject = msg.subject.clone();
     let reply_to = format!("{}.{seq}.{operation}.$FI", open.base);
     // Registered before it is sent, so no answer can come for a message the reader lacks.
-    let _ = open.members.send(Member {
-        seq,
-        msg: msg.clone(),
-        after,
-        reply,
-    });
+    let _ = open.members.send(ToReader::Member(Member { seq, reply }));
+    let condition = open
+        .condition
+        .filter(|_| seq == 1)
+        .map(|last| Condition::AfterSequence(last).header());
     let sent = match &open.lean {
-        Some(lean) => lean
-            .publish_to(&per_message.stream, &msg, &reply_to)
-            .map_err(|e| e.to_string()),
-        None => per_message
-            .client()
-            .publish_with_reply_and_headers(
-                msg.subject.clone(),
-                reply_to,
-                per_message.headers(&msg),
-                msg.payload.clone(),
-            )
-            .await
-            .map_err(|e| e.to_string()),
+        Some(lean) => {
+            let extra: &[(&str, &str)] = match &condition {
+                Some((name, value)) => &[(name, value.as_ref())],
+                None => &[],
+            };
+            lean.publish_to(&per_message.stream, &msg, &reply_to, extra)
+                .map_err(|e| e.to_string())
+        }
+        None => {
+            let mut headers = per_message.headers(&msg);
+            if let Some((name, value)) = &condition {
+                headers.insert(*name, value.as_ref());
+            }
+            per_message
+                .client()
+                .publish_with_reply_and_headers(
+                    msg.subject.clone(),
+                    reply_to,
+                    headers,
+                    msg.payload.clone(),
+                )
+                .await
+                .map_err(|e| e.to_string())
+        }
     };
     if let Err(e) = sent {
         // No answer will cover it: the reader's timeout makes its outcome unknown.
@@ -357,7 +422,6 @@ async fn send_member(
 
 /// Reads one batch's answers and settles its members.
 struct Reader {
-    per_message: MessagePublisher,
     disabled: Arc<AtomicBool>,
     ended: Arc<AtomicBool>,
     ack_timeout: Duration,
@@ -367,21 +431,29 @@ struct Reader {
     pending: std::collections::VecDeque<Member>,
     /// Flow acks received (for the batch's debug line).
     flow_acks: u64,
+    /// Members answered as failed (their outcome unknown, or not stored).
+    failed: u64,
+    /// Why the batch stored no more: the server's error, for the first member it did not store.
+    refusal: Option<PublishError>,
+    /// The stream sequence (and duplicate flag) of the last member the batch stored, if any.
+    last: Option<(u64, bool)>,
 }
 
 impl Reader {
-    async fn run(mut self, mut answers: Answers, mut members: mpsc::UnboundedReceiver<Member>) {
+    async fn run(mut self, mut answers: Answers, mut members: mpsc::UnboundedReceiver<ToReader>) {
         let mut deadline = tokio::time::Instant::now() + self.ack_timeout;
         let mut more = true;
+        let mut link = None;
         while !self.ended.load(Ordering::Relaxed) {
             tokio::select! {
                 member = members.recv(), if more => match member {
-                    Some(member) => {
+                    Some(ToReader::Member(member)) => {
                         if self.pending.is_empty() {
                             deadline = tokio::time::Instant::now() + self.ack_timeout;
                         }
                         self.pending.push_back(member);
                     }
+                    Some(ToReader::Closed(closed)) => link = Some(closed),
                     None => more = false,
                 },
                 answer = answers.next() => {
@@ -392,21 +464,44 @@ impl Reader {
                 () = tokio::time::sleep_until(deadline), if !self.pending.is_empty() || self.started.is_some() => {
                     tracing::debug!(outstanding = self.pending.len(), "no answer to a fast batch within ack_timeout; re-sending its outstanding messages");
                     self.end(false);
-                    for member in self.pending.drain(..) {
-                        let _ = member.reply.send(Err(unknown("no flow ack or PubAck came for its fast batch")));
-                    }
+                    self.refusal = Some(unknown("no flow ack or PubAck came for its fast batch"));
+                    self.fail_pending();
                 }
                 else => break,
             }
         }
         self.end(false);
         answers.close().await;
-        // Whatever was handed over after the end (or never answered): on its own, in order.
-        members.close();
-        while let Some(member) = members.recv().await {
-            self.pending.push_back(member);
+        // Whatever was handed over after the end (or never answered) fails at once, so the
+        // pipeline stops and re-sends it in order; the batch's place in the chain comes last.
+        self.fail_pending();
+        while let Some(next) = members.recv().await {
+            match next {
+                ToReader::Member(member) => {
+                    self.pending.push_back(member);
+                    self.fail_pending();
+                }
+                ToReader::Closed(closed) => link = Some(closed),
+            }
         }
-        self.resend_alone(0).await;
+        if let Some(mut link) = link {
+            link.settle(self.last, self.failed);
+        }
+    }
+
+    /// Answers every pending member as failed: the first with why the batch stored no more,
+    /// the others as out of turn (they follow one not stored). The pipeline re-sends them.
+    fn fail_pending(&mut self) {
+        for member in self.pending.drain(..) {
+            self.failed += 1;
+            let error = self.refusal.take().unwrap_or_else(|| {
+                PublishError::new(
+                    PublishErrorKind::OutOfTurn,
+                    "its fast batch ended before it: re-sent in order".to_owned(),
+                )
+            });
+            let _ = member.reply.send(Err(error));
+        }
     }
 
     fn end(&mut self, going_on: bool) {
@@ -452,9 +547,10 @@ impl Reader {
                     "JetStream refuses fast batches here (the stream lacks allow_batched); publishing each message on its own from now on"
                 );
             } else {
-                tracing::debug!(code = error.err_code, error = %error.description, "fast batch refused; publishing its messages on their own");
+                tracing::debug!(code = error.err_code, error = %error.description, "fast batch refused; its messages are re-sent in order");
             }
-            self.resend_alone(0).await;
+            self.refusal = Some(refusal(&error));
+            self.fail_pending();
             return;
         }
         if answer.batch.is_none() {
@@ -473,8 +569,16 @@ impl Reader {
             "fast batch committed"
         );
         let last = (answer.seq.unwrap_or(0), answer.duplicate);
+        if count > 0 {
+            self.last = Some(last);
+        }
         self.acknowledge(count, Some(last));
-        self.resend_alone(count).await;
+        if !self.pending.is_empty() {
+            self.refusal = Some(unknown(
+                "its fast batch ended before it (a gap or an error): re-sent in order",
+            ));
+        }
+        self.fail_pending();
     }
 
     /// Every pending member up to batch sequence `upto` is stored; `last` is the stream
@@ -495,26 +599,23 @@ impl Reader {
             }));
         }
     }
+}
 
-    /// Publishes the pending members past batch sequence `stored` on their own, in order, and
-    /// hands each its own ack (JetStream's deduplication answers for any it already holds).
-    async fn resend_alone(&mut self, stored: u64) {
-        for member in self.pending.drain(..) {
-            if member.seq <= stored {
-                continue;
-            }
-            // On its condition: a later batch may already be going, and must not pass it.
-            let outcome = match self
-                .per_message
-                .send_alone(&member.msg, member.after.as_deref())
-                .await
-            {
-                Ok(ack) => ack.await,
-                Err(e) => Err(e),
-            };
-            let _ = member.reply.send(outcome);
-        }
-    }
+/// The failure a refused batch hands its first member: out of turn for a refused condition,
+/// an unknown outcome where fast batches are refused (the member then goes on its own), else
+/// what the code says.
+fn refusal(error: &crate::error_codes::ApiError) -> PublishError {
+    let kind = match error.err_code {
+        FAST_BATCH_DISABLED => PublishErrorKind::Unknown,
+        code => crate::error_codes::kind_for_error_code(code),
+    };
+    PublishError::new(
+        kind,
+        format!(
+            "fast batch refused: {} ({})",
+            error.description, error.err_code
+        ),
+    )
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
-//! What the two batch modes (`atomic-batch`, `fast-batch`) share: the handle the publisher keeps,
-//! whose commands reach one framing task in the order the pipeline called, and the way a framing
-//! task publishes a message on its own.
+//! What the framing tasks (the two batch modes, `atomic-batch` and `fast-batch`, and the
+//! sequence chain of per-message mode, `sequenced`) share: the handle the publisher keeps,
+//! whose commands reach one framing task in the order the pipeline called, and the way a
+//! framing task publishes a message on its own.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,6 +42,10 @@ pub(crate) enum Command {
     /// A transaction with this commit LSN begins.
     Begin(Lsn),
     Send(Arc<OutboundMessage>, After, Reply),
+    /// The pipeline's re-send of a message that failed (see
+    /// [`relay_core::stage::Publisher::resend`]), on a stream where every condition names a
+    /// sequence: it joins the chain in call order.
+    Resend(Arc<OutboundMessage>, After, Reply),
     /// The open transaction ended.
     End,
     /// The pipeline sends nothing new for now: send what is held back (see
@@ -53,6 +58,8 @@ pub(crate) enum Command {
 pub(crate) enum FramingMode {
     AtomicBatch,
     FastBatch,
+    /// Per-message mode on a stream where every condition names a sequence.
+    BySequence,
 }
 
 impl FramingMode {
@@ -60,6 +67,7 @@ impl FramingMode {
         match self {
             Self::AtomicBatch => "batch",
             Self::FastBatch => "fast batch",
+            Self::BySequence => "message",
         }
     }
 }
@@ -117,10 +125,28 @@ impl Framer {
         msg: &Arc<OutboundMessage>,
         after: Option<&str>,
     ) -> BoxFuture<'static, Result<PubReceipt, PublishError>> {
+        self.hand_over(msg, after, Command::Send)
+    }
+
+    /// Hands the pipeline's re-send of `msg` to the framing task (see [`Command::Resend`]).
+    pub(crate) fn resend(
+        &self,
+        msg: &Arc<OutboundMessage>,
+        after: Option<&str>,
+    ) -> BoxFuture<'static, Result<PubReceipt, PublishError>> {
+        self.hand_over(msg, after, Command::Resend)
+    }
+
+    fn hand_over(
+        &self,
+        msg: &Arc<OutboundMessage>,
+        after: Option<&str>,
+        command: fn(Arc<OutboundMessage>, After, Reply) -> Command,
+    ) -> BoxFuture<'static, Result<PubReceipt, PublishError>> {
         let (reply, outcome) = oneshot::channel();
         let sent = self
             .commands
-            .send(Command::Send(msg.clone(), after.map(Arc::from), reply));
+            .send(command(msg.clone(), after.map(Arc::from), reply));
         let what = self.mode.what();
         Box::pin(async move {
             if sent.is_err() {
@@ -167,4 +193,36 @@ pub(crate) fn batchable(
     disabled: &AtomicBool,
 ) -> bool {
     !disabled.load(Ordering::Relaxed) && current == Some(msg.commit_lsn)
+}
+
+/// Publishes `msg` on its own on a stream where every condition names a sequence (see
+/// `chain`): it takes its place in `chain`, and when its predecessor is unsettled (`after`) it
+/// is stored only if the stream's last sequence is the one the chain predicts. Refused unsent
+/// (out of turn) when nothing tells that sequence; its ack goes to `reply`. `resend`: the
+/// pipeline's re-send, which may wait for a lost connection (it is not the pipeline's loop).
+pub(crate) async fn alone_in_chain(
+    per_message: &super::MessagePublisher,
+    chain: &Arc<super::chain::Chain>,
+    msg: &Arc<OutboundMessage>,
+    after: &After,
+    resend: bool,
+    reply: Reply,
+) {
+    let link = match chain.message(after.is_some(), resend).await {
+        Ok(link) => link,
+        Err(super::chain::NoBase) => {
+            let _ = reply.send(Err(PublishError::new(
+                PublishErrorKind::OutOfTurn,
+                "the event before this one is not known stored and the stream's last sequence is unknown: re-sent in order".to_owned(),
+            )));
+            return;
+        }
+    };
+    let condition = link.base.map(super::message::Condition::AfterSequence);
+    let sent = if resend {
+        per_message.send_alone(msg, condition).await
+    } else {
+        per_message.send_now(msg, condition).await
+    };
+    reply_when_acked(sent.map(|ack| link.follow(ack)), reply);
 }

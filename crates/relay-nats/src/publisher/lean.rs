@@ -18,12 +18,17 @@ impl MessagePublisher {
         &self,
         lean: &LeanConnection,
         msg: &Arc<OutboundMessage>,
-        after: Option<&str>,
+        condition: Option<super::message::Condition<'_>>,
         probe: Option<tokio::sync::OwnedMutexGuard<()>>,
     ) -> Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError> {
-        let outcome = lean
-            .publish_after(&self.stream, msg, after)
-            .map_err(crate::wire::publish_error)?;
+        let outcome = match condition {
+            None => lean.publish(&self.stream, msg),
+            Some(condition) => {
+                let (name, value) = condition.header();
+                lean.publish_with(&self.stream, msg, &[(name, value.as_ref())])
+            }
+        }
+        .map_err(crate::wire::publish_error)?;
         let context = self.shared.clone();
         let stream = self.stream.clone();
         let quarantine = self.quarantine.clone();

@@ -12,7 +12,9 @@ use async_nats::jetstream;
 use async_nats::jetstream::context::PublishErrorKind as NatsKind;
 use async_nats::jetstream::message::PublishMessage;
 use futures::future::BoxFuture;
-use relay_core::message::{HEADER_EXPECTED_LAST_MSG_ID, OutboundMessage};
+use relay_core::message::{
+    HEADER_EXPECTED_LAST_MSG_ID, HEADER_EXPECTED_LAST_SEQUENCE, OutboundMessage,
+};
 use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind};
 
 use super::headers::HeaderState;
@@ -21,6 +23,31 @@ use crate::connection::{JetStream, NatsConnection};
 use crate::error_codes::kind_for_error_code;
 use crate::wire::LeanConnection;
 use nats_wire::ConnectOptions;
+
+/// What a message is stored on, when its predecessor in commit order is not known stored: the
+/// stream's last message is that event (`Nats-Expected-Last-Msg-Id`), or the stream's last
+/// sequence is the one it will have once that event is stored (`Nats-Expected-Last-Sequence`,
+/// see `chain`). The server refuses the message otherwise, storing nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Condition<'a> {
+    AfterEvent(&'a str),
+    AfterSequence(u64),
+}
+
+impl<'a> Condition<'a> {
+    /// The condition naming the event `after`, when there is one.
+    pub(crate) fn event(after: Option<&'a str>) -> Option<Self> {
+        after.map(Self::AfterEvent)
+    }
+
+    /// Its header: name and value.
+    pub(crate) fn header(self) -> (&'static str, std::borrow::Cow<'a, str>) {
+        match self {
+            Self::AfterEvent(id) => (HEADER_EXPECTED_LAST_MSG_ID, id.into()),
+            Self::AfterSequence(seq) => (HEADER_EXPECTED_LAST_SEQUENCE, seq.to_string().into()),
+        }
+    }
+}
 
 /// Publishes one message at a time into one stream. Cheap to clone (reference counts): the
 /// publisher and its framing task each hold one.
@@ -47,6 +74,9 @@ pub(crate) struct MessagePublisher {
     pub(super) lean: Option<Arc<LeanConnection>>,
     /// `[nats] domain`: every PubAck must name it ([`crate::domain::check_ack_domain`]).
     pub(super) domain: Option<Arc<str>>,
+    /// Every commit-order condition names a stream sequence, never an event id (see
+    /// [`crate::StreamReport::order_by_sequence`]).
+    pub(super) by_sequence: bool,
 }
 
 impl MessagePublisher {
@@ -86,6 +116,7 @@ impl MessagePublisher {
             ack_timeout,
             lean,
             domain: connection.domain().cloned(),
+            by_sequence: false,
         }
     }
 
@@ -142,9 +173,9 @@ impl MessagePublisher {
     pub(crate) async fn send_now(
         &self,
         msg: &Arc<OutboundMessage>,
-        after: Option<&str>,
+        condition: Option<Condition<'_>>,
     ) -> Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError> {
-        self.send_waiting(msg, after, Duration::ZERO).await
+        self.send_waiting(msg, condition, Duration::ZERO).await
     }
 
     /// Publishes `msg` (re-sends, and what a batch does not take). While the lean connection is
@@ -153,18 +184,18 @@ impl MessagePublisher {
     pub(crate) async fn send_alone(
         &self,
         msg: &Arc<OutboundMessage>,
-        after: Option<&str>,
+        condition: Option<Condition<'_>>,
     ) -> Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError> {
-        self.send_waiting(msg, after, self.ack_timeout).await
+        self.send_waiting(msg, condition, self.ack_timeout).await
     }
 
-    /// Publishes `msg` (stored only if the stream's last message is `after`, when set: see
+    /// Publishes `msg` (stored only if `condition` holds, when set: see
     /// [`relay_core::stage::Publisher::send`]), waiting at most `wait` for a lost lean
     /// connection.
     async fn send_waiting(
         &self,
         msg: &Arc<OutboundMessage>,
-        after: Option<&str>,
+        condition: Option<Condition<'_>>,
         wait: Duration,
     ) -> Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError> {
         if self.quarantine.is_suspect(&msg.event_id) {
@@ -172,15 +203,16 @@ impl MessagePublisher {
             // (the pipeline's loop, which polls the other deliveries) never blocks on it.
             let this = self.clone();
             let msg = msg.clone();
-            let after = after.map(str::to_owned);
+            let condition = condition.map(OwnedCondition::from);
             return Ok(Box::pin(async move {
                 let probe = this.quarantine.probe().await;
-                this.publish(&msg, after.as_deref(), Some(probe), wait)
+                let condition = condition.as_ref().map(OwnedCondition::borrow);
+                this.publish(&msg, condition, Some(probe), wait)
                     .await?
                     .await
             }));
         }
-        self.publish(msg, after, None, wait).await
+        self.publish(msg, condition, None, wait).await
     }
 
     /// Sends `msg` now; the returned future sees it acknowledged. `probe` (a suspect's turn,
@@ -188,21 +220,22 @@ impl MessagePublisher {
     async fn publish(
         &self,
         msg: &Arc<OutboundMessage>,
-        after: Option<&str>,
+        condition: Option<Condition<'_>>,
         probe: Option<tokio::sync::OwnedMutexGuard<()>>,
         wait: Duration,
     ) -> Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError> {
         if let Some(lean) = &self.lean
             && lean.ready(wait).await
         {
-            return self.publish_lean(lean, msg, after, probe);
+            return self.publish_lean(lean, msg, condition, probe);
         }
         // Before sending: a server close from now on may be this message's doing.
         let state = self.jetstream.state();
         let mut closes = state.closes.subscribe();
         let mut headers = self.headers(msg);
-        if let Some(after) = after {
-            headers.insert(HEADER_EXPECTED_LAST_MSG_ID, after);
+        if let Some(condition) = condition {
+            let (name, value) = condition.header();
+            headers.insert(name, value.as_ref());
         }
         let publish = PublishMessage::build()
             .headers(headers)
@@ -266,6 +299,30 @@ impl MessagePublisher {
     }
 }
 
+/// A [`Condition`] kept by a future that sends later (a suspect's turn).
+enum OwnedCondition {
+    AfterEvent(String),
+    AfterSequence(u64),
+}
+
+impl From<Condition<'_>> for OwnedCondition {
+    fn from(condition: Condition<'_>) -> Self {
+        match condition {
+            Condition::AfterEvent(id) => Self::AfterEvent(id.to_owned()),
+            Condition::AfterSequence(seq) => Self::AfterSequence(seq),
+        }
+    }
+}
+
+impl OwnedCondition {
+    fn borrow(&self) -> Condition<'_> {
+        match self {
+            Self::AfterEvent(id) => Condition::AfterEvent(id),
+            Self::AfterSequence(seq) => Condition::AfterSequence(*seq),
+        }
+    }
+}
+
 /// A duplicate PubAck means JetStream already holds a message with this `Nats-Msg-Id`: a
 /// re-send (same subject and payload), or a second outbox row reusing the id. Fetch the stored
 /// copy and refuse the second case instead of reporting a silent success.
@@ -314,8 +371,8 @@ pub(crate) fn classify(error: jetstream::context::PublishError) -> PublishError 
         // 503 no responders: a leader election, or no stream captures the subject.
         NatsKind::StreamNotFound => PublishErrorKind::NoStream,
         // The commit-order condition: the predecessor was not the stream's last message.
-        NatsKind::WrongLastMessageId => PublishErrorKind::OutOfTurn,
-        NatsKind::MaxPayloadExceeded | NatsKind::WrongLastSequence => PublishErrorKind::Rejected,
+        NatsKind::WrongLastMessageId | NatsKind::WrongLastSequence => PublishErrorKind::OutOfTurn,
+        NatsKind::MaxPayloadExceeded => PublishErrorKind::Rejected,
         _ => server_code.map_or(PublishErrorKind::Unknown, |code| {
             kind_for_error_code(code.0)
         }),

@@ -147,3 +147,41 @@ async fn a_batch_after_a_failed_message_waits_for_its_re_send_before_starting_fr
     resent.answered(Some((21, false)));
     assert_eq!(chain.open_batch(true).await.unwrap().base, Some(21));
 }
+
+#[tokio::test]
+async fn a_fast_batch_stored_in_part_forgets_the_prediction_and_counts_what_failed() {
+    let chain = chain();
+    let mut first = chain.open_batch(false).await.unwrap();
+    first.close(3);
+    first.answered(Some((3, false)));
+    // Five sent, two stored (a gap): the last stored is at 5, three failed.
+    let mut batch = chain.open_batch(true).await.unwrap();
+    assert_eq!(batch.base, Some(3));
+    batch.close(5);
+    batch.settle(Some((5, false)), 3);
+    // The three are missing until the pipeline re-sends them: no base at 5.
+    assert!(matches!(chain.open_batch(true).await, Err(NoBase)));
+    for seq in 6..=8 {
+        chain.alone(true).answered(Some((seq, false)));
+    }
+    assert_eq!(chain.open_batch(true).await.unwrap().base, Some(8));
+}
+
+#[tokio::test]
+async fn a_message_on_a_sequence_ordered_stream_names_its_predecessor_s_sequence() {
+    let chain = chain();
+    let mut first = chain.message(false, false).await.unwrap();
+    assert_eq!(first.base, None);
+    first.answered(Some((7, false)));
+    let second = chain.message(true, false).await.unwrap();
+    let third = chain.message(true, false).await.unwrap();
+    assert_eq!((second.base, third.base), (Some(7), Some(8)));
+    // The second fails: the third's answer cannot make a base for the next.
+    drop(second);
+    drop(third);
+    assert!(matches!(chain.message(true, false).await, Err(NoBase)));
+    // The pipeline's first re-send goes without a condition and ends what was missing.
+    let mut probe = chain.message(false, true).await.unwrap();
+    probe.answered(Some((8, false)));
+    assert_eq!(chain.message(true, true).await.unwrap().base, Some(8));
+}
