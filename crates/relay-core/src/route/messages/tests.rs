@@ -339,3 +339,25 @@ fn configuration_is_checked() {
     };
     assert_eq!(c.sample_subjects(), ["outbox.x.x"]);
 }
+
+#[test]
+fn an_envelope_of_100000_keys_with_one_repeated_is_refused_within_a_second() {
+    // About 1.3 MB: distinct keys, then one of the early ones again, past the names the check
+    // compares one by one (a scan per key would cost billions of comparisons here).
+    let keys: Vec<String> = (0..100_000).map(|i| format!("\"k{i}\": 0")).collect();
+    let content = format!(
+        r#"{{"id": "x", "subject": "outbox.a", {}, "k3": 1}}"#,
+        keys.join(", ")
+    );
+    let started = std::time::Instant::now();
+    let refused = problem(
+        &router(&[MessageRouteConfig::with_defaults("outbox")]),
+        &content,
+    );
+    assert!(refused.contains("`k3` appears twice"), "{refused}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+}

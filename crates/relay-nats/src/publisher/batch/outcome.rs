@@ -124,18 +124,25 @@ impl CommitOutcome {
 }
 
 impl CommitOutcome {
-    /// This outcome where `[nats] domain` is `expected`: a batch stored in another domain's
-    /// stream is refused (the relay stops before its transaction), as a single PubAck is.
-    pub(super) fn in_domain(self, expected: Option<&str>) -> Self {
+    /// This outcome for a batch published into `expected_stream` where `[nats] domain` is
+    /// `expected_domain`: a commit answer naming another stream (another client answering the
+    /// reply subject, or another stream capturing the subject) or another domain's stream is
+    /// refused (the relay stops before its transaction), as a single PubAck is.
+    pub(super) fn expecting(self, expected_stream: &str, expected_domain: Option<&str>) -> Self {
         match self {
             Self::Stored {
                 ref stream,
                 ref domain,
                 ..
-            } => match crate::domain::check_ack_domain(expected, stream, domain.as_deref()) {
-                Ok(()) => self,
-                Err(error) => Self::Failed(error),
-            },
+            } => {
+                if stream != expected_stream {
+                    return Self::Failed(crate::wire::other_stream(expected_stream, stream));
+                }
+                match crate::domain::check_ack_domain(expected_domain, stream, domain.as_deref()) {
+                    Ok(()) => self,
+                    Err(error) => Self::Failed(error),
+                }
+            }
             other => other,
         }
     }

@@ -16,9 +16,9 @@ fn a_commit_from_another_domain_is_refused() {
     let from_leaf = || answer(r#","domain":"leaf""#);
     let since = Instant::now();
     for outcome in [
-        from_leaf().in_domain(None),
-        from_leaf().in_domain(Some("leaf")),
-        answer("").in_domain(None),
+        from_leaf().expecting("OUTBOX", None),
+        from_leaf().expecting("OUTBOX", Some("leaf")),
+        answer("").expecting("OUTBOX", None),
     ] {
         assert!(
             matches!(
@@ -29,8 +29,8 @@ fn a_commit_from_another_domain_is_refused() {
         );
     }
     for outcome in [
-        from_leaf().in_domain(Some("hub")),
-        answer("").in_domain(Some("hub")),
+        from_leaf().expecting("OUTBOX", Some("hub")),
+        answer("").expecting("OUTBOX", Some("hub")),
     ] {
         match judge("b-1", outcome, since) {
             Verdict::Refused(error) => {
@@ -39,6 +39,22 @@ fn a_commit_from_another_domain_is_refused() {
             }
             other => panic!("not refused: {other:?}"),
         }
+    }
+}
+
+/// A commit answer naming another stream (another client answering first) is refused for
+/// good, never taken for the batch's commit.
+#[test]
+fn a_commit_answer_naming_another_stream_is_refused() {
+    let forged = CommitOutcome::from_lean(Ok(bytes::Bytes::from_static(
+        br#"{"stream":"FORGED","seq":7,"batch":"b-1","count":2}"#,
+    )));
+    match judge("b-1", forged.expecting("OUTBOX", None), Instant::now()) {
+        Verdict::Refused(error) => {
+            assert_eq!(error.kind, PublishErrorKind::Rejected);
+            assert!(error.message.contains("`FORGED`"), "{error}");
+        }
+        other => panic!("a forged commit answer was taken: {other:?}"),
     }
 }
 
