@@ -53,7 +53,7 @@ pub struct RelayConfig {
     pub http: HttpSettings,
     /// OpenTelemetry spans over OTLP/HTTP. Default: off.
     #[serde(default)]
-    pub otlp: crate::otlp::OtlpSettings,
+    pub otlp: relay_telemetry::otlp::OtlpSettings,
 }
 
 /// The `[http]` section: `/livez`, `/readyz`, `/metrics`, `/status`.

@@ -3,7 +3,7 @@
 
 use async_nats::jetstream;
 
-pub use relay_postgres::catalog::{SlotInfo, slot, stored_checkpoint as checkpoint};
+pub use relay_postgres::catalog::{slot, stored_checkpoint as checkpoint};
 
 /// What a stream lookup found.
 #[derive(Debug)]

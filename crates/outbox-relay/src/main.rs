@@ -9,7 +9,6 @@ mod config;
 mod exit;
 mod http;
 mod inspect;
-mod otlp;
 mod progress;
 #[cfg(test)]
 mod reference_drift;

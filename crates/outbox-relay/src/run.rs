@@ -47,6 +47,7 @@ pub async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), 
         stats.clone(),
         &config.postgres.slot,
         &config.nats.stream,
+        crate::telemetry::BUILD_INFO,
     ));
     // Bind first: a taken port is a configuration error, reported before anything connects.
     let http = match &config.http.listen {
@@ -71,7 +72,8 @@ pub async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), 
     telemetry.set_nats(nats.client().clone());
     // Held until `run` returns: dropping it flushes the last spans.
     let spans = config.otlp.start().map_err(Exit::config)?;
-    let publisher = crate::otlp::TracedPublisher::new(publisher, spans, &config.nats.stream);
+    let publisher =
+        relay_telemetry::otlp::TracedPublisher::new(publisher, spans, &config.nats.stream);
     tracing::info!(
         stream = %config.nats.stream,
         subjects = ?report.subjects,

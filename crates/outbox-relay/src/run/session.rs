@@ -32,7 +32,7 @@ const MAX_REFUSED_LOGINS: u32 = 3;
 /// Runs sessions for [`super::run`]: what one session learns that the next must know.
 pub(super) struct Supervisor<'a> {
     pub(super) config: &'a RelayConfig,
-    pub(super) publisher: &'a crate::otlp::TracedPublisher,
+    pub(super) publisher: &'a relay_telemetry::otlp::TracedPublisher,
     /// Ends the session: a shutdown, or the publication check finding drift.
     pub(super) stop: &'a CancellationToken,
     pub(super) telemetry: &'a Arc<Telemetry>,

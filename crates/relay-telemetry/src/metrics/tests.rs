@@ -12,6 +12,12 @@ use relay_postgres::catalog::retention::{
 use super::super::*;
 use super::{FAMILIES, MetricsCollector};
 
+/// The build a test relay reports.
+const BUILD_INFO: BuildInfo = BuildInfo {
+    version: "1.2.3",
+    commit: "0123456789ab",
+};
+
 /// A relay with every sample taken: each metric family has a value to show.
 fn sampled_telemetry() -> Arc<Telemetry> {
     let stats = Arc::new(PipelineStats::default());
@@ -25,7 +31,7 @@ fn sampled_telemetry() -> Arc<Telemetry> {
         .store(1_500_000, Ordering::Relaxed);
     stats.confirmed_lsn.store(5000, Ordering::Relaxed);
     stats.slot_confirmed_lsn.store(4000, Ordering::Relaxed);
-    let t = Telemetry::new(stats, "relay_slot", "EVENTS");
+    let t = Telemetry::new(stats, "relay_slot", "EVENTS", BUILD_INFO);
     let slot = SlotInfo {
         slot_type: "logical".into(),
         plugin: Some("pgoutput".into()),
@@ -133,7 +139,7 @@ fn a_sampled_relay_shows_every_family_of_the_table_once_in_its_order() {
 
 #[test]
 fn every_family_is_documented_and_every_documented_metric_is_a_family() {
-    let docs = include_str!("../../../../../docs/operations.md");
+    let docs = include_str!("../../../../docs/operations.md");
     let shown = scrape(sampled_telemetry());
     let exposed: Vec<String> = families_shown(&shown)
         .into_iter()
@@ -175,6 +181,7 @@ fn every_family_is_documented_and_every_documented_metric_is_a_family() {
 fn sampled_values_are_encoded_as_read() {
     let body = scrape(sampled_telemetry());
     for line in [
+        "outbox_relay_build_info{version=\"1.2.3\",commit=\"0123456789ab\"} 1\n",
         "outbox_relay_events_received_total 7\n",
         "outbox_relay_publish_errors_total{kind=\"no_stream\"} 2\n",
         "outbox_relay_outstanding_acks 1\n",
@@ -199,8 +206,20 @@ fn sampled_values_are_encoded_as_read() {
 }
 
 #[test]
+fn the_status_document_shows_the_build_it_was_given() {
+    let status = sampled_telemetry().status();
+    assert_eq!(status["version"], "1.2.3");
+    assert_eq!(status["commit"], "0123456789ab");
+}
+
+#[test]
 fn what_was_not_sampled_is_left_out_and_the_slot_is_missing() {
-    let body = scrape(Arc::new(Telemetry::new(Arc::default(), "s", "S")));
+    let body = scrape(Arc::new(Telemetry::new(
+        Arc::default(),
+        "s",
+        "S",
+        BUILD_INFO,
+    )));
     for absent in [
         SLOT_LAG_BYTES,
         SLOT_RETAINED_WAL_BYTES,

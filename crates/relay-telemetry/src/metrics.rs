@@ -59,7 +59,7 @@ enum Reading {
         sum: f64,
         buckets: Vec<(f64, u64)>,
     },
-    Info(&'static [(&'static str, &'static str)]),
+    Info([(&'static str, &'static str); 2]),
 }
 
 fn load(a: &AtomicU64) -> u64 {
@@ -107,7 +107,10 @@ const FAMILIES: &[Family] = &[
     Family {
         name: BUILD,
         help: "Build information",
-        read: |_| Reading::Info(&[("version", VERSION), ("commit", COMMIT)]),
+        read: |s| {
+            let BuildInfo { version, commit } = s.telemetry.build;
+            Reading::Info([("version", version), ("commit", commit)])
+        },
     },
     Family {
         name: EVENTS_RECEIVED,
