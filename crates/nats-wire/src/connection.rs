@@ -190,15 +190,19 @@ impl<F: Framing> Connection<F> {
         self.publish_numbered(stream, msg, &[], pending::Pending::<F>::push)
     }
 
-    /// [`Self::publish`] with the `extra` header lines (a commit-order condition:
-    /// `Nats-Expected-Last-Msg-Id` or `Nats-Expected-Last-Sequence`).
-    pub fn publish_with(
+    /// [`Self::publish`], stored only if `condition` (a header line: a commit-order condition,
+    /// `Nats-Expected-Last-Msg-Id` or `Nats-Expected-Last-Sequence`) holds, when set; the
+    /// server answers 10070 or 10071 otherwise.
+    pub fn publish_if(
         &self,
         stream: &str,
         msg: &Arc<F::Message>,
-        extra: &[(&str, &str)],
+        condition: Option<(&str, &str)>,
     ) -> Result<oneshot::Receiver<Outcome>, WireError> {
-        self.publish_numbered(stream, msg, extra, pending::Pending::<F>::push)
+        match condition {
+            None => self.publish_numbered(stream, msg, &[], pending::Pending::<F>::push),
+            Some(line) => self.publish_numbered(stream, msg, &[line], pending::Pending::<F>::push),
+        }
     }
 
     /// Queues `msg` (into `stream`) with the `extra` header lines, replying to its publish

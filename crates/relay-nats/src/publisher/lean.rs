@@ -7,28 +7,36 @@ use futures::future::BoxFuture;
 use relay_core::message::OutboundMessage;
 use relay_core::stage::{PubReceipt, PublishError};
 
+use relay_core::message::{HEADER_EXPECTED_LAST_MSG_ID, HEADER_EXPECTED_LAST_SEQUENCE};
+
 use super::MessagePublisher;
-use super::message::verify_duplicate;
+use super::message::{Condition, verify_duplicate};
 use crate::wire::LeanConnection;
 
 impl MessagePublisher {
     /// [`Self::publish`] on the lean connection: the same outcomes, server-close and
     /// quarantine handling, permission errors and duplicate check as through async-nats.
+    #[inline]
     pub(super) fn publish_lean(
         &self,
         lean: &LeanConnection,
         msg: &Arc<OutboundMessage>,
-        condition: Option<super::message::Condition<'_>>,
+        condition: Option<Condition<'_>>,
         probe: Option<tokio::sync::OwnedMutexGuard<()>>,
     ) -> Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError> {
-        let outcome = match condition {
-            None => lean.publish(&self.stream, msg),
-            Some(condition) => {
-                let (name, value) = condition.header();
-                lean.publish_with(&self.stream, msg, &[(name, value.as_ref())])
+        // No allocation for the common condition (an event id): the sequence's digits only.
+        let digits;
+        let line = match condition {
+            None => None,
+            Some(Condition::AfterEvent(id)) => Some((HEADER_EXPECTED_LAST_MSG_ID, id)),
+            Some(Condition::AfterSequence(seq)) => {
+                digits = seq.to_string();
+                Some((HEADER_EXPECTED_LAST_SEQUENCE, digits.as_str()))
             }
-        }
-        .map_err(crate::wire::publish_error)?;
+        };
+        let outcome = lean
+            .publish_if(&self.stream, msg, line)
+            .map_err(crate::wire::publish_error)?;
         let context = self.shared.clone();
         let stream = self.stream.clone();
         let quarantine = self.quarantine.clone();
