@@ -53,9 +53,8 @@ async fn watch_full(
 ) -> Result<WhileFull> {
     let flagged =
         wait_metric(addr, STREAM_FULL, Duration::from_secs(30), |v| v == 1.0).await == Some(1.0);
-    // Acks of what was stored before it filled up land first.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let before = (env.checkpoint().await?, env.slot_confirmed().await?);
+    // Acks of what was stored before it filled up land first (later on a loaded machine).
+    let before = super::positions_at_rest(env).await?;
     let rows_before = committed_ids(env).await?.len();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = (env.checkpoint().await?, env.slot_confirmed().await?);

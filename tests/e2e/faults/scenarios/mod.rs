@@ -89,6 +89,21 @@ fn fault_config(env: &Env, extra: &str) -> std::path::PathBuf {
     in_mode(env.config(extra))
 }
 
+/// The checkpoint and the slot's confirmed position once they held still for 2 s, or as they
+/// are after 10 s.
+pub(crate) async fn positions_at_rest(env: &Env) -> Result<(Option<u64>, Option<u64>)> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut last = (env.checkpoint().await?, env.slot_confirmed().await?);
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let now = (env.checkpoint().await?, env.slot_confirmed().await?);
+        if now == last || std::time::Instant::now() >= deadline {
+            return Ok(now);
+        }
+        last = now;
+    }
+}
+
 async fn started(config: &std::path::Path, env: &[(&str, &str)]) -> Result<Relay> {
     let relay = Relay::start_with_env(config, &["run"], env)?;
     relay

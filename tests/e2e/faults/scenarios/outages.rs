@@ -25,7 +25,7 @@ async fn s04_nats_down_30s_under_load() -> Result<()> {
     env.nats.stop().await?;
     // Acks already on the wire may still land (later on a loaded machine): the positions are
     // frozen once they held for 2 s, or after 10 s; after that nothing may move.
-    let frozen = positions_at_rest(&env).await?;
+    let frozen = super::positions_at_rest(&env).await?;
     // Something to hold back: publishes the relay made and NATS never acknowledged.
     let outstanding = metric(&addr, OUTSTANDING).await?;
     let mut peak_rss = 0;
@@ -67,21 +67,6 @@ async fn s04_nats_down_30s_under_load() -> Result<()> {
     v.require(sessions == 1, "one replication session (log)");
     v.assert();
     Ok(())
-}
-
-/// The checkpoint and the slot's confirmed position once they held still for 2 s, or as they
-/// are after 10 s.
-async fn positions_at_rest(env: &Env) -> Result<(Option<u64>, Option<u64>)> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let mut last = (env.checkpoint().await?, env.slot_confirmed().await?);
-    loop {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let now = (env.checkpoint().await?, env.slot_confirmed().await?);
-        if now == last || std::time::Instant::now() >= deadline {
-            return Ok(now);
-        }
-        last = now;
-    }
 }
 
 /// 5. nats-server kill -9 with publishes outstanding, under load.
