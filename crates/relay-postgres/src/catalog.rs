@@ -12,6 +12,7 @@ pub mod outbox_stats;
 pub mod partitions;
 pub(crate) mod privileges;
 pub(crate) mod publication_age;
+mod publication_problem;
 pub(crate) mod range_partitions;
 pub(crate) mod relay_tables;
 pub mod restore_slot;
@@ -26,6 +27,7 @@ use serde_json::json;
 use tokio_postgres::Client;
 
 use crate::PgError;
+pub use publication_problem::publication_problem;
 pub use range_partitions::range_partitioned_on_one_column;
 
 fn lsn(text: Option<String>) -> Option<Lsn> {

@@ -11,6 +11,7 @@
 //! - [`PgSource`]: the replication stream (pgwire-replication, pgoutput v1) decoded by the
 //!   `pgoutput` crate into [`relay_core::stage::SourceEvent`]s;
 //! - [`backfill`] and [`cleanup`]: the commands that read and trim the outbox tables;
+//! - [`session`]: the kept session and ticks of the periodic tasks beside the relay;
 //! - small helpers other crates share: [`ShardSpec`], [`EmitFunctions`], [`SqlStateKind`],
 //!   [`quote_relation`], [`redact_url`].
 
@@ -28,6 +29,7 @@ mod emit_functions;
 mod error;
 mod publication_order;
 mod server_version;
+pub mod session;
 mod settings;
 mod shard;
 mod source;

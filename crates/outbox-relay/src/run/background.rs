@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use relay_core::Lsn;
 use relay_core::pipeline::PipelineStats;
+use relay_postgres::catalog::publication_problem;
 use relay_postgres::catalog::retention::{self, RetentionWindow, TakeoverPolicy, WalRateTracker};
+use relay_postgres::session::{KeptSession, Ticks};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RelayConfig;
@@ -15,126 +17,6 @@ use crate::inspect::{self, StreamLookup};
 use crate::telemetry::{StreamSample, Telemetry, WAL_RATE_WINDOW};
 
 mod cleanup;
-
-/// The ticks of a periodic task, until `stop` is cancelled.
-pub(super) struct Ticks {
-    interval: tokio::time::Interval,
-    stop: CancellationToken,
-}
-
-impl Ticks {
-    /// Every `every`, the first tick at once; a late tick delays the next ones.
-    pub(super) fn every(every: Duration, stop: CancellationToken) -> Self {
-        let mut interval = tokio::time::interval(every);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        Self { interval, stop }
-    }
-
-    /// Every `every`, the first tick `every` from now.
-    pub(super) async fn every_after(every: Duration, stop: CancellationToken) -> Self {
-        let mut ticks = Self::every(every, stop);
-        ticks.interval.tick().await;
-        ticks
-    }
-
-    /// Waits for the next tick; `false` once `stop` is cancelled.
-    pub(super) async fn next(&mut self) -> bool {
-        tokio::select! {
-            _ = self.interval.tick() => true,
-            () = self.stop.cancelled() => false,
-        }
-    }
-}
-
-/// A plain PostgreSQL session a periodic task keeps: opened on demand, and again on the next
-/// tick after it closed or the task dropped it ([`Self::drop_session`]) on an error.
-pub(super) struct KeptSession {
-    settings: relay_postgres::PostgresSettings,
-    /// Run on each new session (e.g. a statement timeout).
-    setup: Option<&'static str>,
-    /// Names the task in the log line of a failed connect.
-    task: &'static str,
-    client: Option<tokio_postgres::Client>,
-}
-
-impl KeptSession {
-    pub(super) fn new(
-        settings: relay_postgres::PostgresSettings,
-        task: &'static str,
-        setup: Option<&'static str>,
-    ) -> Self {
-        Self {
-            settings,
-            setup,
-            task,
-            client: None,
-        }
-    }
-
-    /// The session, connected if need be; `None` when that failed (the next tick tries again).
-    pub(super) async fn get(&mut self) -> Option<&mut tokio_postgres::Client> {
-        if self
-            .client
-            .as_ref()
-            .is_none_or(tokio_postgres::Client::is_closed)
-        {
-            self.client = None;
-            match relay_postgres::connect(&self.settings).await {
-                Ok(client) => {
-                    if let Some(sql) = self.setup
-                        && let Err(error) = client.batch_execute(sql).await
-                    {
-                        tracing::debug!(task = self.task, error = %error, "cannot set up the session; next round tries again");
-                        return None;
-                    }
-                    self.client = Some(client);
-                }
-                Err(error) => {
-                    tracing::debug!(task = self.task, error = %error, "cannot connect; next round tries again");
-                    return None;
-                }
-            }
-        }
-        self.client.as_mut()
-    }
-
-    /// Drops the session after an error: the next [`Self::get`] opens a new one.
-    pub(super) fn drop_session(&mut self) {
-        self.client = None;
-    }
-}
-
-/// Why the publication no longer delivers inserts of every outbox table, if it does not.
-async fn publication_problem(
-    client: &tokio_postgres::Client,
-    publication: &str,
-    tables: &[(String, String)],
-) -> Result<Option<String>, tokio_postgres::Error> {
-    use relay_postgres::catalog::partitions::{self, Membership};
-    use relay_postgres::catalog::{PublicationGap, publication_gap};
-    // A partitioned table published as its partitions, or a partition published as its parent,
-    // is not "missing": say what is wrong instead.
-    let gap = publication_gap(client, publication, tables).await?;
-    if let Some(PublicationGap::MissingTable(_)) = &gap
-        && let Some((table, membership)) =
-            partitions::first_problem(client, publication, tables).await?
-        && membership != Membership::NotInPublication
-    {
-        return Ok(membership.problem(publication, &table));
-    }
-    Ok(gap.map(|gap| match gap {
-        PublicationGap::Missing => format!(
-            "publication `{publication}` no longer exists: outbox inserts would silently stop arriving. Re-create it (CREATE PUBLICATION {publication} FOR TABLE … WITH (publish = 'insert', publish_via_partition_root = true)) and check the slot"
-        ),
-        PublicationGap::NoInserts => format!(
-            "publication `{publication}` no longer publishes inserts: ALTER PUBLICATION {publication} SET (publish = 'insert')"
-        ),
-        PublicationGap::MissingTable(table) => format!(
-            "outbox table `{table}` is no longer in publication `{publication}` (dropped and re-created, or removed from the publication): its inserts would silently stop arriving. ALTER PUBLICATION {publication} ADD TABLE {}",
-            relay_core::ident::quote_displayed(&table)
-        ),
-    }))
-}
 
 /// Every `[relay] publication_check_interval`, checks on a plain session that the publication
 /// still delivers inserts of every outbox table; if not, records why and cancels `stop`.

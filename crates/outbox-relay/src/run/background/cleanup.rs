@@ -54,8 +54,8 @@ impl CleanupTask {
         telemetry: Arc<Telemetry>,
         shutdown: CancellationToken,
     ) {
-        let mut session = super::KeptSession::new(postgres, "cleanup", None);
-        let mut ticks = super::Ticks::every(self.interval, shutdown.clone());
+        let mut session = relay_postgres::session::KeptSession::new(postgres, "cleanup", None);
+        let mut ticks = relay_postgres::session::Ticks::every(self.interval, shutdown.clone());
         let mut tables_ready = false;
         while ticks.next().await {
             let Some(c) = session.get().await else {
