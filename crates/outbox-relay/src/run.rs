@@ -16,7 +16,6 @@ use crate::exit::Exit;
 use crate::telemetry::{StreamSample, Telemetry};
 
 mod background;
-mod failpoint;
 mod on_create;
 mod session;
 mod stop;

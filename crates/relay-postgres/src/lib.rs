@@ -10,7 +10,8 @@
 //!   events are in the stream (`outbox_relay.position_map`);
 //! - [`PgSource`]: the replication stream (pgwire-replication, pgoutput v1) decoded by the
 //!   `pgoutput` crate into [`relay_core::stage::SourceEvent`]s;
-//! - [`backfill`] and [`cleanup`]: the commands that read and trim the outbox tables;
+//! - [`backfill`] and [`cleanup`]: the commands that read and trim the outbox tables, and the
+//!   cleanup task that trims them while the relay runs;
 //! - [`session`]: the kept session and ticks of the periodic tasks beside the relay;
 //! - small helpers other crates share: [`ShardSpec`], [`EmitFunctions`], [`SqlStateKind`],
 //!   [`quote_relation`], [`redact_url`].

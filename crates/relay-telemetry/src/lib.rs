@@ -19,6 +19,7 @@ use relay_postgres::catalog::SlotInfo;
 use relay_postgres::catalog::retention::RetentionWindow;
 use serde_json::json;
 
+mod cleanup_report;
 mod metrics;
 pub mod otlp;
 pub use metrics::MetricsCollector;

@@ -16,8 +16,6 @@ use crate::config::RelayConfig;
 use crate::inspect::{self, StreamLookup};
 use crate::telemetry::{StreamSample, Telemetry, WAL_RATE_WINDOW};
 
-mod cleanup;
-
 /// Every `[relay] publication_check_interval`, checks on a plain session that the publication
 /// still delivers inserts of every outbox table; if not, records why and cancels `stop`.
 pub(super) fn spawn_publication_check(
@@ -152,7 +150,7 @@ pub(super) fn spawn_outbox_upkeep(
         let (schema, name) = table.qualified_name();
         let qualified = table.display_name();
         telemetry.update_table(&qualified, |t| t.cleanup_mode = Some(cleanup.mode.as_str()));
-        let task = cleanup::CleanupTask {
+        let task = relay_postgres::cleanup::CleanupTask {
             slot: config.postgres.slot.clone(),
             publication: config.postgres.publication.clone(),
             table: qualified,

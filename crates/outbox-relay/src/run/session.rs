@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use relay_core::Lsn;
+use relay_core::failpoint;
 use relay_core::pipeline::{Pipeline, PipelineError};
 use relay_core::route::{RouteError, Router};
 use relay_core::stage::CheckpointStore;
@@ -19,8 +20,8 @@ use relay_postgres::bootstrap::{self, ExportedSlot, SlotState};
 use relay_postgres::checkpoint::PgCheckpointStore;
 use tokio_util::sync::CancellationToken;
 
+use super::SessionEnd;
 use super::stop::{Step, Stop, boundary, postgres, retry};
-use super::{SessionEnd, failpoint};
 use crate::config::RelayConfig;
 use crate::exit::pg_exit;
 use crate::exit::{Exit, ExitKind};

@@ -1,39 +1,60 @@
 //! The cleanup task of one `[outbox.cleanup]` table: a session of its own, rounds every
 //! `interval`, small batches with a pause between them. What may be cleaned and why it is safe
-//! is `relay_postgres::cleanup`'s business; this drives it and reports.
+//! is the plans' business ([`RowPlan`], [`DropPlan`]); this drives them and reports through
+//! [`CleanupReport`], so that the telemetry model stays out of this crate.
 //!
-//! Pause points (`RELAY_PAUSE`, `failpoints` feature): `cleanup_selected` (a batch selected, its
-//! horizon read), `cleanup_confirmed` (the stored checkpoint seen past the horizon, nothing
-//! applied yet), `cleanup_detached` (a round of drop-partitions done).
+//! Pause points (`RELAY_PAUSE`, `failpoints` feature, [`relay_core::failpoint::pause`]):
+//! `cleanup_selected` (a batch selected, its horizon read), `cleanup_confirmed` (the stored
+//! checkpoint seen past the horizon, nothing applied yet), `cleanup_detached` (a round of
+//! drop-partitions done).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use relay_postgres::PostgresSettings;
-use relay_postgres::cleanup::{AgeColumn, Applied, Batch, DropPlan, RowPlan, stored_checkpoint};
+use relay_core::failpoint;
 use tokio_util::sync::CancellationToken;
 
-use super::super::failpoint;
-use crate::telemetry::Telemetry;
+use super::{AgeColumn, Applied, Batch, DropPlan, RowPlan, stored_checkpoint};
+use crate::PostgresSettings;
+use crate::session::{KeptSession, Ticks};
+
+/// What a cleanup task tells whoever watches it (`/metrics`, `/status`), per table.
+pub trait CleanupReport: Send + Sync {
+    /// `rows` rows of a batch of `batch` cleaned: they no longer wait.
+    fn cleaned(&self, table: &str, rows: u64, batch: u64);
+    /// `dropped` partitions dropped this round; `waiting` detached ones still wait for the
+    /// checkpoint.
+    fn partitions_dropped(&self, table: &str, dropped: u64, waiting: u64);
+    /// Rows selected and waiting for the checkpoint.
+    fn waiting(&self, table: &str, rows: u64);
+    /// A round failed, and why (counted, and kept as the last error).
+    fn failed(&self, table: &str, problem: String);
+}
 
 /// One table's cleanup.
 #[derive(Debug)]
-pub(super) struct CleanupTask {
-    pub(super) slot: String,
-    pub(super) publication: String,
+pub struct CleanupTask {
+    /// The relay's slot, whose stored checkpoint decides what is behind it.
+    pub slot: String,
+    /// The relay's publication (the fence needs the table in it).
+    pub publication: String,
     /// `schema.table`, as the configuration writes it.
-    pub(super) table: String,
-    /// The catalog's schema and table.
-    pub(super) schema: String,
-    pub(super) name: String,
-    pub(super) interval: Duration,
-    pub(super) batch_pause: Duration,
+    pub table: String,
+    /// The catalog's schema.
+    pub schema: String,
+    /// The catalog's table.
+    pub name: String,
+    /// How often a round starts.
+    pub interval: Duration,
+    /// The pause between two applied batches.
+    pub batch_pause: Duration,
     /// How long a batch waits for the checkpoint to pass its horizon before it is dropped (and
     /// selected again next round).
-    pub(super) max_wait: Duration,
+    pub max_wait: Duration,
     /// Run in this order each round (`mark`, then `delete_after`'s delete).
-    pub(super) rows: Vec<RowPlan>,
-    pub(super) drops: Option<DropPlan>,
+    pub rows: Vec<RowPlan>,
+    /// Drop-partitions, when the table is cleaned by partition.
+    pub drops: Option<DropPlan>,
 }
 
 /// Batches of `batch_size` selected at once: they share one wait for the checkpoint (on a quiet
@@ -48,24 +69,25 @@ enum RoundEnd {
 impl CleanupTask {
     // Long: one `select!` loop of cleanup rounds; its arms share the session, the backoff and the
     // shutdown
-    pub(super) async fn run(
+    /// Runs rounds until `shutdown`, on a session of its own.
+    pub async fn run(
         self,
         postgres: PostgresSettings,
-        telemetry: Arc<Telemetry>,
+        report: Arc<dyn CleanupReport>,
         shutdown: CancellationToken,
     ) {
-        let mut session = relay_postgres::session::KeptSession::new(postgres, "cleanup", None);
-        let mut ticks = relay_postgres::session::Ticks::every(self.interval, shutdown.clone());
+        let mut session = KeptSession::new(postgres, "cleanup", None);
+        let mut ticks = Ticks::every(self.interval, shutdown.clone());
         let mut tables_ready = false;
         while ticks.next().await {
             let Some(c) = session.get().await else {
                 continue;
             };
             if !tables_ready {
-                match relay_postgres::cleanup::ensure_tables(c).await {
+                match super::ensure_tables(c).await {
                     Ok(()) => tables_ready = true,
                     Err(problem) => {
-                        self.failed(&telemetry, format!("cleanup is off: {problem}"));
+                        self.failed(&*report, format!("cleanup is off: {problem}"));
                         continue;
                     }
                 }
@@ -73,8 +95,7 @@ impl CleanupTask {
             let round = async {
                 let (schema, name) = (&self.schema, &self.name);
                 let Some(fence) =
-                    relay_postgres::cleanup::fence(c, &self.slot, schema, name, &self.publication)
-                        .await?
+                    super::fence(c, &self.slot, schema, name, &self.publication).await?
                 else {
                     tracing::debug!(table = %self.table, "no cleanup fence yet (the slot, its checkpoint or the table's publication is missing): nothing is cleaned");
                     return Ok(None);
@@ -84,35 +105,36 @@ impl CleanupTask {
                     let age = match plan.age_column(c).await? {
                         Ok(age) => age,
                         Err(problem) => {
-                            self.failed(&telemetry, problem);
+                            self.failed(&*report, problem);
                             continue;
                         }
                     };
                     if let Some(end) = self
-                        .rows_round(c, plan, age.as_ref(), &fence, &telemetry, &shutdown)
+                        .rows_round(c, plan, age.as_ref(), &fence, &*report, &shutdown)
                         .await?
                     {
                         return Ok(Some(end));
                     }
                 }
                 if let Some(plan) = &self.drops {
-                    let report = plan.round(c, &self.slot, &fence).await?;
-                    for name in &report.detached {
+                    let dropped = plan.round(c, &self.slot, &fence).await?;
+                    for name in &dropped.detached {
                         tracing::info!(table = %self.table, partition = %name, "partition detached by cleanup");
                     }
-                    for name in &report.dropped {
+                    for name in &dropped.dropped {
                         tracing::info!(table = %self.table, partition = %name, "partition dropped by cleanup: every row of it is behind the stored checkpoint");
                     }
-                    for problem in [&report.ahead_problem, &report.key_problem]
+                    for problem in [&dropped.ahead_problem, &dropped.key_problem]
                         .into_iter()
                         .flatten()
                     {
-                        self.failed(&telemetry, problem.clone());
+                        self.failed(&*report, problem.clone());
                     }
-                    telemetry.update_table(&self.table, |t| {
-                        t.dropped_partitions += report.dropped.len() as u64;
-                        t.waiting = report.waiting as u64;
-                    });
+                    report.partitions_dropped(
+                        &self.table,
+                        dropped.dropped.len() as u64,
+                        dropped.waiting as u64,
+                    );
                     failpoint::pause("cleanup_detached").await;
                 }
                 Ok::<_, tokio_postgres::Error>(None)
@@ -121,9 +143,9 @@ impl CleanupTask {
                 Ok(Some(RoundEnd::Shutdown)) => return,
                 Ok(None) => {}
                 Err(error) => {
-                    let transient = relay_postgres::is_transient_query_error(&error);
+                    let transient = crate::is_transient_query_error(&error);
                     self.failed(
-                        &telemetry,
+                        &*report,
                         format!(
                             "{error}{}",
                             error
@@ -140,12 +162,9 @@ impl CleanupTask {
         }
     }
 
-    fn failed(&self, telemetry: &Telemetry, problem: String) {
+    fn failed(&self, report: &dyn CleanupReport, problem: String) {
         tracing::warn!(table = %self.table, problem = %problem, "outbox cleanup round failed; nothing past the stored checkpoint was touched. `outbox-relay validate --connect` checks the privileges cleanup needs");
-        telemetry.update_table(&self.table, |t| {
-            t.cleanup_errors += 1;
-            t.last_cleanup_error = Some(problem);
-        });
+        report.failed(&self.table, problem);
     }
 
     /// Batches until one comes back short, the checkpoint does not pass a batch in time, or
@@ -156,13 +175,13 @@ impl CleanupTask {
         plan: &RowPlan,
         age: Option<&AgeColumn>,
         fence: &str,
-        telemetry: &Telemetry,
+        report: &dyn CleanupReport,
         shutdown: &CancellationToken,
     ) -> Result<Option<RoundEnd>, tokio_postgres::Error> {
         loop {
             let limit = plan.batch_size * BATCHES_PER_SELECT;
             let selected = plan.select(client, limit, fence, age).await?;
-            telemetry.update_table(&self.table, |t| t.waiting = selected.len() as u64);
+            report.waiting(&self.table, selected.len() as u64);
             if selected.is_empty() {
                 return Ok(None);
             }
@@ -180,10 +199,7 @@ impl CleanupTask {
             for batch in selected.chunks(chunk) {
                 match plan.apply(client, &self.slot, &batch, age).await? {
                     Applied::Done(n) => {
-                        telemetry.update_table(&self.table, |t| {
-                            t.cleaned_rows += n;
-                            t.waiting = t.waiting.saturating_sub(batch.len() as u64);
-                        });
+                        report.cleaned(&self.table, n, batch.len() as u64);
                         tracing::debug!(table = %self.table, rows = n, horizon = %batch.horizon, "cleaned rows behind the stored checkpoint");
                     }
                     Applied::NotConfirmed(_) => return Ok(None),
@@ -193,7 +209,7 @@ impl CleanupTask {
                     () = shutdown.cancelled() => return Ok(Some(RoundEnd::Shutdown)),
                 }
             }
-            telemetry.update_table(&self.table, |t| t.waiting = 0);
+            report.waiting(&self.table, 0);
             if (selected.len() as i64) < limit {
                 return Ok(None);
             }
