@@ -12,12 +12,11 @@ use relay_nats::NatsSettings;
 use relay_postgres::PostgresSettings;
 use serde::{Deserialize, Serialize};
 
-mod cleanup;
 pub mod presets;
 pub mod replay_retention;
 
-pub use cleanup::{CleanupMode, CleanupSettings};
 pub use presets::AppliedPreset;
+pub use relay_postgres::cleanup::{CleanupMode, CleanupSettings};
 
 /// A command-line duration (`5s`, `1m30s`), in the grammar the configuration's durations use.
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {

@@ -50,6 +50,7 @@ mod access;
 mod ahead;
 mod partitions;
 mod rows;
+mod settings;
 mod task;
 
 pub use crate::age_column::{AgeColumn, AgeKind, AgeSpec, EpochUnit, of_partition_key};
@@ -61,6 +62,7 @@ pub use access::{
 pub use ahead::{AheadReport, MAX_CREATED_PER_ROUND};
 pub use partitions::{DropPlan, DropReport};
 pub use rows::{Applied, Batch, CleanupAction, RowPlan};
+pub use settings::{CleanupMode, CleanupSettings};
 pub use task::{CleanupReport, CleanupTask};
 
 use crate::sql::quote_ident;

@@ -1,8 +1,11 @@
-//! `[outbox.cleanup]`: the settings of one table's cleanup and the plans they make.
+//! `[outbox.cleanup]`: the settings of one table's cleanup and the plans they make. Beside the
+//! plans, so that what a setting means for the SQL is decided in one crate.
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+use super::{AgeSpec, CleanupAction, DropPlan, EpochUnit, RowPlan, of_partition_key};
 
 /// What `[outbox.cleanup]` does with rows whose events are at or behind the stored checkpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -19,7 +22,7 @@ pub enum CleanupMode {
 
 /// `[outbox.cleanup]`: opt-in cleanup of one outbox table, tied to the confirmed position: no
 /// row is deleted, marked or dropped before the stored checkpoint is past its transaction
-/// (`relay_postgres::cleanup`). Off unless present.
+/// ([`crate::cleanup`]). Off unless present.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CleanupSettings {
@@ -36,14 +39,14 @@ pub struct CleanupSettings {
     /// The row's time column `retain` counts from. Default `created_at`. A `timestamptz`, a
     /// `timestamp without time zone` (with `age_time_zone`) or a `bigint`/`integer` epoch count
     /// (with `age_unit`); its type is read at start and every round, and anything else is
-    /// refused (`relay_postgres::cleanup::AgeSpec`).
+    /// refused ([`AgeSpec`]).
     #[serde(default = "default_age_column")]
     pub age_column: String,
     /// The epoch unit of an integer `age_column` (`drop-partitions`: partition key): `"s"`,
     /// `"ms"` (Eventuate's `creation_time`) or `"us"`. Required for such a column, refused for
     /// any other.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub age_unit: Option<relay_postgres::cleanup::EpochUnit>,
+    pub age_unit: Option<EpochUnit>,
     /// The time zone the values of a `timestamp without time zone` `age_column`
     /// (`drop-partitions`: partition key) are in, e.g. `"UTC"` or `"Europe/Berlin"` (CAP's
     /// `Added`). Required for such a column, refused for any other.
@@ -183,13 +186,7 @@ impl CleanupSettings {
     /// with `delete_after` a delete of the rows older than that; none for `drop-partitions`.
     /// `row_filter` is the table's: only rows it keeps (the rows the relay publishes) are
     /// cleaned.
-    pub fn row_plans(
-        &self,
-        schema: &str,
-        table: &str,
-        row_filter: Option<&str>,
-    ) -> Vec<relay_postgres::cleanup::RowPlan> {
-        use relay_postgres::cleanup::{CleanupAction, RowPlan};
+    pub fn row_plans(&self, schema: &str, table: &str, row_filter: Option<&str>) -> Vec<RowPlan> {
         let plan = |action, retain| RowPlan {
             schema: schema.to_owned(),
             table: table.to_owned(),
@@ -223,12 +220,8 @@ impl CleanupSettings {
     }
 
     /// The partition cleanup of `schema.table`; `None` unless `drop-partitions`.
-    pub fn drop_plan(
-        &self,
-        schema: &str,
-        table: &str,
-    ) -> Option<relay_postgres::cleanup::DropPlan> {
-        (self.mode == CleanupMode::DropPartitions).then(|| relay_postgres::cleanup::DropPlan {
+    pub fn drop_plan(&self, schema: &str, table: &str) -> Option<DropPlan> {
+        (self.mode == CleanupMode::DropPartitions).then(|| DropPlan {
             schema: schema.to_owned(),
             table: table.to_owned(),
             retain: self.retain(),
@@ -241,8 +234,8 @@ impl CleanupSettings {
     }
 
     /// `age_column` and how to read it.
-    pub fn age_spec(&self) -> relay_postgres::cleanup::AgeSpec {
-        relay_postgres::cleanup::AgeSpec {
+    pub fn age_spec(&self) -> AgeSpec {
+        AgeSpec {
             column: self.age_column.clone(),
             unit: self.age_unit,
             time_zone: self.age_time_zone.clone(),
@@ -259,7 +252,6 @@ impl CleanupSettings {
         schema: &str,
         table: &str,
     ) -> Result<Option<String>, tokio_postgres::Error> {
-        use relay_postgres::cleanup::of_partition_key;
         let mut specs = Vec::new();
         if self.uses_age() {
             specs.push((self.age_spec(), false));
