@@ -23,7 +23,8 @@ use relay_core::pipeline::{Pipeline, PipelineError, PipelineStats, RunOutcome};
 use relay_core::route::Router;
 use relay_core::stage::{DryRunPublisher, NoStore, Publisher};
 use relay_nats::RestorePublisher;
-use relay_postgres::catalog::{self, restore_slot};
+use relay_postgres::catalog;
+use relay_postgres::catalog::restore_slot::{SlotCopy, SlotCopyError};
 use relay_postgres::{PgSource, WindowSource};
 use tokio_util::sync::CancellationToken;
 
@@ -74,7 +75,7 @@ fn query_exit(what: String) -> impl FnOnce(tokio_postgres::Error) -> Exit {
 struct Window {
     from: Lsn,
     end: Lsn,
-    copy: String,
+    copy: SlotCopy,
 }
 
 /// Progress, shared with the ticker.
@@ -155,10 +156,11 @@ pub async fn restore(config: &RelayConfig, args: RestoreArgs) -> Result<(), Exit
     };
     let result = run_window(config, &args, &server, &client, &window, &shutdown).await;
     // The copy pins WAL: drop it whatever happened (a kill leaves it to the next run).
-    match restore_slot::drop_slot(&client, &window.copy, DROP_WAIT).await {
-        Ok(()) => tracing::info!(copy = %window.copy, "dropped the restore's copy of the slot"),
+    let name = window.copy.name().to_owned();
+    match window.copy.drop(&client, DROP_WAIT).await {
+        Ok(()) => tracing::info!(copy = %name, "dropped the restore's copy of the slot"),
         Err(e) => {
-            tracing::warn!(copy = %window.copy, error = %e, "cannot drop the restore's copy of the slot; it keeps WAL until dropped: SELECT pg_drop_replication_slot('{}') (the next restore drops it too)", window.copy)
+            tracing::warn!(copy = %name, error = %e, "cannot drop the restore's copy of the slot; it keeps WAL until dropped: SELECT pg_drop_replication_slot('{name}') (the next restore drops it too)")
         }
     }
     result
@@ -175,37 +177,13 @@ async fn prepare(
     let Some((from, end, checkpoint)) = window_bounds(client, slot, args).await? else {
         return Ok(None);
     };
-    let copy = restore_slot::copy_name(slot);
-    if catalog::slot(client, &copy)
+    let copy = SlotCopy::make(client, slot, DROP_WAIT)
         .await
-        .map_err(query_exit(format!(
-            "cannot look up replication slot {copy}"
-        )))?
-        .is_some()
-    {
-        drop_leftover_copy(client, slot, &copy).await?;
-    }
-    restore_slot::copy_slot(client, slot, &copy)
-        .await
-        .map_err(query_exit(format!(
-            "cannot copy replication slot {slot} to {copy} (pg_copy_logical_replication_slot: PostgreSQL 12+, the REPLICATION attribute)"
-        )))?;
-    tracing::info!(slot, copy = %copy, "copied the slot; the copy is dropped at the end (a killed restore leaves it: the next restore drops it)");
-    let copied = catalog::slot(client, &copy)
-        .await
-        .map_err(query_exit(format!(
-            "cannot look up replication slot {copy}"
-        )))?;
-    require_kept(
-        client,
-        config,
-        &copy,
-        copied.as_ref().and_then(|c| c.confirmed_flush_lsn),
-        from,
-    )
-    .await?;
+        .map_err(slot_copy_exit)?;
+    let copy = require_kept(client, config, copy, from).await?;
+    let name = copy.name();
     eprintln!(
-        "restore of the events committed in [{from}, {end}) of slot {slot} (stored checkpoint {checkpoint}), decoded from its copy {copy}{}",
+        "restore of the events committed in [{from}, {end}) of slot {slot} (stored checkpoint {checkpoint}), decoded from its copy {name}{}",
         if args.dry_run {
             "; dry run: nothing is published"
         } else {
@@ -268,48 +246,30 @@ async fn window_bounds(
     Ok(Some((from, end, checkpoint)))
 }
 
-/// Drops the copy a killed restore left, refusing while another restore streams it.
-async fn drop_leftover_copy(
-    client: &tokio_postgres::Client,
-    slot: &str,
-    copy: &str,
-) -> Result<(), Exit> {
-    tracing::warn!(copy = %copy, "a previous restore left its copy of the slot (it was killed?): dropping it");
-    // A walsender of a killed restore lets go a moment later; one still streaming after
-    // the wait belongs to a restore that runs.
-    restore_slot::drop_slot(client, copy, DROP_WAIT)
-        .await
-        .map_err(|e| {
-            let in_use = e.code().is_some_and(|c| {
-                relay_postgres::SqlStateKind::of(c.code())
-                    == relay_postgres::SqlStateKind::ObjectInUse
-            });
-            if in_use {
-                Exit::new(
-                    ExitKind::Unavailable,
-                    anyhow!("slot `{copy}` (the restore's copy of `{slot}`) is being streamed: another restore is running; wait for it, or stop it"),
-                )
-            } else {
-                query_exit(format!("cannot drop the leftover slot {copy}"))(e)
-            }
-        })?;
-    Ok(())
+/// The exit for a copy that cannot be made.
+fn slot_copy_exit(e: SlotCopyError) -> Exit {
+    let kind = match e.query_error() {
+        Some(q) if relay_postgres::is_transient_query_error(q) => ExitKind::Unavailable,
+        Some(_) => ExitKind::Internal,
+        None => ExitKind::Unavailable,
+    };
+    Exit::new(kind, anyhow::Error::new(e))
 }
 
-/// The copy keeps the WAL from `from` on (`kept_from`: where it starts); else it is dropped,
+/// The copy keeps the WAL from `from` on (from its confirmed position); else it is dropped,
 /// and the error says how far back a restore can go.
 async fn require_kept(
     client: &tokio_postgres::Client,
     config: &RelayConfig,
-    copy: &str,
-    kept_from: Option<Lsn>,
+    copy: SlotCopy,
     from: Lsn,
-) -> Result<(), Exit> {
+) -> Result<SlotCopy, Exit> {
+    let kept_from = copy.kept_from();
     if kept_from.is_some_and(|kept| from >= kept) {
-        return Ok(());
+        return Ok(copy);
     }
     let slot = config.postgres.slot.as_str();
-    let _ = restore_slot::drop_slot(client, copy, DROP_WAIT).await;
+    let _ = copy.drop(client, DROP_WAIT).await;
     let kept = kept_from.map_or_else(|| "?".to_owned(), |l| l.to_string());
     let when = match kept_from {
         Some(l) => relay_postgres::checkpoint::anchor_at_or_before(client, slot, l)
@@ -391,7 +351,7 @@ async fn run_window(
 
     let router = bound_router(config, client).await?;
     let mut copy_settings = server.clone();
-    copy_settings.slot.clone_from(&window.copy);
+    copy_settings.slot = window.copy.name().to_owned();
     let reached = Arc::new(AtomicU64::new(window.from.0));
     let inner = PgSource::start(&copy_settings, window.from, Lsn(0))
         .await
