@@ -1,9 +1,10 @@
 //! The JetStream publisher: one `send` per message in commit order, acks awaited separately so
 //! many are outstanding at once. Its [`Strategy`] is the publish mode in effect: per message, or
-//! a framing task (`batch`, `fast_batch`) that batches what it can and publishes the rest
-//! through the per-message core ([`MessagePublisher`], `message.rs`). Every mode publishes on
-//! one connection: the lean one ([`crate::wire`], `lean.rs`), or async-nats' with
-//! `[nats] publish_path = "async-nats"`.
+//! the batch framer (`batching`, with the mode's `atomic` or `fast` batches) that batches what
+//! it can and publishes the rest through the per-message core ([`MessagePublisher`],
+//! `message.rs`). Every mode publishes on one connection, the [`path::Path`] its
+//! [`path::PathChoice`] gives: the lean one ([`crate::wire`], `lean.rs`), or async-nats' (`nats.rs`)
+//! with `[nats] publish_path = "async-nats"` or once the server refused the lean connection.
 
 use std::sync::Arc;
 
@@ -13,20 +14,22 @@ use relay_core::message::{HEADER_EXPECTED_STREAM, OutboundMessage};
 use relay_core::route::MessageLimits;
 use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind, Publisher};
 
-use self::batch::supports_atomic_batches;
-use self::fast_batch::supports_fast_batches;
+use self::batching::Mode;
+use self::batching::atomic::{Atomic, supports_atomic_batches};
+use self::batching::fast::{self, Fast, supports_fast_batches};
 use self::framing::Framer;
 use self::message::{Condition, MessagePublisher};
 use crate::connection::{JetStream, NatsConnection};
 use crate::settings::PublishMode;
 
-mod batch;
+pub(crate) mod batching;
 mod chain;
-pub(crate) mod fast_batch;
 mod framing;
 pub(crate) mod headers;
 mod lean;
 mod message;
+mod nats;
+mod path;
 mod sequenced;
 
 pub(crate) use message::classify;
@@ -165,7 +168,7 @@ impl JetStreamPublisher {
             );
             return self;
         }
-        let version = self.core.client().server_info().version;
+        let version = self.core.context().client().server_info().version;
         if !supported(&version) {
             tracing::warn!(
                 server_version = %version,
@@ -190,25 +193,17 @@ impl JetStreamPublisher {
         // publishes through it. The framing task publishes what it does not batch through the
         // per-message core.
         let per_message = self.core.clone();
-        let flow = fast_batch::flow(max_in_flight);
-        if mode == PublishMode::FastBatch {
-            // Limits must hold for a fast batch's longer reply subject.
-            let batch_reply_len = match &self.core.lean {
-                Some(lean) => lean.batch_reply_len(flow),
-                None => self.core.nats_reply_len + crate::wire::fast_batch_reply_suffix_len(flow),
-            };
-            self.reply_len = self.reply_len.max(batch_reply_len);
-        }
         let how = if mode == PublishMode::FastBatch {
-            self.strategy = Strategy::FastBatch(Arc::new(fast_batch::start(
-                per_message,
-                flow,
-                self.core.ack_timeout,
-            )));
+            let flow = fast::flow(max_in_flight);
+            // Limits must hold for a fast batch's longer reply subject.
+            let batch_reply_len = self.core.paths.preferred().batch_reply_len(flow);
+            self.reply_len = self.reply_len.max(batch_reply_len);
+            let framer = batching::start(per_message, Mode::Fast(Fast::new(flow)));
+            self.strategy = Strategy::FastBatch(Arc::new(framer));
             "publishing in fast batches (one flow ack for many messages)"
         } else {
-            self.strategy =
-                Strategy::AtomicBatch(Arc::new(batch::start(per_message, max_in_flight)));
+            let framer = batching::start(per_message, Mode::Atomic(Atomic::new(max_in_flight)));
+            self.strategy = Strategy::AtomicBatch(Arc::new(framer));
             "publishing each transaction as one atomic batch"
         };
         tracing::info!(stream = %self.core.stream, server_version = %version, "{how}");

@@ -111,7 +111,7 @@ pub async fn prepare_stream(
                 allow_atomic_publish: settings.publish_mode == crate::PublishMode::AtomicBatch,
                 // Only where the server knows the setting (2.14+).
                 allow_batch_publish: settings.publish_mode == crate::PublishMode::FastBatch
-                    && crate::publisher::fast_batch::supports_fast_batches(&version),
+                    && crate::publisher::batching::fast::supports_fast_batches(&version),
                 ..Default::default()
             };
             let info = context

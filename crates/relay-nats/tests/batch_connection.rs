@@ -72,7 +72,7 @@ impl std::ops::Sub for Counts {
     }
 }
 
-/// A publisher in `mode` on `path` made as the relay makes it (`outbox-relay` broker.rs).
+/// A publisher in `mode` on `path` made as the relay makes it (`relay-runtime::broker`).
 async fn publisher(
     server: &NatsServer,
     mode: PublishMode,

@@ -1,5 +1,5 @@
 //! Commit-order conditions on a replicated stream (three nats-servers, R3), made as the relay
-//! makes its publisher (`outbox-relay` broker.rs: `with_order_by_sequence`, then `with_publish_mode`).
+//! makes its publisher (`relay-runtime::broker`: `with_order_by_sequence`, then `with_publish_mode`).
 //!
 //! On nats-server 2.14 and later a refused `Nats-Expected-Last-Msg-Id` on a replicated stream
 //! fails the stream on every replica ("last msgid mismatch": no leader, again at every

@@ -1,4 +1,4 @@
-//! Commit order for batches (`batch`, `fast_batch`) and for every message on a stream where
+//! Commit order for batches (`batching`: `atomic`, `fast`) and for every message on a stream where
 //! every condition names a sequence (`sequenced`). JetStream refuses `Nats-Expected-Last-Msg-Id`
 //! inside an atomic batch (and a refused one fails a replicated stream of 2.14+) but checks
 //! `Nats-Expected-Last-Sequence` on a batch's first message (an atomic batch's at the commit):

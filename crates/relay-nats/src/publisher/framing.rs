@@ -1,10 +1,11 @@
-//! What the framing tasks (the two batch modes, `atomic-batch` and `fast-batch`, and the
+//! What the framing tasks (the batch framer of the two batch modes, `batching`, and the
 //! sequence chain of per-message mode, `sequenced`) share: the handle the publisher keeps,
 //! whose commands reach one framing task in the order the pipeline called, and the way a
-//! framing task publishes a message on its own.
+//! framing task publishes a message on its own where every condition names a sequence.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use relay_core::Lsn;
@@ -37,15 +38,18 @@ pub(crate) type Reply = oneshot::Sender<Result<PubReceipt, PublishError>>;
 /// one is not known stored: see [`relay_core::stage::Publisher::send`].
 pub(crate) type After = Option<Arc<str>>;
 
+/// A message handed to a framing task: the message, its predecessor and where its outcome goes.
+pub(crate) type Handed = (Arc<OutboundMessage>, After, Reply);
+
 /// What the publisher tells the framing task, in call order.
 pub(crate) enum Command {
     /// A transaction with this commit LSN begins.
     Begin(Lsn),
-    Send(Arc<OutboundMessage>, After, Reply),
+    Send(Handed),
     /// The pipeline's re-send of a message that failed (see
     /// [`relay_core::stage::Publisher::resend`]), on a stream where every condition names a
     /// sequence: it joins the chain in call order.
-    Resend(Arc<OutboundMessage>, After, Reply),
+    Resend(Handed),
     /// The open transaction ended.
     End,
     /// The pipeline sends nothing new for now: send what is held back (see
@@ -141,12 +145,12 @@ impl Framer {
         &self,
         msg: &Arc<OutboundMessage>,
         after: Option<&str>,
-        command: fn(Arc<OutboundMessage>, After, Reply) -> Command,
+        command: fn(Handed) -> Command,
     ) -> BoxFuture<'static, Result<PubReceipt, PublishError>> {
         let (reply, outcome) = oneshot::channel();
         let sent = self
             .commands
-            .send(command(msg.clone(), after.map(Arc::from), reply));
+            .send(command((msg.clone(), after.map(Arc::from), reply)));
         let what = self.mode.what();
         Box::pin(async move {
             if sent.is_err() {
@@ -199,14 +203,13 @@ pub(crate) fn batchable(
 /// `chain`): it takes its place in `chain`, and when its predecessor is unsettled (`after`) it
 /// is stored only if the stream's last sequence is the one the chain predicts. Refused unsent
 /// (out of turn) when nothing tells that sequence; its ack goes to `reply`. `resend`: the
-/// pipeline's re-send, which may wait for a lost connection (it is not the pipeline's loop).
+/// pipeline's re-send. `wait`: how long it may wait for a lost connection.
 pub(crate) async fn alone_in_chain(
     per_message: &super::MessagePublisher,
     chain: &Arc<super::chain::Chain>,
-    msg: &Arc<OutboundMessage>,
-    after: &After,
+    (msg, after, reply): Handed,
     resend: bool,
-    reply: Reply,
+    wait: Duration,
 ) {
     let link = match chain.message(after.is_some(), resend).await {
         Ok(link) => link,
@@ -219,10 +222,6 @@ pub(crate) async fn alone_in_chain(
         }
     };
     let condition = link.base.map(super::message::Condition::AfterSequence);
-    let sent = if resend {
-        per_message.send_alone(msg, condition).await
-    } else {
-        per_message.send_now(msg, condition).await
-    };
+    let sent = per_message.send_waiting(&msg, condition, wait).await;
     reply_when_acked(sent.map(|ack| link.follow(ack)), reply);
 }

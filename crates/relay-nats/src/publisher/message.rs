@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use async_nats::jetstream::context::PublishErrorKind as NatsKind;
-use async_nats::jetstream::message::PublishMessage;
 use futures::future::BoxFuture;
 use relay_core::message::{
     HEADER_EXPECTED_LAST_MSG_ID, HEADER_EXPECTED_LAST_SEQUENCE, OutboundMessage,
@@ -18,11 +17,13 @@ use relay_core::message::{
 use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind};
 
 use super::headers::HeaderState;
-use crate::closes::{self, Quarantine};
+use crate::closes::Quarantine;
 use crate::connection::{JetStream, NatsConnection};
 use crate::error_codes::kind_for_error_code;
 use crate::wire::LeanConnection;
 use nats_wire::ConnectOptions;
+
+use super::path::{AsyncNats, Path, PathChoice};
 
 /// What a message is stored on, when its predecessor in commit order is not known stored: the
 /// stream's last message is that event (`Nats-Expected-Last-Msg-Id`), or the stream's last
@@ -61,17 +62,14 @@ pub(crate) struct MessagePublisher {
     /// The headers of the current transaction, prepared once (see `headers::HeaderTemplate`), and
     /// the header names seen.
     pub(super) template: Arc<Mutex<HeaderState>>,
-    /// For the server's `max_payload` (a relaxed atomic load) and async-nats' publishes.
-    client: async_nats::Client,
-    /// Length of async-nats' reply subjects, `<inbox>.<id>.<token>`.
-    pub(super) nats_reply_len: usize,
     /// Messages the server closed the connection on, re-sent one at a time.
     pub(super) quarantine: Arc<Quarantine>,
     /// How long to wait for an answer before an outcome counts as unknown.
     pub(super) ack_timeout: Duration,
-    /// The lean publish connection (see [`crate::wire`]); `None` for a client made elsewhere or
-    /// with `[nats] publish_path = "async-nats"`, which publish through async-nats.
-    pub(super) lean: Option<Arc<LeanConnection>>,
+    /// The connection it publishes on: the lean one (see [`crate::wire`]), or async-nats' for a
+    /// client made elsewhere, with `[nats] publish_path = "async-nats"`, or once the server
+    /// refused the lean connection.
+    pub(super) paths: PathChoice,
     /// `[nats] domain`: every PubAck must name it ([`crate::domain::check_ack_domain`]).
     pub(super) domain: Option<Arc<str>>,
     /// Every commit-order condition names a stream sequence, never an event id (see
@@ -87,11 +85,6 @@ impl MessagePublisher {
         ack_timeout: Duration,
         max_in_flight: usize,
     ) -> Self {
-        let client = connection.client().clone();
-        // A JetStream publish replies to `<inbox prefix>.<id>.<token>`, where
-        // `<inbox prefix>.<token>` is a new inbox (async-nats' request multiplexer).
-        let inbox = client.new_inbox();
-        let token = inbox.rsplit('.').next().map_or(0, str::len);
         // The lean path when the connection was made from settings (its reply subjects are
         // `<inbox>.<16 hex digits>`).
         let lean = connection.lean_settings().map(|settings| {
@@ -105,16 +98,21 @@ impl MessagePublisher {
                 .timeout(ack_timeout)
                 .max_ack_inflight(max_in_flight.saturating_add(64)),
         );
+        let shared = Arc::new(jetstream.context().clone());
+        let template = Arc::<Mutex<HeaderState>>::default();
+        let nats = AsyncNats::new(
+            connection.client().clone(),
+            shared.clone(),
+            template.clone(),
+        );
         Self {
-            shared: Arc::new(jetstream.context().clone()),
+            shared,
             jetstream,
             stream: stream.into(),
-            template: Arc::default(),
-            client,
-            nats_reply_len: inbox.len() + 1 + token,
+            template,
             quarantine: Arc::default(),
             ack_timeout,
-            lean,
+            paths: PathChoice::new(lean, nats),
             domain: connection.domain().cloned(),
             by_sequence: false,
         }
@@ -122,34 +120,24 @@ impl MessagePublisher {
 
     /// Length of the longest reply subject a message published on its own may carry.
     pub(super) fn reply_len(&self) -> usize {
-        self.lean
-            .as_ref()
-            .map_or(self.nats_reply_len, |lean| lean.reply_len())
+        self.paths.preferred().reply_len()
     }
 
-    /// The server's `max_payload`: the lean connection's once it saw an INFO, async-nats' (same
-    /// servers) before; 0 before the first INFO.
+    /// The server's `max_payload` ([`PathChoice::max_payload`]).
     pub(super) fn max_payload(&self) -> usize {
-        match self.lean.as_ref().map_or(0, |lean| lean.max_payload()) {
-            0 => self.client.max_payload(),
-            n => n,
-        }
+        self.paths.max_payload()
     }
 
     /// Whether messages go through the lean publish path (its own connection, see
     /// `crate::wire`) rather than async-nats: made from settings, and not refused by the server.
     pub(super) fn publishes_lean(&self) -> bool {
-        self.lean.as_ref().is_some_and(|lean| !lean.refused())
+        self.paths.publishes_lean()
     }
 
-    /// The lean connection, once it is up (waiting at most `wait`), unless this publisher
-    /// publishes through async-nats (a client made elsewhere, or a server that refused the
-    /// lean connection). A batch takes one path for all its messages and its commit.
-    pub(crate) async fn lean_path(&self, wait: Duration) -> Option<Arc<LeanConnection>> {
-        match &self.lean {
-            Some(lean) if lean.ready(wait).await => Some(lean.clone()),
-            _ => None,
-        }
+    /// The path to publish on ([`PathChoice::path`]), waiting at most `wait` for a lost lean
+    /// connection. A batch takes one path for all its messages and its commit.
+    pub(crate) async fn path(&self, wait: Duration) -> Path {
+        self.paths.path(wait).await.clone()
     }
 
     /// The headers of `msg` ([`super::JetStreamPublisher::headers`]).
@@ -157,19 +145,14 @@ impl MessagePublisher {
         super::headers::headers(&self.template, &self.stream, msg)
     }
 
-    /// The client async-nats publishes on.
-    pub(crate) fn client(&self) -> &async_nats::Client {
-        &self.client
-    }
-
     /// The JetStream context, for stream checks.
     pub(super) fn context(&self) -> &jetstream::Context {
         self.jetstream.context()
     }
 
-    /// Publishes `msg` now, never waiting for a lost connection: for the pipeline's loop and a
-    /// framing task's loop (a delivery whose outcome is unknown re-sends, and its re-send
-    /// waits).
+    /// Publishes `msg` now, never waiting for a lost connection: for the pipeline's loop (a
+    /// delivery whose outcome is unknown re-sends, and its re-send waits) and the same first
+    /// attempt made for it elsewhere.
     pub(crate) async fn send_now(
         &self,
         msg: &Arc<OutboundMessage>,
@@ -178,9 +161,9 @@ impl MessagePublisher {
         self.send_waiting(msg, condition, Duration::ZERO).await
     }
 
-    /// Publishes `msg` (re-sends, and what a batch does not take). While the lean connection is
-    /// down, waits up to `ack_timeout` for it to come back: the callers are not the pipeline's
-    /// loop.
+    /// Publishes `msg` (re-sends, and what the batch framer publishes on its own). While the
+    /// lean connection is down, waits up to `ack_timeout` for it to come back: the callers are
+    /// not the pipeline's loop.
     pub(crate) async fn send_alone(
         &self,
         msg: &Arc<OutboundMessage>,
@@ -192,7 +175,7 @@ impl MessagePublisher {
     /// Publishes `msg` (stored only if `condition` holds, when set: see
     /// [`relay_core::stage::Publisher::send`]), waiting at most `wait` for a lost lean
     /// connection.
-    async fn send_waiting(
+    pub(crate) async fn send_waiting(
         &self,
         msg: &Arc<OutboundMessage>,
         condition: Option<Condition<'_>>,
@@ -215,8 +198,9 @@ impl MessagePublisher {
         self.publish(msg, condition, None, wait).await
     }
 
-    /// Sends `msg` now; the returned future sees it acknowledged. `probe` (a suspect's turn,
-    /// see [`Quarantine`]) is held until the outcome is known.
+    /// Sends `msg` now, on the path [`PathChoice::path`] gives (waiting at most `wait` for a
+    /// lost lean connection); the returned future sees it acknowledged. `probe` (a suspect's
+    /// turn, see [`Quarantine`]) is held until the outcome is known.
     async fn publish(
         &self,
         msg: &Arc<OutboundMessage>,
@@ -224,78 +208,10 @@ impl MessagePublisher {
         probe: Option<tokio::sync::OwnedMutexGuard<()>>,
         wait: Duration,
     ) -> Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError> {
-        if let Some(lean) = &self.lean
-            && lean.ready(wait).await
-        {
-            return self.publish_lean(lean, msg, condition, probe);
+        match self.paths.path(wait).await {
+            Path::Lean(lean) => self.publish_lean(lean, msg, condition, probe),
+            Path::AsyncNats(nats) => self.publish_nats(nats, msg, condition, probe).await,
         }
-        // Before sending: a server close from now on may be this message's doing.
-        let state = self.jetstream.state();
-        let mut closes = state.closes.subscribe();
-        let mut headers = self.headers(msg);
-        if let Some(condition) = condition {
-            let (name, value) = condition.header();
-            headers.insert(name, value.as_ref());
-        }
-        let publish = PublishMessage::build()
-            .headers(headers)
-            .payload(msg.payload.clone());
-        let ack = self
-            .context()
-            .send_publish(msg.subject.clone(), publish)
-            .await
-            .map_err(classify)?;
-        // For the rare duplicate ack and permission errors: reference counts, no copies.
-        let context = self.shared.clone();
-        let stream = self.stream.clone();
-        let quarantine = self.quarantine.clone();
-        let state = state.clone();
-        let domain = self.domain.clone();
-        let msg = msg.clone();
-        Ok(Box::pin(async move {
-            let subject = &msg.subject;
-            // The server closed the connection over a protocol error while the ack was
-            // pending: no ack will come on it. Say so now rather than after the ack timeout.
-            let ack = tokio::select! {
-                biased;
-                ack = ack => ack,
-                reason = closes::next_close(&mut closes) => {
-                    quarantine.outcome(&msg.event_id, true);
-                    return Err(PublishError::closed_by_server(format!(
-                        "NATS closed the connection after this message was sent: -ERR '{reason}'"
-                    )));
-                }
-            };
-            quarantine.outcome(&msg.event_id, false);
-            drop(probe);
-            let ack = ack.map_err(|e| {
-                let timed_out = e.kind() == NatsKind::TimedOut;
-                let error = classify(e);
-                match state.publish_denied(subject) {
-                    // The server refused the publish itself: no PubAck will ever come.
-                    Some(denied) if timed_out => PublishError::new(
-                        PublishErrorKind::Rejected,
-                        format!(
-                            "NATS refused to let the relay publish to `{subject}` ({denied}): grant the relay's NATS user publish permission on the outbox subjects"
-                        ),
-                    ),
-                    _ => error,
-                }
-            })?;
-            if ack.stream != *stream {
-                return Err(crate::wire::other_stream(&stream, &ack.stream));
-            }
-            crate::domain::check_ack_domain(domain.as_deref(), &ack.stream, Some(&ack.domain))?;
-            if ack.duplicate {
-                // Boxed: the lookup's future is kilobytes, and inline it would make every
-                // outstanding ack that large, duplicate or not.
-                Box::pin(verify_duplicate(&context, &stream, ack.sequence, &msg)).await?;
-            }
-            Ok(PubReceipt {
-                stream_seq: ack.sequence,
-                duplicate: ack.duplicate,
-            })
-        }))
     }
 }
 

@@ -12,6 +12,7 @@
 //! loop must never do (it polls the acks that end the wait).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 
@@ -36,11 +37,14 @@ async fn run(
         match command {
             // Transactions do not change how a message goes on its own.
             Command::Begin(_) | Command::End | Command::Hold => {}
-            Command::Send(msg, after, reply) => {
-                alone_in_chain(&per_message, &chain, &msg, &after, false, reply).await;
+            // Never waits for a lost connection, as per-message mode's send: a delivery whose
+            // outcome is unknown re-sends, and its re-send waits up to `ack_timeout`.
+            Command::Send(handed) => {
+                alone_in_chain(&per_message, &chain, handed, false, Duration::ZERO).await;
             }
-            Command::Resend(msg, after, reply) => {
-                alone_in_chain(&per_message, &chain, &msg, &after, true, reply).await;
+            Command::Resend(handed) => {
+                let wait = per_message.ack_timeout;
+                alone_in_chain(&per_message, &chain, handed, true, wait).await;
             }
         }
     }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::publisher::framing::BatchAnswer;
 
 #[test]
 fn fast_batches_need_2_14() {

@@ -1,5 +1,6 @@
 use relay_core::Lsn;
 use relay_core::stage::PublishErrorKind;
+use tokio::time::Instant;
 
 use super::outcome::*;
 use super::*;

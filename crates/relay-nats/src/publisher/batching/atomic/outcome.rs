@@ -6,8 +6,9 @@ use async_nats::jetstream;
 use relay_core::stage::{PublishError, PublishErrorKind};
 use tokio::time::{Duration, Instant};
 
-use super::super::framing::{BatchAnswer, unknown};
 use crate::error_codes::kind_for_error_code;
+use crate::publisher::framing::{BatchAnswer, unknown};
+use crate::publisher::path::CommitAnswer;
 
 /// 10201: the batch holds a message id the stream already has (or one id twice).
 pub(super) const BATCH_DUPLICATE: u64 = 10201;
@@ -55,6 +56,14 @@ pub(super) enum CommitOutcome {
 }
 
 impl CommitOutcome {
+    /// The outcome the answer of either path says.
+    pub(super) fn from_answer(answer: CommitAnswer) -> Self {
+        match answer {
+            CommitAnswer::Lean(outcome) => Self::from_lean(outcome),
+            CommitAnswer::AsyncNats(outcome) => Self::from_nats(outcome),
+        }
+    }
+
     /// The outcome async-nats reports.
     pub(super) fn from_nats(
         outcome: Result<jetstream::publish::PublishAck, jetstream::context::PublishError>,
