@@ -21,18 +21,17 @@ use crate::frontier::{AckFrontier, EventTicket, FrontierError};
 
 mod admit;
 mod deliver;
+mod error;
 mod positions;
 mod stats;
 
 use crate::message::{OutboundMessage, TxContext};
 use crate::recent::RecentIds;
-use crate::route::{RouteError, Router, dead_letter_collision};
-use crate::stage::{
-    ChangeSource, CheckpointStore, PublishError, PublishErrorKind, Publisher, SourceError,
-    SourceEvent, StoreError,
-};
+use crate::route::{Router, dead_letter_collision};
+use crate::stage::{ChangeSource, CheckpointStore, PublishErrorKind, Publisher, SourceEvent};
 use crate::trail::SlotTrail;
 use deliver::{Attempt, Outcome, RetryPolicy, Window, attempt};
+pub use error::PipelineError;
 use positions::Positions;
 pub use stats::PipelineStats;
 
@@ -75,69 +74,6 @@ impl Default for PipelineConfig {
             collision_window: crate::recent::DEFAULT_CAPACITY,
         }
     }
-}
-
-/// Why the loop stopped with an error. The confirmed position is never past the failure.
-#[derive(Debug, thiserror::Error)]
-pub enum PipelineError {
-    /// The source failed.
-    #[error("replication stream failed")]
-    Source(#[from] SourceError),
-    /// A row could not be routed; the relay stops before its transaction.
-    #[error(
-        "cannot route outbox row (event id {}) of transaction {xid} (commit LSN {commit_lsn})",
-        .event_id.as_deref().unwrap_or("NULL or empty")
-    )]
-    Route {
-        /// The row's event id, when it has one (boxed: keeps the error small).
-        event_id: Option<Box<str>>,
-        /// Transaction id.
-        xid: u32,
-        /// Commit LSN of the transaction.
-        commit_lsn: Lsn,
-        /// Why.
-        #[source]
-        error: RouteError,
-    },
-    /// An outbox table no longer matches the configuration (renamed table, renamed, dropped or
-    /// retyped mapped column); the relay stops before the transaction that shows it.
-    #[error(
-        "outbox table no longer matches the configuration (transaction {}, commit LSN {})",
-        .xid.map_or_else(|| "?".to_owned(), |x| x.to_string()),
-        .commit_lsn.map_or_else(|| "?".to_owned(), |l| l.to_string())
-    )]
-    Schema {
-        /// Transaction id, when inside one.
-        xid: Option<u32>,
-        /// Commit LSN of the transaction, when inside one.
-        commit_lsn: Option<Lsn>,
-        /// What changed.
-        #[source]
-        error: RouteError,
-    },
-    /// The broker refused a message for good.
-    #[error("JetStream refused event {event_id} on subject `{subject}`")]
-    Publish {
-        /// The event.
-        event_id: String,
-        /// Its subject.
-        subject: String,
-        /// Why.
-        #[source]
-        error: PublishError,
-    },
-    /// The checkpoint could not be stored.
-    #[error("cannot store checkpoint {lsn}")]
-    Store {
-        /// The position being stored.
-        lsn: Lsn,
-        /// Why.
-        #[source]
-        error: StoreError,
-    },
-    /// The stream broke the protocol's ordering rules.
-    #[error("replication stream out of order")]
-    Protocol(#[from] FrontierError),
 }
 
 /// How the loop ended without error.

@@ -15,16 +15,21 @@
 //! single-column primary key, or else on the event id column when a unique index covers it.
 //! `end` is the last key when the backfill started.
 
-use pgoutput::{Column, Insert, LogicalMessage, Relation, TupleData, TupleValue};
+use pgoutput::{Column, Insert, LogicalMessage, Relation, TupleValue};
 use relay_core::Lsn;
 use relay_core::stage::SourceEvent;
-use tokio_postgres::{Client, SimpleQueryMessage};
+use tokio_postgres::Client;
 
 use crate::catalog::{self, table_shape};
 
 mod cursor;
 pub mod on_create;
 mod pages;
+mod queries;
+
+#[cfg(test)]
+use queries::plan_rows;
+use queries::simple_rows;
 mod snapshot;
 
 pub use cursor::{
@@ -305,191 +310,6 @@ async fn page_key(
 }
 
 impl TableShape {
-    /// `key > after AND key <= upto AND row filter AND filter`, the parts that apply.
-    fn conditions(&self, filter: Option<&str>, after: Option<&str>, upto: Option<&str>) -> String {
-        let key = quote_ident(&self.key.name);
-        let mut parts = Vec::new();
-        if let Some(after) = after {
-            parts.push(format!(
-                "{key} > {}::{}",
-                quote_literal(after),
-                self.key.type_sql
-            ));
-        }
-        if let Some(upto) = upto {
-            parts.push(format!(
-                "{key} <= {}::{}",
-                quote_literal(upto),
-                self.key.type_sql
-            ));
-        }
-        if let Some(row_filter) = &self.row_filter {
-            parts.push(format!("({row_filter})"));
-        }
-        if let Some(filter) = filter {
-            parts.push(format!("({filter})"));
-        }
-        if parts.is_empty() {
-            return String::new();
-        }
-        format!(" WHERE {}", parts.join(" AND "))
-    }
-
-    /// Checks that `filter` is one valid condition on the table (one statement: the extended
-    /// protocol refuses several).
-    pub async fn check_filter(&self, client: &Client, filter: &str) -> Result<(), BackfillError> {
-        let sql = format!(
-            "SELECT 1 FROM {}{}",
-            self.from,
-            self.conditions(Some(filter), None, None)
-        );
-        client
-            .prepare(&sql)
-            .await
-            .map(drop)
-            .map_err(|source| BackfillError::Filter {
-                filter: filter.to_owned(),
-                table: self.table.clone(),
-                source,
-            })
-    }
-
-    /// The last key of the rows to backfill now, `None` when there is none.
-    pub async fn last_key(
-        &self,
-        client: &Client,
-        filter: Option<&str>,
-    ) -> Result<Option<String>, BackfillError> {
-        let key = quote_ident(&self.key.name);
-        let sql = format!(
-            "SELECT {key} FROM {}{} ORDER BY {key} DESC NULLS LAST LIMIT 1",
-            self.from,
-            self.conditions(filter, None, None)
-        );
-        let rows = simple_rows(client, &sql).await.map_err(query_err(format!(
-            "cannot read the last key of {}",
-            self.table
-        )))?;
-        Ok(rows
-            .first()
-            .and_then(|r| r.try_get(0).ok().flatten().map(str::to_owned)))
-    }
-
-    /// Rows whose key is NULL (never in a page; only a unique index allows them).
-    pub async fn null_keys(
-        &self,
-        client: &Client,
-        filter: Option<&str>,
-    ) -> Result<u64, BackfillError> {
-        if !self.key.nullable {
-            return Ok(0);
-        }
-        let mut sql = format!(
-            "SELECT count(*) FROM {}{}",
-            self.from,
-            self.conditions(filter, None, None)
-        );
-        sql.push_str(if sql.contains(" WHERE ") {
-            " AND "
-        } else {
-            " WHERE "
-        });
-        sql.push_str(&format!("{} IS NULL", quote_ident(&self.key.name)));
-        let rows = simple_rows(client, &sql).await.map_err(query_err(format!(
-            "cannot count NULL keys of {}",
-            self.table
-        )))?;
-        Ok(rows
-            .first()
-            .and_then(|r| r.try_get(0).ok().flatten())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0))
-    }
-
-    /// The rows in `(after, upto]`: counted when that takes at most `count_for`, else the
-    /// planner's estimate (no rows read); `(rows, exact)`.
-    pub async fn count_rows(
-        &self,
-        client: &Client,
-        filter: Option<&str>,
-        after: Option<&str>,
-        upto: &str,
-        count_for: std::time::Duration,
-    ) -> Result<Option<(u64, bool)>, BackfillError> {
-        let from = format!(
-            "FROM {}{}",
-            self.from,
-            self.conditions(filter, after, Some(upto))
-        );
-        let err = || format!("cannot count the rows of {}", self.table);
-        let counted = simple_rows(
-            client,
-            &format!(
-                "SET statement_timeout = {}; SELECT count(*) {from}",
-                count_for.as_millis().max(1)
-            ),
-        )
-        .await;
-        client
-            .batch_execute("RESET statement_timeout")
-            .await
-            .map_err(query_err(err()))?;
-        match counted {
-            Ok(rows) => {
-                let n = rows.first().and_then(|r| r.try_get(0).ok().flatten());
-                return Ok(n.and_then(|n| n.parse().ok()).map(|n| (n, true)));
-            }
-            // 57014 query_canceled: the timeout; estimate instead.
-            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) => {}
-            Err(e) => return Err(query_err(err())(e)),
-        }
-        let rows = simple_rows(client, &format!("EXPLAIN SELECT 1 {from}"))
-            .await
-            .map_err(query_err(err()))?;
-        let plan = rows.first().and_then(|r| r.try_get(0).ok().flatten());
-        Ok(plan.and_then(plan_rows).map(|n| (n, false)))
-    }
-
-    /// Up to `limit` rows after `after` (from the first when `None`) up to `upto`, in key order:
-    /// each its key and the Insert pgoutput would send for it.
-    pub async fn page(
-        &self,
-        client: &Client,
-        filter: Option<&str>,
-        after: Option<&str>,
-        upto: &str,
-        limit: usize,
-    ) -> Result<Vec<(String, Insert)>, BackfillError> {
-        let sql = walk_index(&self.page_sql(filter, after, upto, limit));
-        let rows = simple_rows(client, &sql)
-            .await
-            .map_err(query_err(format!("cannot read a page of {}", self.table)))?;
-        let width = self.relation.columns.len();
-        let mut page = Vec::with_capacity(rows.len());
-        for row in rows {
-            let text = |i: usize| row.try_get(i).ok().flatten();
-            let Some(key) = text(0) else {
-                continue;
-            };
-            let values = (1..=width)
-                .map(|i| match text(i) {
-                    Some(v) => TupleValue::Text(bytes::Bytes::copy_from_slice(v.as_bytes())),
-                    None => TupleValue::Null,
-                })
-                .collect();
-            page.push((
-                key.to_owned(),
-                Insert {
-                    relation_id: self.relation.id,
-                    new: TupleData { values },
-                },
-            ));
-        }
-        Ok(page)
-    }
-}
-
-impl TableShape {
     /// The SELECT of [`TableShape::page`] (public so that tests can EXPLAIN it).
     pub fn page_sql(
         &self,
@@ -554,29 +374,6 @@ impl TableShape {
         });
         events
     }
-}
-
-/// The rows of a simple query (values in their output text form).
-async fn simple_rows(
-    client: &Client,
-    sql: &str,
-) -> Result<Vec<tokio_postgres::SimpleQueryRow>, tokio_postgres::Error> {
-    Ok(client
-        .simple_query(sql)
-        .await?
-        .into_iter()
-        .filter_map(|m| match m {
-            SimpleQueryMessage::Row(row) => Some(row),
-            _ => None,
-        })
-        .collect())
-}
-
-/// `rows=N` of an EXPLAIN line.
-fn plan_rows(line: &str) -> Option<u64> {
-    let rest = &line[line.find("rows=")? + 5..];
-    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-    digits.parse().ok()
 }
 
 #[cfg(test)]

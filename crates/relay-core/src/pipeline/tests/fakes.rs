@@ -8,7 +8,9 @@ use pgoutput::{Column, Insert, Relation, TupleData, TupleValue};
 
 use super::super::*;
 use crate::route::OutboxTableConfig;
-use crate::stage::{ErrorClass, PositionAnchor, PubReceipt, PublishErrorKind};
+use crate::stage::{
+    ErrorClass, PositionAnchor, PubReceipt, PublishError, PublishErrorKind, SourceError, StoreError,
+};
 
 pub(super) const OUTBOX: u32 = 100;
 pub(super) const OTHER: u32 = 200;

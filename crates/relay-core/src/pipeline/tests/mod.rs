@@ -12,6 +12,8 @@ mod trail;
 use pgoutput::{Insert, Update};
 
 use super::*;
+use crate::route::RouteError;
+use crate::stage::{SourceError, StoreError};
 use fakes::*;
 
 #[tokio::test(start_paused = true)]

@@ -1,4 +1,5 @@
 use super::*;
+use crate::route::header_size;
 
 fn pointer(p: &str) -> JsonPointer {
     JsonPointer::parse(p).unwrap()
