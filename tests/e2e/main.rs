@@ -41,3 +41,4 @@ mod shards;
 mod slot;
 mod standby;
 mod support;
+mod trace;

@@ -12,105 +12,29 @@
 
 use std::process::ExitCode;
 
-use relay_core::pipeline::PipelineError;
-use relay_core::stage::ErrorClass;
-use relay_nats::NatsError;
-use relay_postgres::PgError;
+pub use relay_runtime::failure::{
+    Failure, FailureKind, class_kind, nats_failure, pg_failure, pipeline_failure_kind,
+};
 
-/// Process exit codes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExitKind {
-    /// `health`: the relay is not live/ready or does not answer.
-    NotHealthy = 1,
-    /// Events may be lost if the relay went on: an operator must act.
-    DataSafety = 65,
-    /// PostgreSQL or NATS could not be reached.
-    Unavailable = 69,
-    /// A bug or an unexpected condition.
-    Internal = 70,
-    /// The configuration or the servers' setup is wrong.
-    Config = 78,
-    /// Stopped by a signal before the work was done (`backfill`: run it again to resume).
-    Interrupted = 130,
-}
-
-/// A fatal error with its exit code.
-#[derive(Debug)]
-pub struct Exit {
-    /// The exit code.
-    pub kind: ExitKind,
-    /// What happened, with context.
-    pub error: anyhow::Error,
-}
-
-impl Exit {
-    pub fn new(kind: ExitKind, error: impl Into<anyhow::Error>) -> Self {
-        Self {
-            kind,
-            error: error.into(),
-        }
-    }
-    pub fn config(error: impl Into<anyhow::Error>) -> Self {
-        Self::new(ExitKind::Config, error)
-    }
-    pub fn internal(error: impl Into<anyhow::Error>) -> Self {
-        Self::new(ExitKind::Internal, error)
-    }
-
-    /// Prints `error: …` and each cause on stderr.
-    pub fn report(&self) {
-        eprintln!("error: {}", self.error);
-        for cause in self.error.chain().skip(1) {
-            eprintln!("  caused by: {cause}");
-        }
-        tracing::error!(exit_code = self.kind as i32, error = %format!("{:#}", self.error), "outbox-relay stopped");
-    }
-
-    /// The process exit code.
-    pub fn code(&self) -> ExitCode {
-        ExitCode::from(self.kind as u8)
+/// The exit code of a failure of `kind`.
+pub fn code(kind: FailureKind) -> u8 {
+    match kind {
+        FailureKind::NotHealthy => 1,
+        FailureKind::DataSafety => 65,
+        FailureKind::Unavailable => 69,
+        FailureKind::Internal => 70,
+        FailureKind::Config => 78,
+        FailureKind::Interrupted => 130,
     }
 }
 
-/// The exit of a NATS failure at start-up: unreachable or no stream is a retry (69), the rest
-/// a configuration error (78).
-pub(crate) fn nats_exit(error: NatsError) -> Exit {
-    let kind = match error {
-        NatsError::Connect { .. } | NatsError::Stream { .. } => ExitKind::Unavailable,
-        _ => ExitKind::Config,
-    };
-    Exit::new(kind, error)
-}
-
-/// The exit of a PostgreSQL failure: a data-safety stop (65), transient (69), else the
-/// configuration (78).
-pub(crate) fn pg_exit(error: PgError) -> Exit {
-    let kind = if error.is_data_safety_stop() {
-        ExitKind::DataSafety
-    } else if error.is_transient() {
-        ExitKind::Unavailable
-    } else {
-        ExitKind::Config
-    };
-    Exit::new(kind, error)
-}
-
-/// The exit of an error class of a stage (a backfill, `restore`).
-pub(crate) fn class_kind(class: ErrorClass) -> ExitKind {
-    match class {
-        ErrorClass::Transient => ExitKind::Unavailable,
-        ErrorClass::Fatal => ExitKind::Config,
-        ErrorClass::SlotLost => ExitKind::DataSafety,
+/// Prints `error: …` and each cause on stderr, logs the stop, and gives the exit code.
+pub fn report(failure: &Failure) -> ExitCode {
+    eprintln!("error: {}", failure.error);
+    for cause in failure.error.chain().skip(1) {
+        eprintln!("  caused by: {cause}");
     }
-}
-
-/// The exit of a pipeline that stopped on `error` (a backfill, `restore`).
-pub(crate) fn pipeline_exit_kind(error: &PipelineError) -> ExitKind {
-    match error {
-        PipelineError::Route { .. } | PipelineError::Publish { .. } => ExitKind::DataSafety,
-        PipelineError::Schema { .. } => ExitKind::Config,
-        PipelineError::Source(e) => class_kind(e.class),
-        PipelineError::Store { error, .. } => class_kind(error.class),
-        PipelineError::Protocol(_) => ExitKind::Internal,
-    }
+    let code = code(failure.kind);
+    tracing::error!(exit_code = code, error = %format!("{:#}", failure.error), "outbox-relay stopped");
+    ExitCode::from(code)
 }

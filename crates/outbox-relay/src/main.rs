@@ -1,20 +1,14 @@
 //! `outbox-relay`: PostgreSQL outbox table → NATS JetStream, without polling.
 //!
-//! Orchestration only: parse the command line, load the configuration, start logging, then hand
-//! over to [`run`] (the relay) or one of the [`commands`].
+//! Orchestration only: parse the command line, load the configuration, start logging, then
+//! build and run a [`relay_runtime::Relay`] or one of the [`commands`], and map the outcome to
+//! an exit code ([`exit`]).
 
-mod broker;
 mod commands;
-mod config;
 mod exit;
-mod http;
-mod inspect;
-mod progress;
 #[cfg(test)]
 mod reference_drift;
-mod run;
 mod signals;
-mod table_backfill;
 mod telemetry;
 
 use std::path::PathBuf;
@@ -22,8 +16,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::config::RelayConfig;
-use crate::exit::Exit;
+use crate::exit::Failure;
+use relay_runtime::config::RelayConfig;
 
 /// glibc malloc/free was about a quarter of the relay's CPU per event (docs/benchmarks.md).
 #[global_allocator]
@@ -136,13 +130,17 @@ enum Command {
     /// with the same Nats-Msg-Id; ids still in the stream are skipped. Decodes from a copy of
     /// the slot; never moves the slot or the stored checkpoint. See docs/replay.md.
     Restore(commands::restore::RestoreArgs),
+    /// Follow one event from its outbox row to each consumer: the row and the subject it maps
+    /// to, its message in the stream (or the dead-letter subject, or "not yet published"), each
+    /// consumer's position with it, and the consumers' ledger.
+    Trace(commands::trace::TraceArgs),
     /// Print messages from the JetStream stream: subject, headers and payload.
     Tail {
         /// Stop after this many messages.
         #[arg(long, default_value_t = 10)]
         count: usize,
         /// Stop after this long without a message (e.g. `10s`).
-        #[arg(long, default_value = "10s", value_parser = config::parse_duration)]
+        #[arg(long, default_value = "10s", value_parser = relay_runtime::config::parse_duration)]
         idle_timeout: std::time::Duration,
     },
 }
@@ -180,18 +178,14 @@ fn init_logging(format: LogFormat) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
-    let exit = try_main(cli);
-    if let Err(exit) = &exit {
-        exit.report();
-    }
-    match exit {
+    match try_main(cli) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(exit) => exit.code(),
+        Err(failure) => exit::report(&failure),
     }
 }
 
-fn try_main(cli: Cli) -> Result<(), Exit> {
-    let config = RelayConfig::load(cli.config.as_deref()).map_err(Exit::config)?;
+fn try_main(cli: Cli) -> Result<(), Failure> {
+    let config = RelayConfig::load(cli.config.as_deref()).map_err(Failure::config)?;
     let log_json = matches!(cli.log_format, LogFormat::Json);
     let command = cli.command.unwrap_or(Command::Run {
         accept_slot_position: false,
@@ -199,7 +193,7 @@ fn try_main(cli: Cli) -> Result<(), Exit> {
     match command {
         Command::Validate { connect: false } => {
             let text = serde_json::to_string_pretty(&redacted(&config))
-                .map_err(|e| Exit::internal(anyhow::Error::new(e)))?;
+                .map_err(|e| Failure::internal(anyhow::Error::new(e)))?;
             println!("{text}");
             eprintln!("configuration is valid");
             return Ok(());
@@ -207,8 +201,8 @@ fn try_main(cli: Cli) -> Result<(), Exit> {
         Command::Config {
             action: ConfigCommand::Print,
         } => {
-            let figment = RelayConfig::figment(cli.config.as_deref()).map_err(Exit::config)?;
-            return commands::config_print::print(&config, &figment).map_err(Exit::internal);
+            let figment = RelayConfig::figment(cli.config.as_deref()).map_err(Failure::config)?;
+            return commands::config_print::print(&config, &figment).map_err(Failure::internal);
         }
         _ => {}
     }
@@ -219,12 +213,14 @@ fn try_main(cli: Cli) -> Result<(), Exit> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| Exit::internal(anyhow::Error::new(e).context("cannot start the runtime")))?;
+        .map_err(|e| {
+            Failure::internal(anyhow::Error::new(e).context("cannot start the runtime"))
+        })?;
     runtime.block_on(async move {
         match command {
             Command::Run {
                 accept_slot_position,
-            } => run::run(config, accept_slot_position).await,
+            } => run(config, accept_slot_position).await,
             Command::Tail {
                 count,
                 idle_timeout,
@@ -245,6 +241,7 @@ fn try_main(cli: Cli) -> Result<(), Exit> {
                 commands::position::position(&config, &at, &search, json).await
             }
             Command::Replay(args) => commands::replay::replay(&config, &args).await,
+            Command::Trace(args) => commands::trace::trace(&config, &args).await,
             Command::Restore(mut args) => {
                 args.log_json = log_json;
                 commands::restore::restore(&config, args).await
@@ -252,6 +249,24 @@ fn try_main(cli: Cli) -> Result<(), Exit> {
             Command::Config { .. } => Ok(()),
         }
     })
+}
+
+/// Runs the relay until a signal asks it to stop or it fails.
+async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), Failure> {
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    signals::spawn_handler(
+        shutdown.clone(),
+        "shutdown requested: finishing outstanding publishes, then storing the checkpoint",
+        "second signal: exiting now; unacknowledged events will be re-sent",
+    );
+    let options = relay_runtime::RelayOptions {
+        accept_slot_position,
+        build: telemetry::BUILD_INFO,
+    };
+    relay_runtime::Relay::build(config, options)
+        .await?
+        .run(shutdown)
+        .await
 }
 
 /// The configuration with secrets replaced, for printing.

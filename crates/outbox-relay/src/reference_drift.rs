@@ -8,7 +8,7 @@ use clap::CommandFactory as _;
 use serde_json::Value;
 use std::collections::BTreeMap;
 
-use crate::config::RelayConfig;
+use relay_runtime::config::RelayConfig;
 
 fn doc(name: &str) -> String {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/");

@@ -18,6 +18,7 @@ mod client_auth;
 mod closes;
 mod connection;
 mod connection_state;
+mod consumer_recreate;
 mod consumer_reset;
 mod domain;
 mod durability;
@@ -38,6 +39,7 @@ use connection_state::ConnectionState;
 
 pub use backfill::{BackfillPublisher, StreamIds, stream_ids, watch_live};
 pub use connection::{JetStream, NatsConnection};
+pub use consumer_recreate::{RecreateError, recreate_consumer, set_filters, skips_unacked};
 pub use consumer_reset::{
     ConsumerReset, ConsumerResetError, reset_consumer, supports_consumer_reset,
 };

@@ -8,7 +8,7 @@
 //! page only after JetStream acknowledged every row up to it, so a killed backfill resumes at
 //! its cursor and re-sends at most the unacknowledged tail (deduplicated by event id). See
 //! docs/replay.md. This command reads the cursor and decides where to start; the run itself is
-//! [`crate::table_backfill`], which the relay's backfill at slot creation shares.
+//! [`relay_runtime::table_backfill`], which the relay's backfill at slot creation shares.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,9 +17,9 @@ use anyhow::anyhow;
 use relay_postgres::backfill::{self as sql, Cursor, CursorId, KeySource, TableShape};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::RelayConfig;
-use crate::exit::{Exit, pg_exit};
-use crate::table_backfill::{
+use crate::exit::{Failure, pg_failure};
+use relay_runtime::config::RelayConfig;
+use relay_runtime::table_backfill::{
     RunOptions, TableRun, backfill_exit, checked_shape, mapping, run_pages,
 };
 
@@ -55,7 +55,7 @@ pub struct BackfillArgs {
     #[arg(long, default_value_t = 500_000)]
     pub skip_check_limit: u64,
     /// How often to print progress on stderr (not on a terminal, which shows a bar).
-    #[arg(long, default_value = "5s", value_parser = crate::config::parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = relay_runtime::config::parse_duration)]
     pub progress_interval: Duration,
     /// `--log-format json`: progress lines even on a terminal.
     #[arg(skip)]
@@ -75,9 +75,9 @@ struct Start {
 /// Runs one backfill of `args.table` until it finished, was stopped, or failed.
 // Long: the command's steps in order (arguments, sessions, shape, cursor, snapshot, run); each
 // needs the previous one's result
-pub async fn backfill(config: &RelayConfig, args: BackfillArgs) -> Result<(), Exit> {
+pub async fn backfill(config: &RelayConfig, args: BackfillArgs) -> Result<(), Failure> {
     if args.page_size == 0 || args.max_in_flight == 0 {
-        return Err(Exit::config(anyhow!(
+        return Err(Failure::config(anyhow!(
             "--page-size and --max-in-flight must be at least 1"
         )));
     }
@@ -96,8 +96,8 @@ pub async fn backfill(config: &RelayConfig, args: BackfillArgs) -> Result<(), Ex
 
     // PostgreSQL: a read-only session for the pages, one for the cursor.
     let pg = &config.postgres;
-    let reader = sql::connect_reader(pg).await.map_err(pg_exit)?;
-    let cursor_client = relay_postgres::connect(pg).await.map_err(pg_exit)?;
+    let reader = sql::connect_reader(pg).await.map_err(pg_failure)?;
+    let cursor_client = relay_postgres::connect(pg).await.map_err(pg_failure)?;
     sql::prepare_cursor_session(&cursor_client)
         .await
         .map_err(backfill_exit)?;
@@ -167,18 +167,18 @@ fn run_options(args: &BackfillArgs) -> RunOptions {
         skip_check_limit: args.skip_check_limit,
         progress_interval: args.progress_interval,
         log_progress: false,
-        progress_mode: crate::progress::Mode::for_stderr(args.log_json),
+        progress_mode: relay_runtime::progress::Mode::for_stderr(args.log_json),
     }
 }
 
 /// The backfill publishes the rows committed before it starts; rows committed later are the
 /// relay's, and without its slot they would be published by neither.
-async fn require_slot(reader: &tokio_postgres::Client, slot: &str) -> Result<(), Exit> {
+async fn require_slot(reader: &tokio_postgres::Client, slot: &str) -> Result<(), Failure> {
     let found = relay_postgres::catalog::slot(reader, slot)
         .await
-        .map_err(|e| Exit::new(crate::exit::ExitKind::Unavailable, e))?;
+        .map_err(|e| Failure::new(crate::exit::FailureKind::Unavailable, e))?;
     if found.is_none() {
-        return Err(Exit::config(anyhow!(
+        return Err(Failure::config(anyhow!(
             "replication slot `{slot}` does not exist: start the relay (or run `outbox-relay setup`) first. The backfill publishes the rows committed before it starts; rows committed later are the relay's, and without its slot they would be published by neither"
         )));
     }
@@ -195,12 +195,12 @@ async fn start(
     reader: &tokio_postgres::Client,
     cursor_client: &tokio_postgres::Client,
     id: &CursorId,
-) -> Result<Option<Start>, Exit> {
+) -> Result<Option<Start>, Failure> {
     if let Some(c) = stored
         .as_ref()
         .filter(|c| c.on_create && c.finished_at.is_none())
     {
-        return Err(Exit::config(anyhow!(
+        return Err(Failure::config(anyhow!(
             "the relay's backfill of {described} at slot creation (backfill = \"on-create\") is under way since {}: the relay finishes it (a restart resumes it) before it streams; this command would read it outside the slot's snapshot",
             c.started_at
         )));
@@ -214,7 +214,7 @@ async fn start(
             );
             Ok(None)
         }
-        Some(c) if c.key_column != shape.key.name => Err(Exit::config(anyhow!(
+        Some(c) if c.key_column != shape.key.name => Err(Failure::config(anyhow!(
             "the stored backfill cursor of {described} pages by column `{}`, the table's key is now `{}`: rerun with --restart",
             c.key_column,
             shape.key.name
@@ -246,7 +246,7 @@ async fn new_cursor(
     reader: &tokio_postgres::Client,
     cursor_client: &tokio_postgres::Client,
     id: &CursorId,
-) -> Result<Start, Exit> {
+) -> Result<Start, Failure> {
     let filter = Some(id.filter.as_str()).filter(|f| !f.is_empty());
     let end = shape
         .last_key(reader, filter)

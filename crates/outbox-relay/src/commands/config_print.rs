@@ -7,7 +7,7 @@ use std::path::Path;
 use figment::Figment;
 use serde_json::Value;
 
-use crate::config::{ENV_PREFIX, RelayConfig};
+use relay_runtime::config::{ENV_PREFIX, RelayConfig};
 
 /// Prints `key = value  # source` lines.
 pub fn print(config: &RelayConfig, figment: &Figment) -> anyhow::Result<()> {

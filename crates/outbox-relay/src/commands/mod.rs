@@ -1,6 +1,6 @@
-//! The operator commands besides `run` (the supervisor, [`crate::run`]): `validate
+//! The operator commands besides `run` (the relay itself is `relay_runtime::Relay`): `validate
 //! --connect` (preflight), `setup`, `status`, `config print`, `tail`, `backfill`, `restore`,
-//! `replay` and `position`.
+//! `replay`, `position` and `trace`.
 
 pub mod backfill;
 pub mod config_print;
@@ -10,4 +10,5 @@ pub mod restore;
 pub mod setup;
 pub mod status;
 pub mod tail;
+pub mod trace;
 pub mod validate;

@@ -15,10 +15,11 @@ use async_nats::jetstream::context::ConsumerInfoErrorKind;
 use async_nats::jetstream::{self, consumer};
 use outbox_position::Target;
 use relay_core::Lsn;
+use relay_nats::{set_filters, skips_unacked};
 
 use super::position::{Lookup, Search, lookup, parse_lsn, parse_time, rfc3339};
-use crate::config::RelayConfig;
-use crate::exit::{Exit, ExitKind};
+use crate::exit::{Failure, FailureKind};
+use relay_runtime::config::RelayConfig;
 
 /// Where the replay starts.
 #[derive(Debug, Clone, clap::Args)]
@@ -67,39 +68,8 @@ pub struct ReplayArgs {
     pub search: Search,
 }
 
-/// Whether moving `info`'s consumer to start at `start` skips a message it has not
-/// acknowledged yet: `Some(why)` if so.
-fn skips_unacked(info: &consumer::Info, start: u64) -> Option<String> {
-    let floor = info.ack_floor.stream_sequence;
-    let caught_up = info.num_ack_pending == 0
-        && (info.num_pending == 0 || info.delivered.stream_sequence + 1 >= start);
-    if floor + 1 >= start || caught_up {
-        return None;
-    }
-    Some(format!(
-        "it has not acknowledged every message before sequence {start} (ack floor {floor}, {} delivered and awaiting an ack, {} not delivered yet): starting it at {start} would skip them. Let it catch up first, or replay from a position at or before sequence {}",
-        info.num_ack_pending,
-        info.num_pending,
-        floor + 1
-    ))
-}
-
-fn set_filters(config: &mut consumer::Config, subjects: &[String]) {
-    match subjects {
-        [] => {}
-        [one] => {
-            config.filter_subject = one.clone();
-            config.filter_subjects = Vec::new();
-        }
-        many => {
-            config.filter_subject = String::new();
-            config.filter_subjects = many.to_vec();
-        }
-    }
-}
-
-fn unavailable(e: impl Into<anyhow::Error>) -> Exit {
-    Exit::new(ExitKind::Unavailable, e)
+fn unavailable(e: impl Into<anyhow::Error>) -> Failure {
+    Failure::new(FailureKind::Unavailable, e)
 }
 
 /// Prints the range: where it starts, where it ends, how many messages.
@@ -108,7 +78,7 @@ async fn describe_range(
     js: &jetstream::Context,
     args: &ReplayArgs,
     from: &Lookup,
-) -> Result<(), Exit> {
+) -> Result<(), Failure> {
     let p = &from.position;
     let until = match args.until {
         Some(target) => Some(lookup(config, js, target, &args.search).await?),
@@ -160,15 +130,15 @@ async fn describe_range(
 /// `outbox-relay replay`.
 // Long: the command's steps in order (connect, find the start, create the consumer, print); each
 // needs the previous one's result
-pub async fn replay(config: &RelayConfig, args: &ReplayArgs) -> Result<(), Exit> {
+pub async fn replay(config: &RelayConfig, args: &ReplayArgs) -> Result<(), Failure> {
     let nats = relay_nats::connect(&config.nats)
         .await
-        .map_err(|e| Exit::new(ExitKind::Unavailable, e))?;
+        .map_err(|e| Failure::new(FailureKind::Unavailable, e))?;
     let js = nats.jetstream().context().clone();
     let target = match (args.from.from_lsn, args.from.since) {
         (Some(lsn), _) => Target::Lsn(lsn),
         (None, Some(t)) => Target::Time(t),
-        (None, None) => return Err(Exit::config(anyhow::anyhow!("--from-lsn or --since"))),
+        (None, None) => return Err(Failure::config(anyhow::anyhow!("--from-lsn or --since"))),
     };
     let from = lookup(config, &js, target, &args.search).await?;
     describe_range(config, &js, args, &from).await?;
@@ -223,10 +193,10 @@ pub async fn replay(config: &RelayConfig, args: &ReplayArgs) -> Result<(), Exit>
         return Ok(());
     }
     if let Some(why) = skips {
-        return Err(Exit::new(ExitKind::DataSafety, anyhow::anyhow!(why)));
+        return Err(Failure::new(FailureKind::DataSafety, anyhow::anyhow!(why)));
     }
     if let Some(why) = way.refusal(&info, args) {
-        return Err(Exit::config(anyhow::anyhow!(why)));
+        return Err(Failure::config(anyhow::anyhow!(why)));
     }
     match way {
         Way::InPlace { .. } => {
@@ -242,13 +212,15 @@ pub async fn replay(config: &RelayConfig, args: &ReplayArgs) -> Result<(), Exit>
         Way::Recreate { .. } => {
             if !args.yes {
                 println!("consumer {name} exists ({was}); {}", way.would(start));
-                return Err(Exit::config(anyhow::anyhow!(
+                return Err(Failure::config(anyhow::anyhow!(
                     "consumer {name} on stream {} exists and {}: run again with --yes to delete and re-create it",
                     info.stream_name,
                     way.why()
                 )));
             }
-            recreate(&stream, &info, start, &args.subjects).await?;
+            relay_nats::recreate_consumer(&stream, &info, start, &args.subjects)
+                .await
+                .map_err(unavailable)?;
             println!(
                 "deleted and re-created durable consumer {name} with its configuration ({}; {was}): it delivers from sequence {start}",
                 way.why()
@@ -322,7 +294,7 @@ impl Way {
 }
 
 /// The error of a refused or failed reset: names the consumer, the stream and the fix.
-fn reset_failed(e: relay_nats::ConsumerResetError, info: &consumer::Info, start: u64) -> Exit {
+fn reset_failed(e: relay_nats::ConsumerResetError, info: &consumer::Info, start: u64) -> Failure {
     let (name, stream) = (&info.name, &info.stream_name);
     match &e {
         relay_nats::ConsumerResetError::Refused { .. } => {
@@ -331,7 +303,7 @@ fn reset_failed(e: relay_nats::ConsumerResetError, info: &consumer::Info, start:
                 .and_then(|v| v.get("deliver_policy").cloned())
                 .map(|v| v.to_string())
                 .unwrap_or_default();
-            Exit::config(anyhow::Error::new(e).context(format!(
+            Failure::config(anyhow::Error::new(e).context(format!(
                 "consumer {name} on stream {stream} cannot be reset to sequence {start} (its deliver policy is {policy}; JetStream resets a consumer delivering all messages, or one by start sequence or time to a sequence at or after its start): delete it (nats consumer rm {stream} {name}) and run replay again, which creates it at sequence {start}"
             )))
         }
@@ -339,27 +311,4 @@ fn reset_failed(e: relay_nats::ConsumerResetError, info: &consumer::Info, start:
             "consumer {name} on stream {stream} was not reset; check that nats-server answers JetStream requests and run replay again"
         ))),
     }
-}
-
-/// Deletes `info`'s consumer and creates it again with its configuration, starting at `start`.
-async fn recreate(
-    stream: &jetstream::stream::Stream,
-    info: &consumer::Info,
-    start: u64,
-    subjects: &[String],
-) -> Result<(), Exit> {
-    let name = &info.name;
-    let mut config = info.config.clone();
-    config.deliver_policy = consumer::DeliverPolicy::ByStartSequence {
-        start_sequence: start,
-    };
-    set_filters(&mut config, subjects);
-    stream.delete_consumer(name).await.map_err(unavailable)?;
-    if let Err(e) = stream.create_consumer(config).await {
-        return Err(unavailable(anyhow::Error::new(e).context(format!(
-            "consumer {name} was deleted but could not be created again; create it with: nats consumer add {} {name} --pull --deliver {start} --ack explicit",
-            info.stream_name
-        ))));
-    }
-    Ok(())
 }

@@ -28,9 +28,10 @@ use relay_postgres::catalog::restore_slot::{SlotCopy, SlotCopyError};
 use relay_postgres::{PgSource, WindowSource};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::RelayConfig;
-use crate::exit::{Exit, ExitKind, class_kind, nats_exit, pg_exit};
-use crate::progress::{self, Mode, Ticker};
+use crate::exit::{Failure, FailureKind, class_kind, nats_failure, pg_failure};
+use relay_runtime::config::RelayConfig;
+use relay_runtime::progress::{self, Mode, Ticker};
+use relay_runtime::routing::RouterError;
 
 /// How long dropping the copy waits for the walsender that streamed it to let go.
 const DROP_WAIT: Duration = Duration::from_secs(10);
@@ -53,21 +54,21 @@ pub struct RestoreArgs {
     #[arg(long, default_value_t = 256)]
     pub max_in_flight: usize,
     /// How often to print progress on stderr (not on a terminal, which shows a bar).
-    #[arg(long, default_value = "5s", value_parser = crate::config::parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = relay_runtime::config::parse_duration)]
     pub progress_interval: Duration,
     /// `--log-format json`: progress lines even on a terminal.
     #[arg(skip)]
     pub log_json: bool,
 }
 
-fn query_exit(what: String) -> impl FnOnce(tokio_postgres::Error) -> Exit {
+fn query_exit(what: String) -> impl FnOnce(tokio_postgres::Error) -> Failure {
     move |e| {
         let kind = if relay_postgres::is_transient_query_error(&e) {
-            ExitKind::Unavailable
+            FailureKind::Unavailable
         } else {
-            ExitKind::Internal
+            FailureKind::Internal
         };
-        Exit::new(kind, anyhow::Error::new(e).context(what))
+        Failure::new(kind, anyhow::Error::new(e).context(what))
     }
 }
 
@@ -138,9 +139,11 @@ impl progress::Report for Report {
 }
 
 /// Runs one restore.
-pub async fn restore(config: &RelayConfig, args: RestoreArgs) -> Result<(), Exit> {
+pub async fn restore(config: &RelayConfig, args: RestoreArgs) -> Result<(), Failure> {
     if args.max_in_flight == 0 {
-        return Err(Exit::config(anyhow!("--max-in-flight must be at least 1")));
+        return Err(Failure::config(anyhow!(
+            "--max-in-flight must be at least 1"
+        )));
     }
     let shutdown = CancellationToken::new();
     crate::signals::spawn_handler(
@@ -149,7 +152,9 @@ pub async fn restore(config: &RelayConfig, args: RestoreArgs) -> Result<(), Exit
         "second signal: exiting now; the next restore drops the copy of the slot this one leaves",
     );
     let pg = &config.postgres;
-    let (client, server) = relay_postgres::connect_primary(pg).await.map_err(pg_exit)?;
+    let (client, server) = relay_postgres::connect_primary(pg)
+        .await
+        .map_err(pg_failure)?;
     let window = prepare(&client, config, &args).await?;
     let Some(window) = window else {
         return Ok(());
@@ -172,7 +177,7 @@ async fn prepare(
     client: &tokio_postgres::Client,
     config: &RelayConfig,
     args: &RestoreArgs,
-) -> Result<Option<Window>, Exit> {
+) -> Result<Option<Window>, Failure> {
     let slot = config.postgres.slot.as_str();
     let Some((from, end, checkpoint)) = window_bounds(client, slot, args).await? else {
         return Ok(None);
@@ -199,20 +204,20 @@ async fn window_bounds(
     client: &tokio_postgres::Client,
     slot: &str,
     args: &RestoreArgs,
-) -> Result<Option<(Lsn, Lsn, Lsn)>, Exit> {
+) -> Result<Option<(Lsn, Lsn, Lsn)>, Failure> {
     let main = catalog::slot(client, slot)
         .await
         .map_err(query_exit(format!(
             "cannot look up replication slot {slot}"
         )))?
         .ok_or_else(|| {
-            Exit::config(anyhow!(
+            Failure::config(anyhow!(
                 "replication slot `{slot}` does not exist: restore decodes the WAL its slot keeps"
             ))
         })?;
     if main.is_lost() {
-        return Err(Exit::new(
-            ExitKind::DataSafety,
+        return Err(Failure::new(
+            FailureKind::DataSafety,
             anyhow!(
                 "replication slot `{slot}` was invalidated: the WAL it kept is gone, nothing can be restored from it"
             ),
@@ -222,7 +227,7 @@ async fn window_bounds(
         .await
         .map_err(query_exit(format!("cannot read the checkpoint of slot {slot}")))?
         .ok_or_else(|| {
-            Exit::config(anyhow!(
+            Failure::config(anyhow!(
                 "slot `{slot}` has no stored checkpoint (outbox_relay.checkpoint): the relay never ran with it, so it published nothing to restore"
             ))
         })?;
@@ -247,13 +252,13 @@ async fn window_bounds(
 }
 
 /// The exit for a copy that cannot be made.
-fn slot_copy_exit(e: SlotCopyError) -> Exit {
+fn slot_copy_exit(e: SlotCopyError) -> Failure {
     let kind = match e.query_error() {
-        Some(q) if relay_postgres::is_transient_query_error(q) => ExitKind::Unavailable,
-        Some(_) => ExitKind::Internal,
-        None => ExitKind::Unavailable,
+        Some(q) if relay_postgres::is_transient_query_error(q) => FailureKind::Unavailable,
+        Some(_) => FailureKind::Internal,
+        None => FailureKind::Unavailable,
     };
-    Exit::new(kind, anyhow::Error::new(e))
+    Failure::new(kind, anyhow::Error::new(e))
 }
 
 /// The copy keeps the WAL from `from` on (from its confirmed position); else it is dropped,
@@ -263,7 +268,7 @@ async fn require_kept(
     config: &RelayConfig,
     copy: SlotCopy,
     from: Lsn,
-) -> Result<SlotCopy, Exit> {
+) -> Result<SlotCopy, Failure> {
     let kept_from = copy.kept_from();
     if kept_from.is_some_and(|kept| from >= kept) {
         return Ok(copy);
@@ -289,28 +294,12 @@ async fn require_kept(
         .relay
         .replay_retention
         .map_or_else(|| "not set".to_owned(), |r| format!("`{r}`"));
-    Err(Exit::new(
-        ExitKind::DataSafety,
+    Err(Failure::new(
+        FailureKind::DataSafety,
         anyhow!(
             "cannot restore from {from}: slot `{slot}` keeps the WAL from commit LSN {kept} on{when}, not before. Restore can go back to --from-lsn {kept}; events committed before it are gone from WAL. [relay] replay_retention ({setting}) sets how much WAL the slot keeps behind the checkpoint (docs/replay.md)"
         ),
     ))
-}
-
-/// The relay's router, bound to the tables' OIDs and partitions as the relay binds it.
-async fn bound_router(
-    config: &RelayConfig,
-    client: &tokio_postgres::Client,
-) -> Result<Router, Exit> {
-    let mut router = config.router().map_err(Exit::config)?;
-    let oids = catalog::outbox_table_oids(client, &config.tables())
-        .await
-        .map_err(pg_exit)?;
-    router.bind_catalog(&oids.tables, oids.read_at);
-    catalog::partitions::bind(client, &config.tables(), &mut router)
-        .await
-        .map_err(pg_exit)?;
-    Ok(router)
 }
 
 /// Decodes the window from the copy and publishes what the stream lacks.
@@ -322,7 +311,7 @@ async fn run_window(
     client: &tokio_postgres::Client,
     window: &Window,
     shutdown: &CancellationToken,
-) -> Result<(), Exit> {
+) -> Result<(), Failure> {
     // As the relay publishes (atomic batches keep each restored transaction whole), but never
     // in fast batches: their acks do not say which messages were duplicates, and a duplicate
     // of a copy the stream no longer holds (a purge inside the duplicate window) must be
@@ -334,7 +323,7 @@ async fn run_window(
         );
     }
     let (_nats, publisher, stream_report) =
-        crate::broker::connect_publisher(config, args.max_in_flight, mode).await?;
+        relay_runtime::broker::connect_publisher(config, args.max_in_flight, mode).await?;
     let in_stream = relay_nats::published_between(
         publisher.jetstream(),
         &config.nats.stream,
@@ -342,20 +331,25 @@ async fn run_window(
         window.end,
     )
     .await
-    .map_err(nats_exit)?;
+    .map_err(nats_failure)?;
     eprintln!(
         "stream {} still holds {} events of the window: they are skipped",
         config.nats.stream,
         in_stream.len()
     );
 
-    let router = bound_router(config, client).await?;
+    let router = relay_runtime::routing::bound_router(config, client)
+        .await
+        .map_err(|e| match e {
+            RouterError::Mapping(e) => Failure::config(e),
+            RouterError::Postgres(e) => pg_failure(e),
+        })?;
     let mut copy_settings = server.clone();
     copy_settings.slot = window.copy.name().to_owned();
     let reached = Arc::new(AtomicU64::new(window.from.0));
     let inner = PgSource::start(&copy_settings, window.from, Lsn(0))
         .await
-        .map_err(|e| Exit::new(class_kind(e.class), e))?;
+        .map_err(|e| Failure::new(class_kind(e.class), e))?;
     let source = WindowSource::new(inner, window.end, reached.clone());
     let stats = Arc::new(PipelineStats::default());
     let report = Arc::new(Report {
@@ -445,14 +439,14 @@ fn finish(
     shutdown: &CancellationToken,
     not_stored: &[String],
     (stream, duplicate_window): (&str, Duration),
-) -> Result<(), Exit> {
+) -> Result<(), Failure> {
     let again =
         "run the same command again: events it already restored are in the stream and are skipped";
     match result {
         Ok(outcome) if shutdown.is_cancelled() => {
             shown.finish("stopped");
-            Err(Exit::new(
-                ExitKind::Interrupted,
+            Err(Failure::new(
+                FailureKind::Interrupted,
                 anyhow!(
                     "restore of [{from}, {end}) stopped on request ({} unacknowledged messages abandoned); {again}",
                     outcome.abandoned
@@ -461,8 +455,8 @@ fn finish(
         }
         Ok(outcome) if outcome.abandoned > 0 => {
             shown.finish("incomplete");
-            Err(Exit::new(
-                ExitKind::Unavailable,
+            Err(Failure::new(
+                FailureKind::Unavailable,
                 anyhow!(
                     "restore of [{from}, {end}) ended with {} messages unacknowledged; {again}",
                     outcome.abandoned
@@ -471,8 +465,8 @@ fn finish(
         }
         Ok(_) if !not_stored.is_empty() => {
             shown.finish("incomplete");
-            Err(Exit::new(
-                ExitKind::DataSafety,
+            Err(Failure::new(
+                FailureKind::DataSafety,
                 anyhow!(
                     "JetStream dropped {} events as duplicates of messages stream {stream} no longer holds (e.g. event {}): after a purge it still remembers their ids for its duplicate_window ({}). They are not restored: run the same command again in {} (it publishes only what the stream lacks)",
                     not_stored.len(),
@@ -488,8 +482,8 @@ fn finish(
         }
         Err(error) => {
             shown.finish("failed");
-            let kind = crate::exit::pipeline_exit_kind(&error);
-            Err(Exit::new(
+            let kind = crate::exit::pipeline_failure_kind(&error);
+            Err(Failure::new(
                 kind,
                 anyhow::Error::new(error).context(format!(
                     "restore of [{from}, {end}) stopped; the main slot and the stored checkpoint are untouched. Fix the cause and {again}"

@@ -9,17 +9,17 @@ use relay_core::stage::CheckpointStore as _;
 use relay_postgres::bootstrap;
 use relay_postgres::checkpoint::PgCheckpointStore;
 
-use crate::config::RelayConfig;
-use crate::exit::{Exit, ExitKind};
-use crate::exit::{nats_exit, pg_exit};
+use crate::exit::{Failure, FailureKind};
+use crate::exit::{nats_failure, pg_failure};
+use relay_runtime::config::RelayConfig;
 
 /// Creates the checkpoint table, publication, slot and (when asked) stream.
-pub async fn setup(config: &RelayConfig, create_stream: bool) -> Result<(), Exit> {
+pub async fn setup(config: &RelayConfig, create_stream: bool) -> Result<(), Failure> {
     let pg = &config.postgres;
-    let client = relay_postgres::connect(pg).await.map_err(pg_exit)?;
+    let client = relay_postgres::connect(pg).await.map_err(pg_failure)?;
     let mut store = PgCheckpointStore::new(client, &pg.slot)
         .await
-        .map_err(|e| Exit::new(ExitKind::Config, e))?;
+        .map_err(|e| Failure::new(FailureKind::Config, e))?;
     println!("ok       checkpoint table outbox_relay.checkpoint");
     if !config.messages.is_empty() {
         setup_emit_functions(store.client()).await?;
@@ -27,7 +27,7 @@ pub async fn setup(config: &RelayConfig, create_stream: bool) -> Result<(), Exit
     let checkpoint = store
         .load()
         .await
-        .map_err(|e| Exit::new(ExitKind::Unavailable, e))?;
+        .map_err(|e| Failure::new(FailureKind::Unavailable, e))?;
     let mut settings = pg.clone();
     settings.create_publication = true;
     // With `backfill = "on-create"` the relay's first start creates the slot: the backfill
@@ -50,7 +50,7 @@ pub async fn setup(config: &RelayConfig, create_stream: bool) -> Result<(), Exit
             println!("ok       publication {}", pg.publication);
             return setup_stream(config, create_stream).await;
         }
-        other => other.map_err(pg_exit)?,
+        other => other.map_err(pg_failure)?,
     };
     println!(
         "{}  publication {}",
@@ -72,7 +72,7 @@ pub async fn setup(config: &RelayConfig, create_stream: bool) -> Result<(), Exit
         store
             .save(state.confirmed_flush_lsn)
             .await
-            .map_err(|e| Exit::new(ExitKind::Unavailable, e))?;
+            .map_err(|e| Failure::new(FailureKind::Unavailable, e))?;
         println!(
             "created  checkpoint {} for slot {}",
             state.confirmed_flush_lsn, pg.slot
@@ -84,23 +84,23 @@ pub async fn setup(config: &RelayConfig, create_stream: bool) -> Result<(), Exit
 }
 
 /// Installs the `[[messages]]` SQL helpers unless they are there.
-async fn setup_emit_functions(client: &tokio_postgres::Client) -> Result<(), Exit> {
+async fn setup_emit_functions(client: &tokio_postgres::Client) -> Result<(), Failure> {
     use relay_postgres::{EmitFunctions, ensure_emit_functions};
     let what = "functions outbox_relay.emit_event, outbox_relay.emit_envelope";
     match ensure_emit_functions(client).await {
         Ok(EmitFunctions::Present) => println!("ok       {what}"),
         Ok(EmitFunctions::Created) => println!("created  {what}"),
         Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) => {
-            return Err(Exit::new(
-                ExitKind::Config,
+            return Err(Failure::new(
+                FailureKind::Config,
                 anyhow::Error::new(e).context(format!(
                     "[[messages]] is configured, and the relay's role may not create the {what}: apply migrations/0005_emit_outbox_message.sql as the schema's owner, or run `outbox-relay setup` as one"
                 )),
             ));
         }
         Err(e) => {
-            return Err(Exit::new(
-                ExitKind::Unavailable,
+            return Err(Failure::new(
+                FailureKind::Unavailable,
                 anyhow::Error::new(e).context(format!("creating the {what}")),
             ));
         }
@@ -109,8 +109,10 @@ async fn setup_emit_functions(client: &tokio_postgres::Client) -> Result<(), Exi
 }
 
 /// The stream part of setup.
-async fn setup_stream(config: &RelayConfig, create_stream: bool) -> Result<(), Exit> {
-    let connection = relay_nats::connect(&config.nats).await.map_err(nats_exit)?;
+async fn setup_stream(config: &RelayConfig, create_stream: bool) -> Result<(), Failure> {
+    let connection = relay_nats::connect(&config.nats)
+        .await
+        .map_err(nats_failure)?;
     let mut nats = config.nats.clone();
     nats.create_stream = create_stream || nats.create_stream;
     let jetstream = connection.jetstream();
@@ -139,7 +141,7 @@ async fn setup_stream(config: &RelayConfig, create_stream: bool) -> Result<(), E
                 nats.stream
             );
         }
-        Err(e) => return Err(nats_exit(e)),
+        Err(e) => return Err(nats_failure(e)),
     }
     Ok(())
 }

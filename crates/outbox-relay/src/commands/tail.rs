@@ -6,18 +6,22 @@ use std::time::Duration;
 use async_nats::jetstream::consumer;
 use futures::StreamExt;
 
-use crate::config::RelayConfig;
-use crate::exit::{Exit, ExitKind};
+use crate::exit::{Failure, FailureKind};
+use relay_runtime::config::RelayConfig;
 
 /// Prints up to `count` messages, stopping after `idle_timeout` without one.
-pub async fn tail(config: &RelayConfig, count: usize, idle_timeout: Duration) -> Result<(), Exit> {
+pub async fn tail(
+    config: &RelayConfig,
+    count: usize,
+    idle_timeout: Duration,
+) -> Result<(), Failure> {
     let nats = relay_nats::connect(&config.nats)
         .await
-        .map_err(|e| Exit::new(ExitKind::Unavailable, e))?;
+        .map_err(|e| Failure::new(FailureKind::Unavailable, e))?;
     let context = nats.jetstream().context().clone();
     let stream = context.get_stream(&config.nats.stream).await.map_err(|e| {
-        Exit::new(
-            ExitKind::Config,
+        Failure::new(
+            FailureKind::Config,
             anyhow::Error::new(e).context(format!("stream {}", config.nats.stream)),
         )
     })?;
@@ -27,17 +31,20 @@ pub async fn tail(config: &RelayConfig, count: usize, idle_timeout: Duration) ->
             ..Default::default()
         })
         .await
-        .map_err(|e| Exit::new(ExitKind::Unavailable, anyhow::Error::new(e)))?;
+        .map_err(|e| Failure::new(FailureKind::Unavailable, anyhow::Error::new(e)))?;
     let mut messages = consumer
         .messages()
         .await
-        .map_err(|e| Exit::new(ExitKind::Unavailable, anyhow::Error::new(e)))?;
+        .map_err(|e| Failure::new(FailureKind::Unavailable, anyhow::Error::new(e)))?;
     let mut seen = 0;
     while seen < count {
         let next = match tokio::time::timeout(idle_timeout, messages.next()).await {
             Ok(Some(Ok(m))) => m,
             Ok(Some(Err(e))) => {
-                return Err(Exit::new(ExitKind::Unavailable, anyhow::Error::new(e)));
+                return Err(Failure::new(
+                    FailureKind::Unavailable,
+                    anyhow::Error::new(e),
+                ));
             }
             Ok(None) | Err(_) => break,
         };

@@ -8,6 +8,10 @@
 //! gets one anchor per `--position-anchor-every` messages, as the relay writes one per stored
 //! checkpoint (each anchor: the first commit of its range and that commit's first sequence).
 //!
+//! `outbox-relay trace` is timed on the same stream: outbox rows for a few of its events, each
+//! with its transaction's commit time as `created_at`, traced as processes (wall time), with
+//! the map and with the map pruned; every answer must name the event's sequence.
+//!
 //! Then each lookup is timed twice: in this process (the query alone: the map's start as
 //! `relay_postgres::checkpoint::map_start` reads it, then `outbox_position::locate`, the code
 //! the command runs) and as the `outbox-relay position … --json` process (wall time: start-up,
@@ -64,6 +68,17 @@ pub struct LookupStat {
     pub wrong: usize,
 }
 
+/// `outbox-relay trace` of events in the same stream, their rows' time known.
+#[derive(Debug, Clone)]
+pub struct TraceStat {
+    pub label: String,
+    pub runs: usize,
+    pub p50_ms: f64,
+    pub max_ms: f64,
+    /// Answers that did not find the event at the sequence the fill put it.
+    pub wrong: usize,
+}
+
 /// The position rows.
 #[derive(Debug, Clone)]
 pub struct PositionRun {
@@ -72,6 +87,7 @@ pub struct PositionRun {
     pub anchor_every: u64,
     pub anchors: u64,
     pub lookups: Vec<LookupStat>,
+    pub traces: Vec<TraceStat>,
 }
 
 fn micros(t: SystemTime) -> i64 {
@@ -331,6 +347,79 @@ async fn lookups(
     Ok(stat)
 }
 
+/// Outbox rows for `n` events spread over the stream (the middle of a transaction), each with
+/// its transaction's commit time as `created_at`: (event id, its sequence).
+async fn trace_rows(env: &Env, filled: &Filled, n: usize) -> Result<Vec<(String, u64)>> {
+    let txs = filled.txs();
+    let mut rows = Vec::with_capacity(n);
+    for j in 0..n as u64 {
+        let k = (txs * (2 * j + 1) / (2 * n as u64) + 37).min(txs - 1);
+        let i = (k * TX_EVENTS + TX_EVENTS / 2).min(txs * TX_EVENTS - 1);
+        let id = format!("00000000-0000-4000-8000-{i:012x}");
+        env.client
+            .execute(
+                "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, created_at) \
+                 VALUES ($1::text::uuid, 'Order', $2, 'OrderCreated', '{}', $3)",
+                &[
+                    &id,
+                    &i.to_string(),
+                    &from_micros(filled.commit_us[k as usize]),
+                ],
+            )
+            .await
+            .context("inserting a row to trace")?;
+        rows.push((id, i + 1));
+    }
+    Ok(rows)
+}
+
+/// `outbox-relay trace <id> --json` of each row, as processes (wall time).
+async fn traces(
+    env: &Env,
+    config: &std::path::Path,
+    rows: &[(String, u64)],
+    label: String,
+) -> Result<TraceStat> {
+    let mut walls = Vec::new();
+    let mut wrong = 0;
+    for (id, seq) in rows {
+        let started = Instant::now();
+        let out = tokio::process::Command::new(&env.relay_bin)
+            .arg("--config")
+            .arg(config)
+            .args(["trace", id, "--json"])
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .context("running outbox-relay trace")?;
+        walls.push(started.elapsed().as_secs_f64() * 1000.0);
+        if !out.status.success() {
+            bail!(
+                "outbox-relay trace failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        if json["publish"]["sequence"].as_u64() != Some(*seq) {
+            wrong += 1;
+        }
+    }
+    walls.sort_by(f64::total_cmp);
+    let stat = TraceStat {
+        label,
+        runs: walls.len(),
+        p50_ms: quantile(&walls, 0.5),
+        max_ms: walls.last().copied().unwrap_or(f64::NAN),
+        wrong,
+    };
+    say(format!(
+        "   trace, {}: process p50 {:.0} ms, max {:.0} ms ({} runs); {} wrong",
+        stat.label, stat.p50_ms, stat.max_ms, stat.runs, stat.wrong
+    ));
+    Ok(stat)
+}
+
 pub(super) async fn position(env: &Env, args: &Args) -> Result<PositionRun> {
     let messages = args.position_messages();
     let every = args.position_anchor_every;
@@ -351,13 +440,17 @@ pub(super) async fn position(env: &Env, args: &Args) -> Result<PositionRun> {
         anchor_every: every,
         anchors,
         lookups: Vec::new(),
+        traces: Vec::new(),
     };
+    let traced = trace_rows(env, &filled, PROCESSES).await?;
     for by_time in [false, true] {
         let what = if by_time { "--time" } else { "--lsn" };
         let label = format!("{what}, position map ({anchors} anchors, one per {every} messages)");
         run.lookups
             .push(lookups(env, &config, &filled, label, by_time, QUERIES_MAP).await?);
     }
+    run.traces
+        .push(traces(env, &config, &traced, "position map".into()).await?);
     // Pruned: only the newest anchor is left (pruning keeps it), after every target.
     env.client
         .execute(
@@ -372,6 +465,16 @@ pub(super) async fn position(env: &Env, args: &Args) -> Result<PositionRun> {
         run.lookups
             .push(lookups(env, &config, &filled, label, by_time, QUERIES_STREAM).await?);
     }
+    run.traces.push(
+        traces(
+            env,
+            &config,
+            &traced,
+            "position map pruned (stream search)".into(),
+        )
+        .await?,
+    );
+    env.client.execute("TRUNCATE outbox", &[]).await?;
     let _ = env.js.delete_stream(STREAM).await;
     Ok(run)
 }

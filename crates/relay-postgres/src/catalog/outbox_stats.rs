@@ -83,6 +83,31 @@ pub async fn sample(
     }))
 }
 
+/// The time (microseconds since 1970, exact: a float of seconds loses the last microsecond) of
+/// the row of `schema.table` whose `event_id_column` is `event_id`, read from its time column
+/// `age` by the column's type; `None` when no row matches or the column is missing or holds no
+/// time.
+pub async fn row_time(
+    client: &Client,
+    schema: &str,
+    name: &str,
+    age: &crate::age_column::AgeSpec,
+    event_id_column: &str,
+    event_id: &str,
+) -> Result<Option<i64>, tokio_postgres::Error> {
+    let Some(Ok(column)) = age.resolve(client, schema, name).await? else {
+        return Ok(None);
+    };
+    let instant = column.instant(&quote_ident(&column.column));
+    let sql = format!(
+        "SELECT (extract(epoch FROM {instant}) * 1000000)::int8 FROM {} WHERE {}::text = $1 LIMIT 1",
+        crate::sql::quote_relation(schema, name),
+        quote_ident(event_id_column),
+    );
+    let row = client.query_opt(&sql, &[&event_id]).await?;
+    Ok(row.and_then(|r| r.get::<_, Option<i64>>(0)))
+}
+
 /// The server's time (Unix seconds) and WAL insert position now, the position read first: a
 /// transaction that starts after the time commits after the position.
 pub async fn position_now(

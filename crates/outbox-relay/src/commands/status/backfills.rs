@@ -1,48 +1,9 @@
-//! `status`' backfills: where each `outbox-relay backfill` (and the relay's backfill at slot
-//! creation) of this slot is, from its cursor in `outbox_relay.backfill`.
+//! `status`' backfills as lines: where each `outbox-relay backfill` (and the relay's backfill at
+//! slot creation) of this slot is, from `relay_runtime::status`.
 
-use relay_postgres::backfill::{CursorStatus, list_cursors};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::text;
-
-/// A cursor that has not moved for this long while unfinished is reported as stopped: the
-/// backfill stores its cursor every checkpoint interval while it runs.
-const STOPPED_AFTER_SECS: f64 = 60.0;
-
-/// The backfills of `slot` as JSON (an `error` object when they cannot be read).
-pub(super) async fn backfills_state(client: &tokio_postgres::Client, slot: &str) -> Value {
-    match list_cursors(client, slot).await {
-        Ok(cursors) => Value::Array(cursors.iter().map(to_json).collect()),
-        Err(e) => json!({ "error": format!("cannot read the backfills: {e}") }),
-    }
-}
-
-fn to_json(c: &CursorStatus) -> Value {
-    let cursor = &c.cursor;
-    let state = match (&cursor.finished_at, c.updated_secs_ago) {
-        (Some(_), _) => "finished",
-        (None, ago) if ago > STOPPED_AFTER_SECS => "stopped",
-        (None, _) => "running",
-    };
-    json!({
-        "table": c.id.table,
-        "filter": (!c.id.filter.is_empty()).then_some(&c.id.filter),
-        "on_create": cursor.on_create,
-        "state": state,
-        "rows_done": cursor.rows_done,
-        "rows_estimate": cursor.rows_estimate,
-        "percent": cursor.rows_estimate.filter(|t| *t > 0).map(|total| {
-            (cursor.rows_done as f64 * 100.0 / total as f64).min(100.0).round()
-        }),
-        "key_column": cursor.key_column,
-        "last_key": cursor.last_key,
-        "end_key": cursor.end_key,
-        "started_at": cursor.started_at,
-        "finished_at": cursor.finished_at,
-        "updated_seconds_ago": c.updated_secs_ago.round(),
-    })
-}
 
 /// One line per backfill; nothing when none ever ran.
 pub(super) fn print_backfills(b: &Value) {

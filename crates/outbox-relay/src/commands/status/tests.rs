@@ -1,4 +1,5 @@
 use super::*;
+use serde_json::json;
 
 #[test]
 fn checks_print_their_verdict_and_the_hint_of_those_that_have_one() {

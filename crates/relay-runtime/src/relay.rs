@@ -1,6 +1,11 @@
-//! The supervisor: start-up checks, then one replication session after another until shutdown
-//! or a fatal error. Every session resumes from the stored checkpoint, so a reconnect re-sends
-//! at most what was published but not yet checkpointed (deduplicated by `Nats-Msg-Id`).
+//! The relay for one slot as one value: [`Relay`] is built from its settings, owns everything
+//! that slot needs (its telemetry and HTTP listener, the publisher, the background upkeep, the
+//! replication sessions) and runs until its shutdown token is cancelled or a fatal
+//! [`Failure`]. Nothing is shared with another `Relay` in the same process.
+//!
+//! The supervisor runs start-up checks, then one replication session after another. Every
+//! session resumes from the stored checkpoint, so a reconnect re-sends at most what was
+//! published but not yet checkpointed (deduplicated by `Nats-Msg-Id`).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -9,11 +14,11 @@ use std::time::Duration;
 use anyhow::Context as _;
 use relay_core::Lsn;
 use relay_core::pipeline::PipelineStats;
+use relay_telemetry::{BuildInfo, StreamSample, Telemetry};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RelayConfig;
-use crate::exit::Exit;
-use crate::telemetry::{StreamSample, Telemetry};
+use crate::failure::Failure;
 
 mod background;
 mod on_create;
@@ -21,6 +26,78 @@ mod session;
 mod stop;
 
 use background::{spawn_progress_log, spawn_publication_check, spawn_sampler};
+
+/// How a [`Relay`] is started besides its settings.
+#[derive(Debug, Clone, Copy)]
+pub struct RelayOptions {
+    /// `--accept-slot-position`: a slot ahead of the checkpoint moves the checkpoint there once.
+    pub accept_slot_position: bool,
+    /// The build `/status` and `outbox_relay_build_info` show.
+    pub build: BuildInfo,
+}
+
+/// One relay: one slot's replication, published to one stream.
+#[derive(Debug)]
+pub struct Relay {
+    config: RelayConfig,
+    options: RelayOptions,
+    stats: Arc<PipelineStats>,
+    telemetry: Arc<Telemetry>,
+    /// `[http] listen`, bound by [`Relay::build`].
+    http: Option<tokio::net::TcpListener>,
+}
+
+impl Relay {
+    /// Builds the relay of `config`. The `[http]` listener is bound here, so a taken port is a
+    /// configuration failure reported before anything connects.
+    pub async fn build(config: RelayConfig, options: RelayOptions) -> Result<Self, Failure> {
+        let stats = Arc::new(PipelineStats::default());
+        let telemetry = Arc::new(Telemetry::new(
+            stats.clone(),
+            &config.postgres.slot,
+            &config.nats.stream,
+            options.build,
+        ));
+        let http = match &config.http.listen {
+            Some(listen) => Some(
+                tokio::net::TcpListener::bind(listen)
+                    .await
+                    .with_context(|| format!("[http] listen: cannot listen on {listen}"))
+                    .map_err(Failure::config)?,
+            ),
+            None => None,
+        };
+        Ok(Self {
+            config,
+            options,
+            stats,
+            telemetry,
+            http,
+        })
+    }
+
+    /// What this relay knows about itself: what `/status`, `/readyz` and `/metrics` show.
+    pub fn telemetry(&self) -> &Arc<Telemetry> {
+        &self.telemetry
+    }
+
+    /// The address `[http] listen` was bound to (a port 0 given, the port chosen).
+    pub fn http_address(&self) -> Option<std::net::SocketAddr> {
+        self.http.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// Runs until `shutdown` is cancelled (then drains, stores the checkpoint and returns
+    /// `Ok`) or a fatal failure. Every task the relay started ends when this returns.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), Failure> {
+        // The tasks beside the sessions end with the relay, also when it fails.
+        let shutdown = shutdown.child_token();
+        let _tasks = shutdown.clone().drop_guard();
+        // The HTTP endpoints answer while the relay drains, and end with it.
+        let ended = CancellationToken::new();
+        let _ended = ended.clone().drop_guard();
+        supervise(self, shutdown, ended).await
+    }
+}
 
 /// How a session ended without a fatal error.
 enum SessionEnd {
@@ -30,38 +107,30 @@ enum SessionEnd {
     Retry(anyhow::Error),
 }
 
-/// Runs the relay until shutdown or a fatal error.
+/// The supervisor's loop: session, backoff and restart around one shutdown token.
 // Long: the supervisor's loop: session, backoff and restart around one shared shutdown token and
 // telemetry
-pub async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), Exit> {
-    let shutdown = CancellationToken::new();
-    crate::signals::spawn_handler(
-        shutdown.clone(),
-        "shutdown requested: finishing outstanding publishes, then storing the checkpoint",
-        "second signal: exiting now; unacknowledged events will be re-sent",
-    );
-
-    let stats = Arc::new(PipelineStats::default());
-    let telemetry = Arc::new(Telemetry::new(
-        stats.clone(),
-        &config.postgres.slot,
-        &config.nats.stream,
-        crate::telemetry::BUILD_INFO,
-    ));
-    // Bind first: a taken port is a configuration error, reported before anything connects.
-    let http = match &config.http.listen {
-        Some(listen) => {
-            let listener = tokio::net::TcpListener::bind(listen)
-                .await
-                .with_context(|| format!("[http] listen: cannot listen on {listen}"))
-                .map_err(Exit::config)?;
+async fn supervise(
+    relay: Relay,
+    shutdown: CancellationToken,
+    ended: CancellationToken,
+) -> Result<(), Failure> {
+    let Relay {
+        config,
+        options,
+        stats,
+        telemetry,
+        http,
+    } = relay;
+    let http = match http {
+        Some(listener) => {
+            let listen = config.http.listen.as_deref().unwrap_or_default();
             tracing::info!(listen = %listen, "serving /livez, /readyz, /metrics, /status");
-            crate::http::spawn(listener, telemetry.clone());
+            crate::http::spawn(listener, telemetry.clone(), ended);
             true
         }
         None => false,
     };
-
     let (nats, publisher, report) = crate::broker::connect_publisher(
         &config,
         config.relay.max_in_flight,
@@ -70,7 +139,7 @@ pub async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), 
     .await?;
     telemetry.set_nats(nats.client().clone());
     // Held until `run` returns: dropping it flushes the last spans.
-    let spans = config.otlp.start().map_err(Exit::config)?;
+    let spans = config.otlp.start().map_err(Failure::config)?;
     let publisher =
         relay_telemetry::otlp::TracedPublisher::new(publisher, spans, &config.nats.stream);
     tracing::info!(
@@ -105,7 +174,7 @@ pub async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), 
         publisher: &publisher,
         stop: &stop,
         telemetry: &telemetry,
-        accept_slot_position,
+        accept_slot_position: options.accept_slot_position,
         ever_connected: false,
         refused_logins: 0,
         backfilled_streamed_ids: Default::default(),
@@ -124,7 +193,7 @@ pub async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), 
             // A session that failed on its own (e.g. a row that cannot be routed) keeps its
             // more specific exit; the publication problem is logged by the check already.
             end?;
-            return Err(Exit::config(anyhow::anyhow!(
+            return Err(Failure::config(anyhow::anyhow!(
                 "{problem}; stopped after storing the acknowledged position {}",
                 Lsn(stats.confirmed_lsn.load(Ordering::Relaxed))
             )));

@@ -6,25 +6,22 @@ use relay_core::route::{OutboxTableConfig, Router};
 use relay_postgres::backfill::{self as sql, BackfillError, TableShape};
 
 use crate::config::RelayConfig;
-use crate::exit::{Exit, ExitKind};
+use crate::failure::{Failure, FailureKind};
 
 /// The exit of a backfill that failed on `error`.
-pub(crate) fn backfill_exit(error: BackfillError) -> Exit {
+pub fn backfill_exit(error: BackfillError) -> Failure {
     let kind = match &error {
-        e if e.is_transient() => ExitKind::Unavailable,
-        BackfillError::Query { .. } => ExitKind::Internal,
-        _ => ExitKind::Config,
+        e if e.is_transient() => FailureKind::Unavailable,
+        BackfillError::Query { .. } => FailureKind::Internal,
+        _ => FailureKind::Config,
     };
-    Exit::new(kind, error)
+    Failure::new(kind, error)
 }
 
 /// The `[[outbox]]` mapping of `table` (`schema.table` or `table`).
-pub(crate) fn mapping<'a>(
-    config: &'a RelayConfig,
-    table: &str,
-) -> Result<&'a OutboxTableConfig, Exit> {
+pub fn mapping<'a>(config: &'a RelayConfig, table: &str) -> Result<&'a OutboxTableConfig, Failure> {
     let wanted = relay_core::ident::TableName::parse(table)
-        .map_err(|e| Exit::config(anyhow!("--table: {e}")))?;
+        .map_err(|e| Failure::config(anyhow!("--table: {e}")))?;
     config
         .outbox
         .iter()
@@ -35,7 +32,7 @@ pub(crate) fn mapping<'a>(
                 .iter()
                 .map(OutboxTableConfig::display_name)
                 .collect();
-            Exit::config(anyhow!(
+            Failure::config(anyhow!(
                 "table `{}` is not configured as an outbox table (configured: {}): add an [[outbox]] entry for it, or name one of those",
                 wanted.display(),
                 configured.join(", ")
@@ -45,12 +42,12 @@ pub(crate) fn mapping<'a>(
 
 /// The table's shape, checked before anything is read: the mapping fits it (the relay's own
 /// check of its Relation), `filter` is a valid condition, no row to read has a NULL key.
-pub(crate) async fn checked_shape(
+pub async fn checked_shape(
     config: &RelayConfig,
     mapping: &OutboxTableConfig,
     reader: &tokio_postgres::Client,
     filter: Option<&str>,
-) -> Result<TableShape, Exit> {
+) -> Result<TableShape, Failure> {
     let pg = &config.postgres;
     let (schema, table) = mapping.qualified_name();
     let shape = sql::table_shape(reader, &schema, &table, &mapping.event_id, &pg.publication)
@@ -59,7 +56,7 @@ pub(crate) async fn checked_shape(
     // The pages keep what the publication keeps; with a row_filter that must be the configured
     // one, or rows the relay would never stream get published (or the reverse).
     if mapping.row_filter.is_some() {
-        let unavailable = |e: tokio_postgres::Error| Exit::new(ExitKind::Unavailable, e);
+        let unavailable = |e: tokio_postgres::Error| Failure::new(FailureKind::Unavailable, e);
         let version = relay_postgres::catalog::server(reader)
             .await
             .map_err(unavailable)?
@@ -75,7 +72,7 @@ pub(crate) async fn checked_shape(
         .await
         .map_err(unavailable)?;
         if let Some(problem) = verdict.problem() {
-            return Err(Exit::config(anyhow!("{problem}")));
+            return Err(Failure::config(anyhow!("{problem}")));
         }
     }
     if !shape.in_publication {
@@ -83,11 +80,11 @@ pub(crate) async fn checked_shape(
     }
     // The mapping must fit the table before anything is read: the same check the relay makes
     // on the table's Relation message.
-    let mut check = Router::new(std::slice::from_ref(mapping)).map_err(Exit::config)?;
+    let mut check = Router::new(std::slice::from_ref(mapping)).map_err(Failure::config)?;
     check
         .on_relation(shape.relation.clone(), None)
         .map_err(|e| {
-            Exit::config(
+            Failure::config(
                 anyhow::Error::new(e).context("the [[outbox]] mapping does not fit the table"),
             )
         })?;
@@ -102,8 +99,8 @@ pub(crate) async fn checked_shape(
         .await
         .map_err(backfill_exit)?;
     if nulls > 0 {
-        return Err(Exit::new(
-            ExitKind::DataSafety,
+        return Err(Failure::new(
+            FailureKind::DataSafety,
             anyhow!(
                 "{nulls} rows of {} have a NULL event id (`{}`): no message can be built for them (the relay refuses such rows too). Fix or delete them, or leave them out with --where \"{} IS NOT NULL\"",
                 shape.table,

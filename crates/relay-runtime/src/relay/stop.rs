@@ -6,20 +6,20 @@ use relay_core::stage::{BoundaryError, ErrorClass};
 use relay_postgres::PgError;
 
 use super::SessionEnd;
-use crate::exit::pg_exit;
-use crate::exit::{Exit, ExitKind};
+use crate::failure::pg_failure;
+use crate::failure::{Failure, FailureKind};
 
 /// Why a step ended the session.
 pub(super) enum Stop {
     /// Retry after a backoff (or, for a clean shutdown, stop).
     End(SessionEnd),
-    /// Exit the process.
-    Exit(Exit),
+    /// End the relay with this failure.
+    Fail(Failure),
 }
 
-impl From<Exit> for Stop {
-    fn from(exit: Exit) -> Self {
-        Self::Exit(exit)
+impl From<Failure> for Stop {
+    fn from(exit: Failure) -> Self {
+        Self::Fail(exit)
     }
 }
 
@@ -38,8 +38,8 @@ pub(super) fn boundary(error: BoundaryError, context: Option<String>) -> Stop {
     };
     match class {
         ErrorClass::Transient => retry(error),
-        ErrorClass::Fatal => Stop::Exit(Exit::new(ExitKind::Config, error)),
-        ErrorClass::SlotLost => Stop::Exit(Exit::new(ExitKind::DataSafety, error)),
+        ErrorClass::Fatal => Stop::Fail(Failure::new(FailureKind::Config, error)),
+        ErrorClass::SlotLost => Stop::Fail(Failure::new(FailureKind::DataSafety, error)),
     }
 }
 
@@ -48,7 +48,7 @@ pub(super) fn postgres(error: PgError) -> Stop {
     if error.is_transient() {
         retry(error)
     } else {
-        Stop::Exit(pg_exit(error))
+        Stop::Fail(pg_failure(error))
     }
 }
 
@@ -57,11 +57,11 @@ mod tests {
     use super::*;
 
     /// The retry's error text, or the exit's code and text.
-    fn outcome(stop: Stop) -> Result<String, (ExitKind, String)> {
+    fn outcome(stop: Stop) -> Result<String, (FailureKind, String)> {
         match stop {
             Stop::End(SessionEnd::Retry(error)) => Ok(format!("{error:#}")),
             Stop::End(SessionEnd::Shutdown) => Ok("shutdown".to_owned()),
-            Stop::Exit(exit) => Err((exit.kind, format!("{:#}", exit.error))),
+            Stop::Fail(exit) => Err((exit.kind, format!("{:#}", exit.error))),
         }
     }
 
@@ -75,13 +75,13 @@ mod tests {
         let fatal = BoundaryError::new(ErrorClass::Fatal, "publication missing");
         assert_eq!(
             outcome(boundary(fatal, None)),
-            Err((ExitKind::Config, "publication missing".to_owned()))
+            Err((FailureKind::Config, "publication missing".to_owned()))
         );
         let lost = BoundaryError::new(ErrorClass::SlotLost, "slot relay_slot was invalidated");
         assert_eq!(
             outcome(boundary(lost, None)),
             Err((
-                ExitKind::DataSafety,
+                FailureKind::DataSafety,
                 "slot relay_slot was invalidated".to_owned()
             ))
         );
@@ -100,13 +100,16 @@ mod tests {
         let bad_url = PgError::BadUrl("postgres://[".to_owned());
         assert!(!bad_url.is_transient(), "precondition");
         let text = bad_url.to_string();
-        assert_eq!(outcome(postgres(bad_url)), Err((ExitKind::Config, text)));
+        assert_eq!(outcome(postgres(bad_url)), Err((FailureKind::Config, text)));
     }
 
     #[test]
     fn an_exit_becomes_a_stop_unchanged() {
-        let stop = Stop::from(Exit::new(ExitKind::Internal, anyhow::anyhow!("bug")));
-        assert_eq!(outcome(stop), Err((ExitKind::Internal, "bug".to_owned())));
+        let stop = Stop::from(Failure::new(FailureKind::Internal, anyhow::anyhow!("bug")));
+        assert_eq!(
+            outcome(stop),
+            Err((FailureKind::Internal, "bug".to_owned()))
+        );
         assert_eq!(
             outcome(retry(anyhow::anyhow!("connection reset"))),
             Ok("connection reset".to_owned())

@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use super::SessionEnd;
 use super::stop::{Step, Stop, postgres, retry};
 use crate::config::RelayConfig;
-use crate::exit::{Exit, ExitKind};
+use crate::failure::{Failure, FailureKind};
 use crate::table_backfill::{RunOptions, TableRun, checked_shape, mapping, run_pages};
 
 /// Event ids of rows committed after the consistent point that a resumed backfill publishes
@@ -40,7 +40,7 @@ fn cursor_error(error: BackfillError) -> Stop {
     if error.is_transient() {
         retry(error)
     } else {
-        Stop::Exit(Exit::new(ExitKind::Config, error))
+        Stop::Fail(Failure::new(FailureKind::Config, error))
     }
 }
 
@@ -194,7 +194,7 @@ pub(super) async fn prepare(
             .map_err(cursor_error)?;
         for job in unfinished {
             let mapping = mapping(config, &job.table).map_err(|e| {
-                Exit::config(e.error.context(format!(
+                Failure::config(e.error.context(format!(
                     "the backfill at slot creation of {} is unfinished, and the table is no longer an [[outbox]] table: configure it again, or delete its row from outbox_relay.backfill to give it up",
                     job.table
                 )))
@@ -313,11 +313,11 @@ fn run_options(config: &RelayConfig) -> RunOptions {
 
 /// A backfill run's end as the session sees it: stopped on request is a shutdown, unavailable
 /// a retry (the next session resumes at the cursor), anything else an exit.
-fn ended(result: Result<(), Exit>, stop: &CancellationToken) -> Step<()> {
+fn ended(result: Result<(), Failure>, stop: &CancellationToken) -> Step<()> {
     match result {
         Ok(()) => Ok(()),
         Err(_) if stop.is_cancelled() => Err(Stop::End(SessionEnd::Shutdown)),
-        Err(exit) if exit.kind == ExitKind::Unavailable => Err(retry(exit.error)),
-        Err(exit) => Err(Stop::Exit(exit)),
+        Err(exit) if exit.kind == FailureKind::Unavailable => Err(retry(exit.error)),
+        Err(exit) => Err(Stop::Fail(exit)),
     }
 }

@@ -13,7 +13,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 const BAR_SAMPLE: Duration = Duration::from_millis(250);
 
 /// What a command reports: its progress line, and where it is for the bar.
-pub(crate) trait Report: Send + Sync + 'static {
+pub trait Report: Send + Sync + 'static {
     /// The progress line, `what` saying how far (`in progress`, `finished`, …).
     fn line(&self, what: &str) -> String;
     /// Done so far and the total if known, in [`Report::unit`]s.
@@ -26,7 +26,7 @@ pub(crate) trait Report: Send + Sync + 'static {
 
 /// How progress is shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mode {
+pub enum Mode {
     /// A progress bar on stderr.
     Bar,
     /// A progress line every interval.
@@ -35,7 +35,7 @@ pub(crate) enum Mode {
 
 impl Mode {
     /// The bar only where a person watches: stderr is a terminal and the log is not JSON.
-    pub(crate) fn choose(stderr_is_terminal: bool, log_json: bool) -> Self {
+    pub fn choose(stderr_is_terminal: bool, log_json: bool) -> Self {
         if stderr_is_terminal && !log_json {
             Mode::Bar
         } else {
@@ -44,21 +44,22 @@ impl Mode {
     }
 
     /// [`Mode::choose`] for this process's stderr.
-    pub(crate) fn for_stderr(log_json: bool) -> Self {
+    pub fn for_stderr(log_json: bool) -> Self {
         Self::choose(std::io::stderr().is_terminal(), log_json)
     }
 }
 
 /// Where the lines go: stderr for the commands, the log for the relay's own backfill.
-pub(crate) type Say = Arc<dyn Fn(&str) + Send + Sync>;
+pub type Say = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// Lines on stderr.
-pub(crate) fn stderr() -> Say {
+pub fn stderr() -> Say {
     Arc::new(|line: &str| eprintln!("{line}"))
 }
 
 /// A running progress display; [`Ticker::finish`] ends it with the final line.
-pub(crate) struct Ticker {
+#[allow(missing_debug_implementations)] // holds a progress bar and a task
+pub struct Ticker {
     report: Arc<dyn Report>,
     bar: Option<ProgressBar>,
     say: Say,
@@ -68,7 +69,7 @@ pub(crate) struct Ticker {
 impl Ticker {
     /// Starts showing `report`: in lines every `every` (at least 100 ms; the first after one
     /// interval) through `say`, or as a bar.
-    pub(crate) fn start(mode: Mode, every: Duration, report: Arc<dyn Report>, say: Say) -> Self {
+    pub fn start(mode: Mode, every: Duration, report: Arc<dyn Report>, say: Say) -> Self {
         let bar = (mode == Mode::Bar).then(|| new_bar(report.as_ref()));
         let ticker = match &bar {
             Some(bar) => {
@@ -102,7 +103,7 @@ impl Ticker {
     }
 
     /// Stops the display and prints the final line, `what` saying how it ended.
-    pub(crate) fn finish(&self, what: &str) {
+    pub fn finish(&self, what: &str) {
         self.ticker.abort();
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::RelayConfig;
 use crate::inspect::{self, StreamLookup};
-use crate::telemetry::{StreamSample, Telemetry, WAL_RATE_WINDOW};
+use relay_telemetry::{StreamSample, Telemetry, WAL_RATE_WINDOW};
 
 /// Every `[relay] publication_check_interval`, checks on a plain session that the publication
 /// still delivers inserts of every outbox table; if not, records why and cancels `stop`.

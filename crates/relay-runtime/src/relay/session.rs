@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use relay_core::Lsn;
 use relay_core::failpoint;
 use relay_core::pipeline::{Pipeline, PipelineError};
@@ -23,9 +22,10 @@ use tokio_util::sync::CancellationToken;
 use super::SessionEnd;
 use super::stop::{Step, Stop, boundary, postgres, retry};
 use crate::config::RelayConfig;
-use crate::exit::pg_exit;
-use crate::exit::{Exit, ExitKind};
-use crate::telemetry::Telemetry;
+use crate::failure::pg_failure;
+use crate::failure::{Failure, FailureKind};
+use crate::routing::RouterError;
+use relay_telemetry::Telemetry;
 
 /// Consecutive refused logins after the first session before the relay exits with 78.
 const MAX_REFUSED_LOGINS: u32 = 3;
@@ -50,10 +50,10 @@ pub(super) struct Supervisor<'a> {
 
 impl Supervisor<'_> {
     /// One replication session: connect, check, resume from the checkpoint, stream.
-    pub(super) async fn session(&mut self) -> Result<SessionEnd, Exit> {
+    pub(super) async fn session(&mut self) -> Result<SessionEnd, Failure> {
         match self.steps().await {
             Ok(end) | Err(Stop::End(end)) => Ok(end),
-            Err(Stop::Exit(exit)) => Err(exit),
+            Err(Stop::Fail(exit)) => Err(exit),
         }
     }
 
@@ -157,11 +157,11 @@ impl Supervisor<'_> {
                 );
                 let error = anyhow::Error::new(e).context(message);
                 if self.refused_logins >= MAX_REFUSED_LOGINS {
-                    return Err(Exit::config(error).into());
+                    return Err(Failure::config(error).into());
                 }
                 return Err(retry(error));
             }
-            Err(e) => return Err(pg_exit(e).into()),
+            Err(e) => return Err(pg_failure(e).into()),
         };
         self.ever_connected = true;
         self.refused_logins = 0;
@@ -227,7 +227,7 @@ impl Supervisor<'_> {
                     })
                 })?;
             if let Some(problem) = problem {
-                return Err(Exit::config(anyhow::anyhow!("{problem}")).into());
+                return Err(Failure::config(anyhow::anyhow!("{problem}")).into());
             }
         }
         Ok(())
@@ -310,24 +310,12 @@ impl Supervisor<'_> {
 
     /// The router, with the outbox tables bound to the OIDs the catalog gives them now.
     async fn router(&self, store: &PgCheckpointStore) -> Step<Router> {
-        let mut router = self
-            .config
-            .router()
-            .context("outbox mapping")
-            .map_err(Exit::config)?;
-        let oids =
-            relay_postgres::catalog::outbox_table_oids(store.client(), &self.config.tables())
-                .await
-                .map_err(postgres)?;
-        router.bind_catalog(&oids.tables, oids.read_at);
-        relay_postgres::catalog::partitions::bind(
-            store.client(),
-            &self.config.tables(),
-            &mut router,
-        )
-        .await
-        .map_err(postgres)?;
-        Ok(router)
+        crate::routing::bound_router(self.config, store.client())
+            .await
+            .map_err(|e| match e {
+                RouterError::Mapping(_) => Failure::config(e).into(),
+                RouterError::Postgres(e) => postgres(e),
+            })
     }
 
     /// How the session ended: a clean stop or an ended stream, a retry, or an exit that says
@@ -363,8 +351,8 @@ impl Supervisor<'_> {
             }) => {
                 // The cause and the fixes first: the mapping is not what is wrong.
                 source.stop(stop_wait).await;
-                Err(Exit::new(
-                    ExitKind::DataSafety,
+                Err(Failure::new(
+                    FailureKind::DataSafety,
                     anyhow::anyhow!(
                         "stopped at a non-transactional logical message (pg_logical_emit_message(false, …)) with prefix `{prefix}` at LSN {lsn}: PostgreSQL delivers such a message even when its transaction rolled back, so the relay does not publish it unless told to. Every restart stops at this same message until one of these is done: set allow_non_transactional = true on [[messages]] prefix \"{prefix}\" (publish it, rolled back or not), or set [relay] dead_letter_subject (park it there); and emit such messages transactionally from now on (pg_logical_emit_message(true, …) or outbox_relay.emit_event). Confirmed position stays at {}",
                         confirmed()
@@ -374,7 +362,7 @@ impl Supervisor<'_> {
             }
             Err(e @ (PipelineError::Route { .. } | PipelineError::Publish { .. })) => {
                 source.stop(stop_wait).await;
-                Err(Exit::new(ExitKind::DataSafety, {
+                Err(Failure::new(FailureKind::DataSafety, {
                     let advice = super::stop::stop_advice(
                         &e,
                         self.config.relay.dead_letter_subject.is_some(),
@@ -388,13 +376,13 @@ impl Supervisor<'_> {
             }
             Err(e @ PipelineError::Schema { .. }) => {
                 source.stop(stop_wait).await;
-                Err(Exit::config(anyhow::Error::new(e).context(format!(
+                Err(Failure::config(anyhow::Error::new(e).context(format!(
                     "stopped before this transaction; confirmed position stays at {}, and the relay resumes there once the configuration matches the table",
                     confirmed()
                 )))
                 .into())
             }
-            Err(e @ PipelineError::Protocol(_)) => Err(Exit::internal(e).into()),
+            Err(e @ PipelineError::Protocol(_)) => Err(Failure::internal(e).into()),
         }
     }
 }

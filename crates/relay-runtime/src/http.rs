@@ -22,7 +22,7 @@ use http_body_util::{BodyExt, Empty};
 use prometheus_client::registry::Registry;
 use serde_json::json;
 
-use crate::telemetry::{MetricsCollector, Telemetry};
+use relay_telemetry::{MetricsCollector, Telemetry};
 
 #[derive(Debug, Clone)]
 struct AppState {
@@ -30,8 +30,12 @@ struct AppState {
     registry: Arc<Registry>,
 }
 
-/// Serves the endpoints on `listener` until the process exits.
-pub fn spawn(listener: tokio::net::TcpListener, telemetry: Arc<Telemetry>) {
+/// Serves the endpoints on `listener` until `ended` is cancelled.
+pub fn spawn(
+    listener: tokio::net::TcpListener,
+    telemetry: Arc<Telemetry>,
+    ended: tokio_util::sync::CancellationToken,
+) {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(MetricsCollector(telemetry.clone())));
     let state = AppState {
@@ -45,7 +49,8 @@ pub fn spawn(listener: tokio::net::TcpListener, telemetry: Arc<Telemetry>) {
         .route("/status", get(status))
         .with_state(state);
     tokio::spawn(async move {
-        if let Err(error) = axum::serve(listener, app).await {
+        let serve = axum::serve(listener, app).with_graceful_shutdown(ended.cancelled_owned());
+        if let Err(error) = serve.await {
             tracing::error!(error = %error, "HTTP server stopped");
         }
     });

@@ -1,6 +1,6 @@
 //! One backfill run over a table's pages, after its cursor was read or started: shared by
 //! `outbox-relay backfill` and the relay's backfill at slot creation (`backfill =
-//! "on-create"`, [`crate::run`]). The stages are the libraries': relay-postgres'
+//! "on-create"`, [`crate::relay`]). The stages are the libraries': relay-postgres'
 //! [`PageSource`] and [`CursorStore`], relay-nats' [`BackfillPublisher`], in relay-core's
 //! [`Pipeline`] with the relay's delivery rule; this module builds them, runs them and says
 //! how the run ended.
@@ -23,68 +23,69 @@ use relay_postgres::backfill::{
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RelayConfig;
-use crate::exit::{Exit, ExitKind};
+use crate::failure::{Failure, FailureKind};
 use crate::progress::{Mode, Ticker};
 
 mod checks;
 mod live;
 mod report;
 
-pub(crate) use checks::{backfill_exit, checked_shape, mapping};
+pub use checks::{backfill_exit, checked_shape, mapping};
 use live::LiveWatch;
 use report::{Report, say};
 
 /// How a run reads and publishes.
 #[derive(Debug, Clone)]
-pub(crate) struct RunOptions {
+pub struct RunOptions {
     /// Rows per page.
-    pub(crate) page_size: usize,
+    pub page_size: usize,
     /// Messages published and not yet acknowledged, at most.
-    pub(crate) max_in_flight: usize,
+    pub max_in_flight: usize,
     /// Rows per second at most (0: no limit).
-    pub(crate) rate: u64,
+    pub rate: u64,
     /// Read the stream's event ids for the table when it holds at most this many messages.
-    pub(crate) skip_check_limit: u64,
+    pub skip_check_limit: u64,
     /// How often to report progress.
-    pub(crate) progress_interval: Duration,
+    pub progress_interval: Duration,
     /// Report progress in the log (the relay) instead of on stderr (the command).
-    pub(crate) log_progress: bool,
+    pub log_progress: bool,
     /// A bar or lines (the relay's log: always lines).
-    pub(crate) progress_mode: Mode,
+    pub progress_mode: Mode,
 }
 
 /// What a run reads: the table, its cursor and where the pages are.
-pub(crate) struct TableRun<'a> {
-    pub(crate) config: &'a RelayConfig,
-    pub(crate) mapping: OutboxTableConfig,
-    pub(crate) shape: TableShape,
+#[derive(Debug)]
+pub struct TableRun<'a> {
+    pub config: &'a RelayConfig,
+    pub mapping: OutboxTableConfig,
+    pub shape: TableShape,
     /// The read session (for an on-create backfill, inside the slot's snapshot).
-    pub(crate) reader: Arc<tokio_postgres::Client>,
-    pub(crate) cursor_client: tokio_postgres::Client,
-    pub(crate) id: CursorId,
+    pub reader: Arc<tokio_postgres::Client>,
+    pub cursor_client: tokio_postgres::Client,
+    pub id: CursorId,
     /// The table (and filter) as progress lines name it.
-    pub(crate) described: String,
+    pub described: String,
     /// A condition on the rows (`--where`), `None` for all.
-    pub(crate) page_filter: Option<String>,
+    pub page_filter: Option<String>,
     /// The stored cursor (`None`: from the first row).
-    pub(crate) after: Option<String>,
+    pub after: Option<String>,
     /// The last key to read.
-    pub(crate) end: String,
-    pub(crate) done_before: i64,
-    pub(crate) estimate: Option<i64>,
+    pub end: String,
+    pub done_before: i64,
+    pub estimate: Option<i64>,
     /// The WAL position after the read snapshot, when the pages are read in a snapshot of their
     /// own beside the running relay: its live messages are watched until its checkpoint reaches
     /// it. `None`: watched for the whole run.
-    pub(crate) live_until: Option<Lsn>,
+    pub live_until: Option<Lsn>,
 }
 
 /// Publishes the pages of `run` through the relay's pipeline until the last key, a stop
 /// (`shutdown`) or an error; marks the cursor finished when every row was acknowledged.
-pub(crate) async fn run_pages(
+pub async fn run_pages(
     run: TableRun<'_>,
     opts: &RunOptions,
     shutdown: &CancellationToken,
-) -> Result<(), Exit> {
+) -> Result<(), Failure> {
     let config = run.config;
     // Per message whatever `publish_mode` says: a page is not a transaction to keep whole
     // (atomic batches would only cost the server a staging store per page), and fast batches'
@@ -121,7 +122,7 @@ pub(crate) async fn run_pages(
     pipeline_config.max_in_flight = opts.max_in_flight;
     // Pages of rows the stream already held carry no message; store them as often as others.
     pipeline_config.idle_checkpoint_interval = pipeline_config.checkpoint_interval;
-    let router = Router::new(std::slice::from_ref(&run.mapping)).map_err(Exit::config)?;
+    let router = Router::new(std::slice::from_ref(&run.mapping)).map_err(Failure::config)?;
     let mut pipeline = Pipeline::new(
         source,
         BackfillPublisher::new(publisher),
@@ -201,7 +202,7 @@ impl Ended<'_> {
         &self,
         result: Result<RunOutcome, PipelineError>,
         shutdown: &CancellationToken,
-    ) -> Result<(), Exit> {
+    ) -> Result<(), Failure> {
         let described = self.described;
         let (cursor, _) = self.progress.stored();
         let cursor = cursor.unwrap_or_else(|| "the first row".into());
@@ -215,8 +216,8 @@ impl Ended<'_> {
             }
             Ok(outcome) if shutdown.is_cancelled() => {
                 self.shown.finish("stopped");
-                Err(Exit::new(
-                    ExitKind::Interrupted,
+                Err(Failure::new(
+                    FailureKind::Interrupted,
                     anyhow!(
                         "backfill of {described} stopped on request at {cursor} ({} unacknowledged messages abandoned); run the same command again to resume there",
                         outcome.abandoned
@@ -225,8 +226,8 @@ impl Ended<'_> {
             }
             Ok(outcome) => {
                 self.shown.finish("incomplete");
-                Err(Exit::new(
-                    ExitKind::Unavailable,
+                Err(Failure::new(
+                    FailureKind::Unavailable,
                     anyhow!(
                         "backfill of {described} ended with {} messages unacknowledged; the cursor stays at {cursor}: run the same command again to resume there",
                         outcome.abandoned
@@ -235,13 +236,13 @@ impl Ended<'_> {
             }
             Err(error) => {
                 self.shown.finish("failed");
-                let kind = crate::exit::pipeline_exit_kind(&error);
-                let advice = if kind == ExitKind::DataSafety {
+                let kind = crate::failure::pipeline_failure_kind(&error);
+                let advice = if kind == FailureKind::DataSafety {
                     "before this row. Fix the row or the mapping (or set [relay] dead_letter_subject) and run the same command again: it resumes there"
                 } else {
                     "run the same command again once the cause is fixed: it resumes there"
                 };
-                Err(Exit::new(
+                Err(Failure::new(
                     kind,
                     anyhow::Error::new(error).context(format!(
                         "backfill of {described} stopped; the cursor stays at {cursor}, {advice}"

@@ -4,13 +4,13 @@
 use relay_nats::{JetStreamPublisher, PublishMode};
 
 use crate::config::RelayConfig;
-use crate::exit::{Exit, nats_exit};
+use crate::failure::{Failure, nats_failure};
 
 /// Connects to NATS and prepares the relay's stream (its checks, created when allowed, what
 /// the mappings need of the broker), with a publisher of `max_in_flight` publishing in `mode`
 /// where the server and the stream allow it (else per message, with one warning): the same
 /// for the relay and for every command that publishes as it does (backfill, restore).
-pub(crate) async fn connect_publisher(
+pub async fn connect_publisher(
     config: &RelayConfig,
     max_in_flight: usize,
     mode: PublishMode,
@@ -20,9 +20,11 @@ pub(crate) async fn connect_publisher(
         JetStreamPublisher,
         relay_nats::StreamReport,
     ),
-    Exit,
+    Failure,
 > {
-    let nats = relay_nats::connect(&config.nats).await.map_err(nats_exit)?;
+    let nats = relay_nats::connect(&config.nats)
+        .await
+        .map_err(nats_failure)?;
     let publisher = JetStreamPublisher::new(
         &nats,
         &config.nats.stream,
@@ -36,7 +38,7 @@ pub(crate) async fn connect_publisher(
         &config.broker_needs(),
     )
     .await
-    .map_err(nats_exit)?;
+    .map_err(nats_failure)?;
     for warning in &report.warnings {
         tracing::warn!(stream = %config.nats.stream, "{warning}");
     }

@@ -1,0 +1,27 @@
+//! The relay as a library: [`Relay`] is everything one relay does for one slot (the
+//! replication sessions, the background upkeep, cleanup, backfill at slot creation, telemetry
+//! and its HTTP endpoints, the publish strategy), built from its [`config::RelayConfig`] and
+//! owned by one value. The `outbox-relay` binary parses the command line and the
+//! configuration, builds a relay, supervises it, maps its [`Failure`] to an exit code and
+//! prints.
+//!
+//! Also here, for the commands that act as the relay does: the broker connection
+//! ([`broker`]), the table backfill ([`table_backfill`]), read-only looks at the slot and the
+//! stream ([`inspect`]) and progress reporting ([`progress`]).
+
+pub mod broker;
+pub mod config;
+pub mod failure;
+pub mod http;
+pub mod inspect;
+pub mod position;
+pub mod preflight;
+pub mod progress;
+pub mod relay;
+pub mod routing;
+pub mod status;
+pub mod table_backfill;
+pub mod trace;
+
+pub use failure::{Failure, FailureKind};
+pub use relay::{Relay, RelayOptions};
