@@ -112,8 +112,35 @@ pub(crate) async fn first_stored_at_or_after(
     match tokio::time::timeout(idle, messages.next()).await {
         Ok(Some(Ok(m))) => Ok(m.info().ok().map(|i| i.stream_sequence)),
         Ok(Some(Err(e))) => Err(stream_error(stream, e)),
-        Ok(None) | Err(_) => Ok(None),
+        Ok(None) | Err(_) => {
+            // Nothing arrived: that means "none stored since" only if the stream's last message
+            // is older. Otherwise the reader stalled, and answering "none" would start a replay
+            // past events the stream holds.
+            let info = stream
+                .get_info()
+                .await
+                .map_err(|e| stream_error(stream, e))?;
+            if info.state.messages > 0 && info.state.last_timestamp >= start_time {
+                return Err(stalled(
+                    stream,
+                    idle,
+                    "the first message stored at that time",
+                ));
+            }
+            Ok(None)
+        }
     }
+}
+
+/// The error for a reader that delivered nothing within `idle` although the stream holds what
+/// it was reading.
+fn stalled(stream: &Stream, idle: Duration, reading: &str) -> Error {
+    stream_error(
+        stream,
+        format!(
+            "no message arrived within {idle:?} while reading {reading}, which the stream holds: the server is slow or the reader stalled; run the lookup again"
+        ),
+    )
 }
 
 /// What a forward scan found.
@@ -147,17 +174,33 @@ pub(crate) async fn scan(
         start_sequence: from,
     };
     let mut messages = reader(stream, policy).await?;
+    let mut next = from;
     loop {
         let m = match tokio::time::timeout(idle, messages.next()).await {
             Ok(Some(Ok(m))) => m,
             Ok(Some(Err(e))) => return Err(stream_error(stream, e)),
-            Ok(None) | Err(_) => break,
+            Ok(None) | Err(_) => {
+                // The end only if nothing up to `last` is left to read (limits may have removed
+                // it meanwhile); otherwise "not found" would send a replay past events.
+                if get_at_or_after(stream, next)
+                    .await?
+                    .is_some_and(|p| p.seq <= last)
+                {
+                    return Err(stalled(
+                        stream,
+                        idle,
+                        &format!("sequence {next} (up to {last})"),
+                    ));
+                }
+                break;
+            }
         };
         scanned += 1;
         let seq = m
             .info()
             .map_err(|e| stream_error(stream, e))?
             .stream_sequence;
+        next = seq + 1;
         let probe = Probe::new(seq, &m.subject, m.headers.as_ref());
         if probe.reaches(target) == Some(true) {
             return Ok(Scanned {
