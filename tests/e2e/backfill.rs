@@ -16,7 +16,11 @@ mod terminal;
 
 /// Inserts `n` Debezium-shaped rows in one statement (before the slot exists: only a backfill
 /// can publish them); returns their ids.
-async fn seed(db: &tokio_postgres::Client, n: i64, kind: &str) -> Result<HashSet<String>> {
+pub(crate) async fn seed(
+    db: &tokio_postgres::Client,
+    n: i64,
+    kind: &str,
+) -> Result<HashSet<String>> {
     let rows = db
         .query(
             "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
@@ -62,7 +66,7 @@ async fn backfill(
 }
 
 /// How many copies of each event id the stream holds.
-fn copies(messages: &[Received]) -> HashMap<&str, usize> {
+pub(crate) fn copies(messages: &[Received]) -> HashMap<&str, usize> {
     let mut counts: HashMap<&str, usize> = HashMap::new();
     for m in messages {
         *counts.entry(m.id()).or_default() += 1;

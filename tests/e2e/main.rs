@@ -38,6 +38,7 @@ mod security;
 mod security_nats;
 mod security_roles;
 mod shards;
+mod signal;
 mod slot;
 mod standby;
 mod support;

@@ -20,4 +20,4 @@ mod replication;
 pub use hosts::ConnectionParts;
 pub(crate) use replication::{gated, replication_config, streaming, to_wire};
 pub(crate) use session::connect_with_notices;
-pub use session::{connect, connect_primary};
+pub use session::{Notifications, connect, connect_primary, connect_with_notifications};

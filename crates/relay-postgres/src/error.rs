@@ -221,6 +221,15 @@ pub enum PgError {
         checkpoint: Lsn,
     },
     /// A catalog query failed.
+    /// The relay's role may not use one of the relay's own tables.
+    #[error(
+        "role `{role}` may not use {table}: GRANT USAGE ON SCHEMA outbox_relay, and {grant} ON {table}, to it"
+    )]
+    RelayTableNotGranted {
+        table: &'static str,
+        role: String,
+        grant: &'static str,
+    },
     #[error("{context}")]
     Query {
         /// What was being done.

@@ -12,6 +12,8 @@
 //!   `pgoutput` crate into [`relay_core::stage::SourceEvent`]s;
 //! - [`backfill`] and [`cleanup`]: the commands that read and trim the outbox tables, and the
 //!   cleanup task that trims them while the relay runs;
+//! - [`signal`]: signals from SQL (`outbox_relay.signal`): the rows, their claim and their
+//!   written-back progress, and the session that listens for new ones;
 //! - [`session`]: the kept session and ticks of the periodic tasks beside the relay;
 //! - small helpers other crates share: [`ShardSpec`], [`EmitFunctions`], [`SqlStateKind`],
 //!   [`quote_relation`], [`redact_url`].
@@ -33,6 +35,7 @@ mod server_version;
 pub mod session;
 mod settings;
 mod shard;
+pub mod signal;
 mod source;
 mod sql;
 mod sqlstate;
@@ -43,6 +46,8 @@ pub use connect::ConnectionParts;
 pub use connect::connect;
 /// Connects the read-write server and returns the settings bound to it.
 pub use connect::connect_primary;
+/// Connects a plain session whose `NOTIFY`s are handed over (for `LISTEN`).
+pub use connect::{Notifications, connect_with_notifications};
 /// Installs the `[[messages]]` SQL helpers unless they are there, and what it found.
 pub use emit_functions::{EmitFunctions, ensure as ensure_emit_functions};
 /// Failures of the PostgreSQL side outside the replication stream.

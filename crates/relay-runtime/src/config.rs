@@ -144,6 +144,9 @@ pub struct PipelineSettings {
     /// "on-create"`), to spare the database and the broker on the first start; 0: as fast as
     /// JetStream acknowledges. Default 0.
     pub backfill_rate: u64,
+    /// Carry out the signals inserted into `outbox_relay.signal` (a backfill started from SQL),
+    /// creating the table when missing. Default `true`.
+    pub sql_signals: bool,
 }
 
 fn default_takeover_budget() -> Duration {
@@ -175,6 +178,7 @@ impl Default for PipelineSettings {
             position_retention: relay_postgres::checkpoint::DEFAULT_RETENTION,
             replay_retention: None,
             backfill_rate: 0,
+            sql_signals: true,
         }
     }
 }

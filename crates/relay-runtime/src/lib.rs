@@ -6,7 +6,8 @@
 //! prints.
 //!
 //! Also here, for the commands that act as the relay does: the broker connection
-//! ([`broker`]), the table backfill ([`table_backfill`]), read-only looks at the slot and the
+//! ([`broker`]), the table backfill ([`table_backfill`]) and the signals from SQL that start one
+//! ([`signal`]), read-only looks at the slot and the
 //! stream ([`inspect`]) and progress reporting ([`progress`]).
 
 pub mod broker;
@@ -19,6 +20,7 @@ pub mod preflight;
 pub mod progress;
 pub mod relay;
 pub mod routing;
+pub mod signal;
 pub mod status;
 pub mod table_backfill;
 pub mod trace;

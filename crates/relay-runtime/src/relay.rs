@@ -164,6 +164,9 @@ async fn supervise(
     }
     spawn_progress_log(stats.clone(), shutdown.clone());
     background::spawn_outbox_upkeep(config.clone(), telemetry.clone(), shutdown.clone());
+    if config.relay.sql_signals {
+        crate::signal::spawn(config.clone(), telemetry.clone(), shutdown.clone());
+    }
     // Sessions stop on `stop`: a shutdown, or the publication check finding the publication no
     // longer delivers the outbox tables (then the relay drains, stores, and exits with 78).
     let stop = shutdown.child_token();

@@ -29,10 +29,12 @@ use crate::progress::{Mode, Ticker};
 mod checks;
 mod live;
 mod report;
+mod request;
 
 pub use checks::{backfill_exit, checked_shape, mapping};
 use live::LiveWatch;
 use report::{Report, say};
+pub use request::{BackfillOutcome, BackfillRequest, backfill};
 
 /// How a run reads and publishes.
 #[derive(Debug, Clone)]

@@ -1,5 +1,6 @@
 //! `outbox-relay setup`: creates what is missing, idempotently: the checkpoint table
-//! (`migrations/0002_relay_checkpoint.sql`), with `[[messages]]` the SQL helpers
+//! (`migrations/0002_relay_checkpoint.sql`), the signal table
+//! (`migrations/0008_relay_signal.sql`, unless `[relay] sql_signals = false`), with `[[messages]]` the SQL helpers
 //! `outbox_relay.emit_event`/`emit_envelope` (`migrations/0005_emit_outbox_message.sql`), the
 //! publication, the slot (publication first, and never a slot while a checkpoint for it
 //! exists), and with `--create-stream` the stream. The outbox tables themselves belong to the
@@ -21,6 +22,12 @@ pub async fn setup(config: &RelayConfig, create_stream: bool) -> Result<(), Fail
         .await
         .map_err(|e| Failure::new(FailureKind::Config, e))?;
     println!("ok       checkpoint table outbox_relay.checkpoint");
+    if config.relay.sql_signals {
+        relay_postgres::signal::ensure_signal_table(store.client())
+            .await
+            .map_err(pg_failure)?;
+        println!("ok       signal table outbox_relay.signal");
+    }
     if !config.messages.is_empty() {
         setup_emit_functions(store.client()).await?;
     }

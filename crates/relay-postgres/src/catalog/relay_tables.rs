@@ -53,6 +53,14 @@ pub async fn checkpoint_table_access(
     relay_table_access(client, "checkpoint", "SELECT, INSERT, UPDATE").await
 }
 
+/// What the current role may do with `outbox_relay.signal`: the relay reads and updates its
+/// rows (the roles that signal insert them).
+pub(crate) async fn signal_table_access(
+    client: &Client,
+) -> Result<TableAccess, tokio_postgres::Error> {
+    relay_table_access(client, "signal", "SELECT, UPDATE").await
+}
+
 /// What the current role may do with `outbox_relay.position_map` (looked up like the checkpoint
 /// table, see [`checkpoint_table_access`]).
 pub async fn position_map_access(client: &Client) -> Result<TableAccess, tokio_postgres::Error> {

@@ -1,6 +1,6 @@
 //! The plain sessions: one host's session ([`connect`]), the read-write server among the URL's
-//! hosts ([`connect_primary`], pinning the settings to it), and a session whose notices are
-//! handed over ([`connect_with_notices`]). Each runs the login probe ([`super::auth`]) first.
+//! hosts ([`connect_primary`], pinning the settings to it), and sessions whose notices
+//! ([`connect_with_notices`]) or notifications ([`connect_with_notifications`]) are handed over. Each runs the login probe ([`super::auth`]) first.
 
 use super::{auth, tls};
 use crate::PgError;
@@ -11,7 +11,7 @@ use crate::settings::PostgresSettings;
 /// in the URL (or `target_session_attrs=read-write`) the session is on the read-write server:
 /// see [`connect_primary`].
 pub async fn connect(settings: &PostgresSettings) -> Result<tokio_postgres::Client, PgError> {
-    Ok(connect_observed(settings, None).await?.0)
+    Ok(connect_observed(settings, Observer::default()).await?.0)
 }
 
 /// [`connect`], and the settings bound to the host it reached
@@ -22,7 +22,7 @@ pub async fn connect(settings: &PostgresSettings) -> Result<tokio_postgres::Clie
 pub async fn connect_primary(
     settings: &PostgresSettings,
 ) -> Result<(tokio_postgres::Client, PostgresSettings), PgError> {
-    connect_observed(settings, None).await
+    connect_observed(settings, Observer::default()).await
 }
 
 /// The server's notices and warnings to one session, in the order it sent them.
@@ -34,24 +34,59 @@ pub(crate) async fn connect_with_notices(
     settings: &PostgresSettings,
 ) -> Result<(tokio_postgres::Client, Notices), PgError> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    Ok((connect_observed(settings, Some(tx)).await?.0, rx))
+    let observer = Observer {
+        notices: Some(tx),
+        notifications: None,
+    };
+    Ok((connect_observed(settings, observer).await?.0, rx))
+}
+
+/// The `NOTIFY`s a session receives (after its `LISTEN`), in the order it received them: for
+/// one channel, the order their transactions committed.
+pub type Notifications = tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::Notification>;
+
+/// [`connect`], and the session's notifications through [`Notifications`]; the receiver ends
+/// when the session does.
+pub async fn connect_with_notifications(
+    settings: &PostgresSettings,
+) -> Result<(tokio_postgres::Client, Notifications), PgError> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let observer = Observer {
+        notices: None,
+        notifications: Some(tx),
+    };
+    Ok((connect_observed(settings, observer).await?.0, rx))
 }
 
 type NoticeSender = tokio::sync::mpsc::UnboundedSender<tokio_postgres::error::DbError>;
+type NotificationSender = tokio::sync::mpsc::UnboundedSender<tokio_postgres::Notification>;
+
+/// Who is handed a session's notices and notifications (nobody: the session is only driven).
+#[derive(Clone, Default)]
+struct Observer {
+    notices: Option<NoticeSender>,
+    notifications: Option<NotificationSender>,
+}
+
+impl Observer {
+    fn is_empty(&self) -> bool {
+        self.notices.is_none() && self.notifications.is_none()
+    }
+}
 
 async fn connect_observed(
     settings: &PostgresSettings,
-    notices: Option<NoticeSender>,
+    observer: Observer,
 ) -> Result<(tokio_postgres::Client, PostgresSettings), PgError> {
     settings.validate()?;
     let candidates = settings.candidates()?;
     if let [only] = candidates.as_slice() {
-        return Ok((connect_one(only, notices).await?, only.clone()));
+        return Ok((connect_one(only, observer).await?, only.clone()));
     }
     let mut tried = Vec::with_capacity(candidates.len());
     let mut refusals = Vec::new();
     for candidate in candidates {
-        match connect_one(&candidate, notices.clone()).await {
+        match connect_one(&candidate, observer.clone()).await {
             Ok(client) => {
                 tracing::debug!(target = %candidate.display_target(), "connected to the read-write server");
                 return Ok((client, candidate));
@@ -110,7 +145,7 @@ fn why_not_primary(error: &PgError) -> String {
 /// One session to the single host of `settings` (a single-host URL or a bound candidate).
 async fn connect_one(
     settings: &PostgresSettings,
-    notices: Option<NoticeSender>,
+    observer: Observer,
 ) -> Result<tokio_postgres::Client, PgError> {
     auth::probe(settings).await?;
     let config = settings.client_config()?;
@@ -125,7 +160,7 @@ async fn connect_one(
                 .connect(tokio_postgres_rustls::MakeRustlsConnect::new(tls))
                 .await
                 .map_err(connect_err)?;
-            spawn_driver(connection, notices);
+            spawn_driver(connection, observer);
             client
         }
         None => {
@@ -133,23 +168,24 @@ async fn connect_one(
                 .connect(tokio_postgres::NoTls)
                 .await
                 .map_err(connect_err)?;
-            spawn_driver(connection, notices);
+            spawn_driver(connection, observer);
             client
         }
     };
     Ok(client)
 }
 
-/// Drives `connection` in its own task, handing notices to `notices` when someone listens.
-fn spawn_driver<S, T>(connection: tokio_postgres::Connection<S, T>, notices: Option<NoticeSender>)
+/// Drives `connection` in its own task, handing notices and notifications to `observer`.
+fn spawn_driver<S, T>(connection: tokio_postgres::Connection<S, T>, observer: Observer)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    match notices {
-        Some(tx) => tokio::spawn(drive_observed(connection, tx)),
-        None => tokio::spawn(drive(connection)),
-    };
+    if observer.is_empty() {
+        tokio::spawn(drive(connection));
+    } else {
+        tokio::spawn(drive_observed(connection, observer));
+    }
 }
 
 async fn drive<F: std::future::Future<Output = Result<(), tokio_postgres::Error>>>(connection: F) {
@@ -158,18 +194,23 @@ async fn drive<F: std::future::Future<Output = Result<(), tokio_postgres::Error>
     }
 }
 
-/// Drives the connection and hands every notice over to `notices`.
-async fn drive_observed<S, T>(
-    mut connection: tokio_postgres::Connection<S, T>,
-    notices: NoticeSender,
-) where
+/// Drives the connection and hands every notice and notification over to `observer`.
+async fn drive_observed<S, T>(mut connection: tokio_postgres::Connection<S, T>, observer: Observer)
+where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     loop {
         match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
             Some(Ok(tokio_postgres::AsyncMessage::Notice(notice))) => {
-                let _ = notices.send(notice);
+                if let Some(tx) = &observer.notices {
+                    let _ = tx.send(notice);
+                }
+            }
+            Some(Ok(tokio_postgres::AsyncMessage::Notification(notification))) => {
+                if let Some(tx) = &observer.notifications {
+                    let _ = tx.send(notification);
+                }
             }
             Some(Ok(_)) => {}
             Some(Err(error)) => {

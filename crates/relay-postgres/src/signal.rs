@@ -1,0 +1,182 @@
+//! Signals from SQL: `outbox_relay.signal` (`migrations/0008_relay_signal.sql`). A row inserted
+//! there asks the running relay to do something; the relay claims it, carries it out and writes
+//! its progress, outcome or error back into the row. This module is the table's SQL and the
+//! session that listens for new rows; what a kind means is the runtime's.
+//!
+//! The row is the durable state, not the notification: a `NOTIFY` sent while no relay listens
+//! is gone, so a relay reads the open rows whenever it starts listening (at start, and after
+//! every reconnection), then follows the notifications, which arrive in commit order.
+
+use tokio_postgres::Client;
+
+use crate::catalog::relay_tables::{TableAccess, signal_table_access};
+use crate::{Notifications, PgError, PostgresSettings};
+
+/// The migration that creates the table and its trigger (also shipped in `migrations/`).
+pub const SIGNAL_MIGRATION: &str = include_str!("../../../migrations/0008_relay_signal.sql");
+
+/// The channel the table's trigger notifies with each new row's id.
+pub const SIGNAL_CHANNEL: &str = "outbox_relay_signal";
+
+fn query_err(context: &'static str) -> impl Fn(tokio_postgres::Error) -> PgError {
+    move |source| PgError::Query {
+        context: context.into(),
+        source,
+    }
+}
+
+/// Creates `outbox_relay.signal` when missing; an error names the grant or migration to apply
+/// when the relay's role cannot create or use it.
+pub async fn ensure_signal_table(client: &Client) -> Result<(), PgError> {
+    let access = signal_table_access(client)
+        .await
+        .map_err(query_err("cannot look up outbox_relay.signal"))?;
+    match access {
+        TableAccess::Usable => Ok(()),
+        TableAccess::Missing => client.batch_execute(SIGNAL_MIGRATION).await.map_err(query_err(
+            "outbox_relay.signal does not exist and the relay's role cannot create it: apply migrations/0008_relay_signal.sql as an administrator (or run `outbox-relay setup`), and GRANT SELECT, UPDATE ON outbox_relay.signal to the relay's role",
+        )),
+        TableAccess::NotGranted { role } => Err(PgError::RelayTableNotGranted {
+            table: "outbox_relay.signal",
+            role,
+            grant: "SELECT, UPDATE",
+        }),
+    }
+}
+
+/// A session listening on [`SIGNAL_CHANNEL`]: its client for the table's SQL, and the ids of new
+/// rows in commit order.
+#[derive(Debug)]
+pub struct SignalSession {
+    pub client: Client,
+    pub new_rows: Notifications,
+}
+
+impl SignalSession {
+    /// Connects, makes sure the table is there and starts listening. Rows inserted before the
+    /// `LISTEN` are not notified: read [`open_signals`] after this.
+    pub async fn connect(settings: &PostgresSettings) -> Result<Self, PgError> {
+        let (client, new_rows) = crate::connect_with_notifications(settings).await?;
+        client
+            .batch_execute("SET application_name = 'outbox-relay signals'")
+            .await
+            .map_err(query_err("cannot set up the signal session"))?;
+        ensure_signal_table(&client).await?;
+        client
+            .batch_execute(&format!("LISTEN {SIGNAL_CHANNEL}"))
+            .await
+            .map_err(query_err("cannot LISTEN for signals"))?;
+        Ok(Self { client, new_rows })
+    }
+}
+
+/// The id a notification carries, when it is one of the table's.
+pub fn notified_id(notification: &tokio_postgres::Notification) -> Option<i64> {
+    (notification.channel() == SIGNAL_CHANNEL)
+        .then(|| notification.payload().trim().parse().ok())
+        .flatten()
+}
+
+/// The open rows the relay of `slot` may carry out, oldest first: requested for it or for any
+/// relay, and those it claimed and did not finish (it stopped while they ran).
+pub async fn open_signals(client: &Client, slot: &str) -> Result<Vec<i64>, PgError> {
+    let rows = client
+        .query(
+            "SELECT id FROM outbox_relay.signal \
+             WHERE (state = 'requested' AND (slot_name IS NULL OR slot_name = $1)) \
+                OR (state = 'running' AND claimed_by = $1) \
+             ORDER BY id",
+            &[&slot],
+        )
+        .await
+        .map_err(query_err("cannot read the open signals"))?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// A signal the relay claimed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimedSignal {
+    pub id: i64,
+    pub kind: String,
+    /// `args` as JSON text.
+    pub args: String,
+    /// It was running before: the relay stopped while carrying it out and resumes it now.
+    pub resumed: bool,
+    /// When a relay first claimed it, `YYYY-MM-DDTHH:MM:SSZ` (UTC).
+    pub started_at: String,
+}
+
+/// Claims row `id` for the relay of `slot` (state `running`), unless another relay took it,
+/// it names another slot, or it is finished: then `None`.
+pub async fn claim(client: &Client, id: i64, slot: &str) -> Result<Option<ClaimedSignal>, PgError> {
+    let row = client
+        .query_opt(
+            "WITH before AS ( \
+                 SELECT id, state FROM outbox_relay.signal WHERE id = $1 \
+                 AND ((state = 'requested' AND (slot_name IS NULL OR slot_name = $2)) \
+                      OR (state = 'running' AND claimed_by = $2)) \
+                 FOR UPDATE) \
+             UPDATE outbox_relay.signal s SET state = 'running', claimed_by = $2, \
+                    started_at = coalesce(s.started_at, now()), updated_at = now(), \
+                    progress = NULL \
+             FROM before WHERE s.id = before.id \
+             RETURNING s.kind, s.args::text, before.state = 'running', \
+                       to_char(s.started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')",
+            &[&id, &slot],
+        )
+        .await
+        .map_err(query_err("cannot claim a signal"))?;
+    Ok(row.map(|r| ClaimedSignal {
+        id,
+        kind: r.get(0),
+        args: r.get(1),
+        resumed: r.get(2),
+        started_at: r.get(3),
+    }))
+}
+
+/// Writes `progress` (a JSON object's text) into row `id`.
+pub async fn record_progress(client: &Client, id: i64, progress: &str) -> Result<(), PgError> {
+    client
+        .execute(
+            "UPDATE outbox_relay.signal SET progress = $2::text::jsonb, updated_at = now() \
+             WHERE id = $1",
+            &[&id, &progress],
+        )
+        .await
+        .map_err(query_err("cannot record a signal's progress"))?;
+    Ok(())
+}
+
+/// How a signal ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SignalEnd {
+    /// Carried out; what it did.
+    Done { outcome: String },
+    /// Not carried out (or not to the end); why, and what to do.
+    Failed { error: String },
+}
+
+/// Marks row `id` finished (`done` or `failed`), with its last progress (JSON text) if any.
+pub async fn finish(
+    client: &Client,
+    id: i64,
+    end: &SignalEnd,
+    progress: Option<&str>,
+) -> Result<(), PgError> {
+    let (state, outcome, error) = match end {
+        SignalEnd::Done { outcome } => ("done", Some(outcome.as_str()), None),
+        SignalEnd::Failed { error } => ("failed", None, Some(error.as_str())),
+    };
+    client
+        .execute(
+            "UPDATE outbox_relay.signal SET state = $2, outcome = $3, error = $4, \
+                    progress = coalesce($5::text::jsonb, progress), \
+                    finished_at = now(), updated_at = now() \
+             WHERE id = $1",
+            &[&id, &state, &outcome, &error, &progress],
+        )
+        .await
+        .map_err(query_err("cannot record how a signal ended"))?;
+    Ok(())
+}

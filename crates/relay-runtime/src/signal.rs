@@ -1,0 +1,251 @@
+//! Signals from SQL: the relay carries out the rows inserted into `outbox_relay.signal`, one at a
+//! time, in commit order, and writes each one's progress, outcome or error back into its row.
+//! A bad signal (unknown kind, bad arguments, a table that is not an outbox table) is a row
+//! marked failed with the reason; nothing a signal does stops the relay.
+//!
+//! Order: a listening session is woken by the table's trigger at commit (`NOTIFY` is delivered
+//! in commit order). Rows that arrived while no session listened (the relay was down, or its
+//! session reconnected) are read from the table when it starts listening, in the order of their
+//! ids, before any notified one. A signal the relay was carrying out when it stopped is resumed
+//! on its next start (a backfill at its stored cursor).
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use relay_postgres::signal::{self as store, ClaimedSignal, SignalEnd, SignalSession};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::RelayConfig;
+use crate::failure::FailureKind;
+use crate::table_backfill::{self, BackfillRequest};
+
+mod request;
+
+pub use request::{KNOWN_KINDS, SignalRequest, parse};
+
+/// How often a running signal's progress is written into its row.
+const PROGRESS_EVERY: Duration = Duration::from_secs(2);
+
+/// Carries out signals until `shutdown`, reconnecting its session after a failure. Starts once
+/// the relay streams: a backfill needs the slot, which the relay's first start may create.
+pub(crate) fn spawn(
+    config: RelayConfig,
+    telemetry: std::sync::Arc<relay_telemetry::Telemetry>,
+    shutdown: CancellationToken,
+) {
+    tokio::spawn(async move {
+        while !telemetry
+            .streaming
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                () = shutdown.cancelled() => return,
+            }
+        }
+        let mut warned = false;
+        let mut backoff = Duration::from_secs(1);
+        while !shutdown.is_cancelled() {
+            match SignalSession::connect(&config.postgres).await {
+                Ok(session) => {
+                    warned = false;
+                    backoff = Duration::from_secs(1);
+                    if let Err(error) = serve(&config, session, &shutdown).await {
+                        tracing::warn!(error = %error, "signal session ended; reconnecting");
+                    }
+                }
+                Err(error) if !warned => {
+                    warned = true;
+                    tracing::warn!(error = %format!("{error:#}"), "signals from SQL (outbox_relay.signal) are not carried out until this is fixed; set [relay] sql_signals = false to turn them off");
+                }
+                Err(error) => tracing::debug!(error = %error, "signal session: still failing"),
+            }
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => {}
+                () = shutdown.cancelled() => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(60));
+        }
+    });
+}
+
+/// One session: the open rows first, then each notified one, until the session ends or
+/// `shutdown`.
+async fn serve(
+    config: &RelayConfig,
+    mut session: SignalSession,
+    shutdown: &CancellationToken,
+) -> Result<(), relay_postgres::PgError> {
+    let slot = &config.postgres.slot;
+    let mut queue: VecDeque<i64> = store::open_signals(&session.client, slot).await?.into();
+    loop {
+        let id = match queue.pop_front() {
+            Some(id) => id,
+            None => tokio::select! {
+                notified = session.new_rows.recv() => match notified {
+                    Some(n) => {
+                        queue.extend(store::notified_id(&n));
+                        continue;
+                    }
+                    None => return Ok(()),
+                },
+                () = shutdown.cancelled() => return Ok(()),
+            },
+        };
+        let Some(claimed) = store::claim(&session.client, id, slot).await? else {
+            continue;
+        };
+        carry_out(config, &mut session, claimed, &mut queue, shutdown).await?;
+        if shutdown.is_cancelled() {
+            return Ok(());
+        }
+    }
+}
+
+/// Carries out one claimed signal and writes how it ended (unless the relay is stopping: then
+/// the row stays running and the next start resumes it).
+async fn carry_out(
+    config: &RelayConfig,
+    session: &mut SignalSession,
+    signal: ClaimedSignal,
+    queue: &mut VecDeque<i64>,
+    shutdown: &CancellationToken,
+) -> Result<(), relay_postgres::PgError> {
+    let client = &session.client;
+    let request = match parse(&signal.kind, &signal.args) {
+        Ok(request) => request,
+        Err(error) => {
+            tracing::warn!(signal = signal.id, kind = %signal.kind, "signal refused: {error}");
+            return store::finish(client, signal.id, &SignalEnd::Failed { error }, None).await;
+        }
+    };
+    let SignalRequest::Backfill(mut request) = request;
+    if signal.resumed && request.restart && own_cursor(config, &request, &signal, client).await {
+        // Started over before the relay stopped: resume that run instead of a third one.
+        request.restart = false;
+    }
+    tracing::info!(
+        signal = signal.id,
+        table = %request.table,
+        resumed = signal.resumed,
+        "carrying out a backfill signal"
+    );
+    let mut watch = ProgressWatch::new(config, &request);
+    let run = table_backfill::backfill(config, &request, shutdown);
+    tokio::pin!(run);
+    let mut ticks = tokio::time::interval(PROGRESS_EVERY);
+    let result = loop {
+        tokio::select! {
+            result = &mut run => break result,
+            _ = ticks.tick() => {
+                if let Some(progress) = watch.read(client).await {
+                    store::record_progress(client, signal.id, &progress).await?;
+                }
+            }
+            Some(notified) = session.new_rows.recv() => {
+                // A second signal waits for this one: say so in its row.
+                if let Some(next) = store::notified_id(&notified) {
+                    queue.push_back(next);
+                    let waiting = serde_json::json!({ "waiting_behind": signal.id }).to_string();
+                    store::record_progress(client, next, &waiting).await?;
+                }
+            }
+        }
+    };
+    let progress = watch.read(client).await;
+    let end = match result {
+        Ok(outcome) => SignalEnd::Done {
+            outcome: outcome.to_string(),
+        },
+        Err(failure) if failure.kind == FailureKind::Interrupted && shutdown.is_cancelled() => {
+            tracing::info!(
+                signal = signal.id,
+                "relay stopping: the signal stays running and resumes at the next start"
+            );
+            if let Some(progress) = progress {
+                store::record_progress(client, signal.id, &progress).await?;
+            }
+            return Ok(());
+        }
+        Err(failure) => SignalEnd::Failed {
+            error: format!(
+                "{:#} (insert the signal again once the cause is fixed: it resumes at the stored cursor)",
+                failure.error
+            ),
+        },
+    };
+    match &end {
+        SignalEnd::Done { outcome } => tracing::info!(signal = signal.id, "{outcome}"),
+        SignalEnd::Failed { error } => tracing::warn!(signal = signal.id, "signal failed: {error}"),
+    }
+    store::finish(client, signal.id, &end, progress.as_deref()).await
+}
+
+/// Whether the stored cursor of `request` was started by `signal` (not before it was claimed).
+async fn own_cursor(
+    config: &RelayConfig,
+    request: &BackfillRequest,
+    signal: &ClaimedSignal,
+    client: &tokio_postgres::Client,
+) -> bool {
+    let Some(id) = request.cursor(config) else {
+        return false;
+    };
+    match relay_postgres::backfill::load_cursor(client, &id).await {
+        // Both are `YYYY-MM-DDTHH:MM:SSZ`: they compare as text.
+        Ok(Some(cursor)) => cursor.started_at >= signal.started_at,
+        _ => false,
+    }
+}
+
+/// A backfill's progress as its stored cursor shows it (acknowledged rows only), with a rate and
+/// an estimate of the time left from this run's first reading.
+struct ProgressWatch {
+    /// `None`: not an outbox table (the backfill fails on it).
+    id: Option<relay_postgres::backfill::CursorId>,
+    first: Option<(Instant, i64)>,
+}
+
+impl ProgressWatch {
+    fn new(config: &RelayConfig, request: &BackfillRequest) -> Self {
+        Self {
+            id: request.cursor(config),
+            first: None,
+        }
+    }
+
+    /// The progress as a JSON object's text, `None` while there is no cursor yet.
+    async fn read(&mut self, client: &tokio_postgres::Client) -> Option<String> {
+        let id = self.id.as_ref()?;
+        let cursor = relay_postgres::backfill::load_cursor(client, id)
+            .await
+            .ok()??;
+        let now = Instant::now();
+        let (since, rows_then) = *self.first.get_or_insert((now, cursor.rows_done));
+        let seconds = now.duration_since(since).as_secs_f64();
+        let rate = (seconds >= 1.0).then(|| (cursor.rows_done - rows_then) as f64 / seconds);
+        let left = cursor
+            .rows_estimate
+            .map(|estimate| (estimate - cursor.rows_done).max(0));
+        let eta_seconds = match (rate, left) {
+            (Some(rate), Some(left)) if rate > 0.0 => Some((left as f64 / rate).ceil() as u64),
+            _ => None,
+        };
+        let percent = cursor.rows_estimate.filter(|e| *e > 0).map(|e| {
+            ((cursor.rows_done as f64 * 100.0 / e as f64).min(100.0) * 10.0).round() / 10.0
+        });
+        Some(
+            serde_json::json!({
+                "table": id.table,
+                "rows_done": cursor.rows_done,
+                "rows_estimate": cursor.rows_estimate,
+                "percent": percent,
+                "rows_per_second": rate.map(|r| r.round()),
+                "eta_seconds": eta_seconds,
+                "last_key": cursor.last_key,
+                "finished": cursor.finished_at.is_some(),
+            })
+            .to_string(),
+        )
+    }
+}

@@ -1,0 +1,304 @@
+//! Signals from SQL: an `INSERT` into `outbox_relay.signal` starts a backfill in the running
+//! relay, which writes its progress and outcome back into the row; a bad signal is a failed row
+//! with its reason, never a stopped relay; a signal running when the relay was killed resumes at
+//! its next start.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+
+use crate::backfill::{copies, seed};
+use crate::support::*;
+
+/// Inserts a signal; returns its id.
+async fn signal(db: &tokio_postgres::Client, kind: &str, args: &str) -> Result<i64> {
+    Ok(db
+        .query_one(
+            "INSERT INTO outbox_relay.signal (kind, args) VALUES ($1, $2::text::jsonb) RETURNING id",
+            &[&kind, &args],
+        )
+        .await?
+        .get(0))
+}
+
+/// A signal row as the relay left it.
+#[derive(Debug, Clone)]
+struct Row {
+    state: String,
+    progress: Option<serde_json::Value>,
+    outcome: Option<String>,
+    error: Option<String>,
+    finished_at: Option<String>,
+}
+
+async fn row(db: &tokio_postgres::Client, id: i64) -> Result<Row> {
+    let r = db
+        .query_one(
+            "SELECT state, progress::text, outcome, error, \
+                    to_char(finished_at, 'YYYY-MM-DD HH24:MI:SS.US') \
+             FROM outbox_relay.signal WHERE id = $1",
+            &[&id],
+        )
+        .await?;
+    let progress: Option<String> = r.get(1);
+    Ok(Row {
+        state: r.get(0),
+        progress: progress.map(|p| serde_json::from_str(&p)).transpose()?,
+        outcome: r.get(2),
+        error: r.get(3),
+        finished_at: r.get(4),
+    })
+}
+
+/// Waits until signal `id` is finished (done or failed); returns every distinct row seen on the
+/// way.
+async fn follow(db: &tokio_postgres::Client, id: i64, relay: &Relay) -> Result<Vec<Row>> {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut seen: Vec<Row> = Vec::new();
+    loop {
+        let now = row(db, id).await?;
+        let changed = seen.last().is_none_or(|last| {
+            (last.state.as_str(), &last.progress) != (now.state.as_str(), &now.progress)
+        });
+        if changed {
+            seen.push(now.clone());
+        }
+        if now.finished_at.is_some() {
+            return Ok(seen);
+        }
+        if Instant::now() > deadline {
+            bail!("signal {id} not finished: {now:?}; log:\n{}", relay.log());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The backfill's stored cursor: (rows done, finished).
+async fn cursor(db: &tokio_postgres::Client) -> Result<Option<(i64, bool)>> {
+    Ok(db
+        .query_opt(
+            "SELECT rows_done, finished_at IS NOT NULL FROM outbox_relay.backfill",
+            &[],
+        )
+        .await?
+        .map(|r| (r.get(0), r.get(1))))
+}
+
+const OLD_ROWS: i64 = 4000;
+
+#[tokio::test]
+async fn a_backfill_signal_publishes_the_old_rows_and_reports_its_progress_in_its_row() -> Result<()>
+{
+    let env = Env::start().await?;
+    let db = env.db().await?;
+    let old = seed(&db, OLD_ROWS, "old").await?;
+    let config = env.config("");
+    let relay = Relay::start_streaming(&config).await?;
+    let js = env.jetstream().await?;
+    let live = insert_event(&db, "Live", "created", r#"{"live": 1}"#).await?;
+    wait_for_id(&js, &live, &relay).await?;
+    ensure!(
+        stream_count(&js).await? == 1,
+        "only the live row before the signal"
+    );
+
+    // The table holds the old rows and the live one (the backfill reads it too and leaves it
+    // out: the stream has it). About four seconds of work at 1,000 rows/s; a second signal
+    // while it runs.
+    let in_table = OLD_ROWS + 1;
+    let first = signal(
+        &db,
+        "backfill",
+        r#"{"table": "outbox", "page_size": 200, "rate": 1000}"#,
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = signal(&db, "backfill", r#"{"table": "public.outbox"}"#).await?;
+    let (first_rows, second_rows) =
+        tokio::join!(follow(&db, first, &relay), follow(&db, second, &relay));
+    let (first_rows, second_rows) = (first_rows?, second_rows?);
+
+    let last = first_rows.last().context("rows seen")?;
+    ensure!(last.state == "done", "first signal: {last:?}");
+    let outcome = last.outcome.as_deref().unwrap_or_default();
+    ensure!(
+        outcome.contains(&format!("finished: {in_table} rows")),
+        "outcome: {outcome}"
+    );
+    let progress = last.progress.as_ref().context("final progress")?;
+    assert_eq!(progress["rows_done"], in_table, "{progress}");
+    assert_eq!(progress["finished"], true, "{progress}");
+    assert_eq!(progress["table"], "public.outbox", "{progress}");
+    // Progress was written while it ran: a running row with some rows done, not all.
+    let midway = first_rows.iter().any(|r| {
+        r.state == "running"
+            && r.progress.as_ref().is_some_and(|p| {
+                p["rows_done"]
+                    .as_i64()
+                    .is_some_and(|n| n > 0 && n < in_table)
+                    && p["rows_estimate"] == in_table
+            })
+    });
+    ensure!(midway, "no progress seen midway: {first_rows:?}");
+
+    // The second waited for the first, said so, and then found the table done.
+    ensure!(
+        second_rows.iter().any(|r| r.state == "requested"
+            && r.progress
+                .as_ref()
+                .is_some_and(|p| p["waiting_behind"] == first)),
+        "second signal never said it waits: {second_rows:?}"
+    );
+    let second_last = second_rows.last().context("second rows")?;
+    ensure!(second_last.state == "done", "{second_last:?}");
+    ensure!(
+        second_last
+            .outcome
+            .as_deref()
+            .is_some_and(|o| o.contains("had finished")),
+        "{second_last:?}"
+    );
+    ensure!(
+        second_last.finished_at > last.finished_at,
+        "carried out in order: {last:?} then {second_last:?}"
+    );
+
+    // Every old row once, marked as a backfill; the cursor finished at the row count.
+    let messages =
+        wait_for_messages(&js, old.len() + 1, Duration::from_secs(30), Some(&relay)).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let again = read_stream(&js).await?;
+    let messages = if again.len() >= messages.len() {
+        again
+    } else {
+        messages
+    };
+    let counts = copies(&messages);
+    ensure!(
+        old.iter().all(|id| counts.get(id.as_str()) == Some(&1)),
+        "each old row exactly once"
+    );
+    ensure!(
+        messages.len() == old.len() + 1,
+        "nothing else: {}",
+        messages.len()
+    );
+    for m in messages.iter().filter(|m| old.contains(m.id())) {
+        assert_eq!(m.header("Outbox-Backfill"), "true", "{m:?}");
+    }
+    assert_eq!(cursor(&db).await?, Some((in_table, true)));
+
+    // The relay streams on, and its checkpoint passes a row inserted after.
+    let after = insert_event(&db, "Live", "created", r#"{"live": 2}"#).await?;
+    wait_for_id(&js, &after, &relay).await?;
+    let wal = env.current_wal().await?;
+    env.wait_checkpoint(wal, Duration::from_secs(30)).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn bad_signals_are_failed_rows_with_their_reason_and_the_relay_streams_on() -> Result<()> {
+    let env = Env::start().await?;
+    let db = env.db().await?;
+    let config = env.config("");
+    let mut relay = Relay::start_streaming(&config).await?;
+    let js = env.jetstream().await?;
+
+    let cases = [
+        ("snapshot", r#"{}"#, "unknown signal kind `snapshot`"),
+        (
+            "backfill",
+            r#"{"tabel": "outbox"}"#,
+            "unknown field `tabel`",
+        ),
+        ("backfill", r#"{}"#, "missing field `table`"),
+        (
+            "backfill",
+            r#"{"table": "outbox", "page_size": 0}"#,
+            "at least 1",
+        ),
+        ("replay", r#"{}"#, "`outbox-relay replay`"),
+        (
+            "backfill",
+            r#"{"table": "public.orders"}"#,
+            "not configured as an outbox table",
+        ),
+        (
+            "backfill",
+            r#"{"table": "outbox", "where": "no_such_column > 1"}"#,
+            "no_such_column",
+        ),
+    ];
+    for (kind, args, reason) in cases {
+        let id = signal(&db, kind, args).await?;
+        let rows = follow(&db, id, &relay).await?;
+        let last = rows.last().context("rows")?;
+        ensure!(
+            last.state == "failed",
+            "{kind} {args}: {last:?}; log:\n{}",
+            relay.log()
+        );
+        let error = last.error.as_deref().unwrap_or_default();
+        ensure!(
+            error.contains(reason),
+            "{kind} {args}: error {error:?} lacks {reason:?}"
+        );
+    }
+    ensure!(relay.try_status()?.is_none(), "the relay is still running");
+    let id = insert_event(&db, "Live", "created", r#"{"after": "bad signals"}"#).await?;
+    wait_for_id(&js, &id, &relay).await?;
+    let wal = env.current_wal().await?;
+    env.wait_checkpoint(wal, Duration::from_secs(30)).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_signal_running_when_the_relay_is_killed_resumes_at_its_next_start() -> Result<()> {
+    let env = Env::start().await?;
+    let db = env.db().await?;
+    let old = seed(&db, OLD_ROWS, "old").await?;
+    let config = env.config("");
+    let mut relay = Relay::start_streaming(&config).await?;
+    let js = env.jetstream().await?;
+    let id = signal(
+        &db,
+        "backfill",
+        r#"{"table": "outbox", "page_size": 100, "rate": 800, "restart": true}"#,
+    )
+    .await?;
+
+    // Kill it once the cursor holds some rows and not all.
+    wait_until("the backfill under way", &relay, async || {
+        Ok(cursor(&db)
+            .await?
+            .is_some_and(|(done, _)| done > 0 && done < OLD_ROWS / 2))
+    })
+    .await?;
+    relay.kill9();
+    let (done_at_kill, finished) = cursor(&db).await?.context("cursor")?;
+    ensure!(
+        !finished && done_at_kill < OLD_ROWS,
+        "killed midway: {done_at_kill}"
+    );
+    let at_kill = row(&db, id).await?;
+    ensure!(at_kill.state == "running", "{at_kill:?}");
+
+    let relay = Relay::start_streaming(&config).await?;
+    let rows = follow(&db, id, &relay).await?;
+    let last = rows.last().context("rows")?;
+    ensure!(last.state == "done", "{last:?}");
+    assert!(
+        relay.log().contains("resuming at"),
+        "resumed at the cursor, not started over (restart is for the first claim only)"
+    );
+    let messages = wait_for_messages(&js, old.len(), Duration::from_secs(30), Some(&relay)).await?;
+    let counts = copies(&messages);
+    ensure!(
+        old.iter().all(|id| counts.contains_key(id.as_str())),
+        "every old row published"
+    );
+    // The rows in flight at the kill are re-sent and dropped by JetStream as duplicates.
+    ensure!(counts.values().all(|n| *n == 1), "no row stored twice");
+    assert_eq!(cursor(&db).await?, Some((OLD_ROWS, true)));
+    Ok(())
+}
