@@ -3,7 +3,8 @@
 #   1. format and lint checks (rustfmt, clippy, no import loop between the modules or files of
 #      a crate, no function over 80 lines without a reason beside it),
 #   2. all unit, integration and end-to-end tests against PostgreSQL 15 and nats-server 2.9
-#      (Debian), each test starting its own servers on free ports,
+#      (Debian), each test starting its own servers on free ports; among them the console's
+#      pages in headless Chromium (Debian), screenshots kept in target/test-artifacts/console/,
 #   3. the Python and TypeScript consumer libraries (scripts/consumers-test.sh: packages from PyPI
 #      and npm) against the relay and real servers, with the shared wire-contract check,
 #   4. the tests of steps 2 and 3 again (the end-to-end tests with the fault suite, the consumer

@@ -9,6 +9,7 @@ mod batch_restart;
 mod batches;
 mod cleanup;
 mod compose;
+mod console;
 mod consumer;
 mod delivery;
 mod deploy;

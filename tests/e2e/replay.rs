@@ -234,13 +234,7 @@ async fn position_finds_the_first_event_from_x_through_the_map_and_through_the_s
     assert_eq!(first["sequence"], events[0].seq, "{first}");
     let past = format!("{:X}/0", (events[39].lsn >> 32) + 1);
     let p = position(&config, &["--lsn", &past])?;
-    let last = js
-        .get_stream(STREAM)
-        .await?
-        .info()
-        .await?
-        .state
-        .last_sequence;
+    let last = last_sequence(&js).await?;
     assert_eq!(p["sequence"], last + 1, "the next one stored: {p}");
     assert!(p["found"].is_null(), "{p}");
 

@@ -430,6 +430,17 @@ pub async fn stream_count(js: &jetstream::Context) -> Result<usize> {
     })
 }
 
+/// The stream's last sequence.
+pub async fn last_sequence(js: &jetstream::Context) -> Result<u64> {
+    Ok(js
+        .get_stream(STREAM)
+        .await?
+        .info()
+        .await?
+        .state
+        .last_sequence)
+}
+
 /// Waits until the stream holds at least `n` messages; returns them.
 pub async fn wait_for_messages(
     js: &jetstream::Context,

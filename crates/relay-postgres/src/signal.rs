@@ -180,3 +180,65 @@ pub async fn finish(
         .map_err(query_err("cannot record how a signal ended"))?;
     Ok(())
 }
+
+/// A signal row as the console shows it.
+#[derive(Debug, Clone)]
+pub struct SignalRow {
+    pub id: i64,
+    pub kind: String,
+    /// `args` as JSON text.
+    pub args: String,
+    pub slot_name: Option<String>,
+    pub requested_by: String,
+    pub requested_at: String,
+    pub state: String,
+    pub claimed_by: Option<String>,
+    pub finished_at: Option<String>,
+    /// `progress` as JSON text.
+    pub progress: Option<String>,
+    pub outcome: Option<String>,
+    pub error: Option<String>,
+}
+
+/// The newest `limit` signal rows, newest first; empty when the table does not exist.
+pub async fn recent_signals(client: &Client, limit: i64) -> Result<Vec<SignalRow>, PgError> {
+    let exists: bool = client
+        .query_one("SELECT to_regclass('outbox_relay.signal') IS NOT NULL", &[])
+        .await
+        .map_err(query_err("cannot look up outbox_relay.signal"))?
+        .get(0);
+    if !exists {
+        return Ok(Vec::new());
+    }
+    const TIME: &str = "'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'";
+    let rows = client
+        .query(
+            &format!(
+                "SELECT id, kind, args::text, slot_name, requested_by, \
+                        to_char(requested_at AT TIME ZONE 'UTC', {TIME}), state, claimed_by, \
+                        to_char(finished_at AT TIME ZONE 'UTC', {TIME}), progress::text, \
+                        outcome, error \
+                 FROM outbox_relay.signal ORDER BY id DESC LIMIT $1"
+            ),
+            &[&limit],
+        )
+        .await
+        .map_err(query_err("cannot read outbox_relay.signal"))?;
+    Ok(rows
+        .iter()
+        .map(|r| SignalRow {
+            id: r.get(0),
+            kind: r.get(1),
+            args: r.get(2),
+            slot_name: r.get(3),
+            requested_by: r.get(4),
+            requested_at: r.get(5),
+            state: r.get(6),
+            claimed_by: r.get(7),
+            finished_at: r.get(8),
+            progress: r.get(9),
+            outcome: r.get(10),
+            error: r.get(11),
+        })
+        .collect())
+}

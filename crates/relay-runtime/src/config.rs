@@ -12,10 +12,12 @@ use relay_nats::NatsSettings;
 use relay_postgres::PostgresSettings;
 use serde::{Deserialize, Serialize};
 
+mod flat;
 mod outbox_tables;
 pub mod presets;
 pub mod replay_retention;
 
+pub use flat::flattened;
 pub use outbox_tables::{BackfillSetting, OutboxTables};
 pub use presets::AppliedPreset;
 pub use relay_postgres::cleanup::{CleanupMode, CleanupSettings};
@@ -57,7 +59,7 @@ pub struct RelayConfig {
     pub otlp: relay_telemetry::otlp::OtlpSettings,
 }
 
-/// The `[http]` section: `/livez`, `/readyz`, `/metrics`, `/status`.
+/// The `[http]` section: `/livez`, `/readyz`, `/metrics`, `/status`, and the console.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpSettings {
@@ -68,6 +70,14 @@ pub struct HttpSettings {
     /// readiness. Default `5s`.
     #[serde(default = "default_sample_interval", with = "humantime_serde")]
     pub sample_interval: Duration,
+    /// Serve the console (`/console`: overview, events, dead letters, consumers, backfills,
+    /// configuration), read-only. Default `false`.
+    #[serde(default)]
+    pub console: bool,
+    /// A file holding the console's token. Without one the console answers only requests
+    /// from loopback; with one, only requests that carry it (`Authorization: Bearer`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub console_token_file: Option<std::path::PathBuf>,
 }
 
 fn default_sample_interval() -> Duration {
@@ -79,6 +89,8 @@ impl Default for HttpSettings {
         Self {
             listen: None,
             sample_interval: default_sample_interval(),
+            console: false,
+            console_token_file: None,
         }
     }
 }

@@ -6,6 +6,7 @@
 //! | `/readyz` | 200 `{"ready":true}` when streaming, NATS connected and the stream present; 503 with `{"ready":false,"reasons":[…]}` otherwise |
 //! | `/metrics` | Prometheus / OpenMetrics text |
 //! | `/status` | JSON: positions, counters, slot and stream state |
+//! | `/console` | the console, with `[http] console = true` ([`crate::console`]) |
 //!
 //! Also a tiny client, for `outbox-relay status` asking a running relay.
 
@@ -30,10 +31,12 @@ struct AppState {
     registry: Arc<Registry>,
 }
 
-/// Serves the endpoints on `listener` until `ended` is cancelled.
-pub fn spawn(
+/// Serves the endpoints (and `console`'s pages when given) on `listener` until `ended` is
+/// cancelled.
+pub(crate) fn spawn(
     listener: tokio::net::TcpListener,
     telemetry: Arc<Telemetry>,
+    console: Option<Arc<crate::console::Console>>,
     ended: tokio_util::sync::CancellationToken,
 ) {
     let mut registry = Registry::default();
@@ -48,7 +51,13 @@ pub fn spawn(
         .route("/metrics", get(metrics))
         .route("/status", get(status))
         .with_state(state);
+    let app = match console {
+        Some(console) => app.merge(crate::console::routes(console)),
+        None => app,
+    };
     tokio::spawn(async move {
+        // The peer's address: the console answers only loopback without a token.
+        let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
         let serve = axum::serve(listener, app).with_graceful_shutdown(ended.cancelled_owned());
         if let Err(error) = serve.await {
             tracing::error!(error = %error, "HTTP server stopped");

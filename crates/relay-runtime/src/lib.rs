@@ -12,6 +12,7 @@
 
 pub mod broker;
 pub mod config;
+mod console;
 pub mod failure;
 pub mod http;
 pub mod inspect;

@@ -45,6 +45,8 @@ pub struct Relay {
     telemetry: Arc<Telemetry>,
     /// `[http] listen`, bound by [`Relay::build`].
     http: Option<tokio::net::TcpListener>,
+    /// `[http] console`, its token read by [`Relay::build`].
+    console: Option<Arc<crate::console::Console>>,
 }
 
 impl Relay {
@@ -67,12 +69,25 @@ impl Relay {
             ),
             None => None,
         };
+        let console = match (&http, config.http.console) {
+            (Some(_), true) => Some(Arc::new(crate::console::Console::new(
+                &config,
+                telemetry.clone(),
+            )?)),
+            (None, true) => {
+                return Err(Failure::config(anyhow::anyhow!(
+                    "[http] console = true needs [http] listen: the console is served by that listener"
+                )));
+            }
+            (_, false) => None,
+        };
         Ok(Self {
             config,
             options,
             stats,
             telemetry,
             http,
+            console,
         })
     }
 
@@ -121,12 +136,16 @@ async fn supervise(
         stats,
         telemetry,
         http,
+        console,
     } = relay;
     let http = match http {
         Some(listener) => {
             let listen = config.http.listen.as_deref().unwrap_or_default();
-            tracing::info!(listen = %listen, "serving /livez, /readyz, /metrics, /status");
-            crate::http::spawn(listener, telemetry.clone(), ended);
+            tracing::info!(listen = %listen, console = console.is_some(), "serving /livez, /readyz, /metrics, /status");
+            if let Some(console) = &console {
+                crate::console::spawn_history(console.clone(), shutdown.clone());
+            }
+            crate::http::spawn(listener, telemetry.clone(), console, ended);
             true
         }
         None => false,

@@ -316,6 +316,14 @@ impl Telemetry {
         (reasons.is_empty(), reasons)
     }
 
+    /// Bytes of WAL the slot's confirmed position is behind the server's, as last sampled.
+    pub fn slot_lag_bytes(&self) -> Option<i64> {
+        lock(&self.slot_sample)
+            .slot
+            .as_ref()
+            .and_then(|s| s.lag_bytes)
+    }
+
     /// The `/status` document.
     pub fn status(&self) -> serde_json::Value {
         let (ready, reasons) = self.readiness();

@@ -5,42 +5,15 @@
 use std::path::Path;
 
 use figment::Figment;
-use serde_json::Value;
-
 use relay_runtime::config::{ENV_PREFIX, RelayConfig};
 
 /// Prints `key = value  # source` lines.
 pub fn print(config: &RelayConfig, figment: &Figment) -> anyhow::Result<()> {
-    // Secrets serialize as `<redacted>` and URLs without their password (relay_core::secret).
-    let value = serde_json::to_value(config)?;
-    let mut lines = Vec::new();
-    flatten("", &value, &mut lines);
-    for (key, value) in lines {
+    for (key, value) in relay_runtime::config::flattened(config)? {
         let source = preset_of(config, &key).unwrap_or_else(|| source_of(figment, &key));
         println!("{key} = {value}  # {source}");
     }
     Ok(())
-}
-
-fn flatten(prefix: &str, value: &Value, out: &mut Vec<(String, String)>) {
-    match value {
-        Value::Object(map) if !map.is_empty() => {
-            for (k, v) in map {
-                let key = if prefix.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{prefix}.{k}")
-                };
-                flatten(&key, v, out);
-            }
-        }
-        Value::Array(items) if items.iter().any(Value::is_object) => {
-            for (i, v) in items.iter().enumerate() {
-                flatten(&format!("{prefix}.{i}"), v, out);
-            }
-        }
-        other => out.push((prefix.to_owned(), other.to_string())),
-    }
 }
 
 /// `preset <name>` when an `[[outbox]]` preset set `key` (`outbox.<i>.<key below the entry>`).

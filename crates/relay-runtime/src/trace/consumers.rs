@@ -87,11 +87,13 @@ pub async fn of_message(
     let stream = js.get_stream(stream).await?;
     let infos: Vec<jetstream::consumer::Info> = stream.consumers().try_collect().await?;
     let mut steps = Vec::new();
-    for info in infos {
-        let mut filters = info.config.filter_subjects.clone();
-        if !info.config.filter_subject.is_empty() {
-            filters.push(info.config.filter_subject.clone());
-        }
+    // Readers without a durable name (`tail`, the console, ordered consumers) come and go and
+    // keep no position for a service.
+    for info in infos
+        .into_iter()
+        .filter(|i| i.config.durable_name.is_some())
+    {
+        let filters = filters_of(&info);
         if !filters.is_empty() && !filters.iter().any(|f| subject_matches(f, subject)) {
             continue;
         }
@@ -121,6 +123,15 @@ pub async fn of_message(
     }
     steps.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(steps)
+}
+
+/// A consumer's filter subjects (none: every subject).
+pub(crate) fn filters_of(info: &jetstream::consumer::Info) -> Vec<String> {
+    let mut filters = info.config.filter_subjects.clone();
+    if !info.config.filter_subject.is_empty() {
+        filters.push(info.config.filter_subject.clone());
+    }
+    filters
 }
 
 /// The copy of `event_id` a consumer library parked for service `consumer` (its default

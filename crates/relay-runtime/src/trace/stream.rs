@@ -2,6 +2,7 @@
 //! read from where the row's time is in the stream; else in the relay's dead-letter subject;
 //! else not published yet.
 
+use std::ops::ControlFlow;
 use std::time::{Duration, UNIX_EPOCH};
 
 use async_nats::jetstream::{self, consumer};
@@ -173,11 +174,11 @@ pub async fn find(
 
 /// A bounded forward read of the stream.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Scan {
-    pub(super) start: u64,
-    pub(super) last: u64,
-    pub(super) max: u64,
-    pub(super) deadline: Instant,
+pub(crate) struct Scan {
+    pub(crate) start: u64,
+    pub(crate) last: u64,
+    pub(crate) max: u64,
+    pub(crate) deadline: Instant,
 }
 
 impl Scan {
@@ -191,9 +192,32 @@ impl Scan {
         headers_only: bool,
         wanted: impl Fn(&jetstream::Message) -> bool,
     ) -> anyhow::Result<(Option<u64>, u64)> {
+        let mut hit = None;
+        let read = self
+            .each(stream, filter, headers_only, |seq, m| {
+                if wanted(m) {
+                    hit = Some(seq);
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            })
+            .await?;
+        Ok((hit, read))
+    }
+
+    /// Hands each message on `filter` from `start` to `last` (at most `max`, until the deadline)
+    /// with its stream sequence to `visit` until it breaks; how many were read.
+    pub(crate) async fn each(
+        &self,
+        stream: &jetstream::stream::Stream,
+        filter: &str,
+        headers_only: bool,
+        mut visit: impl FnMut(u64, &jetstream::Message) -> ControlFlow<()>,
+    ) -> anyhow::Result<u64> {
         let mut read = 0;
         if self.start > self.last || self.start == 0 {
-            return Ok((None, read));
+            return Ok(read);
         }
         let consumer = stream
             .create_consumer(consumer::pull::OrderedConfig {
@@ -217,14 +241,11 @@ impl Scan {
                 .info()
                 .map_err(|e| anyhow::anyhow!("{e}"))?
                 .stream_sequence;
-            if wanted(&m) {
-                return Ok((Some(seq), read));
-            }
-            if seq >= self.last {
+            if visit(seq, &m).is_break() || seq >= self.last {
                 break;
             }
         }
-        Ok((None, read))
+        Ok(read)
     }
 
     /// What cut the search short, if anything did.

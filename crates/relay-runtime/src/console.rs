@@ -1,0 +1,305 @@
+//! The console (`[http] console = true`): a page served by the relay's `[http]` listener at
+//! `/console`, compiled into the binary (nothing to build or install), and the read-only JSON it
+//! reads under `/console/api/`: the overview (what `/status` says, plus the last hour of events/s
+//! and commit-to-ack latency), the latest messages of the stream, one message, the dead
+//! letters, the consumers, backfills and signals, the configuration (secrets redacted) and one
+//! event's trace.
+//!
+//! Access: without `[http] console_token_file` the API answers only requests from loopback;
+//! with it, only requests carrying the token (`Authorization: Bearer`). The page itself holds no
+//! data. Nothing here changes state.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use relay_telemetry::Telemetry;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::RelayConfig;
+use crate::failure::Failure;
+
+mod api;
+mod messages;
+
+/// How often the overview's history is sampled, and how much of it is kept (one hour).
+const SAMPLE_EVERY: Duration = Duration::from_secs(10);
+const HISTORY: usize = 360;
+
+/// What the console's handlers share.
+#[derive(Debug)]
+pub(crate) struct Console {
+    config: RelayConfig,
+    telemetry: Arc<Telemetry>,
+    token: Option<String>,
+    /// The console's own NATS connection, made at its first use.
+    nats: tokio::sync::OnceCell<async_nats::jetstream::Context>,
+    history: Mutex<VecDeque<Sample>>,
+}
+
+/// One point of the overview's charts.
+#[derive(Debug, Clone, Serialize)]
+struct Sample {
+    /// Unix seconds.
+    at: u64,
+    /// Events acknowledged per second since the previous sample.
+    events_per_second: f64,
+    /// Mean commit-to-ack latency of the events acknowledged since the previous sample, in
+    /// milliseconds (`None` when none were).
+    commit_to_ack_ms: Option<f64>,
+    /// Bytes of WAL the slot's confirmed position is behind the server's.
+    slot_lag_bytes: Option<i64>,
+}
+
+impl Console {
+    /// The console of `config`, its token read from `[http] console_token_file`.
+    pub(crate) fn new(config: &RelayConfig, telemetry: Arc<Telemetry>) -> Result<Self, Failure> {
+        let token = match &config.http.console_token_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    Failure::config(anyhow::anyhow!(
+                        "[http] console_token_file `{}` cannot be read: {e}",
+                        path.display()
+                    ))
+                })?;
+                let token = text.trim().to_owned();
+                if token.len() < 16 || token.chars().any(|c| c.is_control() || c == ' ') {
+                    return Err(Failure::config(anyhow::anyhow!(
+                        "[http] console_token_file `{}` must hold one token of at least 16 characters without spaces (e.g. `openssl rand -hex 32`)",
+                        path.display()
+                    )));
+                }
+                Some(token)
+            }
+            None => None,
+        };
+        Ok(Self {
+            config: config.clone(),
+            telemetry,
+            token,
+            nats: tokio::sync::OnceCell::new(),
+            history: Mutex::new(VecDeque::with_capacity(HISTORY)),
+        })
+    }
+
+    async fn jetstream(&self) -> anyhow::Result<&async_nats::jetstream::Context> {
+        self.nats
+            .get_or_try_init(|| async {
+                let nats = relay_nats::connect(&self.config.nats).await?;
+                anyhow::Ok(nats.jetstream().context().clone())
+            })
+            .await
+    }
+}
+
+/// The console's routes, for the `[http]` listener's router.
+pub(crate) fn routes(console: Arc<Console>) -> axum::Router {
+    let api = axum::Router::new()
+        .route("/console/api/overview", get(api::overview))
+        .route("/console/api/events", get(api::events))
+        .route("/console/api/message/{seq}", get(api::message))
+        .route("/console/api/dead-letters", get(api::dead_letters))
+        .route("/console/api/consumers", get(api::consumers))
+        .route("/console/api/backfills", get(api::backfills))
+        .route("/console/api/config", get(api::config))
+        .route("/console/api/trace/{event_id}", get(api::trace))
+        .route_layer(axum::middleware::from_fn_with_state(console.clone(), guard))
+        .with_state(console);
+    axum::Router::new()
+        .route("/console", get(page))
+        .route("/console/", get(page))
+        .route("/console/app.js", get(script))
+        .route("/console/style.css", get(style))
+        .merge(api)
+}
+
+/// Lets through requests with the token, or from loopback when there is none.
+async fn guard(
+    State(console): State<Arc<Console>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let allowed = match &console.token {
+        Some(token) => request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|given| constant_time_eq(given.as_bytes(), token.as_bytes())),
+        None => peer.ip().is_loopback(),
+    };
+    if allowed {
+        return next.run(request).await;
+    }
+    let why = if console.token.is_some() {
+        "the console needs its token: open it as /console#token=<the token in [http] console_token_file>"
+    } else {
+        "the console answers only on loopback: set [http] console_token_file to open it from elsewhere"
+    };
+    (
+        StatusCode::FORBIDDEN,
+        axum::Json(serde_json::json!({ "error": why })),
+    )
+        .into_response()
+}
+
+/// Compares without returning early at the first difference (no timing hint of the token).
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+const PAGE: &str = include_str!("console/page.html");
+const SCRIPT: &str = include_str!("console/app.js");
+const STYLE: &str = include_str!("console/style.css");
+
+/// Only the console's own files: no inline script, nothing from elsewhere.
+const CSP: &str = "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'";
+
+async fn page() -> impl IntoResponse {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CONTENT_SECURITY_POLICY, CSP),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        PAGE,
+    )
+}
+
+async fn script() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        SCRIPT,
+    )
+}
+
+async fn style() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], STYLE)
+}
+
+/// Samples the overview's history every [`SAMPLE_EVERY`] until `shutdown`.
+pub(crate) fn spawn_history(console: Arc<Console>, shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        let stats = console.telemetry.stats.clone();
+        let read = || {
+            let count: u64 = stats
+                .commit_to_ack_buckets
+                .iter()
+                .map(|b| b.load(Ordering::Relaxed))
+                .sum();
+            (
+                stats.events_published.load(Ordering::Relaxed),
+                stats.commit_to_ack_sum_micros.load(Ordering::Relaxed),
+                count,
+            )
+        };
+        let mut before = (std::time::Instant::now(), read());
+        let mut ticks = tokio::time::interval(SAMPLE_EVERY);
+        ticks.tick().await;
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                () = shutdown.cancelled() => return,
+            }
+            let now = (std::time::Instant::now(), read());
+            let seconds = now.0.duration_since(before.0).as_secs_f64().max(0.001);
+            let (published, sum, count) = now.1;
+            let (published_then, sum_then, count_then) = before.1;
+            let acked = count.saturating_sub(count_then);
+            let sample = Sample {
+                at: SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs()),
+                events_per_second: published.saturating_sub(published_then) as f64 / seconds,
+                commit_to_ack_ms: (acked > 0)
+                    .then(|| sum.saturating_sub(sum_then) as f64 / acked as f64 / 1000.0),
+                slot_lag_bytes: console.telemetry.slot_lag_bytes(),
+            };
+            if let Ok(mut history) = console.history.lock() {
+                if history.len() == HISTORY {
+                    history.pop_front();
+                }
+                history.push_back(sample);
+            }
+            before = now;
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn telemetry() -> Arc<Telemetry> {
+        let stats = Arc::new(relay_core::pipeline::PipelineStats::default());
+        let build = relay_telemetry::BuildInfo {
+            version: "test",
+            commit: "test",
+        };
+        Arc::new(Telemetry::new(stats, "slot", "STREAM", build))
+    }
+
+    fn console_with_token_file(text: Option<&str>) -> Result<Console, Failure> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut config = RelayConfig::default();
+        config.http.console = true;
+        if let Some(text) = text {
+            let path = dir.path().join("token");
+            std::fs::write(&path, text).expect("write token");
+            config.http.console_token_file = Some(path);
+        }
+        Console::new(&config, telemetry())
+    }
+
+    #[test]
+    fn the_token_is_read_trimmed_and_must_be_long_enough() {
+        let console = console_with_token_file(Some("0123456789abcdef0123\n")).expect("token");
+        assert_eq!(console.token.as_deref(), Some("0123456789abcdef0123"));
+        let short = console_with_token_file(Some("short")).unwrap_err();
+        assert!(
+            short.error.to_string().contains("at least 16"),
+            "{}",
+            short.error
+        );
+        let spaced = console_with_token_file(Some("0123456789 abcdef0123")).unwrap_err();
+        assert!(spaced.error.to_string().contains("without spaces"));
+        assert!(
+            console_with_token_file(None)
+                .expect("no token")
+                .token
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_missing_token_file_is_named() {
+        let mut config = RelayConfig::default();
+        config.http.console_token_file = Some("/nonexistent/console.token".into());
+        let error = Console::new(&config, telemetry()).unwrap_err();
+        assert!(
+            error
+                .error
+                .to_string()
+                .contains("/nonexistent/console.token"),
+            "{}",
+            error.error
+        );
+    }
+
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(constant_time_eq(b"abcdef", b"abcdef"));
+        assert!(!constant_time_eq(b"abcdef", b"abcdeg"));
+        assert!(!constant_time_eq(b"abcdef", b"abcde"));
+        assert!(!constant_time_eq(b"", b"a"));
+    }
+}
