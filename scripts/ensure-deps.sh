@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the outbox-relay tests need and is missing, from Debian
 # packages only: the PostgreSQL server (initdb, pg_ctl, postgres),
-# nats-server, and Chromium (the console's browser tests). Idempotent: installs nothing (and runs no apt-get update) when
+# nats-server, and Chromium with its chromedriver (the console's browser tests). Idempotent: installs nothing (and runs no apt-get update) when
 # everything is there. Run it as root (CI) or as a user with sudo.
 #
 #   scripts/ensure-deps.sh                 # Debian packages
@@ -78,9 +78,10 @@ packages=()
 need_pg=0
 have_pg || need_pg=1
 have_nats || packages+=(nats-server)
-# The console's browser tests drive Debian's Chromium headless; a font so that screenshots show
-# text.
+# The console's browser tests drive Debian's Chromium headless (clicks through its
+# chromedriver); a font so that screenshots show text.
 [ -x /usr/bin/chromium ] || packages+=(chromium fonts-dejavu-core)
+[ -x /usr/bin/chromedriver ] || packages+=(chromium-driver)
 
 if [ "$need_pg" -eq 1 ] || [ "${#packages[@]}" -gt 0 ]; then
     say "updating the apt package lists"
@@ -107,6 +108,7 @@ fi
 have_pg || die "PostgreSQL server binaries still missing under /usr/lib/postgresql/*/bin"
 have_nats || die "nats-server still missing"
 [ -x /usr/bin/chromium ] || die "chromium still missing (Debian package chromium)"
+[ -x /usr/bin/chromedriver ] || die "chromedriver still missing (Debian package chromium-driver)"
 if [ "$(id -u)" -eq 0 ] && ! id postgres >/dev/null 2>&1; then
     # Tests run as root start PostgreSQL as this user.
     say "creating the postgres OS user"

@@ -13,6 +13,8 @@ use async_nats::jetstream::consumer;
 
 use crate::support::*;
 
+mod webdriver;
+
 /// The browser: `RELAY_TEST_CHROMIUM`, else Debian's `/usr/bin/chromium`.
 fn chromium() -> Result<PathBuf> {
     let path = std::env::var_os("RELAY_TEST_CHROMIUM")
@@ -113,6 +115,26 @@ fn text_of<'a>(dom: &'a str, id: &str) -> Option<&'a str> {
     Some(rest[start..end].trim())
 }
 
+/// Waits until signal `id` is in `state`.
+async fn wait_signal(
+    db: &tokio_postgres::Client,
+    id: i64,
+    state: &str,
+    relay: &Relay,
+) -> Result<()> {
+    wait_until(&format!("signal {id} {state}"), relay, async || {
+        Ok(db
+            .query_one(
+                "SELECT state FROM outbox_relay.signal WHERE id = $1",
+                &[&id],
+            )
+            .await?
+            .get::<_, String>(0)
+            == state)
+    })
+    .await
+}
+
 async fn status(addr: &str) -> Result<serde_json::Value> {
     let (code, body) =
         relay_runtime::http::get_text(addr, "/status", Duration::from_secs(5)).await?;
@@ -135,14 +157,7 @@ async fn the_console_shows_what_the_servers_hold_in_a_real_browser() -> Result<(
         ids.push(insert_event(&db, "Order", "created", &format!(r#"{{"n": {n}}}"#)).await?);
     }
     // An empty `type` cannot form a subject token: dead-lettered with its reason.
-    let bad: String = db
-        .query_one(
-            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
-             VALUES (gen_random_uuid(), 'Order', 'x', '', '{\"bad\": true}') RETURNING id::text",
-            &[],
-        )
-        .await?
-        .get(0);
+    let bad = insert_unroutable(&db, r#"{"bad": true}"#).await?;
     let last = insert_event(&db, "Order", "created", r#"{"n": "last"}"#).await?;
     ids.push(last.clone());
     wait_for_id(&js, &last, &relay).await?;
@@ -161,17 +176,7 @@ async fn the_console_shows_what_the_servers_hold_in_a_real_browser() -> Result<(
         )
         .await?
         .get(0);
-    wait_until("the signal marked failed", &relay, async || {
-        Ok(db
-            .query_one(
-                "SELECT state FROM outbox_relay.signal WHERE id = $1",
-                &[&signal],
-            )
-            .await?
-            .get::<_, String>(0)
-            == "failed")
-    })
-    .await?;
+    wait_signal(&db, signal, "failed", &relay).await?;
     let wal = env.current_wal().await?;
     env.wait_checkpoint(wal, Duration::from_secs(30)).await?;
     // Four events and a dead letter, nothing after.
@@ -204,6 +209,10 @@ async fn the_console_shows_what_the_servers_hold_in_a_real_browser() -> Result<(
     let dom = page(&addr, "dead-letters")?;
     ensure!(dom.contains(bad.as_str()), "dead letter of {bad} listed");
     ensure!(dom.contains("class=\"reason\""), "with a reason");
+    ensure!(
+        dom.contains("Read-only: [http] console_write") && !dom.contains("class=\"republish\""),
+        "no re-publish without console_write"
+    );
     screenshot(&addr, "dead-letters", "dead-letters")?;
 
     // Consumers: billing has all four events of its subject pending.
@@ -374,5 +383,121 @@ async fn the_console_answers_loopback_only_without_a_token_and_only_the_token_wi
         &["console_token_file"],
     )
     .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fixed_dead_letter_is_re_published_by_a_click_in_the_console() -> Result<()> {
+    let env = Env::start().await?;
+    let token = "fedcba9876543210fedcba9876543210";
+    let token_file = env.dir.path().join("console.token");
+    std::fs::write(&token_file, token)?;
+    let addr = format!("127.0.0.1:{}", relay_testkit::free_port());
+    let config = env.config(&format!(
+        "dead_letter_subject = \"outbox.dead.letters\"\n[http]\nlisten = \"{addr}\"\nconsole = true\nconsole_write = true\nconsole_token_file = \"{}\"\n",
+        token_file.display()
+    ));
+    let relay = Relay::start_streaming(&config).await?;
+    let db = env.db().await?;
+    let js = env.jetstream().await?;
+    // An empty `type` cannot form a subject token: dead-lettered.
+    let bad = insert_unroutable(&db, r#"{"fixed": "later"}"#).await?;
+    let after = insert_event(&db, "Order", "created", "{}").await?;
+    wait_for_id(&js, &after, &relay).await?;
+    let letters = read_stream(&js).await?;
+    let letter = letters
+        .iter()
+        .find(|m| m.subject == "outbox.dead.letters")
+        .context("the dead letter")?;
+    ensure!(
+        !letters.iter().any(|m| m.id() == bad),
+        "not published under its own id before the fix"
+    );
+
+    let browser = webdriver::Browser::start(&chromium()?).await?;
+    browser
+        .open(&format!("http://{addr}/console#token={token}"))
+        .await?;
+    browser
+        .open(&format!("http://{addr}/console#dead-letters"))
+        .await?;
+    let button = format!("button.republish[data-seq=\"{}\"]", letter.seq);
+    ensure!(
+        browser.text(&button).await? == "Re-publish",
+        "a re-publish button for the dead letter"
+    );
+    browser
+        .screenshot(&artifacts()?.join("dead-letters-write.png"))
+        .await?;
+
+    // The cause is fixed in the row; then one click.
+    db.execute(
+        "UPDATE outbox SET type = 'fixed' WHERE id = $1::text::uuid",
+        &[&bad],
+    )
+    .await?;
+    browser.click(&button).await?;
+    browser
+        .wait_for(
+            "the signal shown",
+            "return document.querySelector('#republish-result a.signal-link') !== null",
+        )
+        .await?;
+    let signal: i64 = browser
+        .text("#republish-result a.signal-link")
+        .await?
+        .parse()
+        .context("signal id shown")?;
+    wait_signal(&db, signal, "done", &relay).await?;
+    let row = db
+        .query_one(
+            "SELECT requested_by, outcome, args->>'where' FROM outbox_relay.signal WHERE id = $1",
+            &[&signal],
+        )
+        .await?;
+    let (by, outcome, filter): (String, String, String) = (row.get(0), row.get(1), row.get(2));
+    ensure!(by == "console", "requested by the console: {by}");
+    ensure!(outcome.contains("finished: 1 rows"), "{outcome}");
+    ensure!(filter.contains(&bad), "{filter}");
+
+    // The row arrives under its own id, as fixed, marked as read from the table.
+    let stream = wait_for_id(&js, &bad, &relay).await?;
+    let fixed = stream.iter().find(|m| m.id() == bad).context("fixed")?;
+    ensure!(fixed.subject == "outbox.Order.fixed", "{fixed:?}");
+    ensure!(fixed.header("Outbox-Backfill") == "true", "{fixed:?}");
+    ensure!(
+        stream.iter().filter(|m| m.id() == bad).count() == 1,
+        "published once"
+    );
+
+    browser
+        .open(&format!("http://{addr}/console#backfills"))
+        .await?;
+    let state = browser
+        .text(&format!("tr[data-signal=\"{signal}\"] td.state"))
+        .await?;
+    ensure!(state == "done", "backfills page shows the signal {state}");
+    browser
+        .screenshot(&artifacts()?.join("republished.png"))
+        .await?;
+
+    // Without the token the same request is refused (the page's token is the tab's).
+    let refused = browser
+        .run(
+            "return fetch('/console/api/dead-letters/republish', {method: 'POST', \
+             headers: {'Content-Type': 'application/json'}, body: '{\"all\": true}'}).then(r => r.status)",
+        )
+        .await?;
+    ensure!(
+        refused == serde_json::json!(403),
+        "without the token: {refused}"
+    );
+    browser.close().await?;
+
+    // The relay streamed on, and its checkpoint passes a row inserted now.
+    let last = insert_event(&db, "Order", "created", "{}").await?;
+    wait_for_id(&js, &last, &relay).await?;
+    let wal = env.current_wal().await?;
+    env.wait_checkpoint(wal, Duration::from_secs(30)).await?;
     Ok(())
 }

@@ -501,6 +501,22 @@ pub async fn insert_event(
     Ok(id)
 }
 
+/// Inserts an outbox row whose empty `type` cannot form a subject token (dead-lettered when
+/// `[relay] dead_letter_subject` is set); returns its id.
+pub async fn insert_unroutable(
+    client: &impl tokio_postgres::GenericClient,
+    payload: &str,
+) -> Result<String> {
+    Ok(client
+        .query_one(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
+             VALUES (gen_random_uuid(), 'Order', 'x', '', $1::text::jsonb) RETURNING id::text",
+            &[&payload],
+        )
+        .await?
+        .get(0))
+}
+
 /// An LSN as PostgreSQL prints it (`16/B374D848`, e.g. the `Outbox-Commit-Lsn` header) as a
 /// number.
 pub fn parse_lsn(text: &str) -> Option<u64> {

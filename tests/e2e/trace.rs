@@ -248,14 +248,7 @@ async fn trace_finds_a_dead_lettered_row_with_its_reason() -> Result<()> {
     let db = env.db().await?;
     let js = env.jetstream().await?;
     // An empty `type` cannot form a subject token.
-    let bad: String = db
-        .query_one(
-            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
-             VALUES (gen_random_uuid(), 'order', 'x', '', '{}') RETURNING id::text",
-            &[],
-        )
-        .await?
-        .get(0);
+    let bad = crate::support::insert_unroutable(&db, "{}").await?;
     let after = insert_event(&db, "order", "created", "{}").await?;
     wait_for_id(&js, &after, &relay).await?;
     let answer = trace(&config, &bad)?;

@@ -165,6 +165,13 @@ pub struct Args {
     /// Only the framework-shape rows.
     #[arg(long, conflicts_with = "soak_cleanup")]
     pub only_shapes: bool,
+    /// Seconds of load per console row run (console off, then open); 0: no console rows.
+    /// Default 15 (5 with --quick).
+    #[arg(long)]
+    pub console_secs: Option<u64>,
+    /// Run only the console rows.
+    #[arg(long, conflicts_with_all = ["soak_cleanup", "only_shapes"])]
+    pub only_console: bool,
     /// Only the cleanup rows, 10 minutes per mode unless --cleanup-secs says otherwise (the
     /// table-size soak; scripts/soak.sh runs it with CLEANUP_SOAK=1).
     #[arg(long)]
@@ -204,6 +211,9 @@ impl Args {
     }
     fn shape_rows(&self) -> u64 {
         self.shape_rows.unwrap_or_else(|| self.mode_rows())
+    }
+    fn console_secs(&self) -> u64 {
+        self.console_secs.unwrap_or(if self.quick { 5 } else { 15 })
     }
     fn cleanup_secs(&self) -> u64 {
         self.cleanup_secs.unwrap_or(if self.soak_cleanup {

@@ -1,6 +1,7 @@
 //! The side-by-side table.
 
 mod cleanup;
+mod console;
 mod machine;
 mod modes;
 mod replay;
@@ -270,6 +271,7 @@ pub fn render(args: &Args, res: &Results) -> String {
     }
     modes::rows(&mut out, res);
     shapes::rows(&mut out, &res.shapes, res.relay_startup_cpu_secs);
+    console::row(&mut out, &res.console);
     if let Some(b) = &res.backfill {
         replay::backfill_rows(&mut out, b);
     }

@@ -5,6 +5,7 @@
 
 mod backfill;
 mod cleanup;
+mod console;
 mod debezium;
 mod latency;
 mod limits;
@@ -28,6 +29,7 @@ use crate::measure::{CpuBudget, micros_per_event};
 
 pub use self::backfill::BackfillRun;
 pub use self::cleanup::{CleanupMode, CleanupRun};
+pub use self::console::{CONSOLE_RATE, ConsoleRun};
 pub use self::debezium::{DebeziumRun, DebeziumStatus};
 pub use self::messages::MessagesRun;
 pub use self::modes::{ModeAb, ModeOutcome, ModeScenario};
@@ -84,6 +86,8 @@ pub struct Results {
     pub slots: Vec<SlotsRun>,
     /// The framework mapping shapes beside the plain Debezium row.
     pub shapes: Vec<ShapeRun>,
+    /// The relay's CPU per event with the console off and open, alternating.
+    pub console: Vec<ConsoleRun>,
 }
 
 /// One backlog shape.
@@ -214,6 +218,10 @@ pub async fn run_all(args: &Args, relay_bin: &Path) -> Result<Results> {
         results.shapes = shapes::shapes(&env, args).await?;
         return Ok(results);
     }
+    if args.only_console {
+        results.console = console::console(&env, args).await?;
+        return Ok(results);
+    }
     if args.soak_cleanup {
         (results.cleanup, results.cleanup_failed) = cleanup::cleanup(&env, args).await?;
         return Ok(results);
@@ -248,6 +256,7 @@ pub async fn run_all(args: &Args, relay_bin: &Path) -> Result<Results> {
     results.messages = messages::messages(&env, args).await?;
     results.slots = slots::slots(&env, args).await?;
     results.shapes = shapes::shapes(&env, args).await?;
+    results.console = console::console(&env, args).await?;
     if args.backfill_rows() > 0 {
         results.backfill = Some(backfill::backfill(&env, args).await?);
     }

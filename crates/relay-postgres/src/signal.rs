@@ -242,3 +242,23 @@ pub async fn recent_signals(client: &Client, limit: i64) -> Result<Vec<SignalRow
         })
         .collect())
 }
+
+/// Inserts a signal (`args`: a JSON object's text) for the relay of `slot`, in the name of
+/// `requested_by`; its id.
+pub async fn insert_signal(
+    client: &Client,
+    kind: &str,
+    args: &str,
+    slot: &str,
+    requested_by: &str,
+) -> Result<i64, PgError> {
+    Ok(client
+        .query_one(
+            "INSERT INTO outbox_relay.signal (kind, args, slot_name, requested_by) \
+             VALUES ($1, $2::text::jsonb, $3, $4) RETURNING id",
+            &[&kind, &args, &slot, &requested_by],
+        )
+        .await
+        .map_err(query_err("cannot insert a signal"))?
+        .get(0))
+}

@@ -78,6 +78,10 @@ pub struct HttpSettings {
     /// from loopback; with one, only requests that carry it (`Authorization: Bearer`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub console_token_file: Option<std::path::PathBuf>,
+    /// Let the console change state (re-publish dead letters). Needs `console_token_file`.
+    /// Default `false`: read-only.
+    #[serde(default)]
+    pub console_write: bool,
 }
 
 fn default_sample_interval() -> Duration {
@@ -91,6 +95,7 @@ impl Default for HttpSettings {
             sample_interval: default_sample_interval(),
             console: false,
             console_token_file: None,
+            console_write: false,
         }
     }
 }
@@ -336,6 +341,17 @@ impl RelayConfig {
             return Err(ConfigError::Invalid(format!(
                 "[http] listen `{listen}` is not an address such as 0.0.0.0:9464"
             )));
+        }
+        if self.http.console && self.http.listen.is_none() {
+            return Err(ConfigError::Invalid(
+                "[http] console = true needs [http] listen: the console is served by that listener"
+                    .into(),
+            ));
+        }
+        if self.http.console_write && self.http.console_token_file.is_none() {
+            return Err(ConfigError::Invalid(
+                "[http] console_write = true needs [http] console_token_file: a console that changes state needs a token".into(),
+            ));
         }
         if self.http.sample_interval.is_zero() {
             return Err(ConfigError::Invalid(

@@ -7,7 +7,8 @@
 //!
 //! Access: without `[http] console_token_file` the API answers only requests from loopback;
 //! with it, only requests carrying the token (`Authorization: Bearer`). The page itself holds no
-//! data. Nothing here changes state.
+//! data. The one change it can make, with `[http] console_write = true` (which needs the token),
+//! is re-publishing dead letters ([`republish`]); everything else only reads.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -19,7 +20,7 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use relay_telemetry::Telemetry;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
@@ -29,6 +30,7 @@ use crate::failure::Failure;
 
 mod api;
 mod messages;
+mod republish;
 
 /// How often the overview's history is sampled, and how much of it is kept (one hour).
 const SAMPLE_EVERY: Duration = Duration::from_secs(10);
@@ -102,19 +104,38 @@ impl Console {
 
 /// The console's routes, for the `[http]` listener's router.
 pub(crate) fn routes(console: Arc<Console>) -> axum::Router {
+    let write = console.config.http.console_write;
     let api = axum::Router::new()
         .route("/console/api/overview", get(api::overview))
         .route("/console/api/events", get(api::events))
         .route("/console/api/message/{seq}", get(api::message))
         .route("/console/api/dead-letters", get(api::dead_letters))
+        .route(
+            "/console/api/dead-letters/republish",
+            post(republish::republish),
+        )
         .route("/console/api/consumers", get(api::consumers))
         .route("/console/api/backfills", get(api::backfills))
         .route("/console/api/config", get(api::config))
         .route("/console/api/trace/{event_id}", get(api::trace))
         .route_layer(axum::middleware::from_fn_with_state(console.clone(), guard))
         .with_state(console);
+    let page_text: Arc<str> = PAGE
+        .replace(
+            "{{ACCESS}}",
+            if write {
+                "Write access on: dead letters can be re-published."
+            } else {
+                "Read-only."
+            },
+        )
+        .into();
+    let page = move || {
+        let text = page_text.clone();
+        async move { page_response(text) }
+    };
     axum::Router::new()
-        .route("/console", get(page))
+        .route("/console", get(page.clone()))
         .route("/console/", get(page))
         .route("/console/app.js", get(script))
         .route("/console/style.css", get(style))
@@ -164,15 +185,16 @@ const STYLE: &str = include_str!("console/style.css");
 /// Only the console's own files: no inline script, nothing from elsewhere.
 const CSP: &str = "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'";
 
-async fn page() -> impl IntoResponse {
+fn page_response(text: Arc<str>) -> Response {
     (
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
             (header::CONTENT_SECURITY_POLICY, CSP),
             (header::CACHE_CONTROL, "no-store"),
         ],
-        PAGE,
+        text.to_string(),
     )
+        .into_response()
 }
 
 async fn script() -> impl IntoResponse {

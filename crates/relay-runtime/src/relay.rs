@@ -69,17 +69,13 @@ impl Relay {
             ),
             None => None,
         };
+        // (`[http] console` without `listen` is refused by the configuration's validation.)
         let console = match (&http, config.http.console) {
             (Some(_), true) => Some(Arc::new(crate::console::Console::new(
                 &config,
                 telemetry.clone(),
             )?)),
-            (None, true) => {
-                return Err(Failure::config(anyhow::anyhow!(
-                    "[http] console = true needs [http] listen: the console is served by that listener"
-                )));
-            }
-            (_, false) => None,
+            _ => None,
         };
         Ok(Self {
             config,

@@ -83,11 +83,12 @@ pub struct TableRun<'a> {
 
 /// Publishes the pages of `run` through the relay's pipeline until the last key, a stop
 /// (`shutdown`) or an error; marks the cursor finished when every row was acknowledged.
+/// Returns how many rows went to the dead-letter subject instead.
 pub async fn run_pages(
     run: TableRun<'_>,
     opts: &RunOptions,
     shutdown: &CancellationToken,
-) -> Result<(), Failure> {
+) -> Result<u64, Failure> {
     let config = run.config;
     // Per message whatever `publish_mode` says: a page is not a transaction to keep whole
     // (atomic batches would only cost the server a staging store per page), and fast batches'
@@ -139,7 +140,7 @@ pub async fn run_pages(
         started: Instant::now(),
         done_before: run.done_before,
         estimate: run.estimate,
-        stats,
+        stats: stats.clone(),
         progress: progress.clone(),
     });
     let shown = Ticker::start(
@@ -149,6 +150,9 @@ pub async fn run_pages(
         say(opts.log_progress),
     );
     let result = pipeline.run(shutdown.cancelled()).await;
+    let dead_lettered = stats
+        .dead_lettered
+        .load(std::sync::atomic::Ordering::Relaxed);
     watch.end();
     let (_, _, store) = pipeline.into_parts();
     let ended = Ended {
@@ -157,7 +161,8 @@ pub async fn run_pages(
         store: &store,
         shown: &shown,
     };
-    ended.exit(result, shutdown).await
+    ended.exit(result, shutdown).await?;
+    Ok(dead_lettered)
 }
 
 /// The rows to leave out: first the watch of the relay's live messages, then the stream's ids,

@@ -119,15 +119,21 @@ pub(super) async fn warm_up(
         ..Load::steady(100, 1, 1)
     };
     let (warm, _) = produce_load(env, load).await?;
+    wait_stored(env, relay, warm).await?;
+    Ok(warm)
+}
+
+/// Waits (60 s at most) until the stream holds `messages` messages.
+pub(super) async fn wait_stored(env: &Env, relay: &mut RelayProc, messages: u64) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        if stream_messages(env, STREAM).await.unwrap_or(0) >= warm {
-            return Ok(warm);
+        if stream_messages(env, STREAM).await.unwrap_or(0) >= messages {
+            return Ok(());
         }
         relay.check_alive()?;
         if Instant::now() > deadline {
             bail!(
-                "relay did not deliver warm-up rows; log:\n{}",
+                "relay did not deliver {messages} messages; log:\n{}",
                 tail(&relay.log)
             );
         }

@@ -16,13 +16,13 @@ use super::{Console, messages};
 use crate::trace::TraceOptions;
 
 /// Messages of the stream's end a filtered listing reads at most.
-const WINDOW: u64 = 10_000;
+pub(super) const WINDOW: u64 = 10_000;
 
-fn failed(status: StatusCode, error: impl std::fmt::Display) -> Response {
+pub(super) fn failed(status: StatusCode, error: impl std::fmt::Display) -> Response {
     (status, Json(json!({ "error": format!("{error:#}") }))).into_response()
 }
 
-fn unreachable(error: anyhow::Error) -> Response {
+pub(super) fn unreachable(error: anyhow::Error) -> Response {
     failed(StatusCode::BAD_GATEWAY, format!("{error:#}"))
 }
 
@@ -96,7 +96,7 @@ pub(super) async fn message(State(console): State<Arc<Console>>, Path(seq): Path
 
 pub(super) async fn dead_letters(State(console): State<Arc<Console>>) -> Response {
     let Some(subject) = console.config.relay.dead_letter_subject.clone() else {
-        return Json(json!({ "subject": null, "messages": [] })).into_response();
+        return Json(json!({ "subject": null, "messages": [], "write": false })).into_response();
     };
     let js = match console.jetstream().await {
         Ok(js) => js,
@@ -119,6 +119,7 @@ pub(super) async fn dead_letters(State(console): State<Arc<Console>>) -> Respons
                 "subject": subject,
                 "messages": letters,
                 "searched": listing.searched,
+                "write": console.config.http.console_write,
             }))
             .into_response()
         }

@@ -15,11 +15,17 @@ let timer = null;
   }
 })();
 
-async function api(path) {
+async function api(path, payload) {
   const headers = {};
   const token = sessionStorage.getItem(TOKEN_KEY);
   if (token) headers["Authorization"] = "Bearer " + token;
-  const response = await fetch("/console/api/" + path, { headers });
+  const init = { headers };
+  if (payload !== undefined) {
+    init.method = "POST";
+    headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(payload);
+  }
+  const response = await fetch("/console/api/" + path, init);
   const body = await response.json().catch(() => ({ error: "not JSON: HTTP " + response.status }));
   if (!response.ok) throw new Error(body.error || "HTTP " + response.status);
   return body;
@@ -169,21 +175,51 @@ async function oneEvent(seq) {
   );
 }
 
+// Asks the relay to publish dead letters again (their rows as the table holds them now) and
+// says which signals carry it out.
+async function republish(body, button) {
+  const result = document.getElementById("republish-result");
+  button.disabled = true;
+  try {
+    const r = await api("dead-letters/republish", body);
+    result.className = "";
+    result.replaceChildren(
+      ...r.signals.map((x) => h("span", {}, "Signal ", h("a", { href: "#backfills", class: "signal-link" }, String(x.id)),
+        " re-publishes " + x.rows + " row(s) of " + x.table + ". ")),
+      ...r.skipped.map((x) => h("span", { class: "error" }, "Skipped: " + x + ". ")));
+  } catch (e) {
+    result.className = "error";
+    result.textContent = String(e.message || e);
+  } finally {
+    button.disabled = false;
+  }
+}
+
 async function deadLetters() {
   const data = await api("dead-letters");
   if (!data.subject) {
     show(h("h2", {}, "Dead letters"), h("p", { class: "muted", id: "no-dlq" }, "No [relay] dead_letter_subject: a row that cannot be routed stops the relay instead."));
     return;
   }
+  const action = (d) => data.write
+    ? h("button", { class: "republish", "data-seq": d.message.seq, onclick: (e) => republish({ sequences: [d.message.seq] }, e.currentTarget) }, "Re-publish")
+    : "";
   show(
     h("h2", {}, "Dead letters on " + data.subject),
+    data.write
+      ? h("div", { class: "toolbar" },
+          h("button", { id: "republish-all", onclick: (e) => republish({ all: true }, e.currentTarget) }, "Re-publish all"),
+          h("span", { class: "muted" }, "Fix the cause first (the row, or the mapping and a restart): each row is read again from its table and published as it is now."))
+      : h("p", { class: "muted" }, "Read-only: [http] console_write = true (with a token) lets this page re-publish."),
+    h("p", { id: "republish-result" }),
     h("table", { id: "dead-letters" },
-      h("thead", {}, h("tr", {}, h("th", {}, "seq"), h("th", {}, "stored"), h("th", {}, "reason"), h("th", {}, "row"))),
-      h("tbody", {}, data.messages.map((d) => h("tr", {},
+      h("thead", {}, h("tr", {}, h("th", {}, "seq"), h("th", {}, "stored"), h("th", {}, "reason"), h("th", {}, "row"), h("th", {}, ""))),
+      h("tbody", {}, data.messages.map((d) => h("tr", { "data-dead-letter": d.message.seq },
         h("td", { class: "num" }, h("a", { href: "#event/" + d.message.seq }, d.message.seq)),
         h("td", {}, d.message.stored_at),
         h("td", { class: "reason" }, d.reason || "–"),
-        h("td", {}, h("code", {}, d.message.payload)))))),
+        h("td", {}, h("code", {}, d.message.payload)),
+        h("td", {}, action(d)))))),
     data.messages.length ? "" : h("p", { class: "muted" }, "None."),
   );
 }
@@ -307,6 +343,7 @@ async function badge() {
 
 async function route() {
   clearTimeout(timer);
+  document.body.dataset.loaded = "false";
   const badgeShown = badge();
   const [name, ...rest] = (location.hash.replace(/^#/, "") || "overview").split("/");
   const arg = rest.length ? decodeURIComponent(rest.join("/")) : undefined;

@@ -313,9 +313,9 @@ fn run_options(config: &RelayConfig) -> RunOptions {
 
 /// A backfill run's end as the session sees it: stopped on request is a shutdown, unavailable
 /// a retry (the next session resumes at the cursor), anything else an exit.
-fn ended(result: Result<(), Failure>, stop: &CancellationToken) -> Step<()> {
+fn ended(result: Result<u64, Failure>, stop: &CancellationToken) -> Step<()> {
     match result {
-        Ok(()) => Ok(()),
+        Ok(_dead_lettered) => Ok(()),
         Err(_) if stop.is_cancelled() => Err(Stop::End(SessionEnd::Shutdown)),
         Err(exit) if exit.kind == FailureKind::Unavailable => Err(retry(exit.error)),
         Err(exit) => Err(Stop::Fail(exit)),

@@ -31,8 +31,13 @@ pub struct BackfillRequest {
 /// How a backfill that did not fail ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BackfillOutcome {
-    /// Every row up to the last key was published and acknowledged.
-    Finished { described: String, rows_done: i64 },
+    /// Every row up to the last key was published and acknowledged (`dead_lettered` of them
+    /// to the dead-letter subject, as rows that cannot be routed).
+    Finished {
+        described: String,
+        rows_done: i64,
+        dead_lettered: u64,
+    },
     /// A stored cursor says it finished before (`restart` runs it again).
     FinishedBefore {
         described: String,
@@ -49,7 +54,16 @@ impl std::fmt::Display for BackfillOutcome {
             Self::Finished {
                 described,
                 rows_done,
+                dead_lettered: 0,
             } => write!(f, "backfill {described} finished: {rows_done} rows"),
+            Self::Finished {
+                described,
+                rows_done,
+                dead_lettered,
+            } => write!(
+                f,
+                "backfill {described} finished: {rows_done} rows, {dead_lettered} of them dead-lettered again (they still cannot be routed)"
+            ),
             Self::FinishedBefore {
                 described,
                 finished_at,
@@ -170,11 +184,12 @@ pub async fn backfill(
         estimate: start.estimate,
         live_until: Some(snapshot_lsn),
     };
-    run_pages(run, &request.options, shutdown).await?;
+    let dead_lettered = run_pages(run, &request.options, shutdown).await?;
     let rows_done = rows_done(config, &id).await;
     Ok(BackfillOutcome::Finished {
         described,
         rows_done,
+        dead_lettered,
     })
 }
 

@@ -1,0 +1,191 @@
+//! Re-publishing dead letters from the console (`[http] console_write = true`): a dead-lettered
+//! row is published again by reading it from its outbox table, as it is now, through the relay's
+//! pipeline: a `backfill` signal whose filter is the rows' event ids. So the fix is wherever the
+//! cause was (an `UPDATE` of the row, or a mapping changed and the relay restarted), the signal
+//! row records who asked and how it ended, and a row that still cannot be routed is
+//! dead-lettered again (under the same id: JetStream keeps one copy).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use outbox_contract::{HEADER_MSG_ID, HEADER_TABLE};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::api::{WINDOW, failed, unreachable};
+use super::{Console, messages};
+
+/// Which dead letters to publish again.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RepublishRequest {
+    /// Their stream sequences.
+    #[serde(default)]
+    sequences: Vec<u64>,
+    /// Every dead letter the console lists.
+    #[serde(default)]
+    all: bool,
+}
+
+/// One dead letter as a row to read again: its table and event id.
+#[derive(Debug, PartialEq, Eq)]
+struct RowRef {
+    table: String,
+    event_id_column: String,
+    event_id: String,
+}
+
+/// What `header` of `m` says, if anything.
+fn header<'a>(m: &'a messages::Shown, name: &str) -> Option<&'a str> {
+    m.headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// The row a dead letter stands for, or why it cannot be re-published from its table.
+fn row_of(console: &Console, m: &messages::Shown) -> Result<RowRef, String> {
+    let id = header(m, HEADER_MSG_ID).unwrap_or_default();
+    if id.starts_with("dlq:collision:") || id.starts_with("dlq:message:") {
+        return Err(format!(
+            "sequence {}: not a row that could not be routed ({id}): nothing to read again from a table",
+            m.seq
+        ));
+    }
+    let table = header(m, HEADER_TABLE)
+        .ok_or_else(|| format!("sequence {}: no {HEADER_TABLE} header", m.seq))?;
+    let mapping = crate::table_backfill::mapping(&console.config, table)
+        .map_err(|f| format!("sequence {}: {}", m.seq, f.error))?;
+    let row: Value = serde_json::from_str(&m.payload)
+        .map_err(|e| format!("sequence {}: the dead letter is not a JSON row: {e}", m.seq))?;
+    let event_id = row
+        .get(&mapping.event_id)
+        .and_then(Value::as_str)
+        .ok_or_else(|| {
+            format!(
+                "sequence {}: the row has no event id in column `{}`",
+                m.seq, mapping.event_id
+            )
+        })?;
+    Ok(RowRef {
+        table: table.to_owned(),
+        event_id_column: mapping.event_id.clone(),
+        event_id: event_id.to_owned(),
+    })
+}
+
+/// `"column" IN ('a', 'b')`, quoted as SQL.
+fn id_filter(column: &str, ids: &[String]) -> String {
+    let literals: Vec<String> = ids
+        .iter()
+        .map(|id| format!("'{}'", id.replace('\'', "''")))
+        .collect();
+    format!(
+        "\"{}\" IN ({})",
+        column.replace('"', "\"\""),
+        literals.join(", ")
+    )
+}
+
+pub(super) async fn republish(
+    State(console): State<Arc<Console>>,
+    Json(request): Json<RepublishRequest>,
+) -> Response {
+    if !console.config.http.console_write {
+        return failed(
+            StatusCode::FORBIDDEN,
+            "the console is read-only: set [http] console_write = true (with console_token_file) to re-publish from it",
+        );
+    }
+    let Some(subject) = console.config.relay.dead_letter_subject.clone() else {
+        return failed(StatusCode::CONFLICT, "no [relay] dead_letter_subject");
+    };
+    if !request.all && request.sequences.is_empty() {
+        return failed(
+            StatusCode::BAD_REQUEST,
+            "give \"sequences\": [..] or \"all\": true",
+        );
+    }
+    let js = match console.jetstream().await {
+        Ok(js) => js,
+        Err(e) => return unreachable(e),
+    };
+    let stream = &console.config.nats.stream;
+    let listing = match messages::latest(js, stream, Some(&subject), 500, WINDOW).await {
+        Ok(listing) => listing,
+        Err(e) => return unreachable(e),
+    };
+    let mut skipped: Vec<String> = request
+        .sequences
+        .iter()
+        .filter(|seq| !listing.messages.iter().any(|m| m.seq == **seq))
+        .map(|seq| format!("sequence {seq}: not a dead letter among the latest listed"))
+        .collect();
+    let mut by_table: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for m in listing
+        .messages
+        .iter()
+        .filter(|m| request.all || request.sequences.contains(&m.seq))
+    {
+        match row_of(&console, m) {
+            Ok(row) => by_table
+                .entry((row.table, row.event_id_column))
+                .or_default()
+                .push(row.event_id),
+            Err(why) => skipped.push(why),
+        }
+    }
+    match signal_each(&console, by_table).await {
+        Ok(signals) => Json(json!({ "signals": signals, "skipped": skipped })).into_response(),
+        Err(e) => unreachable(e),
+    }
+}
+
+/// One `backfill` signal per table, of the rows with those event ids.
+async fn signal_each(
+    console: &Console,
+    by_table: BTreeMap<(String, String), Vec<String>>,
+) -> anyhow::Result<Vec<Value>> {
+    let config = &console.config;
+    let client = relay_postgres::connect(&config.postgres).await?;
+    let mut signals = Vec::new();
+    for ((table, column), mut ids) in by_table {
+        ids.sort();
+        ids.dedup();
+        let args = json!({
+            "table": table,
+            "where": id_filter(&column, &ids),
+            // A filter re-published before has a finished cursor: run it again.
+            "restart": true,
+        });
+        let id = relay_postgres::signal::insert_signal(
+            &client,
+            "backfill",
+            &args.to_string(),
+            &config.postgres.slot,
+            "console",
+        )
+        .await?;
+        tracing::info!(signal = id, table = %table, rows = ids.len(), "console: re-publish of dead letters requested");
+        signals.push(json!({ "id": id, "table": table, "rows": ids.len() }));
+    }
+    Ok(signals)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_filter_quotes_the_column_and_every_id() {
+        assert_eq!(
+            id_filter("id", &["a".into(), "b'c".into()]),
+            r#""id" IN ('a', 'b''c')"#
+        );
+        assert_eq!(id_filter("Id\"x", &["1".into()]), r#""Id""x" IN ('1')"#);
+    }
+}
