@@ -217,7 +217,12 @@ async fn bad_signals_are_failed_rows_with_their_reason_and_the_relay_streams_on(
             r#"{"table": "outbox", "page_size": 0}"#,
             "at least 1",
         ),
-        ("replay", r#"{}"#, "`outbox-relay replay`"),
+        ("restore", r#"{}"#, "`outbox-relay restore`"),
+        (
+            "replay",
+            r#"{"from_lsn": "0/1"}"#,
+            "missing field `consumer`",
+        ),
         (
             "backfill",
             r#"{"table": "public.orders"}"#,
@@ -300,5 +305,71 @@ async fn a_signal_running_when_the_relay_is_killed_resumes_at_its_next_start() -
     // The rows in flight at the kill are re-sent and dropped by JetStream as duplicates.
     ensure!(counts.values().all(|n| *n == 1), "no row stored twice");
     assert_eq!(cursor(&db).await?, Some((OLD_ROWS, true)));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replay_signal_moves_a_consumer_back_to_an_events_commit() -> Result<()> {
+    let env = Env::start().await?;
+    let db = env.db().await?;
+    let config = env.config("");
+    let relay = Relay::start_streaming(&config).await?;
+    let js = env.jetstream().await?;
+    let mut ids = Vec::new();
+    for n in 0..5 {
+        ids.push(insert_event(&db, "Order", "created", &format!(r#"{{"n": {n}}}"#)).await?);
+    }
+    let messages = wait_for_messages(&js, 5, Duration::from_secs(30), Some(&relay)).await?;
+    js.get_stream(STREAM)
+        .await?
+        .create_consumer(async_nats::jetstream::consumer::pull::Config {
+            durable_name: Some("billing".into()),
+            ..Default::default()
+        })
+        .await?;
+    ensure!(fetch_acked(&js, "billing", 5).await? == vec![1, 2, 3, 4, 5]);
+    // Precondition: billing has acknowledged everything.
+    let third = &messages[2];
+    let lsn = third.header("Outbox-Commit-Lsn").to_owned();
+    let version = js.client().server_info().version;
+    let in_place = relay_nats::supports_consumer_reset(&version);
+
+    let args = format!(r#"{{"consumer": "billing", "from_lsn": "{lsn}"}}"#);
+    let id = signal(&db, "replay", &args).await?;
+    let rows = follow(&db, id, &relay).await?;
+    let mut last = rows.last().context("rows")?.clone();
+    if !in_place {
+        // nats-server before 2.14 cannot move it in place: refused until asked to re-create.
+        ensure!(last.state == "failed", "{last:?}");
+        ensure!(
+            last.error
+                .as_deref()
+                .is_some_and(|e| e.contains("\"recreate\": true")),
+            "{last:?}"
+        );
+        let args = format!(r#"{{"consumer": "billing", "from_lsn": "{lsn}", "recreate": true}}"#);
+        let id = signal(&db, "replay", &args).await?;
+        last = follow(&db, id, &relay)
+            .await?
+            .last()
+            .context("rows")?
+            .clone();
+    }
+    ensure!(last.state == "done", "{last:?}");
+    let outcome = last.outcome.as_deref().unwrap_or_default();
+    let did = if in_place {
+        "reset durable consumer billing in place"
+    } else {
+        "deleted and re-created durable consumer billing"
+    };
+    ensure!(outcome.contains(did), "{outcome}");
+    let progress = last.progress.as_ref().context("the range")?;
+    assert_eq!(progress["from_sequence"], third.seq, "{progress}");
+    assert_eq!(progress["messages"], 3, "{progress}");
+    // Billing gets the third event again, then the rest.
+    ensure!(fetch_acked(&js, "billing", 5).await? == vec![3, 4, 5]);
+    let again = read_stream(&js).await?;
+    ensure!(again.len() == 5, "nothing re-published: {}", again.len());
+    ensure!(ids[2] == third.id(), "the third event");
     Ok(())
 }

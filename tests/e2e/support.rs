@@ -441,6 +441,34 @@ pub async fn last_sequence(js: &jetstream::Context) -> Result<u64> {
         .last_sequence)
 }
 
+/// Reads and acknowledges up to `n` messages from durable `name`; their stream sequences.
+pub async fn fetch_acked(
+    js: &async_nats::jetstream::Context,
+    name: &str,
+    n: usize,
+) -> Result<Vec<u64>> {
+    use futures::StreamExt as _;
+    let consumer: async_nats::jetstream::consumer::PullConsumer = js
+        .get_stream(STREAM)
+        .await?
+        .get_consumer(name)
+        .await
+        .map_err(|e| anyhow::anyhow!(e))?;
+    let mut batch = consumer
+        .fetch()
+        .max_messages(n)
+        .expires(Duration::from_secs(3))
+        .messages()
+        .await?;
+    let mut seqs = Vec::new();
+    while let Some(m) = batch.next().await {
+        let m = m.map_err(|e| anyhow::anyhow!(e))?;
+        m.ack().await.map_err(|e| anyhow::anyhow!(e))?;
+        seqs.push(m.info().map_err(|e| anyhow::anyhow!(e))?.stream_sequence);
+    }
+    Ok(seqs)
+}
+
 /// Waits until the stream holds at least `n` messages; returns them.
 pub async fn wait_for_messages(
     js: &jetstream::Context,

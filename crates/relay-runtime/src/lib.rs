@@ -20,6 +20,7 @@ pub mod position;
 pub mod preflight;
 pub mod progress;
 pub mod relay;
+pub mod replay;
 pub mod routing;
 pub mod signal;
 pub mod status;

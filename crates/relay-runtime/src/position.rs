@@ -109,6 +109,37 @@ pub async fn lookup(
     })
 }
 
+/// A commit LSN as PostgreSQL prints it.
+pub fn parse_lsn(s: &str) -> Result<Lsn, String> {
+    s.trim()
+        .parse::<Lsn>()
+        .map_err(|e| format!("{e} (expected an LSN such as 0/16B3748)"))
+}
+
+/// RFC 3339 (`2026-11-29T11:38:44Z`, `2026-11-29 11:38:44`, UTC unless an offset is given), or
+/// `<duration> ago` (`15m ago`).
+pub fn parse_time(s: &str) -> Result<SystemTime, String> {
+    let s = s.trim();
+    if let Some(ago) = s.strip_suffix("ago") {
+        let d = humantime_serde::re::humantime::parse_duration(ago.trim())
+            .map_err(|e| format!("`{s}`: {e}"))?;
+        return SystemTime::now()
+            .checked_sub(d)
+            .ok_or_else(|| format!("`{s}` is before 1970"));
+    }
+    humantime_serde::re::humantime::parse_rfc3339_weak(s).map_err(|e| {
+        format!("`{s}`: {e} (expected RFC 3339, e.g. 2026-11-29T11:38:44Z, or e.g. `15m ago`)")
+    })
+}
+
+/// An LSN, else a time ([`parse_lsn`], [`parse_time`]).
+pub fn parse_target(s: &str) -> Result<Target, String> {
+    match parse_lsn(s) {
+        Ok(lsn) => Ok(Target::Lsn(lsn)),
+        Err(_) => parse_time(s).map(Target::Time),
+    }
+}
+
 /// `t` as RFC 3339 with microseconds.
 pub fn rfc3339(t: SystemTime) -> String {
     humantime_serde::re::humantime::format_rfc3339_micros(t).to_string()

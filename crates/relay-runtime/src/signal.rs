@@ -1,5 +1,6 @@
-//! Signals from SQL: the relay carries out the rows inserted into `outbox_relay.signal`, one at a
-//! time, in commit order, and writes each one's progress, outcome or error back into its row.
+//! Signals from SQL: the relay carries out the rows inserted into `outbox_relay.signal` (a
+//! `backfill`, a `replay`), one at a time, in commit order, and writes each one's progress,
+//! outcome or error back into its row.
 //! A bad signal (unknown kind, bad arguments, a table that is not an outbox table) is a row
 //! marked failed with the reason; nothing a signal does stops the relay.
 //!
@@ -119,8 +120,65 @@ async fn carry_out(
             return store::finish(client, signal.id, &SignalEnd::Failed { error }, None).await;
         }
     };
-    let SignalRequest::Backfill(mut request) = request;
-    if signal.resumed && request.restart && own_cursor(config, &request, &signal, client).await {
+    match request {
+        SignalRequest::Backfill(request) => {
+            backfill(config, session, &signal, request, queue, shutdown).await
+        }
+        SignalRequest::Replay(request) => replay(config, &session.client, &signal, &request).await,
+    }
+}
+
+/// Carries out a `replay` signal: the range goes into the row's progress, what was done into
+/// its outcome.
+async fn replay(
+    config: &RelayConfig,
+    client: &tokio_postgres::Client,
+    signal: &ClaimedSignal,
+    request: &crate::replay::ReplayRequest,
+) -> Result<(), relay_postgres::PgError> {
+    tracing::info!(signal = signal.id, consumer = %request.consumer, "carrying out a replay signal");
+    let mut range = None;
+    let result = crate::replay::replay(config, request, |r| {
+        range = Some(serde_json::json!({
+            "from_sequence": r.from.position.sequence,
+            "until_sequence": r.until.as_ref().map(|u| u.position.sequence),
+            "messages": r.count,
+            "range": r.lines(&request.subjects),
+        }));
+    })
+    .await;
+    let end = match result {
+        Ok(done) => SignalEnd::Done {
+            outcome: done.to_string(),
+        },
+        Err(failure) => SignalEnd::Failed {
+            error: format!("{:#}", failure.error),
+        },
+    };
+    log_end(signal, &end);
+    let range = range.map(|r| r.to_string());
+    store::finish(client, signal.id, &end, range.as_deref()).await
+}
+
+fn log_end(signal: &ClaimedSignal, end: &SignalEnd) {
+    match end {
+        SignalEnd::Done { outcome } => tracing::info!(signal = signal.id, "{outcome}"),
+        SignalEnd::Failed { error } => tracing::warn!(signal = signal.id, "signal failed: {error}"),
+    }
+}
+
+/// Carries out a `backfill` signal, its progress written into the row every
+/// [`PROGRESS_EVERY`]; a signal notified meanwhile is queued and told it waits.
+async fn backfill(
+    config: &RelayConfig,
+    session: &mut SignalSession,
+    signal: &ClaimedSignal,
+    mut request: BackfillRequest,
+    queue: &mut VecDeque<i64>,
+    shutdown: &CancellationToken,
+) -> Result<(), relay_postgres::PgError> {
+    let client = &session.client;
+    if signal.resumed && request.restart && own_cursor(config, &request, signal, client).await {
         // Started over before the relay stopped: resume that run instead of a third one.
         request.restart = false;
     }
@@ -174,10 +232,7 @@ async fn carry_out(
             ),
         },
     };
-    match &end {
-        SignalEnd::Done { outcome } => tracing::info!(signal = signal.id, "{outcome}"),
-        SignalEnd::Failed { error } => tracing::warn!(signal = signal.id, "signal failed: {error}"),
-    }
+    log_end(signal, &end);
     store::finish(client, signal.id, &end, progress.as_deref()).await
 }
 

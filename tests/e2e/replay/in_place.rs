@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use anyhow::{Result, ensure};
 use async_nats::jetstream::{self, consumer};
-use futures::StreamExt as _;
 
 use super::{describe, drain, insert, ok, relay_cmd, settled};
 use crate::support::*;
@@ -22,25 +21,11 @@ pub(super) fn has_reset_api(js: &jetstream::Context) -> bool {
 
 /// The stream sequence of the next message `name` delivers (acked).
 async fn next_delivered(js: &jetstream::Context, name: &str) -> Result<u64> {
-    let consumer: consumer::PullConsumer = js
-        .get_stream(STREAM)
+    crate::support::fetch_acked(js, name, 1)
         .await?
-        .get_consumer(name)
-        .await
-        .map_err(|e| anyhow::anyhow!(e))?;
-    let mut batch = consumer
-        .fetch()
-        .max_messages(1)
-        .expires(Duration::from_secs(5))
-        .messages()
-        .await?;
-    let m = batch
-        .next()
-        .await
-        .ok_or_else(|| anyhow::anyhow!("{name} delivered nothing"))?
-        .map_err(|e| anyhow::anyhow!(e))?;
-    m.ack().await.map_err(|e| anyhow::anyhow!(e))?;
-    Ok(m.info().map_err(|e| anyhow::anyhow!(e))?.stream_sequence)
+        .first()
+        .copied()
+        .ok_or_else(|| anyhow::anyhow!("{name} delivered nothing"))
 }
 
 #[tokio::test(flavor = "multi_thread")]

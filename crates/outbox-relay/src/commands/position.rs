@@ -3,7 +3,6 @@
 //! relay's position map (`outbox_relay.position_map`) when it has an anchor before the target,
 //! else by searching the stream (see `outbox-position` and `docs/replay.md`).
 
-use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
 use outbox_position::{Limits, Target};
@@ -14,26 +13,7 @@ pub use relay_runtime::position::{Lookup, rfc3339};
 
 use crate::exit::{Failure, FailureKind};
 
-/// A commit LSN as PostgreSQL prints it.
-pub fn parse_lsn(s: &str) -> Result<Lsn, String> {
-    Lsn::from_str(s.trim()).map_err(|e| format!("{e} (expected an LSN such as 0/16B3748)"))
-}
-
-/// RFC 3339 (`2026-11-29T11:38:44Z`, `2026-11-29 11:38:44`, UTC unless an offset is given), or
-/// `<duration> ago` (`15m ago`).
-pub fn parse_time(s: &str) -> Result<SystemTime, String> {
-    let s = s.trim();
-    if let Some(ago) = s.strip_suffix("ago") {
-        let d = humantime_serde::re::humantime::parse_duration(ago.trim())
-            .map_err(|e| format!("`{s}`: {e}"))?;
-        return SystemTime::now()
-            .checked_sub(d)
-            .ok_or_else(|| format!("`{s}` is before 1970"));
-    }
-    humantime_serde::re::humantime::parse_rfc3339_weak(s).map_err(|e| {
-        format!("`{s}`: {e} (expected RFC 3339, e.g. 2026-11-29T11:38:44Z, or e.g. `15m ago`)")
-    })
-}
+pub use relay_runtime::position::{parse_lsn, parse_time};
 
 /// `position`'s target.
 #[derive(Debug, Clone, clap::Args)]
@@ -77,7 +57,7 @@ pub struct Search {
 }
 
 impl Search {
-    fn limits(&self) -> Limits {
+    pub fn limits(&self) -> Limits {
         Limits {
             max_scan: self.max_scan,
             max_gets: self.max_gets,

@@ -5,16 +5,74 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use outbox_position::{Limits, Target};
+
+use crate::position::{parse_lsn, parse_target, parse_time};
 use crate::progress::Mode;
+use crate::replay::ReplayRequest;
 use crate::table_backfill::{BackfillRequest, RunOptions};
 
 /// The kinds a signal may have, as the error for an unknown one lists them.
-pub const KNOWN_KINDS: &str = "backfill";
+pub const KNOWN_KINDS: &str = "backfill, replay";
 
 /// A signal the relay can carry out.
 #[derive(Debug, Clone)]
 pub enum SignalRequest {
     Backfill(BackfillRequest),
+    Replay(ReplayRequest),
+}
+
+/// `args` of a `replay` signal: `outbox-relay replay`'s options.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplayArgs {
+    consumer: String,
+    from_lsn: Option<String>,
+    since: Option<String>,
+    until: Option<String>,
+    #[serde(default)]
+    subjects: Vec<String>,
+    #[serde(default)]
+    recreate: bool,
+    #[serde(default)]
+    dry_run: bool,
+}
+
+const REPLAY_EXAMPLE: &str = r#"{"consumer": "billing", "from_lsn": "0/16B3748"} or {"consumer": "billing", "since": "15m ago"}"#;
+
+fn replay(args: serde_json::Value) -> Result<SignalRequest, String> {
+    let bad = |why: String| {
+        format!("bad args for a replay signal: {why}; expected an object such as {REPLAY_EXAMPLE}")
+    };
+    let args: ReplayArgs = serde_json::from_value(args).map_err(|e| bad(e.to_string()))?;
+    if args.consumer.trim().is_empty() {
+        return Err(bad("`consumer` is empty".into()));
+    }
+    let from = match (&args.from_lsn, &args.since) {
+        (Some(lsn), None) => {
+            Target::Lsn(parse_lsn(lsn).map_err(|e| bad(format!("from_lsn: {e}")))?)
+        }
+        (None, Some(time)) => {
+            Target::Time(parse_time(time).map_err(|e| bad(format!("since: {e}")))?)
+        }
+        _ => return Err(bad("give exactly one of `from_lsn` and `since`".into())),
+    };
+    let until = args
+        .until
+        .as_deref()
+        .map(parse_target)
+        .transpose()
+        .map_err(|e| bad(format!("until: {e}")))?;
+    Ok(SignalRequest::Replay(ReplayRequest {
+        from,
+        until,
+        consumer: args.consumer,
+        subjects: args.subjects,
+        dry_run: args.dry_run,
+        recreate: args.recreate,
+        no_map: false,
+        limits: Limits::default(),
+    }))
 }
 
 /// `args` of a `backfill` signal; the defaults are `outbox-relay backfill`'s.
@@ -49,6 +107,11 @@ fn default_skip_check_limit() -> u64 {
 /// Reads a row's `kind` and `args` (JSON text); the error is the reason written into the row.
 pub fn parse(kind: &str, args: &str) -> Result<SignalRequest, String> {
     match kind.trim() {
+        "replay" => {
+            let args: serde_json::Value = serde_json::from_str(args)
+                .map_err(|e| format!("bad args for a replay signal: {e}"))?;
+            replay(args)
+        }
         "backfill" => {
             let args: serde_json::Value = serde_json::from_str(args)
                 .map_err(|e| format!("bad args for a backfill signal: {e}"))?;
@@ -83,7 +146,7 @@ pub fn parse(kind: &str, args: &str) -> Result<SignalRequest, String> {
                 },
             }))
         }
-        other @ ("replay" | "restore") => Err(format!(
+        other @ "restore" => Err(format!(
             "signal kind `{other}` is not carried out from SQL: run `outbox-relay {other}` on the relay's host (signals carry out: {KNOWN_KINDS})"
         )),
         other => Err(format!(
@@ -99,6 +162,7 @@ mod tests {
     fn backfill(args: &str) -> BackfillRequest {
         match parse("backfill", args) {
             Ok(SignalRequest::Backfill(request)) => request,
+            Ok(other) => panic!("not a backfill: {other:?}"),
             Err(e) => panic!("refused {args}: {e}"),
         }
     }
@@ -160,10 +224,45 @@ mod tests {
     fn unknown_kinds_and_host_only_kinds_say_what_to_do() {
         let error = parse("snapshot", "{}").unwrap_err();
         assert!(
-            error.contains("unknown signal kind `snapshot`") && error.contains("backfill"),
+            error.contains("unknown signal kind `snapshot`") && error.contains("backfill, replay"),
             "{error}"
         );
-        let error = parse("replay", "{}").unwrap_err();
-        assert!(error.contains("`outbox-relay replay`"), "{error}");
+        let error = parse("restore", "{}").unwrap_err();
+        assert!(error.contains("`outbox-relay restore`"), "{error}");
+    }
+
+    #[test]
+    fn a_replay_takes_one_start_and_a_consumer() {
+        let Ok(SignalRequest::Replay(r)) = parse(
+            "replay",
+            r#"{"consumer": "billing", "from_lsn": "0/16B3748", "subjects": ["outbox.>"]}"#,
+        ) else {
+            panic!("refused");
+        };
+        assert_eq!(r.from, Target::Lsn(relay_core::Lsn(0x16B3748)));
+        assert_eq!(r.consumer, "billing");
+        assert_eq!(r.subjects, vec!["outbox.>".to_owned()]);
+        assert!(!r.recreate && !r.dry_run);
+        assert!(matches!(
+            parse("replay", r#"{"consumer": "b", "since": "15m ago"}"#),
+            Ok(SignalRequest::Replay(ReplayRequest {
+                from: Target::Time(_),
+                ..
+            }))
+        ));
+        let both = parse(
+            "replay",
+            r#"{"consumer": "b", "since": "15m ago", "from_lsn": "0/1"}"#,
+        );
+        assert!(both.unwrap_err().contains("exactly one"));
+        let neither = parse("replay", r#"{"consumer": "b"}"#).unwrap_err();
+        assert!(neither.contains("exactly one"), "{neither}");
+        let bad_lsn = parse("replay", r#"{"consumer": "b", "from_lsn": "nope"}"#).unwrap_err();
+        assert!(bad_lsn.contains("from_lsn"), "{bad_lsn}");
+        let no_consumer = parse("replay", r#"{"from_lsn": "0/1"}"#).unwrap_err();
+        assert!(
+            no_consumer.contains("missing field `consumer`"),
+            "{no_consumer}"
+        );
     }
 }
