@@ -70,6 +70,15 @@ pub(crate) async fn insert(
     Ok(ids)
 }
 
+/// A relay config that keeps 1 GB of WAL behind the checkpoint for restores, with a 1 s duplicate
+/// window (after a purge, a restored id is not refused as a duplicate for long).
+pub(crate) fn retention_config(env: &Env) -> std::path::PathBuf {
+    env.config_full(
+        "create_stream = true\nduplicate_window = \"1s\"",
+        "replay_retention = \"1GB\"",
+    )
+}
+
 /// Waits until the stored checkpoint is past `lsn`.
 pub(crate) async fn checkpoint_past(env: &Env, lsn: u64) -> Result<u64> {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -220,10 +229,7 @@ async fn restore_brings_back_a_purged_and_a_recreated_stream_while_the_relay_run
     let env = Env::start().await?;
     let js = env.jetstream().await?;
     let mut db = env.db().await?;
-    let config = env.config_full(
-        "create_stream = true\nduplicate_window = \"1s\"",
-        "replay_retention = \"1GB\"",
-    );
+    let config = retention_config(&env);
     let relay = Relay::start_streaming(&config).await?;
     let window = insert(&mut db, 30, 3, "w").await?;
     let stored = wait_for_messages(&js, 30, Duration::from_secs(30), Some(&relay)).await?;
@@ -310,10 +316,7 @@ async fn a_killed_restore_completes_when_run_again_and_never_moves_the_slot() ->
     let env = Env::start().await?;
     let js = env.jetstream().await?;
     let mut db = env.db().await?;
-    let config = env.config_full(
-        "create_stream = true\nduplicate_window = \"1s\"",
-        "replay_retention = \"1GB\"",
-    );
+    let config = retention_config(&env);
     let mut relay = Relay::start_streaming(&config).await?;
     let window = insert(&mut db, 2000, 50, "w").await?;
     let stored = wait_for_messages(&js, 2000, Duration::from_secs(60), Some(&relay)).await?;

@@ -217,7 +217,13 @@ async fn bad_signals_are_failed_rows_with_their_reason_and_the_relay_streams_on(
             r#"{"table": "outbox", "page_size": 0}"#,
             "at least 1",
         ),
-        ("restore", r#"{}"#, "`outbox-relay restore`"),
+        ("restore", r#"{}"#, "missing field `from_lsn`"),
+        // No replay_retention here: the slot keeps no WAL before its confirmed position.
+        (
+            "restore",
+            r#"{"from_lsn": "0/1"}"#,
+            "cannot restore from 0/1",
+        ),
         (
             "replay",
             r#"{"from_lsn": "0/1"}"#,
@@ -371,5 +377,49 @@ async fn a_replay_signal_moves_a_consumer_back_to_an_events_commit() -> Result<(
     let again = read_stream(&js).await?;
     ensure!(again.len() == 5, "nothing re-published: {}", again.len());
     ensure!(ids[2] == third.id(), "the third event");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restore_signal_brings_back_purged_events_from_the_wal() -> Result<()> {
+    use crate::restore::{
+        checkpoint_past, events, exactly_once_in_order, insert, retention_config,
+    };
+    let env = Env::start().await?;
+    let js = env.jetstream().await?;
+    let mut db = env.db().await?;
+    let config = retention_config(&env);
+    let relay = Relay::start_streaming(&config).await?;
+    let window = insert(&mut db, 12, 3, "w").await?;
+    let stored = wait_for_messages(&js, 12, Duration::from_secs(30), Some(&relay)).await?;
+    let evs = events(&stored);
+    let last = evs.iter().map(|e| e.lsn).max().unwrap_or_default();
+    let checkpoint = checkpoint_past(&env, last).await?;
+    js.get_stream(STREAM).await?.purge().await?;
+    ensure!(stream_count(&js).await? == 0, "purged");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let from = &evs[0].lsn_text;
+    let id = signal(&db, "restore", &format!(r#"{{"from_lsn": "{from}"}}"#)).await?;
+    let rows = follow(&db, id, &relay).await?;
+    let done = rows.last().context("rows")?;
+    ensure!(done.state == "done", "{done:?}");
+    let outcome = done.outcome.as_deref().unwrap_or_default();
+    ensure!(outcome.contains("published 12"), "{outcome}");
+    let stored = wait_for_messages(&js, 12, Duration::from_secs(30), Some(&relay)).await?;
+    exactly_once_in_order(&stored, &window);
+    // The main slot and the stored checkpoint did not move back; the copy is gone.
+    ensure!(env.checkpoint().await?.unwrap_or_default() >= checkpoint);
+    let copies: i64 = db
+        .query_one(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE '%restore%'",
+            &[],
+        )
+        .await?
+        .get(0);
+    ensure!(copies == 0, "the restore's copy of the slot dropped");
+    // The relay streams on.
+    let after = insert_event(&db, "Order", "Created", "{}").await?;
+    wait_for_id(&js, &after, &relay).await?;
     Ok(())
 }

@@ -12,9 +12,7 @@
 
 use std::process::ExitCode;
 
-pub use relay_runtime::failure::{
-    Failure, FailureKind, class_kind, nats_failure, pg_failure, pipeline_failure_kind,
-};
+pub use relay_runtime::failure::{Failure, FailureKind, nats_failure, pg_failure};
 
 /// The exit code of a failure of `kind`.
 pub fn code(kind: FailureKind) -> u8 {

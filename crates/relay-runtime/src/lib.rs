@@ -21,6 +21,7 @@ pub mod preflight;
 pub mod progress;
 pub mod relay;
 pub mod replay;
+pub mod restore;
 pub mod routing;
 pub mod signal;
 pub mod status;

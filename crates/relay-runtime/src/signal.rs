@@ -125,7 +125,69 @@ async fn carry_out(
             backfill(config, session, &signal, request, queue, shutdown).await
         }
         SignalRequest::Replay(request) => replay(config, &session.client, &signal, &request).await,
+        SignalRequest::Restore(args) => {
+            restore(config, session, &signal, &args, queue, shutdown).await
+        }
     }
+}
+
+/// Carries out a `restore` signal: its latest progress line goes into the row every
+/// [`PROGRESS_EVERY`], its summary into the outcome. A relay stopping meanwhile leaves it
+/// running: the next start runs it again (what it restored is in the stream and skipped).
+async fn restore(
+    config: &RelayConfig,
+    session: &mut SignalSession,
+    signal: &ClaimedSignal,
+    args: &request::RestoreArgs,
+    queue: &mut VecDeque<i64>,
+    shutdown: &CancellationToken,
+) -> Result<(), relay_postgres::PgError> {
+    let client = &session.client;
+    let (from_lsn, to_lsn) = match args.bounds() {
+        Ok(bounds) => bounds,
+        Err(error) => {
+            return store::finish(client, signal.id, &SignalEnd::Failed { error }, None).await;
+        }
+    };
+    tracing::info!(signal = signal.id, from = %from_lsn, "carrying out a restore signal");
+    let latest: std::sync::Arc<std::sync::Mutex<String>> = Default::default();
+    let said = latest.clone();
+    let request = crate::restore::RestoreRequest {
+        from_lsn,
+        to_lsn,
+        dry_run: args.dry_run,
+        max_in_flight: args.max_in_flight,
+        progress_interval: PROGRESS_EVERY,
+        progress_mode: crate::progress::Mode::Lines,
+        say: std::sync::Arc::new(move |line: &str| {
+            tracing::info!(signal = "restore", "{line}");
+            if let Ok(mut l) = said.lock() {
+                line.clone_into(&mut l);
+            }
+        }),
+    };
+    let run = crate::restore::restore(config, &request, shutdown);
+    let result = until_done(session, signal.id, queue, run, &mut Progress::Line(&latest)).await?;
+    let client = &session.client;
+    let end = match result {
+        Ok(Some(summary)) => SignalEnd::Done { outcome: summary },
+        Ok(None) => SignalEnd::Done {
+            outcome: latest.lock().map(|l| l.clone()).unwrap_or_default(),
+        },
+        Err(failure) if failure.kind == FailureKind::Interrupted && shutdown.is_cancelled() => {
+            tracing::info!(
+                signal = signal.id,
+                "relay stopping: the restore runs again at the next start"
+            );
+            return Ok(());
+        }
+        Err(failure) => SignalEnd::Failed {
+            error: format!("{:#}", failure.error),
+        },
+    };
+    log_end(signal, &end);
+    let last = Progress::Line(&latest).read(client).await;
+    store::finish(client, signal.id, &end, last.as_deref()).await
 }
 
 /// Carries out a `replay` signal: the range goes into the row's progress, what was done into
@@ -190,26 +252,9 @@ async fn backfill(
     );
     let mut watch = ProgressWatch::new(config, &request);
     let run = table_backfill::backfill(config, &request, shutdown);
-    tokio::pin!(run);
-    let mut ticks = tokio::time::interval(PROGRESS_EVERY);
-    let result = loop {
-        tokio::select! {
-            result = &mut run => break result,
-            _ = ticks.tick() => {
-                if let Some(progress) = watch.read(client).await {
-                    store::record_progress(client, signal.id, &progress).await?;
-                }
-            }
-            Some(notified) = session.new_rows.recv() => {
-                // A second signal waits for this one: say so in its row.
-                if let Some(next) = store::notified_id(&notified) {
-                    queue.push_back(next);
-                    let waiting = serde_json::json!({ "waiting_behind": signal.id }).to_string();
-                    store::record_progress(client, next, &waiting).await?;
-                }
-            }
-        }
-    };
+    let progress = &mut Progress::Cursor(&mut watch);
+    let result = until_done(session, signal.id, queue, run, progress).await?;
+    let client = &session.client;
     let progress = watch.read(client).await;
     let end = match result {
         Ok(outcome) => SignalEnd::Done {
@@ -234,6 +279,58 @@ async fn backfill(
     };
     log_end(signal, &end);
     store::finish(client, signal.id, &end, progress.as_deref()).await
+}
+
+/// Where a running signal's progress comes from.
+enum Progress<'a> {
+    /// A backfill's stored cursor.
+    Cursor(&'a mut ProgressWatch),
+    /// A restore's latest progress line.
+    Line(&'a std::sync::Mutex<String>),
+}
+
+impl Progress<'_> {
+    /// The progress as a JSON object's text, `None` while there is none.
+    async fn read(&mut self, client: &tokio_postgres::Client) -> Option<String> {
+        match self {
+            Self::Cursor(watch) => watch.read(client).await,
+            Self::Line(latest) => {
+                let text = latest.lock().map(|l| l.clone()).unwrap_or_default();
+                (!text.is_empty()).then(|| serde_json::json!({ "line": text }).to_string())
+            }
+        }
+    }
+}
+
+/// Waits for `run`, the signal being carried out: what `progress` reads goes into its row every
+/// [`PROGRESS_EVERY`], and signals notified meanwhile are queued behind it and told so.
+async fn until_done<T>(
+    session: &mut SignalSession,
+    signal: i64,
+    queue: &mut VecDeque<i64>,
+    run: impl std::future::Future<Output = T>,
+    progress: &mut Progress<'_>,
+) -> Result<T, relay_postgres::PgError> {
+    let SignalSession { client, new_rows } = session;
+    tokio::pin!(run);
+    let mut ticks = tokio::time::interval(PROGRESS_EVERY);
+    loop {
+        tokio::select! {
+            result = &mut run => return Ok(result),
+            _ = ticks.tick() => {
+                if let Some(now) = progress.read(client).await {
+                    store::record_progress(client, signal, &now).await?;
+                }
+            }
+            Some(notified) = new_rows.recv() => {
+                if let Some(next) = store::notified_id(&notified) {
+                    queue.push_back(next);
+                    let waiting = serde_json::json!({ "waiting_behind": signal });
+                    store::record_progress(client, next, &waiting.to_string()).await?;
+                }
+            }
+        }
+    }
 }
 
 /// Whether the stored cursor of `request` was started by `signal` (not before it was claimed).

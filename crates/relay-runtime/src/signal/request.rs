@@ -13,13 +13,58 @@ use crate::replay::ReplayRequest;
 use crate::table_backfill::{BackfillRequest, RunOptions};
 
 /// The kinds a signal may have, as the error for an unknown one lists them.
-pub const KNOWN_KINDS: &str = "backfill, replay";
+pub const KNOWN_KINDS: &str = "backfill, replay, restore";
 
 /// A signal the relay can carry out.
 #[derive(Debug, Clone)]
 pub enum SignalRequest {
     Backfill(BackfillRequest),
     Replay(ReplayRequest),
+    Restore(RestoreArgs),
+}
+
+/// `args` of a `restore` signal: `outbox-relay restore`'s options.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestoreArgs {
+    pub from_lsn: String,
+    pub to_lsn: Option<String>,
+    #[serde(default)]
+    pub dry_run: bool,
+    #[serde(default = "default_restore_in_flight")]
+    pub max_in_flight: usize,
+}
+
+fn default_restore_in_flight() -> usize {
+    256
+}
+
+impl RestoreArgs {
+    /// The window's bounds as LSNs.
+    pub fn bounds(&self) -> Result<(relay_core::Lsn, Option<relay_core::Lsn>), String> {
+        let from = parse_lsn(&self.from_lsn).map_err(|e| format!("from_lsn: {e}"))?;
+        let to = self
+            .to_lsn
+            .as_deref()
+            .map(parse_lsn)
+            .transpose()
+            .map_err(|e| format!("to_lsn: {e}"))?;
+        Ok((from, to))
+    }
+}
+
+fn restore(args: serde_json::Value) -> Result<SignalRequest, String> {
+    let bad = |why: String| {
+        format!(
+            "bad args for a restore signal: {why}; expected an object such as {{\"from_lsn\": \"0/195D570\"}}"
+        )
+    };
+    let args: RestoreArgs = serde_json::from_value(args).map_err(|e| bad(e.to_string()))?;
+    args.bounds().map_err(bad)?;
+    if args.max_in_flight == 0 {
+        return Err(bad("max_in_flight must be at least 1".into()));
+    }
+    Ok(SignalRequest::Restore(args))
 }
 
 /// `args` of a `replay` signal: `outbox-relay replay`'s options.
@@ -112,6 +157,11 @@ pub fn parse(kind: &str, args: &str) -> Result<SignalRequest, String> {
                 .map_err(|e| format!("bad args for a replay signal: {e}"))?;
             replay(args)
         }
+        "restore" => {
+            let args: serde_json::Value = serde_json::from_str(args)
+                .map_err(|e| format!("bad args for a restore signal: {e}"))?;
+            restore(args)
+        }
         "backfill" => {
             let args: serde_json::Value = serde_json::from_str(args)
                 .map_err(|e| format!("bad args for a backfill signal: {e}"))?;
@@ -146,9 +196,6 @@ pub fn parse(kind: &str, args: &str) -> Result<SignalRequest, String> {
                 },
             }))
         }
-        other @ "restore" => Err(format!(
-            "signal kind `{other}` is not carried out from SQL: run `outbox-relay {other}` on the relay's host (signals carry out: {KNOWN_KINDS})"
-        )),
         other => Err(format!(
             "unknown signal kind `{other}`: signals carry out {KNOWN_KINDS}"
         )),
@@ -221,14 +268,28 @@ mod tests {
     }
 
     #[test]
-    fn unknown_kinds_and_host_only_kinds_say_what_to_do() {
+    fn unknown_kinds_and_bad_restores_say_what_to_do() {
         let error = parse("snapshot", "{}").unwrap_err();
         assert!(
-            error.contains("unknown signal kind `snapshot`") && error.contains("backfill, replay"),
+            error.contains("unknown signal kind `snapshot`")
+                && error.contains("backfill, replay, restore"),
             "{error}"
         );
         let error = parse("restore", "{}").unwrap_err();
-        assert!(error.contains("`outbox-relay restore`"), "{error}");
+        assert!(error.contains("missing field `from_lsn`"), "{error}");
+        let error = parse("restore", r#"{"from_lsn": "x"}"#).unwrap_err();
+        assert!(error.contains("from_lsn: "), "{error}");
+        assert!(matches!(
+            parse(
+                "restore",
+                r#"{"from_lsn": "0/195D570", "to_lsn": "0/2000000"}"#
+            ),
+            Ok(SignalRequest::Restore(RestoreArgs {
+                max_in_flight: 256,
+                dry_run: false,
+                ..
+            }))
+        ));
     }
 
     #[test]
