@@ -31,6 +31,34 @@ fn trace(config: &std::path::Path, id: &str) -> Result<Value> {
     serde_json::from_slice(&out.stdout).context("trace --json output")
 }
 
+/// Runs `outbox-relay trace <id>` (text), asserts exit 0 and that it says `needle`, and keeps
+/// the answer as `target/test-artifacts/trace/<name>.txt` (docs/operations.md shows them).
+fn keep_text(config: &std::path::Path, id: &str, name: &str, needle: &str) -> Result<()> {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args([
+            "--config",
+            config.to_str().context("config path")?,
+            "trace",
+            id,
+        ])
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    ensure!(
+        out.status.success(),
+        "trace exited {:?}: {text}",
+        out.status.code()
+    );
+    ensure!(
+        text.contains(needle),
+        "trace {id} lacks {needle:?}:\n{text}"
+    );
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/test-artifacts/trace");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join(format!("{name}.txt")), text)?;
+    Ok(())
+}
+
 /// A consumer's entry in a trace answer.
 fn consumer_state<'a>(answer: &'a Value, name: &str) -> Result<&'a Value> {
     answer["consumers"]
@@ -189,6 +217,7 @@ async fn trace_follows_an_event_to_each_consumer_and_the_ledger() -> Result<()> 
         "{answer:#}"
     );
     ensure!(ledger[0]["stream_seq"] == seq, "{answer:#}");
+    keep_text(&config, &id, "published", "consumer refunds: parked")?;
 
     // An id no table and no message has: a clear answer, exit 0, and what was searched.
     let unknown = trace(&config, &uuid::Uuid::new_v4().to_string())?;
@@ -203,6 +232,12 @@ async fn trace_follows_an_event_to_each_consumer_and_the_ledger() -> Result<()> 
             .as_str()
             .is_some_and(|s| s.contains("messages of any subject"))
     );
+    keep_text(
+        &config,
+        unknown["event_id"].as_str().context("id")?,
+        "unknown",
+        "not published",
+    )?;
 
     // Committed while the relay is stopped: in the table, not yet published, and the answer
     // says where the relay's confirmed position is and that the WAL is past it.
@@ -225,6 +260,7 @@ async fn trace_follows_an_event_to_each_consumer_and_the_ledger() -> Result<()> 
         "{pending:#}"
     );
     ensure!(pending["consumers"].as_array().is_some_and(Vec::is_empty));
+    keep_text(&config, &later, "not-yet-published", "not published")?;
 
     // A malformed id is refused with the fix (78).
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
@@ -265,5 +301,6 @@ async fn trace_finds_a_dead_lettered_row_with_its_reason() -> Result<()> {
             .is_some_and(|r| !r.is_empty()),
         "{answer:#}"
     );
+    keep_text(&config, &bad, "dead-lettered", "dead-lettered")?;
     Ok(())
 }
