@@ -115,6 +115,21 @@ fn text_of<'a>(dom: &'a str, id: &str) -> Option<&'a str> {
     Some(rest[start..end].trim())
 }
 
+/// The signal the page says it requested.
+async fn requested_signal(browser: &webdriver::Browser) -> Result<i64> {
+    browser
+        .wait_for(
+            "the signal shown",
+            "return document.querySelector('#signal-result a.signal-link') !== null",
+        )
+        .await?;
+    browser
+        .text("#signal-result a.signal-link")
+        .await?
+        .parse()
+        .context("signal id shown")
+}
+
 /// Waits until signal `id` is in `state`.
 async fn wait_signal(
     db: &tokio_postgres::Client,
@@ -479,6 +494,75 @@ async fn a_fixed_dead_letter_is_re_published_by_a_click_in_the_console() -> Resu
     ensure!(state == "done", "backfills page shows the signal {state}");
     browser
         .screenshot(&artifacts()?.join("republished.png"))
+        .await?;
+
+    // A replay asked for on the Consumers page: billing goes back to the first event.
+    let first = stream.iter().min_by_key(|m| m.seq).context("first")?;
+    js.get_stream(STREAM)
+        .await?
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some("billing".into()),
+            filter_subject: "outbox.>".into(),
+            ..Default::default()
+        })
+        .await?;
+    let read = fetch_acked(&js, "billing", 10).await?;
+    ensure!(
+        read.len() == stream.len(),
+        "billing read everything first: {read:?}"
+    );
+    browser
+        .open(&format!("http://{addr}/console#consumers"))
+        .await?;
+    browser
+        .type_into(
+            "input.replay-from[data-consumer=\"billing\"]",
+            first.header("Outbox-Commit-Lsn"),
+        )
+        .await?;
+    browser
+        .screenshot(&artifacts()?.join("consumers-write.png"))
+        .await?;
+    browser
+        .click("button.replay[data-consumer=\"billing\"]")
+        .await?;
+    let replayed = requested_signal(&browser).await?;
+    wait_signal(&db, replayed, "done", &relay).await?;
+    ensure!(
+        fetch_acked(&js, "billing", 10).await?.first() == Some(&first.seq),
+        "billing delivers from the first event again"
+    );
+
+    // A backfill asked for on the Backfills page (of the table's rows, none missing).
+    browser
+        .open(&format!("http://{addr}/console#backfills"))
+        .await?;
+    browser.click("#backfill-start").await?;
+    let backfill = requested_signal(&browser).await?;
+    wait_signal(&db, backfill, "done", &relay).await?;
+    let by: String = db
+        .query_one(
+            "SELECT requested_by FROM outbox_relay.signal WHERE id = $1",
+            &[&backfill],
+        )
+        .await?
+        .get(0);
+    ensure!(by == "console");
+    // Shown again (another view first: the same address is no navigation).
+    browser
+        .open(&format!("http://{addr}/console#overview"))
+        .await?;
+    browser
+        .open(&format!("http://{addr}/console#backfills"))
+        .await?;
+    for (id, kind) in [(replayed, "replay"), (backfill, "backfill")] {
+        let state = browser
+            .text(&format!("tr[data-signal=\"{id}\"] td.state"))
+            .await?;
+        ensure!(state == "done", "the {kind} signal shown done: {state}");
+    }
+    browser
+        .screenshot(&artifacts()?.join("backfills-write.png"))
         .await?;
 
     // Without the token the same request is refused (the page's token is the tab's).

@@ -11,16 +11,16 @@ use serde_json::Value;
 
 use crate::support::{DB, Env, Relay, STREAM, insert_event, wait_for_id};
 
-/// Runs `outbox-relay trace <id> --json` and parses its answer; asserts exit 0.
-fn trace(config: &std::path::Path, id: &str) -> Result<Value> {
+/// Runs `outbox-relay trace <id>` with `extra` arguments; its stdout, asserting exit 0.
+fn run_trace(config: &std::path::Path, id: &str, extra: &[&str]) -> Result<Vec<u8>> {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
         .args([
             "--config",
             config.to_str().context("config path")?,
             "trace",
             id,
-            "--json",
         ])
+        .args(extra)
         .output()?;
     ensure!(
         out.status.success(),
@@ -28,26 +28,18 @@ fn trace(config: &std::path::Path, id: &str) -> Result<Value> {
         out.status.code(),
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).context("trace --json output")
+    Ok(out.stdout)
+}
+
+/// Runs `outbox-relay trace <id> --json` and parses its answer; asserts exit 0.
+fn trace(config: &std::path::Path, id: &str) -> Result<Value> {
+    serde_json::from_slice(&run_trace(config, id, &["--json"])?).context("trace --json output")
 }
 
 /// Runs `outbox-relay trace <id>` (text), asserts exit 0 and that it says `needle`, and keeps
 /// the answer as `target/test-artifacts/trace/<name>.txt` (docs/operations.md shows them).
 fn keep_text(config: &std::path::Path, id: &str, name: &str, needle: &str) -> Result<()> {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-        .args([
-            "--config",
-            config.to_str().context("config path")?,
-            "trace",
-            id,
-        ])
-        .output()?;
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    ensure!(
-        out.status.success(),
-        "trace exited {:?}: {text}",
-        out.status.code()
-    );
+    let text = String::from_utf8_lossy(&run_trace(config, id, &[])?).into_owned();
     ensure!(
         text.contains(needle),
         "trace {id} lacks {needle:?}:\n{text}"

@@ -7,8 +7,9 @@
 //!
 //! Access: without `[http] console_token_file` the API answers only requests from loopback;
 //! with it, only requests carrying the token (`Authorization: Bearer`). The page itself holds no
-//! data. The one change it can make, with `[http] console_write = true` (which needs the token),
-//! is re-publishing dead letters ([`republish`]); everything else only reads.
+//! data. With `[http] console_write = true` (which needs the token) it can start a backfill or a
+//! replay and re-publish dead letters, each as a signal row the relay carries out
+//! ([`changes`]); everything else only reads.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -29,8 +30,8 @@ use crate::config::RelayConfig;
 use crate::failure::Failure;
 
 mod api;
+mod changes;
 mod messages;
-mod republish;
 
 /// How often the overview's history is sampled, and how much of it is kept (one hour).
 const SAMPLE_EVERY: Duration = Duration::from_secs(10);
@@ -112,8 +113,9 @@ pub(crate) fn routes(console: Arc<Console>) -> axum::Router {
         .route("/console/api/dead-letters", get(api::dead_letters))
         .route(
             "/console/api/dead-letters/republish",
-            post(republish::republish),
+            post(changes::republish),
         )
+        .route("/console/api/signals", post(changes::signal))
         .route("/console/api/consumers", get(api::consumers))
         .route("/console/api/backfills", get(api::backfills))
         .route("/console/api/config", get(api::config))
@@ -124,7 +126,7 @@ pub(crate) fn routes(console: Arc<Console>) -> axum::Router {
         .replace(
             "{{ACCESS}}",
             if write {
-                "Write access on: dead letters can be re-published."
+                "Write access on: backfills, replays and re-publishing of dead letters can be started here."
             } else {
                 "Read-only."
             },

@@ -183,6 +183,18 @@ impl Browser {
         Ok(())
     }
 
+    /// Types `text` into the element `css` as a person would.
+    pub async fn type_into(&self, css: &str, text: &str) -> Result<()> {
+        let id = self.element(css).await?;
+        self.call(
+            "POST",
+            &self.at(&format!("/element/{id}/value")),
+            Some(json!({ "text": text })),
+        )
+        .await?;
+        Ok(())
+    }
+
     /// The text the element `css` shows.
     pub async fn text(&self, css: &str) -> Result<String> {
         let id = self.element(css).await?;

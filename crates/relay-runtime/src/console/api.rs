@@ -169,6 +169,7 @@ pub(super) async fn consumers(State(console): State<Arc<Console>>) -> Response {
         "stream_last_sequence": last,
         "consumers": consumers,
         "ephemeral_readers": ephemeral.len(),
+        "write": console.config.http.console_write,
     }))
     .into_response()
 }
@@ -225,7 +226,13 @@ pub(super) async fn backfills(State(console): State<Arc<Console>>) -> Response {
             })
         })
         .collect();
-    Json(json!({ "cursors": cursors, "signals": signals })).into_response()
+    Json(json!({
+        "cursors": cursors,
+        "signals": signals,
+        "write": config.http.console_write,
+        "tables": config.outbox.iter().map(relay_core::route::OutboxTableConfig::display_name).collect::<Vec<_>>(),
+    }))
+    .into_response()
 }
 
 pub(super) async fn config(State(console): State<Arc<Console>>) -> Response {

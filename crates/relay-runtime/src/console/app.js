@@ -195,6 +195,22 @@ async function republish(body, button) {
   }
 }
 
+// Asks the relay for a signal (a backfill or a replay) and names it in `result`.
+async function askSignal(kind, args, button, result) {
+  button.disabled = true;
+  try {
+    const r = await api("signals", { kind, args });
+    result.className = "";
+    result.replaceChildren("Signal ", h("a", { href: "#backfills", class: "signal-link" }, String(r.id)),
+      " requested: its progress and outcome are under Backfills.");
+  } catch (e) {
+    result.className = "error";
+    result.textContent = String(e.message || e);
+  } finally {
+    button.disabled = false;
+  }
+}
+
 async function deadLetters() {
   const data = await api("dead-letters");
   if (!data.subject) {
@@ -226,12 +242,23 @@ async function deadLetters() {
 
 async function consumers() {
   const data = await api("consumers");
+  const result = h("p", { id: "signal-result" });
+  const replay = (c) => {
+    if (!data.write) return "";
+    const input = h("input", { class: "replay-from", "data-consumer": c.name, placeholder: "LSN 0/16B3748 or 15m ago" });
+    const go = h("button", { class: "replay", "data-consumer": c.name, onclick: (e) => {
+      const v = input.value.trim();
+      const args = /^[0-9A-Fa-f]+\/[0-9A-Fa-f]+$/.test(v) ? { consumer: c.name, from_lsn: v } : { consumer: c.name, since: v };
+      askSignal("replay", args, e.currentTarget, result);
+    } }, "Replay");
+    return h("span", {}, input, go);
+  };
   show(
     h("h2", {}, "Consumers"),
     h("p", { class: "muted" }, "Durable consumers of the stream; last sequence " + data.stream_last_sequence +
       (data.ephemeral_readers ? " · " + data.ephemeral_readers + " readers without a durable name (tail, this console) not listed" : "")),
     h("table", { id: "consumers" },
-      h("thead", {}, h("tr", {}, ["name", "filters", "pending", "ack pending", "redelivered", "ack floor", "delivered", "behind stream"].map((t) => h("th", {}, t)))),
+      h("thead", {}, h("tr", {}, ["name", "filters", "pending", "ack pending", "redelivered", "ack floor", "delivered", "behind stream", data.write ? "replay from" : ""].map((t) => h("th", {}, t)))),
       h("tbody", {}, data.consumers.map((c) => h("tr", { "data-consumer": c.name },
         h("td", {}, c.name),
         h("td", {}, c.filters.join(", ") || "all"),
@@ -240,8 +267,37 @@ async function consumers() {
         h("td", { class: "num" }, c.redelivered),
         h("td", { class: "num" }, c.ack_floor),
         h("td", { class: "num" }, c.delivered),
-        h("td", { class: "num" }, c.behind_stream))))),
+        h("td", { class: "num" }, c.behind_stream),
+        h("td", {}, replay(c)))))),
+    result,
   );
+}
+
+// A signal's progress in words: waiting, a backfill's rows, a replay's range, a restore's line.
+function signalProgress(p) {
+  if (!p) return "–";
+  if (p.waiting_behind) return "waiting behind signal " + p.waiting_behind;
+  if (p.rows_done !== undefined) {
+    return p.rows_done + " rows" + (p.percent != null ? " · " + p.percent + " %" : "") +
+      (p.eta_seconds != null ? " · ETA " + p.eta_seconds + " s" : "");
+  }
+  if (p.messages !== undefined) return p.messages + " messages from sequence " + p.from_sequence;
+  if (p.line) return p.line;
+  return JSON.stringify(p);
+}
+
+function backfillForm(data) {
+  if (!data.write) return "";
+  const table = h("select", { id: "backfill-table" }, data.tables.map((t) => h("option", { value: t }, t)));
+  const filter = h("input", { id: "backfill-where", placeholder: "optional SQL condition, e.g. created_at > now() - interval '1 day'" });
+  const restart = h("input", { id: "backfill-restart", type: "checkbox" });
+  const result = h("span", { id: "signal-result" });
+  const go = h("button", { id: "backfill-start", onclick: (e) => {
+    const args = { table: table.value, restart: restart.checked };
+    if (filter.value.trim()) args.where = filter.value.trim();
+    askSignal("backfill", args, e.currentTarget, result);
+  } }, "Start a backfill");
+  return h("div", { class: "toolbar" }, table, filter, h("label", {}, restart, " start over"), go, result);
 }
 
 async function backfills() {
@@ -249,6 +305,7 @@ async function backfills() {
   const pct = (done, est) => est ? Math.min(100, done * 100 / est).toFixed(1) + " %" : "–";
   show(
     h("h2", {}, "Backfills"),
+    backfillForm(data),
     h("table", { id: "cursors" },
       h("thead", {}, h("tr", {}, ["table", "filter", "rows done", "of about", "progress", "started", "finished"].map((t) => h("th", {}, t)))),
       h("tbody", {}, data.cursors.map((c) => h("tr", {},
@@ -269,9 +326,7 @@ async function backfills() {
         h("td", {}, h("code", {}, JSON.stringify(s.args))),
         h("td", {}, s.requested_by + " at " + s.requested_at),
         h("td", { class: "state" }, s.state),
-        h("td", {}, s.progress ? (s.progress.waiting_behind ? "waiting behind " + s.progress.waiting_behind :
-          s.progress.rows_done + " rows" + (s.progress.percent != null ? " · " + s.progress.percent + " %" : "") +
-          (s.progress.eta_seconds != null ? " · ETA " + s.progress.eta_seconds + " s" : "")) : "–"),
+        h("td", {}, signalProgress(s.progress)),
         h("td", { class: s.error ? "error" : "" }, s.error || s.outcome || "–"))))),
   );
 }
@@ -370,4 +425,8 @@ document.getElementById("trace-form").addEventListener("submit", (e) => {
   if (id) location.hash = "trace/" + encodeURIComponent(id);
 });
 window.addEventListener("hashchange", route);
+// A click on the view already shown shows it again, fresh.
+for (const a of document.querySelectorAll("nav a")) {
+  a.addEventListener("click", () => { if (a.getAttribute("href") === location.hash) route(); });
+}
 route();

@@ -44,6 +44,11 @@ fn cursor_error(error: BackfillError) -> Stop {
     }
 }
 
+/// A catalog query that failed while `context`: a retry when transient, else a stop.
+fn query_failed(context: String) -> impl FnOnce(tokio_postgres::Error) -> Stop {
+    move |source| postgres(PgError::Query { context, source })
+}
+
 /// The tables with `backfill = "on-create"`, as `schema.table`.
 fn tables(config: &RelayConfig) -> Vec<String> {
     config
@@ -76,23 +81,17 @@ pub(super) async fn before_prepare(config: &RelayConfig, client: &Client) -> Ste
     }
     let checkpoint = relay_postgres::catalog::stored_checkpoint(client, slot)
         .await
-        .map_err(|source| {
-            postgres(PgError::Query {
-                context: format!("cannot read the checkpoint of slot {slot}"),
-                source,
-            })
-        })?;
+        .map_err(query_failed(format!(
+            "cannot read the checkpoint of slot {slot}"
+        )))?;
     if checkpoint.is_some() {
         return Ok(true);
     }
     let existing = relay_postgres::catalog::slot(client, slot)
         .await
-        .map_err(|source| {
-            postgres(PgError::Query {
-                context: format!("cannot look up replication slot {slot}"),
-                source,
-            })
-        })?;
+        .map_err(query_failed(format!(
+            "cannot look up replication slot {slot}"
+        )))?;
     let mut missing = existing.is_none();
     if let Some(info) = existing
         && info.active_pid.is_none()

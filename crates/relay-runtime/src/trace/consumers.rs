@@ -4,13 +4,13 @@
 
 use async_nats::jetstream;
 use futures::TryStreamExt as _;
-use outbox_contract::{HEADER_DLQ_CONSUMER, HEADER_DLQ_EVENT_ID, HEADER_DLQ_REASON};
+use outbox_contract::{HEADER_DLQ_CONSUMER, HEADER_DLQ_EVENT_ID};
 use relay_core::subject::subject_matches;
 use serde::Serialize;
 use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
 
-use super::stream::{Scan, header};
+use super::stream::{DeadLetter, Scan, header};
 
 /// Where a consumer is with the message.
 #[derive(Debug, Clone, Serialize)]
@@ -163,17 +163,12 @@ async fn parked_copy(
             })
             .await?;
         if let Some(sequence) = hit {
-            let copy = stream.get_raw_message(sequence).await?;
-            let reason = copy
-                .headers
-                .get(HEADER_DLQ_REASON)
-                .map(|v| v.as_str().to_owned())
-                .unwrap_or_default();
+            let copy = DeadLetter::read(&stream, sequence).await?;
             return Ok(Some(Delivery::Parked {
                 stream: name,
                 subject: subject.clone(),
                 sequence,
-                reason,
+                reason: copy.reason,
             }));
         }
     }

@@ -142,17 +142,12 @@ pub async fn find(
             })
             .await?;
         if let Some(found) = hit {
-            let stored = stream.get_raw_message(found).await?;
-            let reason = stored
-                .headers
-                .get(HEADER_DLQ_REASON)
-                .map(|v| v.as_str().to_owned())
-                .unwrap_or_default();
+            let letter = DeadLetter::read(&stream, found).await?;
             return Ok(PublishStep::DeadLettered {
                 sequence: found,
-                subject: stored.subject.to_string(),
-                stored: time_text(stored.time.unix_timestamp_nanos()),
-                reason,
+                subject: letter.subject,
+                stored: letter.stored,
+                reason: letter.reason,
             });
         }
     }
@@ -286,6 +281,31 @@ fn names_event(m: &jetstream::Message, id_columns: &[&str], event_id: &str) -> b
 }
 
 /// A stored time (nanoseconds since 1970) as RFC 3339.
+/// A dead letter (the relay's or a consumer library's parked copy) as stored.
+pub(super) struct DeadLetter {
+    pub(super) subject: String,
+    /// When the stream stored it (RFC 3339).
+    pub(super) stored: String,
+    /// Its `Outbox-Dlq-Reason` (empty when it has none).
+    pub(super) reason: String,
+}
+
+impl DeadLetter {
+    /// Message `seq` of `stream`.
+    pub(super) async fn read(stream: &jetstream::stream::Stream, seq: u64) -> anyhow::Result<Self> {
+        let stored = stream.get_raw_message(seq).await?;
+        Ok(Self {
+            subject: stored.subject.to_string(),
+            stored: time_text(stored.time.unix_timestamp_nanos()),
+            reason: stored
+                .headers
+                .get(HEADER_DLQ_REASON)
+                .map(|v| v.as_str().to_owned())
+                .unwrap_or_default(),
+        })
+    }
+}
+
 fn time_text(unix_nanos: i128) -> String {
     rfc3339(UNIX_EPOCH + Duration::from_nanos(unix_nanos.max(0) as u64))
 }

@@ -1,4 +1,9 @@
-//! Re-publishing dead letters from the console (`[http] console_write = true`): a dead-lettered
+//! What the console changes (`[http] console_write = true`): each change is a signal row
+//! (`requested_by = 'console'`) that the relay's signal worker carries out and reports on, as
+//! one inserted from SQL would be: a backfill or a replay asked for on the page
+//! ([`signal`]), or dead letters re-published ([`republish`]).
+//!
+//! Re-publishing dead letters: a dead-lettered
 //! row is published again by reading it from its outbox table, as it is now, through the relay's
 //! pipeline: a `backfill` signal whose filter is the rows' event ids. So the fix is wherever the
 //! cause was (an `UPDATE` of the row, or a mapping changed and the relay restarted), the signal
@@ -91,15 +96,74 @@ fn id_filter(column: &str, ids: &[String]) -> String {
     )
 }
 
+/// The refusal of a change while the console is read-only.
+fn read_only(console: &Console) -> Option<Response> {
+    (!console.config.http.console_write).then(|| {
+        failed(
+            StatusCode::FORBIDDEN,
+            "the console is read-only: set [http] console_write = true (with console_token_file) to change anything from it",
+        )
+    })
+}
+
+/// A signal asked for on the page.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SignalAsked {
+    kind: String,
+    args: Value,
+}
+
+/// Inserts a `backfill` or `replay` signal for this relay, after checking its arguments as the
+/// relay will (a bad one is refused here, 400, instead of becoming a failed row).
+pub(super) async fn signal(
+    State(console): State<Arc<Console>>,
+    Json(asked): Json<SignalAsked>,
+) -> Response {
+    if let Some(refused) = read_only(&console) {
+        return refused;
+    }
+    if !matches!(asked.kind.as_str(), "backfill" | "replay") {
+        return failed(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "the console starts a backfill or a replay, not `{}`",
+                asked.kind
+            ),
+        );
+    }
+    let args = asked.args.to_string();
+    if let Err(why) = crate::signal::parse(&asked.kind, &args) {
+        return failed(StatusCode::BAD_REQUEST, why);
+    }
+    let config = &console.config;
+    let inserted = async {
+        let client = relay_postgres::connect(&config.postgres).await?;
+        let id = relay_postgres::signal::insert_signal(
+            &client,
+            &asked.kind,
+            &args,
+            &config.postgres.slot,
+            "console",
+        )
+        .await?;
+        anyhow::Ok(id)
+    };
+    match inserted.await {
+        Ok(id) => {
+            tracing::info!(signal = id, kind = %asked.kind, "console: signal requested");
+            Json(json!({ "id": id })).into_response()
+        }
+        Err(e) => unreachable(e),
+    }
+}
+
 pub(super) async fn republish(
     State(console): State<Arc<Console>>,
     Json(request): Json<RepublishRequest>,
 ) -> Response {
-    if !console.config.http.console_write {
-        return failed(
-            StatusCode::FORBIDDEN,
-            "the console is read-only: set [http] console_write = true (with console_token_file) to re-publish from it",
-        );
+    if let Some(refused) = read_only(&console) {
+        return refused;
     }
     let Some(subject) = console.config.relay.dead_letter_subject.clone() else {
         return failed(StatusCode::CONFLICT, "no [relay] dead_letter_subject");
