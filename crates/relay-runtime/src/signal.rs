@@ -167,7 +167,7 @@ async fn restore(
         }),
     };
     let run = crate::restore::restore(config, &request, shutdown);
-    let result = until_done(session, signal.id, queue, run, &mut Progress::Line(&latest)).await?;
+    let result = until_done(session, signal.id, queue, run, &mut Progress::Line(&latest)).await;
     let client = &session.client;
     let end = match result {
         Ok(Some(summary)) => SignalEnd::Done { outcome: summary },
@@ -253,7 +253,7 @@ async fn backfill(
     let mut watch = ProgressWatch::new(config, &request);
     let run = table_backfill::backfill(config, &request, shutdown);
     let progress = &mut Progress::Cursor(&mut watch);
-    let result = until_done(session, signal.id, queue, run, progress).await?;
+    let result = until_done(session, signal.id, queue, run, progress).await;
     let client = &session.client;
     let progress = watch.read(client).await;
     let end = match result {
@@ -310,23 +310,29 @@ async fn until_done<T>(
     queue: &mut VecDeque<i64>,
     run: impl std::future::Future<Output = T>,
     progress: &mut Progress<'_>,
-) -> Result<T, relay_postgres::PgError> {
+) -> T {
     let SignalSession { client, new_rows } = session;
     tokio::pin!(run);
     let mut ticks = tokio::time::interval(PROGRESS_EVERY);
     loop {
         tokio::select! {
-            result = &mut run => return Ok(result),
+            result = &mut run => return result,
+            // A progress note that cannot be written is not worth stopping the work for: the
+            // next one (or the outcome) says it.
             _ = ticks.tick() => {
-                if let Some(now) = progress.read(client).await {
-                    store::record_progress(client, signal, &now).await?;
+                if let Some(now) = progress.read(client).await
+                    && let Err(e) = store::record_progress(client, signal, &now).await
+                {
+                    tracing::debug!(signal, error = %e, "cannot record a signal's progress");
                 }
             }
             Some(notified) = new_rows.recv() => {
                 if let Some(next) = store::notified_id(&notified) {
                     queue.push_back(next);
-                    let waiting = serde_json::json!({ "waiting_behind": signal });
-                    store::record_progress(client, next, &waiting.to_string()).await?;
+                    let waiting = serde_json::json!({ "waiting_behind": signal }).to_string();
+                    if let Err(e) = store::record_progress(client, next, &waiting).await {
+                        tracing::debug!(signal = next, error = %e, "cannot record that a signal waits");
+                    }
                 }
             }
         }
