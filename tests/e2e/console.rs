@@ -326,6 +326,22 @@ async fn the_console_shows_what_the_servers_hold_in_a_real_browser() -> Result<(
     Ok(())
 }
 
+/// The status code of `GET path` to `addr` with `headers` (each ending in CRLF) as written.
+async fn raw_status(addr: &str, path: &str, headers: &str) -> Result<u16> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\n{headers}Connection: close\r\n\r\n").as_bytes())
+        .await?;
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer)).await??;
+    let text = String::from_utf8_lossy(&answer);
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .with_context(|| format!("no status in {text}"))
+}
+
 /// An address of this machine other than loopback (where a route to the outside leaves).
 fn outside_address() -> Result<std::net::IpAddr> {
     let socket = std::net::UdpSocket::bind("0.0.0.0:0")?;
@@ -355,9 +371,17 @@ async fn the_console_answers_loopback_only_without_a_token_and_only_the_token_wi
     ensure!(code == 200, "loopback answered {code}");
     let (code, body) = get(&outside, "/console/api/overview", Duration::from_secs(5)).await?;
     ensure!(
-        code == 403 && body.contains("only on loopback"),
+        code == 403 && body.contains("only requests from this host"),
         "{code} {body}"
     );
+    // From loopback, but addressed to a foreign name (DNS rebinding) or through a proxy.
+    for extra in [
+        "Host: evil.example\r\n",
+        "Host: 127.0.0.1\r\nX-Forwarded-For: 10.9.9.9\r\n",
+    ] {
+        let status = raw_status(&local, "/console/api/overview", extra).await?;
+        ensure!(status == 403, "{extra:?} answered {status}");
+    }
     // The page holds no data; /status stays as it was.
     let (code, _) = get(&outside, "/console", Duration::from_secs(5)).await?;
     ensure!(code == 200);
@@ -416,7 +440,10 @@ async fn a_fixed_dead_letter_is_re_published_by_a_click_in_the_console() -> Resu
     let db = env.db().await?;
     let js = env.jetstream().await?;
     // An empty `type` cannot form a subject token: dead-lettered.
-    let bad = insert_unroutable(&db, r#"{"fixed": "later"}"#).await?;
+    // Longer than a listing's preview: re-published from the whole dead letter.
+    let padding = "p".repeat(400);
+    let bad =
+        insert_unroutable(&db, &format!(r#"{{"fixed": "later", "pad": "{padding}"}}"#)).await?;
     let after = insert_event(&db, "Order", "created", "{}").await?;
     wait_for_id(&js, &after, &relay).await?;
     let letters = read_stream(&js).await?;

@@ -39,6 +39,17 @@ pub use cursor::{
 pub use pages::{CursorStore, PageProgress, PageReader, PageSource};
 pub use snapshot::begin_page_snapshot;
 
+/// A backfill filter (`--where`) selecting the rows whose `column` holds one of `ids`, quoted
+/// whatever the session's `standard_conforming_strings` (escape-string literals).
+pub fn event_id_filter(column: &str, ids: &[String]) -> String {
+    let literals: Vec<String> = ids.iter().map(|id| crate::sql::quote_literal(id)).collect();
+    format!(
+        "{} IN ({})",
+        crate::sql::quote_ident(column),
+        literals.join(", ")
+    )
+}
+
 /// The migration that creates the cursor table (also shipped in `migrations/`).
 pub const BACKFILL_MIGRATION: &str = include_str!("../../../migrations/0003_relay_backfill.sql");
 

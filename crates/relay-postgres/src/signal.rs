@@ -104,6 +104,8 @@ pub struct ClaimedSignal {
     pub resumed: bool,
     /// When a relay first claimed it, `YYYY-MM-DDTHH:MM:SSZ` (UTC).
     pub started_at: String,
+    /// When it was inserted, microseconds since the Unix epoch.
+    pub requested_at_unix_micros: i64,
 }
 
 /// Claims row `id` for the relay of `slot` (state `running`), unless another relay took it,
@@ -121,7 +123,8 @@ pub async fn claim(client: &Client, id: i64, slot: &str) -> Result<Option<Claime
                     progress = NULL \
              FROM before WHERE s.id = before.id \
              RETURNING s.kind, s.args::text, before.state = 'running', \
-                       to_char(s.started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')",
+                       to_char(s.started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
+                       (extract(epoch FROM s.requested_at) * 1000000)::bigint",
             &[&id, &slot],
         )
         .await
@@ -132,19 +135,45 @@ pub async fn claim(client: &Client, id: i64, slot: &str) -> Result<Option<Claime
         args: r.get(1),
         resumed: r.get(2),
         started_at: r.get(3),
+        requested_at_unix_micros: r.get(4),
     }))
 }
 
-/// Writes `progress` (a JSON object's text) into row `id`.
-pub async fn record_progress(client: &Client, id: i64, progress: &str) -> Result<(), PgError> {
+/// Writes `progress` (a JSON object's text) into row `id`, while the relay of `slot` runs it.
+pub async fn record_progress(
+    client: &Client,
+    id: i64,
+    slot: &str,
+    progress: &str,
+) -> Result<(), PgError> {
     client
         .execute(
             "UPDATE outbox_relay.signal SET progress = $2::text::jsonb, updated_at = now() \
-             WHERE id = $1",
-            &[&id, &progress],
+             WHERE id = $1 AND state = 'running' AND claimed_by = $3",
+            &[&id, &progress, &slot],
         )
         .await
         .map_err(query_err("cannot record a signal's progress"))?;
+    Ok(())
+}
+
+/// Notes in row `id`, while it waits for the relay of `slot`, that signal `behind` runs first.
+/// A row for another relay, or already claimed, is left alone.
+pub async fn note_waiting(
+    client: &Client,
+    id: i64,
+    slot: &str,
+    behind: i64,
+) -> Result<(), PgError> {
+    client
+        .execute(
+            "UPDATE outbox_relay.signal \
+             SET progress = jsonb_build_object('waiting_behind', $3::bigint), updated_at = now() \
+             WHERE id = $1 AND state = 'requested' AND (slot_name IS NULL OR slot_name = $2)",
+            &[&id, &slot, &behind],
+        )
+        .await
+        .map_err(query_err("cannot note that a signal waits"))?;
     Ok(())
 }
 

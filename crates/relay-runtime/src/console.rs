@@ -151,14 +151,18 @@ async fn guard(
     request: Request,
     next: Next,
 ) -> Response {
+    let headers = request.headers();
     let allowed = match &console.token {
-        Some(token) => request
-            .headers()
+        Some(token) => headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .is_some_and(|given| constant_time_eq(given.as_bytes(), token.as_bytes())),
-        None => peer.ip().is_loopback(),
+        None => local_request(
+            peer.ip(),
+            headers.get(header::HOST).and_then(|v| v.to_str().ok()),
+            headers.contains_key(header::FORWARDED) || headers.contains_key("x-forwarded-for"),
+        ),
     };
     if allowed {
         return next.run(request).await;
@@ -166,13 +170,33 @@ async fn guard(
     let why = if console.token.is_some() {
         "the console needs its token: open it as /console#token=<the token in [http] console_token_file>"
     } else {
-        "the console answers only on loopback: set [http] console_token_file to open it from elsewhere"
+        "without a token the console answers only requests from this host to a loopback address (localhost, 127.0.0.1, [::1]) not passed on by a proxy: set [http] console_token_file to open it from elsewhere"
     };
     (
         StatusCode::FORBIDDEN,
         axum::Json(serde_json::json!({ "error": why })),
     )
         .into_response()
+}
+
+/// Whether a request without a token may read: from loopback (an IPv4 peer of a dual-stack
+/// listener counts by its IPv4 address), addressed to a loopback name (a page elsewhere whose
+/// name was pointed at 127.0.0.1, DNS rebinding, names its own host), and not passed on by a
+/// proxy on this host (whose requests all come from loopback).
+fn local_request(peer: std::net::IpAddr, host: Option<&str>, forwarded: bool) -> bool {
+    let Some(host) = host else {
+        return false;
+    };
+    // `name:port`, `[v6]:port`, or a name alone.
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    let local_name = name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.to_canonical().is_loopback());
+    peer.to_canonical().is_loopback() && local_name && !forwarded
 }
 
 /// Compares without returning early at the first difference (no timing hint of the token).
@@ -317,6 +341,23 @@ mod tests {
             "{}",
             error.error
         );
+    }
+
+    #[test]
+    fn without_a_token_only_local_requests_to_a_local_name_are_let_through() {
+        let v4: std::net::IpAddr = "127.0.0.1".parse().expect("ip");
+        let mapped: std::net::IpAddr = "::ffff:127.0.0.1".parse().expect("ip");
+        let remote: std::net::IpAddr = "10.1.2.3".parse().expect("ip");
+        assert!(local_request(v4, Some("127.0.0.1:9464"), false));
+        assert!(local_request(v4, Some("localhost:9464"), false));
+        assert!(local_request(mapped, Some("[::1]:9464"), false));
+        assert!(local_request(v4, Some("localhost"), false));
+        assert!(!local_request(remote, Some("127.0.0.1:9464"), false));
+        // DNS rebinding: a foreign name pointed at 127.0.0.1.
+        assert!(!local_request(v4, Some("evil.example:9464"), false));
+        assert!(!local_request(v4, None, false));
+        // A proxy on this host passes everyone's requests on from loopback.
+        assert!(!local_request(v4, Some("127.0.0.1:9464"), true));
     }
 
     #[test]

@@ -119,11 +119,16 @@ pub fn parse_lsn(s: &str) -> Result<Lsn, String> {
 /// RFC 3339 (`2026-11-29T11:38:44Z`, `2026-11-29 11:38:44`, UTC unless an offset is given), or
 /// `<duration> ago` (`15m ago`).
 pub fn parse_time(s: &str) -> Result<SystemTime, String> {
+    parse_time_at(s, SystemTime::now())
+}
+
+/// [`parse_time`], `<duration> ago` counted back from `now` (a signal's: when it was asked for).
+pub fn parse_time_at(s: &str, now: SystemTime) -> Result<SystemTime, String> {
     let s = s.trim();
     if let Some(ago) = s.strip_suffix("ago") {
         let d = humantime_serde::re::humantime::parse_duration(ago.trim())
             .map_err(|e| format!("`{s}`: {e}"))?;
-        return SystemTime::now()
+        return now
             .checked_sub(d)
             .ok_or_else(|| format!("`{s}` is before 1970"));
     }
@@ -134,9 +139,14 @@ pub fn parse_time(s: &str) -> Result<SystemTime, String> {
 
 /// An LSN, else a time ([`parse_lsn`], [`parse_time`]).
 pub fn parse_target(s: &str) -> Result<Target, String> {
+    parse_target_at(s, SystemTime::now())
+}
+
+/// [`parse_target`], a relative time counted back from `now`.
+pub fn parse_target_at(s: &str, now: SystemTime) -> Result<Target, String> {
     match parse_lsn(s) {
         Ok(lsn) => Ok(Target::Lsn(lsn)),
-        Err(_) => parse_time(s).map(Target::Time),
+        Err(_) => parse_time_at(s, now).map(Target::Time),
     }
 }
 

@@ -113,7 +113,9 @@ async fn carry_out(
     shutdown: &CancellationToken,
 ) -> Result<(), relay_postgres::PgError> {
     let client = &session.client;
-    let request = match parse(&signal.kind, &signal.args) {
+    let asked_at = std::time::UNIX_EPOCH
+        + Duration::from_micros(u64::try_from(signal.requested_at_unix_micros).unwrap_or(0));
+    let request = match parse(&signal.kind, &signal.args, asked_at) {
         Ok(request) => request,
         Err(error) => {
             tracing::warn!(signal = signal.id, kind = %signal.kind, "signal refused: {error}");
@@ -167,7 +169,14 @@ async fn restore(
         }),
     };
     let run = crate::restore::restore(config, &request, shutdown);
-    let result = until_done(session, signal.id, queue, run, &mut Progress::Line(&latest)).await;
+    let result = until_done(
+        session,
+        (&config.postgres.slot, signal.id),
+        queue,
+        run,
+        &mut Progress::Line(&latest),
+    )
+    .await;
     let client = &session.client;
     let end = match result {
         Ok(Some(summary)) => SignalEnd::Done { outcome: summary },
@@ -253,7 +262,14 @@ async fn backfill(
     let mut watch = ProgressWatch::new(config, &request);
     let run = table_backfill::backfill(config, &request, shutdown);
     let progress = &mut Progress::Cursor(&mut watch);
-    let result = until_done(session, signal.id, queue, run, progress).await;
+    let result = until_done(
+        session,
+        (&config.postgres.slot, signal.id),
+        queue,
+        run,
+        progress,
+    )
+    .await;
     let client = &session.client;
     let progress = watch.read(client).await;
     let end = match result {
@@ -266,7 +282,7 @@ async fn backfill(
                 "relay stopping: the signal stays running and resumes at the next start"
             );
             if let Some(progress) = progress {
-                store::record_progress(client, signal.id, &progress).await?;
+                store::record_progress(client, signal.id, &config.postgres.slot, &progress).await?;
             }
             return Ok(());
         }
@@ -306,7 +322,7 @@ impl Progress<'_> {
 /// [`PROGRESS_EVERY`], and signals notified meanwhile are queued behind it and told so.
 async fn until_done<T>(
     session: &mut SignalSession,
-    signal: i64,
+    (slot, signal): (&str, i64),
     queue: &mut VecDeque<i64>,
     run: impl std::future::Future<Output = T>,
     progress: &mut Progress<'_>,
@@ -321,7 +337,7 @@ async fn until_done<T>(
             // next one (or the outcome) says it.
             _ = ticks.tick() => {
                 if let Some(now) = progress.read(client).await
-                    && let Err(e) = store::record_progress(client, signal, &now).await
+                    && let Err(e) = store::record_progress(client, signal, slot, &now).await
                 {
                     tracing::debug!(signal, error = %e, "cannot record a signal's progress");
                 }
@@ -329,8 +345,7 @@ async fn until_done<T>(
             Some(notified) = new_rows.recv() => {
                 if let Some(next) = store::notified_id(&notified) {
                     queue.push_back(next);
-                    let waiting = serde_json::json!({ "waiting_behind": signal }).to_string();
-                    if let Err(e) = store::record_progress(client, next, &waiting).await {
+                    if let Err(e) = store::note_waiting(client, next, slot, signal).await {
                         tracing::debug!(signal = next, error = %e, "cannot record that a signal waits");
                     }
                 }
@@ -361,7 +376,9 @@ async fn own_cursor(
 struct ProgressWatch {
     /// `None`: not an outbox table (the backfill fails on it).
     id: Option<relay_postgres::backfill::CursorId>,
-    first: Option<(Instant, i64)>,
+    /// This run's first reading: when, rows done, and the cursor's start (a cursor started over
+    /// meanwhile, `restart`, is a new baseline).
+    first: Option<(Instant, i64, String)>,
 }
 
 impl ProgressWatch {
@@ -379,7 +396,17 @@ impl ProgressWatch {
             .await
             .ok()??;
         let now = Instant::now();
-        let (since, rows_then) = *self.first.get_or_insert((now, cursor.rows_done));
+        if self
+            .first
+            .as_ref()
+            .is_none_or(|(_, _, started)| *started != cursor.started_at)
+        {
+            self.first = Some((now, cursor.rows_done, cursor.started_at.clone()));
+        }
+        let (since, rows_then) = self
+            .first
+            .as_ref()
+            .map_or((now, cursor.rows_done), |(at, rows, _)| (*at, *rows));
         let seconds = now.duration_since(since).as_secs_f64();
         let rate = (seconds >= 1.0).then(|| (cursor.rows_done - rows_then) as f64 / seconds);
         let left = cursor

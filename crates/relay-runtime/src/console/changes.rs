@@ -83,19 +83,6 @@ fn row_of(console: &Console, m: &messages::Shown) -> Result<RowRef, String> {
     })
 }
 
-/// `"column" IN ('a', 'b')`, quoted as SQL.
-fn id_filter(column: &str, ids: &[String]) -> String {
-    let literals: Vec<String> = ids
-        .iter()
-        .map(|id| format!("'{}'", id.replace('\'', "''")))
-        .collect();
-    format!(
-        "\"{}\" IN ({})",
-        column.replace('"', "\"\""),
-        literals.join(", ")
-    )
-}
-
 /// The refusal of a change while the console is read-only.
 fn read_only(console: &Console) -> Option<Response> {
     (!console.config.http.console_write).then(|| {
@@ -133,7 +120,7 @@ pub(super) async fn signal(
         );
     }
     let args = asked.args.to_string();
-    if let Err(why) = crate::signal::parse(&asked.kind, &args) {
+    if let Err(why) = crate::signal::parse(&asked.kind, &args, std::time::SystemTime::now()) {
         return failed(StatusCode::BAD_REQUEST, why);
     }
     let config = &console.config;
@@ -190,11 +177,21 @@ pub(super) async fn republish(
         .map(|seq| format!("sequence {seq}: not a dead letter among the latest listed"))
         .collect();
     let mut by_table: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
-    for m in listing
+    for listed in listing
         .messages
         .iter()
         .filter(|m| request.all || request.sequences.contains(&m.seq))
     {
+        // The listing holds a preview of each payload: the row is read whole.
+        let whole = match messages::one(js, stream, listed.seq).await {
+            Ok(Some(whole)) => whole,
+            Ok(None) => {
+                skipped.push(format!("sequence {}: no longer in the stream", listed.seq));
+                continue;
+            }
+            Err(e) => return unreachable(e),
+        };
+        let m = &whole;
         match row_of(&console, m) {
             Ok(row) => by_table
                 .entry((row.table, row.event_id_column))
@@ -222,7 +219,7 @@ async fn signal_each(
         ids.dedup();
         let args = json!({
             "table": table,
-            "where": id_filter(&column, &ids),
+            "where": relay_postgres::backfill::event_id_filter(&column, &ids),
             // A filter re-published before has a finished cursor: run it again.
             "restart": true,
         });
@@ -238,18 +235,4 @@ async fn signal_each(
         signals.push(json!({ "id": id, "table": table, "rows": ids.len() }));
     }
     Ok(signals)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_filter_quotes_the_column_and_every_id() {
-        assert_eq!(
-            id_filter("id", &["a".into(), "b'c".into()]),
-            r#""id" IN ('a', 'b''c')"#
-        );
-        assert_eq!(id_filter("Id\"x", &["1".into()]), r#""Id""x" IN ('1')"#);
-    }
 }

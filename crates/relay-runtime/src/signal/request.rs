@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use outbox_position::{Limits, Target};
 
-use crate::position::{parse_lsn, parse_target, parse_time};
+use crate::position::{parse_lsn, parse_target_at, parse_time_at};
 use crate::progress::Mode;
 use crate::replay::ReplayRequest;
 use crate::table_backfill::{BackfillRequest, RunOptions};
@@ -85,7 +85,10 @@ struct ReplayArgs {
 
 const REPLAY_EXAMPLE: &str = r#"{"consumer": "billing", "from_lsn": "0/16B3748"} or {"consumer": "billing", "since": "15m ago"}"#;
 
-fn replay(args: serde_json::Value) -> Result<SignalRequest, String> {
+fn replay(
+    args: serde_json::Value,
+    asked_at: std::time::SystemTime,
+) -> Result<SignalRequest, String> {
     let bad = |why: String| {
         format!("bad args for a replay signal: {why}; expected an object such as {REPLAY_EXAMPLE}")
     };
@@ -98,14 +101,14 @@ fn replay(args: serde_json::Value) -> Result<SignalRequest, String> {
             Target::Lsn(parse_lsn(lsn).map_err(|e| bad(format!("from_lsn: {e}")))?)
         }
         (None, Some(time)) => {
-            Target::Time(parse_time(time).map_err(|e| bad(format!("since: {e}")))?)
+            Target::Time(parse_time_at(time, asked_at).map_err(|e| bad(format!("since: {e}")))?)
         }
         _ => return Err(bad("give exactly one of `from_lsn` and `since`".into())),
     };
     let until = args
         .until
         .as_deref()
-        .map(parse_target)
+        .map(|t| parse_target_at(t, asked_at))
         .transpose()
         .map_err(|e| bad(format!("until: {e}")))?;
     Ok(SignalRequest::Replay(ReplayRequest {
@@ -150,12 +153,18 @@ fn default_skip_check_limit() -> u64 {
 }
 
 /// Reads a row's `kind` and `args` (JSON text); the error is the reason written into the row.
-pub fn parse(kind: &str, args: &str) -> Result<SignalRequest, String> {
+/// A relative time (`"15m ago"`) counts back from `asked_at`, when the row was inserted, not
+/// from when the relay gets to it.
+pub fn parse(
+    kind: &str,
+    args: &str,
+    asked_at: std::time::SystemTime,
+) -> Result<SignalRequest, String> {
     match kind.trim() {
         "replay" => {
             let args: serde_json::Value = serde_json::from_str(args)
                 .map_err(|e| format!("bad args for a replay signal: {e}"))?;
-            replay(args)
+            replay(args, asked_at)
         }
         "restore" => {
             let args: serde_json::Value = serde_json::from_str(args)
@@ -205,6 +214,25 @@ pub fn parse(kind: &str, args: &str) -> Result<SignalRequest, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`super::parse`] of a row asked for now.
+    fn parse(kind: &str, args: &str) -> Result<SignalRequest, String> {
+        super::parse(kind, args, std::time::SystemTime::now())
+    }
+
+    #[test]
+    fn a_relative_time_counts_from_when_the_signal_was_asked_for() {
+        let asked = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000);
+        let Ok(SignalRequest::Replay(r)) =
+            super::parse("replay", r#"{"consumer": "b", "since": "15m ago"}"#, asked)
+        else {
+            panic!("refused");
+        };
+        assert_eq!(
+            r.from,
+            Target::Time(asked - std::time::Duration::from_secs(900))
+        );
+    }
 
     fn backfill(args: &str) -> BackfillRequest {
         match parse("backfill", args) {
