@@ -246,12 +246,15 @@ async function consumers() {
   const replay = (c) => {
     if (!data.write) return "";
     const input = h("input", { class: "replay-from", "data-consumer": c.name, placeholder: "LSN 0/16B3748 or 15m ago" });
+    // nats-server before 2.14 cannot move a consumer in place: it is deleted and re-created.
+    const recreate = h("input", { type: "checkbox", class: "replay-recreate", "data-consumer": c.name });
     const go = h("button", { class: "replay", "data-consumer": c.name, onclick: (e) => {
       const v = input.value.trim();
       const args = /^[0-9A-Fa-f]+\/[0-9A-Fa-f]+$/.test(v) ? { consumer: c.name, from_lsn: v } : { consumer: c.name, since: v };
+      if (recreate.checked) args.recreate = true;
       askSignal("replay", args, e.currentTarget, result);
     } }, "Replay");
-    return h("span", {}, input, go);
+    return h("span", {}, input, h("label", { title: "nats-server before 2.14: delete and re-create it (only while nothing reads it)" }, recreate, " re-create"), go);
   };
   show(
     h("h2", {}, "Consumers"),
