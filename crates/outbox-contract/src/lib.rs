@@ -129,6 +129,15 @@ pub const CE_SPECVERSION: &str = "1.0";
 /// another `ce-*` header through `headers`.
 pub const CE_PREFIX: &str = "ce-";
 
+// --- Event contracts (docs/contracts.md) ---------------------------------------------------
+
+/// The contract an event was checked against before it was published: its key in the
+/// contracts KV bucket, `<name>.<version>`, where the version is the first 12 hex digits of the
+/// SHA-256 of the stored schema. Absent on events of an event type without a contract.
+pub const HEADER_SCHEMA: &str = "Outbox-Schema";
+/// The NATS KV bucket the relay stores contracts in, unless configured otherwise.
+pub const CONTRACTS_BUCKET: &str = "outbox-contracts";
+
 // --- Dead letters ---------------------------------------------------------------------------
 
 /// Why the message is a dead letter. Set by the relay on a row it cannot route (with

@@ -112,6 +112,8 @@ fn every_string_constant_is_in_the_file_with_its_value() {
         ("HEADER_CE_SUBJECT", HEADER_CE_SUBJECT),
         ("CE_SPECVERSION", CE_SPECVERSION),
         ("CE_PREFIX", CE_PREFIX),
+        ("HEADER_SCHEMA", HEADER_SCHEMA),
+        ("CONTRACTS_BUCKET", CONTRACTS_BUCKET),
         ("HEADER_DLQ_REASON", HEADER_DLQ_REASON),
         ("HEADER_DLQ_SUBJECT", HEADER_DLQ_SUBJECT),
         ("HEADER_DLQ_EVENT_ID", HEADER_DLQ_EVENT_ID),
