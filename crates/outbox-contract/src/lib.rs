@@ -150,7 +150,12 @@ pub const HEADER_DLQ_REASON: &str = "Outbox-Dlq-Reason";
 pub fn is_relay_owned(name: &str) -> bool {
     RELAY_HEADERS
         .iter()
-        .chain(&[HEADER_BACKFILL, HEADER_MESSAGE_PREFIX, HEADER_DLQ_REASON])
+        .chain(&[
+            HEADER_BACKFILL,
+            HEADER_MESSAGE_PREFIX,
+            HEADER_DLQ_REASON,
+            HEADER_SCHEMA,
+        ])
         .chain(&NATIVE_HEADERS)
         .any(|own| own.eq_ignore_ascii_case(name))
 }

@@ -17,6 +17,7 @@ use crate::value;
 
 mod build;
 mod config;
+mod contract;
 mod dead_letter;
 mod error;
 mod header_size;
@@ -28,8 +29,10 @@ mod relations;
 
 use config::OPTIONAL_SUFFIX;
 pub use config::{
-    CloudEventsConfig, ConfigError, OutboxTableConfig, PAYLOAD_WHOLE_ROW, PayloadFormat,
+    CloudEventsConfig, ConfigError, ContractFile, ContractsConfig, OutboxTableConfig,
+    PAYLOAD_WHOLE_ROW, PayloadFormat, TypeSource,
 };
+pub use contract::{ContractRefusal, LoadedContract, RefusedEvent, TableContracts};
 pub use dead_letter::dead_letter_collision;
 pub use error::RouteError;
 pub use json::{HeaderObjectError, JsonPointer, MemberError};
@@ -80,6 +83,16 @@ struct CompiledRoute {
     /// `ttl_column`, `schedule_column`, `[outbox.cloudevents]`; `None` (the usual case) costs
     /// nothing per row.
     native: Option<Box<native::NativePlan>>,
+    /// `[outbox.contracts]`; `None` costs nothing per row.
+    contracts: Option<Box<ContractPlan>>,
+}
+
+/// `[outbox.contracts]` compiled against a relation.
+#[derive(Debug, Clone)]
+struct ContractPlan {
+    set: Arc<TableContracts>,
+    /// The event type column (`type_column`); `None` with `type_header`.
+    type_index: Option<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -126,6 +139,8 @@ struct TableRoute {
     payload_pointer: Option<JsonPointer>,
     /// `headers_json_pointer`, parsed.
     headers_pointer: Option<JsonPointer>,
+    /// `[outbox.contracts]`, compiled (see [`Router::with_contracts`]).
+    contracts: Option<Arc<TableContracts>>,
 }
 
 /// Turns decoded Relation and Insert messages into outbound messages.
@@ -166,6 +181,7 @@ impl Router {
                 subject,
                 payload_pointer,
                 headers_pointer,
+                contracts: None,
             });
         }
         Ok(Self {
@@ -178,6 +194,37 @@ impl Router {
             partition_oids: HashMap::new(),
             messages: messages::MessageRoutes::default(),
         })
+    }
+
+    /// The router with each table's `[outbox.contracts]` compiled by `build` (which reads the
+    /// files): without this, contracts are not checked.
+    pub fn with_contracts<E>(
+        mut self,
+        mut build: impl FnMut(&OutboxTableConfig, &ContractsConfig) -> Result<Arc<TableContracts>, E>,
+    ) -> Result<Self, E> {
+        for table in &mut self.tables {
+            if let Some(config) = &table.config.contracts {
+                table.contracts = Some(build(&table.config, config)?);
+            }
+        }
+        Ok(self)
+    }
+
+    /// `(table, contract)` for every contract of every table.
+    pub fn contracts(&self) -> Vec<(String, Arc<LoadedContract>)> {
+        self.tables
+            .iter()
+            .filter_map(|t| Some((t.config.display_name(), t.contracts.as_ref()?)))
+            .flat_map(|(name, set)| set.contracts().into_iter().map(move |c| (name.clone(), c)))
+            .collect()
+    }
+
+    /// The compiled contracts of the table `config.table` names, if it has any.
+    pub fn table_contracts(&self, table: &str) -> Option<&Arc<TableContracts>> {
+        self.tables
+            .iter()
+            .find(|t| t.config.table == table)
+            .and_then(|t| t.contracts.as_ref())
     }
 
     /// Whether `relation_id` is a configured outbox table.
@@ -288,10 +335,24 @@ fn compile(table: &TableRoute, relation: Arc<Relation>) -> Result<CompiledRoute,
         }
     };
     let native = native::compile(config, &name, &relation)?.map(Box::new);
+    let contracts = match &table.contracts {
+        None => None,
+        Some(set) => {
+            let type_index = match set.type_source() {
+                TypeSource::Column(column) => Some(find(column, "contracts.type_column")?),
+                TypeSource::Header(_) => None,
+            };
+            Some(Box::new(ContractPlan {
+                set: set.clone(),
+                type_index,
+            }))
+        }
+    };
     Ok(CompiledRoute {
         table: name,
         header_object,
         native,
+        contracts,
         relation,
         event_id,
         subject,

@@ -20,6 +20,7 @@ mod connection;
 mod connection_state;
 mod consumer_recreate;
 mod consumer_reset;
+mod contracts;
 mod domain;
 mod durability;
 mod error_codes;
@@ -43,6 +44,7 @@ pub use consumer_recreate::{RecreateError, recreate_consumer, set_filters, skips
 pub use consumer_reset::{
     ConsumerReset, ConsumerResetError, reset_consumer, supports_consumer_reset,
 };
+pub use contracts::{ContractsStored, store_contracts};
 pub use domain::{DomainMismatch, api_prefix, domain_problem};
 pub use durability::{
     Aspect, Durability, DurabilityCheck, LazyServer, SYNC_PROBE_SUBJECT, ServerSync, Storage,
@@ -92,6 +94,16 @@ pub enum NatsError {
         stream: String,
         /// Subjects it should capture.
         subjects: String,
+    },
+    /// The contracts could not be stored in their KV bucket.
+    #[error(
+        "cannot store the event contracts in KV bucket `{bucket}`: {reason}. Allow this relay's NATS user `$JS.API.STREAM.INFO.KV_{bucket}`, `$JS.API.STREAM.CREATE.KV_{bucket}` (or create the bucket: `nats kv add {bucket} --history 1`) and publishing to `$KV.{bucket}.>`, or set [nats] contracts_bucket"
+    )]
+    Contracts {
+        /// The bucket.
+        bucket: String,
+        /// Why.
+        reason: String,
     },
     /// Looking up or creating the stream failed.
     #[error("cannot look up or create JetStream stream `{stream}`: {reason}{hint}")]

@@ -71,6 +71,11 @@ pub struct NatsSettings {
     /// slower, the same guarantees.
     #[serde(default)]
     pub publish_path: PublishPath,
+    /// The KV bucket the relay stores each `[outbox.contracts]` schema in (created when
+    /// missing), under the key its events' `Outbox-Schema` header names. Default
+    /// `outbox-contracts`.
+    #[serde(default = "default_contracts_bucket")]
+    pub contracts_bucket: String,
     /// NATS `.creds` file (JWT + NKey seed).
     #[serde(default)]
     pub credentials_file: Option<PathBuf>,
@@ -125,6 +130,9 @@ impl std::fmt::Debug for NatsSettings {
 
 fn default_url() -> String {
     "nats://127.0.0.1:4222".into()
+}
+fn default_contracts_bucket() -> String {
+    outbox_contract::CONTRACTS_BUCKET.into()
 }
 fn default_stream() -> String {
     DEFAULT_STREAM.into()
@@ -221,6 +229,7 @@ impl Default for NatsSettings {
             max_server_closes: default_max_server_closes(),
             publish_mode: PublishMode::default(),
             publish_path: PublishPath::default(),
+            contracts_bucket: default_contracts_bucket(),
             credentials_file: None,
             user: None,
             password: None,

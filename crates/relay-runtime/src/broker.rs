@@ -42,6 +42,7 @@ pub async fn connect_publisher(
     for warning in &report.warnings {
         tracing::warn!(stream = %config.nats.stream, "{warning}");
     }
+    store_contracts(config, publisher.jetstream().context()).await?;
     for (table, template) in config.unsampled_subjects() {
         tracing::warn!(stream = %config.nats.stream, "{}", config.unsampled_warning(&table, &template));
     }
@@ -49,4 +50,36 @@ pub async fn connect_publisher(
         .with_order_by_sequence(report.order_by_sequence)
         .with_publish_mode(mode, report.allows(mode), max_in_flight);
     Ok((nats, publisher, report))
+}
+
+/// Stores every contract in `[nats] contracts_bucket` before anything is published under it, so
+/// each `Outbox-Schema` header names a key consumers can fetch.
+async fn store_contracts(
+    config: &RelayConfig,
+    jetstream: &async_nats::jetstream::Context,
+) -> Result<(), Failure> {
+    let mut documents: Vec<(String, bytes::Bytes)> = Vec::new();
+    for (_, loaded) in config.contracts().map_err(Failure::config)? {
+        let contract = loaded.contract();
+        if !documents.iter().any(|(key, _)| key == contract.key()) {
+            documents.push((
+                contract.key().to_owned(),
+                bytes::Bytes::copy_from_slice(contract.stored()),
+            ));
+        }
+    }
+    let bucket = &config.nats.contracts_bucket;
+    let stored = relay_nats::store_contracts(jetstream, bucket, &documents)
+        .await
+        .map_err(nats_failure)?;
+    if !documents.is_empty() {
+        tracing::info!(
+            bucket = %bucket,
+            contracts = documents.len(),
+            written = ?stored.written,
+            created_bucket = stored.created_bucket,
+            "event contracts stored"
+        );
+    }
+    Ok(())
 }

@@ -2,6 +2,7 @@
 //! (e.g. `RELAY_POSTGRES__URL`, `RELAY_POSTGRES__PASSWORD`, `RELAY_NATS__URL`).
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use figment::Figment;
@@ -12,11 +13,13 @@ use relay_nats::NatsSettings;
 use relay_postgres::PostgresSettings;
 use serde::{Deserialize, Serialize};
 
+mod contracts;
 mod flat;
 mod outbox_tables;
 pub mod presets;
 pub mod replay_retention;
 
+pub use contracts::ContractCache;
 pub use flat::flattened;
 pub use outbox_tables::{BackfillSetting, OutboxTables};
 pub use presets::AppliedPreset;
@@ -57,6 +60,9 @@ pub struct RelayConfig {
     /// OpenTelemetry spans over OTLP/HTTP. Default: off.
     #[serde(default)]
     pub otlp: relay_telemetry::otlp::OtlpSettings,
+    /// The `[outbox.contracts]` files, compiled once per process (shared by every clone).
+    #[serde(skip)]
+    pub contract_cache: Arc<ContractCache>,
 }
 
 /// The `[http]` section: `/livez`, `/readyz`, `/metrics`, `/status`, and the console.
@@ -384,10 +390,33 @@ impl RelayConfig {
             }
             ConfigError::Invalid(text)
         }
+        let contracts = self.contract_cache.tables(&self.outbox)?;
         Router::new(&self.outbox)
             .map_err(|e| invalid("[[outbox]]", &e))?
             .with_messages(&self.messages)
-            .map_err(|e| invalid("[[messages]]", &e))
+            .map_err(|e| invalid("[[messages]]", &e))?
+            .with_contracts(|table, _| {
+                contracts.get(&table.table).cloned().ok_or_else(|| {
+                    ConfigError::Invalid(format!(
+                        "[[outbox]] table `{}`: [outbox.contracts] not compiled",
+                        table.table
+                    ))
+                })
+            })
+    }
+
+    /// `(table, contract)` for every `[outbox.contracts]` contract, compiled once per process
+    /// (the ones every router of the process checks against).
+    pub fn contracts(
+        &self,
+    ) -> Result<Vec<(String, Arc<relay_core::route::LoadedContract>)>, ConfigError> {
+        let tables = self.contract_cache.tables(&self.outbox)?;
+        Ok(self
+            .outbox
+            .iter()
+            .filter_map(|o| Some((o.display_name(), tables.get(&o.table)?)))
+            .flat_map(|(name, set)| set.contracts().into_iter().map(move |c| (name.clone(), c)))
+            .collect())
     }
 
     /// `(table, sample subject)` for every mapping (`[[messages]] prefix "…"` for a message

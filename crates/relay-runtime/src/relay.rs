@@ -60,6 +60,8 @@ impl Relay {
             &config.nats.stream,
             options.build,
         ));
+        // Compiled once here: every session's router checks against these and counts into them.
+        telemetry.set_contracts(config.contracts().map_err(Failure::config)?);
         let http = match &config.http.listen {
             Some(listen) => Some(
                 tokio::net::TcpListener::bind(listen)

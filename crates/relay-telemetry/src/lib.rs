@@ -15,6 +15,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use relay_core::Lsn;
 use relay_core::pipeline::PipelineStats;
+use relay_core::route::LoadedContract;
 use relay_postgres::catalog::SlotInfo;
 use relay_postgres::catalog::retention::RetentionWindow;
 use serde_json::json;
@@ -41,6 +42,10 @@ pub const DUPLICATES: &str = "outbox_relay_duplicates_acknowledged";
 pub const ALREADY_PUBLISHED: &str = "outbox_relay_events_already_published";
 /// Counter: rows that could not be routed and went to `[relay] dead_letter_subject`.
 pub const DEAD_LETTERED: &str = "outbox_relay_events_dead_lettered";
+/// Counter, label `contract` (`<name>.<version>`): events checked against the contract.
+pub const CONTRACT_CHECKED: &str = "outbox_relay_contract_checked";
+/// Counter, label `contract`: events the contract refused (dead-lettered, or the stop).
+pub const CONTRACT_REFUSED: &str = "outbox_relay_contract_refused";
 /// Counter, label `kind` = `unknown` | `no_stream` | `rejected` | `stream_full` |
 /// `out_of_turn`: failed publish attempts.
 pub const PUBLISH_ERRORS: &str = "outbox_relay_publish_errors";
@@ -197,6 +202,9 @@ pub struct Telemetry {
     stream_sample: Mutex<StreamSample>,
     slot_sample: Mutex<SlotSample>,
     tables: Mutex<std::collections::BTreeMap<String, TableStats>>,
+    /// `(table, contract)` of every `[outbox.contracts]` contract (see
+    /// [`Telemetry::set_contracts`]).
+    contracts: OnceLock<Vec<(String, Arc<LoadedContract>)>>,
     last_error: Mutex<Option<String>>,
     started: Instant,
 }
@@ -227,9 +235,49 @@ impl Telemetry {
             stream_sample: Mutex::new(StreamSample::default()),
             slot_sample: Mutex::new(SlotSample::default()),
             tables: Mutex::new(std::collections::BTreeMap::new()),
+            contracts: OnceLock::new(),
             last_error: Mutex::new(None),
             started: Instant::now(),
         }
+    }
+
+    /// The contracts every router of the process checks against, with their counters.
+    pub fn set_contracts(&self, contracts: Vec<(String, Arc<LoadedContract>)>) {
+        let _ = self.contracts.set(contracts);
+    }
+
+    /// The contracts, each once (a contract two tables share counts for both).
+    pub fn contracts(&self) -> Vec<Arc<LoadedContract>> {
+        let mut out: Vec<Arc<LoadedContract>> = Vec::new();
+        for (_, contract) in self.contracts.get().into_iter().flatten() {
+            if !out.iter().any(|c| Arc::ptr_eq(c, contract)) {
+                out.push(contract.clone());
+            }
+        }
+        out
+    }
+
+    /// `/status`'s `contracts`: each contract with its tables, counts and last refusal.
+    fn contracts_json(&self) -> serde_json::Value {
+        let all = self.contracts.get().map(Vec::as_slice).unwrap_or_default();
+        self.contracts()
+            .iter()
+            .map(|c| {
+                let tables: Vec<&str> = all
+                    .iter()
+                    .filter(|(_, other)| Arc::ptr_eq(other, c))
+                    .map(|(table, _)| table.as_str())
+                    .collect();
+                json!({
+                    "contract": c.contract().key(),
+                    "file": c.file(),
+                    "tables": tables,
+                    "checked": c.checked(),
+                    "refused": c.refused(),
+                    "last_refused": c.last_refused(),
+                })
+            })
+            .collect()
     }
 
     /// The NATS client whose connection state readiness reflects.
@@ -375,6 +423,7 @@ impl Telemetry {
                 "last_stream_seq": load(&stats.last_stream_seq),
                 "last_acked_commit_time": last_commit_time,
             },
+            "contracts": self.contracts_json(),
         })
     }
 }

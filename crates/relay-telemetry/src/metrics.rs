@@ -102,6 +102,17 @@ fn labelled<const N: usize>(label: &'static str, values: [(&str, Value); N]) -> 
     Reading::Labelled(label, values.map(|(l, v)| (l.to_owned(), v)).into())
 }
 
+/// One sample per contract.
+fn by_contract(s: &Scrape<'_>, value: impl Fn(&LoadedContract) -> u64) -> Reading {
+    let values = s
+        .telemetry
+        .contracts()
+        .iter()
+        .map(|c| (c.contract().key().to_owned(), Value::Counter(value(c))))
+        .collect();
+    Reading::Labelled("contract", values)
+}
+
 /// Every metric family, in the order `/metrics` shows them.
 const FAMILIES: &[Family] = &[
     Family {
@@ -146,6 +157,16 @@ const FAMILIES: &[Family] = &[
         name: DEAD_LETTERED,
         help: "Rows that could not be routed and were published to the dead-letter subject",
         read: |s| counter(&s.stats.dead_lettered),
+    },
+    Family {
+        name: CONTRACT_CHECKED,
+        help: "Events checked against the contract before publishing",
+        read: |s| by_contract(s, LoadedContract::checked),
+    },
+    Family {
+        name: CONTRACT_REFUSED,
+        help: "Events the contract refused (dead-lettered, or the relay stopped)",
+        read: |s| by_contract(s, LoadedContract::refused),
     },
     Family {
         name: PUBLISH_RETRIES,

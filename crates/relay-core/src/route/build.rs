@@ -7,8 +7,8 @@ use pgoutput::{Insert, TupleValue};
 
 use super::json::expand_headers;
 use super::{
-    CompiledRoute, HeaderObjectError, HeaderObjectPlan, JsonPointer, MemberError, PayloadPlan,
-    RouteError, SubjectPart,
+    CompiledRoute, ContractPlan, HeaderObjectError, HeaderObjectPlan, JsonPointer, MemberError,
+    PayloadPlan, RouteError, SubjectPart, TypeSource,
 };
 use crate::message::{
     HEADER_COMMIT_LSN, HEADER_COMMIT_TIME, HEADER_TABLE, HEADER_TX_INDEX, HEADER_XID,
@@ -293,6 +293,10 @@ impl CompiledRoute {
             )?;
         }
 
+        if let Some(plan) = &self.contracts {
+            self.check_contract(plan, &text, &event_id, &subject, &payload, &mut headers)?;
+        }
+
         Ok(OutboundMessage {
             subject,
             event_id,
@@ -306,7 +310,50 @@ impl CompiledRoute {
     }
 }
 
+/// `Outbox-Schema`, allocated once.
+static SCHEMA_HEADER: std::sync::LazyLock<Arc<str>> =
+    std::sync::LazyLock::new(|| outbox_contract::HEADER_SCHEMA.into());
+
 impl CompiledRoute {
+    /// Checks the payload against the contract its event type (or subject) matches, and names
+    /// the contract in `Outbox-Schema`; the payload itself is published as it is.
+    fn check_contract<'v>(
+        &self,
+        plan: &ContractPlan,
+        text: &impl Fn(usize, &str) -> Result<Option<&'v [u8]>, RouteError>,
+        event_id: &str,
+        subject: &str,
+        payload: &[u8],
+        headers: &mut Vec<(Arc<str>, Arc<str>)>,
+    ) -> Result<(), RouteError> {
+        let event_type = match (plan.type_index, plan.set.type_source()) {
+            (Some(index), _) => text(index, event_id)?.map(value::text_lossy),
+            (None, TypeSource::Header(name)) => headers
+                .iter()
+                .find(|(header, _)| header.eq_ignore_ascii_case(name))
+                .map(|(_, v)| std::borrow::Cow::Borrowed(v.as_ref())),
+            (None, TypeSource::Column(_)) => None,
+        };
+        match plan.set.check(
+            &self.table,
+            event_id,
+            event_type.as_deref(),
+            subject,
+            payload,
+        ) {
+            Ok(Some(key)) => {
+                headers.push((SCHEMA_HEADER.clone(), key));
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(refusal) => Err(RouteError::Contract {
+                table: self.table.to_string(),
+                event_id: event_id.to_owned(),
+                refusal: Box::new(refusal),
+            }),
+        }
+    }
+
     fn missing_member(
         &self,
         event_id: &str,

@@ -9,8 +9,10 @@ use serde::{Deserialize, Serialize};
 use crate::ident::{TableName, TableNameError};
 use crate::subject::{SubjectTemplate, TemplateError};
 
+mod contracts;
 mod native;
 
+pub use contracts::{ContractFile, ContractsConfig, TypeSource};
 pub use native::CloudEventsConfig;
 
 /// `payload` value that publishes the whole row as a JSON object.
@@ -79,6 +81,10 @@ pub struct OutboxTableConfig {
     /// condition of `CREATE PUBLICATION … WHERE (…)`, checked against the publication at start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub row_filter: Option<String>,
+    /// `[outbox.contracts]`: the JSON Schema each event type's payload must satisfy before it
+    /// is published (docs/contracts.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contracts: Option<ContractsConfig>,
 }
 
 /// Validation applied to the payload column.
@@ -137,6 +143,7 @@ impl OutboxTableConfig {
             headers_json_pointer: None,
             payload_pointer: None,
             row_filter: None,
+            contracts: None,
         }
     }
 
@@ -194,6 +201,9 @@ impl OutboxTableConfig {
                 out.push((key.to_owned(), column.clone()));
             }
         }
+        if let Some(TypeSource::Column(column)) = self.contracts.as_ref().map(|c| c.type_source()) {
+            out.push(("contracts.type_column".to_owned(), column));
+        }
         out
     }
 
@@ -222,6 +232,14 @@ impl OutboxTableConfig {
             reason,
         })?;
         self.pointers()?;
+        if let Some(contracts) = &self.contracts {
+            contracts
+                .validate()
+                .map_err(|reason| ConfigError::Contracts {
+                    table: self.table.clone(),
+                    reason,
+                })?;
+        }
         SubjectTemplate::parse(&self.subject).map_err(|source| ConfigError::Subject {
             table: self.table.clone(),
             source,
@@ -270,6 +288,14 @@ pub enum ConfigError {
         /// The table.
         table: String,
         /// Why.
+        reason: String,
+    },
+    /// `[outbox.contracts]` refused, or a contract file that cannot be used.
+    #[error("outbox table `{table}`: {reason}")]
+    Contracts {
+        /// The table.
+        table: String,
+        /// Why, naming the key or file and keyword.
         reason: String,
     },
     /// `row_filter = ""`.

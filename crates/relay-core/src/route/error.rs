@@ -108,6 +108,16 @@ pub enum RouteError {
         /// What is wrong.
         reason: String,
     },
+    /// The payload breaks its event type's contract, or no contract matches and one is required.
+    #[error("event {event_id} in `{table}`: {refusal}")]
+    Contract {
+        /// The table.
+        table: String,
+        /// The event id.
+        event_id: String,
+        /// Why (boxed: the error stays small on the routing path).
+        refusal: Box<crate::route::ContractRefusal>,
+    },
     /// The event id was already used in this session for a different subject or payload.
     #[error(
         "event {event_id} in `{table}`: event id collision: an earlier row with this id had a different subject or payload"

@@ -19,6 +19,29 @@ const BUILD_INFO: BuildInfo = BuildInfo {
 };
 
 /// A relay with every sample taken: each metric family has a value to show.
+/// A contract that checked two events and refused one.
+fn checked_contract() -> Arc<LoadedContract> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("order-placed.json");
+    std::fs::write(&path, r#"{"type":"object","required":["id"]}"#).expect("schema");
+    let contract = outbox_schema::Contract::load(&path, None).expect("compiles");
+    let loaded = Arc::new(LoadedContract::new(contract, "order-placed.json"));
+    let set =
+        relay_core::route::TableContracts::new(&toml_contracts(), |_| Ok::<_, ()>(loaded.clone()))
+            .expect("contracts");
+    let check = |id: &str, payload: &[u8]| {
+        set.check("public.outbox", id, Some("OrderPlaced"), "s", payload)
+    };
+    assert!(check("e-1", br#"{"id":1}"#).is_ok());
+    assert!(check("e-2", b"{}").is_err());
+    loaded
+}
+
+fn toml_contracts() -> relay_core::route::ContractsConfig {
+    serde_json::from_value(serde_json::json!({"types": {"OrderPlaced": "order-placed.json"}}))
+        .expect("contracts config")
+}
+
 fn sampled_telemetry() -> Arc<Telemetry> {
     let stats = Arc::new(PipelineStats::default());
     stats.events_received.store(7, Ordering::Relaxed);
@@ -32,6 +55,7 @@ fn sampled_telemetry() -> Arc<Telemetry> {
     stats.confirmed_lsn.store(5000, Ordering::Relaxed);
     stats.slot_confirmed_lsn.store(4000, Ordering::Relaxed);
     let t = Telemetry::new(stats, "relay_slot", "EVENTS", BUILD_INFO);
+    t.set_contracts(vec![("public.outbox".into(), checked_contract())]);
     let slot = SlotInfo {
         slot_type: "logical".into(),
         plugin: Some("pgoutput".into()),
@@ -235,10 +259,12 @@ fn what_was_not_sampled_is_left_out_and_the_slot_is_missing() {
         CLEANUP_PARTITIONS,
         CLEANUP_ERRORS,
         CLEANUP_WAITING,
+        CONTRACT_CHECKED,
+        CONTRACT_REFUSED,
     ] {
         assert!(!body.contains(absent), "{absent} in\n{body}");
     }
-    assert_eq!(families_shown(&body).len(), FAMILIES.len() - 14);
+    assert_eq!(families_shown(&body).len(), FAMILIES.len() - 16);
     assert!(body.contains("outbox_relay_slot_wal_status{status=\"missing\"} 1\n"));
     assert!(body.contains("outbox_relay_replay_window_bytes 0\n"));
 }

@@ -170,6 +170,7 @@ fn notification_outbox_works_by_configuration_alone() {
         headers_json_pointer: None,
         payload_pointer: None,
         row_filter: None,
+        contracts: None,
     };
     let mut router = Router::new(&[config]).unwrap();
     router
@@ -473,6 +474,7 @@ fn a_mapped_column_type_change_is_refused_by_name() {
     assert!(v["extra"].is_null());
 }
 
+mod contracts;
 mod envelopes;
 mod header_objects;
 mod native;
