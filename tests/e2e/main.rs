@@ -11,6 +11,7 @@ mod cleanup;
 mod compose;
 mod console;
 mod consumer;
+mod contracts;
 mod delivery;
 mod deploy;
 mod drift;

@@ -1,7 +1,7 @@
 //! The event contracts in their NATS KV bucket: each schema under the key its events'
 //! `Outbox-Schema` header names, so consumers can fetch what the relay checked.
 
-use async_nats::jetstream::{self, kv};
+use async_nats::jetstream;
 use bytes::Bytes;
 
 use crate::NatsError;
@@ -37,17 +37,30 @@ pub async fn store_contracts(
         Ok(store) => store,
         Err(_) => {
             stored.created_bucket = true;
+            // The bucket's stream as async-nats' `create_key_value` makes it, created directly:
+            // that call first asks for the account's info, which older servers answer in a
+            // shape the client does not read.
             jetstream
-                .create_key_value(kv::Config {
-                    bucket: bucket.to_owned(),
-                    description:
+                .get_or_create_stream(jetstream::stream::Config {
+                    name: format!("KV_{bucket}"),
+                    description: Some(
                         "outbox-relay event contracts (JSON Schema), keyed <name>.<version>".into(),
-                    history: 1,
+                    ),
+                    subjects: vec![format!("$KV.{bucket}.>")],
+                    max_messages_per_subject: 1,
                     storage: jetstream::stream::StorageType::File,
+                    allow_rollup: true,
+                    deny_delete: true,
+                    allow_direct: true,
+                    discard: jetstream::stream::DiscardPolicy::New,
                     ..Default::default()
                 })
                 .await
-                .map_err(|e| failed(format!("cannot look it up or create it: {e}")))?
+                .map_err(|e| failed(format!("cannot create it: {e}")))?;
+            jetstream
+                .get_key_value(bucket)
+                .await
+                .map_err(|e| failed(format!("cannot open it: {e}")))?
         }
     };
     for (key, document) in documents {
