@@ -7,6 +7,7 @@ use std::time::Duration;
 use async_nats::jetstream;
 
 use crate::consumer::Consumer;
+use crate::contracts::{ContractSettings, Contracts};
 use crate::handler::Handler;
 use crate::shared::{Error, Inner, LedgerConnections, Ordering, Reapply, StartAt, hooks};
 use crate::stats::ConsumerStats;
@@ -29,6 +30,7 @@ pub struct ConsumerBuilder {
     start_at: Option<StartAt>,
     reapply: Option<Reapply>,
     hook: Option<hooks::Hook>,
+    contracts: Option<ContractSettings>,
 }
 
 impl std::fmt::Debug for ConsumerBuilder {
@@ -42,6 +44,7 @@ impl std::fmt::Debug for ConsumerBuilder {
             .field("max_deliver", &self.max_deliver)
             .field("ack_wait", &self.ack_wait)
             .field("dead_letter_subject", &self.dead_letter_subject)
+            .field("contracts", &self.contracts)
             .finish_non_exhaustive()
     }
 }
@@ -135,6 +138,84 @@ impl ConsumerBuilder {
         self
     }
 
+    /// Checks each event that names its contract (header `Outbox-Schema`, the contract's key
+    /// `<name>.<version>`) against that contract before the handler sees it. The contract is
+    /// read from the relay's contracts KV bucket ([`crate::CONTRACTS_BUCKET`] unless
+    /// [`Self::contracts_bucket`] says otherwise) once per key, and compiled with the relay's
+    /// own code. An event whose payload breaks it, whose key the bucket does not hold, or whose
+    /// stored bytes are not the version the key names is parked, not applied, with a reason
+    /// `contract <key>: …` (the JSON Pointer, keyword, expected and found value of a
+    /// violation). Events without the header are handled as before (see
+    /// [`Self::require_contract`]). A contract that cannot be read for NATS reasons (the
+    /// bucket is missing, a request timed out) is retried like a database error: the event
+    /// waits, it is never parked or applied unchecked.
+    ///
+    /// ```no_run
+    /// use futures::FutureExt as _;
+    /// use outbox_consumer::{Consumer, Permanent, handler_fn};
+    ///
+    /// #[derive(serde::Deserialize)]
+    /// struct OrderPlaced {
+    ///     order_id: String,
+    /// }
+    ///
+    /// # async fn demo(pg: tokio_postgres::Config) -> Result<(), Box<dyn std::error::Error>> {
+    /// let nats = async_nats::connect("nats://127.0.0.1:4222").await?;
+    /// let jetstream = async_nats::jetstream::new(nats);
+    /// // Only events that satisfy their contract (or name none) reach the handler.
+    /// let handler = handler_fn(|tx, event| {
+    ///     async move {
+    ///         let order: OrderPlaced = event.json().map_err(Permanent::new)?;
+    ///         tx.execute("INSERT INTO orders (id) VALUES ($1)", &[&order.order_id]).await?;
+    ///         Ok(())
+    ///     }
+    ///     .boxed()
+    /// });
+    /// let consumer = Consumer::builder(jetstream, pg, "billing")
+    ///     .subjects(["outbox.Order.>"])
+    ///     .validate_contracts() // KV bucket `outbox-contracts`; see contracts_bucket
+    ///     .require_contract() // optional: park events that name no contract too
+    ///     .build()?;
+    /// let stats = consumer.stats(); // contracts_passed, contracts_refused, parked
+    /// consumer.run(handler, async { let _ = tokio::signal::ctrl_c().await; }).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn validate_contracts(mut self) -> Self {
+        self.contracts.get_or_insert_with(ContractSettings::default);
+        self
+    }
+
+    /// The KV bucket the relay stores contracts in (default `outbox-contracts`); turns on
+    /// [`Self::validate_contracts`].
+    pub fn contracts_bucket(mut self, bucket: impl Into<String>) -> Self {
+        self.contracts
+            .get_or_insert_with(ContractSettings::default)
+            .bucket = bucket.into();
+        self
+    }
+
+    /// Parks events without an `Outbox-Schema` header too (reason `contract required: …`):
+    /// for a service that must only see checked events. Turns on
+    /// [`Self::validate_contracts`].
+    pub fn require_contract(mut self) -> Self {
+        self.contracts
+            .get_or_insert_with(ContractSettings::default)
+            .required = true;
+        self
+    }
+
+    /// Bounds on a payload's size and nesting when it is checked (default
+    /// [`Limits::default`](outbox_schema::Limits): 1 MiB, 64 levels); a payload beyond them is
+    /// refused. Give the limits the relay checks with, if they differ. Turns on
+    /// [`Self::validate_contracts`].
+    pub fn contract_limits(mut self, limits: outbox_schema::Limits) -> Self {
+        self.contracts
+            .get_or_insert_with(ContractSettings::default)
+            .limits = limits;
+        self
+    }
+
     #[doc(hidden)]
     pub fn test_hook(mut self, hook: hooks::Hook) -> Self {
         self.hook = Some(hook);
@@ -182,6 +263,14 @@ impl ConsumerBuilder {
         if self.ack_wait < Duration::from_millis(300) {
             return Err(Error::Config("ack_wait must be at least 300 ms".into()));
         }
+        if let Some(contracts) = &self.contracts
+            && !valid_name(&contracts.bucket)
+        {
+            return Err(Error::Config(format!(
+                "contracts bucket {:?} must be non-empty ASCII letters, digits, '-' or '_'",
+                contracts.bucket
+            )));
+        }
         let dead_letter_subject = self
             .dead_letter_subject
             .unwrap_or_else(|| format!("dlq.{}", self.service));
@@ -202,6 +291,7 @@ impl ConsumerBuilder {
                 start_at: self.start_at,
                 reapply: self.reapply,
                 hook: self.hook,
+                contracts: self.contracts.map(Contracts::new),
                 stats: ConsumerStats::default(),
             }),
             pg: self.pg,
@@ -244,6 +334,7 @@ impl Consumer {
             start_at: None,
             reapply: None,
             hook: None,
+            contracts: None,
         }
     }
 }

@@ -6,8 +6,8 @@ use async_nats::HeaderMap;
 use bytes::Bytes;
 pub use outbox_contract::{
     HEADER_AGGREGATE_ID, HEADER_AGGREGATE_TYPE, HEADER_COMMIT_LSN, HEADER_COMMIT_TIME,
-    HEADER_EVENT_TYPE, HEADER_MSG_ID, HEADER_TABLE, HEADER_TRACEPARENT, HEADER_TX_INDEX,
-    HEADER_XID, Lsn,
+    HEADER_EVENT_TYPE, HEADER_MSG_ID, HEADER_SCHEMA, HEADER_TABLE, HEADER_TRACEPARENT,
+    HEADER_TX_INDEX, HEADER_XID, Lsn,
 };
 use serde::de::DeserializeOwned;
 
@@ -55,6 +55,9 @@ pub struct Event {
     pub event_type: Option<String>,
     /// `traceparent`.
     pub traceparent: Option<String>,
+    /// `Outbox-Schema`: the KV key (`<name>.<version>`) of the contract the relay checked the
+    /// payload against.
+    pub schema: Option<String>,
     /// All headers as received.
     pub headers: HeaderMap,
     /// The outbox row's payload column, byte for byte.
@@ -86,6 +89,7 @@ impl Event {
             aggregate_id: None,
             event_type: None,
             traceparent: None,
+            schema: None,
             headers: HeaderMap::new(),
             payload: payload.into(),
             reapplied: false,
@@ -146,6 +150,7 @@ impl Event {
             aggregate_id: owned(HEADER_AGGREGATE_ID),
             event_type: owned(HEADER_EVENT_TYPE),
             traceparent: owned(HEADER_TRACEPARENT),
+            schema: owned(HEADER_SCHEMA),
             headers: headers.clone(),
             payload,
             reapplied: false,
@@ -203,6 +208,7 @@ mod tests {
                 "traceparent",
                 "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
             ),
+            ("Outbox-Schema", "order-created.565aaced9d08"),
         ]);
         let ev = Event::from_parts(
             "outbox.Order.order-created",
@@ -229,6 +235,7 @@ mod tests {
         assert_eq!(ev.aggregate_id.as_deref(), Some("7"));
         assert_eq!(ev.event_type.as_deref(), Some("order-created"));
         assert!(ev.traceparent.is_some());
+        assert_eq!(ev.schema.as_deref(), Some("order-created.565aaced9d08"));
         #[derive(serde::Deserialize)]
         struct P {
             n: u32,
@@ -253,6 +260,7 @@ mod tests {
         assert_eq!(ev.commit_time, None);
         assert_eq!(ev.tx_index, None);
         assert_eq!(ev.table, None);
+        assert_eq!(ev.schema, None);
         assert!(ev.json::<serde_json::Value>().is_err());
     }
 

@@ -13,6 +13,10 @@
 //! [`ConsumerBuilder::max_deliver`] deliveries the message is parked on a dead-letter subject
 //! (with the reason in `Outbox-Dlq-Reason`) and terminated, and later messages keep flowing.
 //!
+//! With [`ConsumerBuilder::validate_contracts`], an event whose `Outbox-Schema` header names
+//! an event contract is checked against that contract (fetched from the relay's contracts KV
+//! bucket) before the handler sees it; one that breaks it is parked instead of applied.
+//!
 //! ```no_run
 //! use futures::FutureExt as _;
 //! use outbox_consumer::{Consumer, handler_fn};
@@ -45,6 +49,7 @@
 
 mod builder;
 mod consumer;
+mod contracts;
 mod event;
 mod handler;
 mod ledger;
@@ -57,15 +62,18 @@ pub use builder::ConsumerBuilder;
 pub use consumer::Consumer;
 pub use event::{
     Event, EventError, HEADER_AGGREGATE_ID, HEADER_AGGREGATE_TYPE, HEADER_COMMIT_LSN,
-    HEADER_COMMIT_TIME, HEADER_EVENT_TYPE, HEADER_MSG_ID, HEADER_TABLE, HEADER_TRACEPARENT,
-    HEADER_TX_INDEX, HEADER_XID, Lsn,
+    HEADER_COMMIT_TIME, HEADER_EVENT_TYPE, HEADER_MSG_ID, HEADER_SCHEMA, HEADER_TABLE,
+    HEADER_TRACEPARENT, HEADER_TX_INDEX, HEADER_XID, Lsn,
 };
 pub use handler::{BoxError, Handler, Permanent, handler_fn};
 pub use ledger::{LEDGER_MIGRATION, LEDGER_TABLE, ensure_ledger, prune_ledger};
 /// The wire contract shared with the relay (header names, dead-letter headers, the reserved
 /// `Nats-*` headers, [`Lsn`]), re-exported so a service needs no second dependency for it.
 pub use outbox_contract as contract;
-pub use outbox_contract::ParseLsnError;
+pub use outbox_contract::{CONTRACTS_BUCKET, ParseLsnError};
+/// Event contracts (JSON Schemas) as the relay compiles and checks them: [`schema::Limits`]
+/// for [`ConsumerBuilder::contract_limits`], [`schema::Contract`] to check a payload yourself.
+pub use outbox_schema as schema;
 pub use park::{
     HEADER_DLQ_CONSUMER, HEADER_DLQ_DELIVERIES, HEADER_DLQ_EVENT_ID, HEADER_DLQ_REASON,
     HEADER_DLQ_SOURCE, HEADER_DLQ_SUBJECT, HEADER_ORIGINAL_PREFIX,

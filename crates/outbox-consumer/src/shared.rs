@@ -8,6 +8,7 @@ use async_nats::jetstream;
 use outbox_contract::Lsn;
 use tokio_postgres::Client;
 
+use crate::contracts::Contracts;
 use crate::stats::ConsumerStats;
 
 /// How messages are handled relative to each other.
@@ -195,5 +196,7 @@ pub(crate) struct Inner {
     pub(crate) start_at: Option<StartAt>,
     pub(crate) reapply: Option<Reapply>,
     pub(crate) hook: Option<hooks::Hook>,
+    /// Set when events are checked against their contracts.
+    pub(crate) contracts: Option<Contracts>,
     pub(crate) stats: ConsumerStats,
 }

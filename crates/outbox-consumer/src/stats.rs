@@ -15,6 +15,8 @@ pub(crate) struct Counters {
     pub(crate) parked: AtomicU64,
     pub(crate) park_failures: AtomicU64,
     pub(crate) infra_errors: AtomicU64,
+    pub(crate) contracts_passed: AtomicU64,
+    pub(crate) contracts_refused: AtomicU64,
 }
 
 /// A snapshot of [`ConsumerStats`].
@@ -30,8 +32,16 @@ pub struct StatsSnapshot {
     pub parked: u64,
     /// Attempts to park that failed (the message was NAKed and will be parked later).
     pub park_failures: u64,
-    /// PostgreSQL / NATS failures outside the handler (the message was NAKed).
+    /// PostgreSQL / NATS failures outside the handler (the message was NAKed), reading a
+    /// contract from its KV bucket included.
     pub infra_errors: u64,
+    /// Deliveries whose payload satisfied the contract its `Outbox-Schema` header names
+    /// ([`ConsumerBuilder::validate_contracts`](crate::ConsumerBuilder::validate_contracts)).
+    pub contracts_passed: u64,
+    /// Deliveries refused by their contract and parked instead of applied: a violation, a key
+    /// the bucket does not hold, stored bytes that are not the key's version, or no
+    /// `Outbox-Schema` header where one is required. A parked one is in `parked` too.
+    pub contracts_refused: u64,
 }
 
 impl ConsumerStats {
@@ -46,6 +56,8 @@ impl ConsumerStats {
             parked: get(&c.parked),
             park_failures: get(&c.park_failures),
             infra_errors: get(&c.infra_errors),
+            contracts_passed: get(&c.contracts_passed),
+            contracts_refused: get(&c.contracts_refused),
         }
     }
 

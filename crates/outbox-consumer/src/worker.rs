@@ -1,6 +1,7 @@
-//! Per-message processing: one worker's PostgreSQL connection, the ledger transaction, and
-//! the ack / NAK / park decision.
+//! Per-message processing: one worker's PostgreSQL connection, the contract check, the ledger
+//! transaction, and the ack / NAK / park decision.
 
+use std::future::Future;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
@@ -8,6 +9,7 @@ use tokio::sync::Mutex;
 use tokio_postgres::{Client, NoTls, Statement};
 use tracing::{debug, warn};
 
+use crate::contracts::Verdict;
 use crate::event::Event;
 use crate::handler::{BoxError, Handler, Permanent};
 use crate::ledger::{INSERT_SQL, REAPPLY_SQL};
@@ -126,8 +128,8 @@ pub(crate) async fn lock_free_slot(slots: &[Mutex<Slot>]) -> tokio::sync::MutexG
 
 impl Inner {
     /// Handles one message to the end: acked, NAKed or parked. `Err` only for fatal errors.
-    // Long: one message to its end (handler, commit, ack, NAK or park) with the retry state of that
-    // one message
+    // Long: one message to its end (contract, handler, commit, ack, NAK or park) with the retry
+    // state of that one message
     pub(crate) async fn process<H: Handler>(
         &self,
         slot: &mut Slot,
@@ -147,21 +149,30 @@ impl Inner {
             }
         };
 
-        let attempt = {
-            let work = self.attempt(slot, handler, &event);
-            tokio::pin!(work);
-            // Keep the server from redelivering while a slow handler runs.
-            let mut progress = tokio::time::interval(self.ack_wait / 3);
-            progress.tick().await;
-            loop {
-                tokio::select! {
-                    res = &mut work => break res,
-                    _ = progress.tick() => {
-                        let _ = msg.ack_with(AckKind::Progress).await;
-                    }
+        if let Some(contracts) = &self.contracts {
+            let checked =
+                contracts.verdict(&self.jetstream, event.schema.as_deref(), &event.payload);
+            match self.with_progress(&msg, checked).await {
+                Verdict::Passed => self.stats.inc(|c| &c.contracts_passed),
+                Verdict::NoContract => {}
+                Verdict::Refused(refusal) => {
+                    self.stats.inc(|c| &c.contracts_refused);
+                    let reason = refusal.to_string();
+                    self.park(&msg, Some(&event), event.delivered, &reason)
+                        .await;
+                    return Ok(());
+                }
+                Verdict::Unavailable(e) => {
+                    self.retry_later(&msg, &event, &error_chain(&e), "cannot read the contract")
+                        .await;
+                    return Ok(());
                 }
             }
-        };
+        }
+
+        let attempt = self
+            .with_progress(&msg, self.attempt(slot, handler, &event))
+            .await;
         let attempt = match attempt {
             Ok(a) => a,
             Err(()) => {
@@ -215,21 +226,48 @@ impl Inner {
                 }
             }
             Attempt::Infra(reason) => {
-                self.stats.inc(|c| &c.infra_errors);
-                let delay = self.backoff(event.delivered);
-                warn!(
-                    service = %self.service,
-                    event_id = %event.id,
-                    retry_in = ?delay,
-                    error = %reason,
-                    "outbox-consumer: PostgreSQL error outside the handler; will retry"
-                );
-                let _ = msg.ack_with(AckKind::Nak(Some(delay))).await;
-                // Do not spin on a database that is down.
-                tokio::time::sleep(delay.min(Duration::from_secs(5))).await;
+                self.retry_later(
+                    &msg,
+                    &event,
+                    &reason,
+                    "PostgreSQL error outside the handler",
+                )
+                .await;
             }
         }
         Ok(())
+    }
+
+    /// Awaits `work`, sending progress acks meanwhile so the server does not redeliver the
+    /// message while a slow handler (or contract fetch) runs.
+    async fn with_progress<T>(&self, msg: &jetstream::Message, work: impl Future<Output = T>) -> T {
+        tokio::pin!(work);
+        let mut progress = tokio::time::interval(self.ack_wait / 3);
+        progress.tick().await;
+        loop {
+            tokio::select! {
+                res = &mut work => break res,
+                _ = progress.tick() => {
+                    let _ = msg.ack_with(AckKind::Progress).await;
+                }
+            }
+        }
+    }
+
+    /// NAKs after a failure that is not the event's (`what`), with backoff; never parks.
+    async fn retry_later(&self, msg: &jetstream::Message, event: &Event, reason: &str, what: &str) {
+        self.stats.inc(|c| &c.infra_errors);
+        let delay = self.backoff(event.delivered);
+        warn!(
+            service = %self.service,
+            event_id = %event.id,
+            retry_in = ?delay,
+            error = %reason,
+            "outbox-consumer: {what}; will retry"
+        );
+        let _ = msg.ack_with(AckKind::Nak(Some(delay))).await;
+        // Do not spin on a server that is down.
+        tokio::time::sleep(delay.min(Duration::from_secs(5))).await;
     }
 
     /// BEGIN; ledger insert; handler; COMMIT. `Err(())` when the connection is gone for good.

@@ -132,7 +132,24 @@ impl Env {
         subject: &str,
         payload: &str,
     ) -> anyhow::Result<(u64, bool)> {
-        let msg = relay_message(id.unwrap_or("no-id"), subject, payload)?;
+        self.publish_with(id, subject, payload, &[]).await
+    }
+
+    /// [`Self::publish`] with `extra` headers after the relay's own (as the relay adds
+    /// `Outbox-Schema` to an event checked against a contract).
+    pub async fn publish_with(
+        &self,
+        id: Option<&str>,
+        subject: &str,
+        payload: &str,
+        extra: &[(&str, &str)],
+    ) -> anyhow::Result<(u64, bool)> {
+        let mut msg = relay_message(id.unwrap_or("no-id"), subject, payload)?;
+        msg.headers.extend(
+            extra
+                .iter()
+                .map(|(name, value)| ((*name).into(), (*value).into())),
+        );
         if id.is_some() {
             let receipt = self
                 .relay

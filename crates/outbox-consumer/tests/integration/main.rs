@@ -3,6 +3,7 @@
 
 mod common;
 
+mod contracts;
 mod crash_windows;
 mod dead_letters;
 mod exactly_once;
