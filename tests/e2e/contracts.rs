@@ -43,17 +43,18 @@ async fn create_orders_outbox(db: &tokio_postgres::Client) -> Result<()> {
 }
 
 fn mapping(schema: &Path) -> String {
-    format!(
-        r#"
-[[outbox]]
-table = "public.orders_outbox"
-subject = "outbox.orders.{{type}}"
-headers = {{ "Outbox-Event-Type" = "type" }}
-[outbox.contracts]
-types = {{ OrderPlaced = "{}" }}
-"#,
-        schema.display()
-    )
+    mapping_of(&[("OrderPlaced", schema)])
+}
+
+/// The orders table with a contract per `(event type, file)`.
+fn mapping_of(types: &[(&str, &Path)]) -> String {
+    let mut text = String::from(
+        "\n[[outbox]]\ntable = \"public.orders_outbox\"\nsubject = \"outbox.orders.{type}\"\nheaders = { \"Outbox-Event-Type\" = \"type\" }\n[outbox.contracts.types]\n",
+    );
+    for (event_type, file) in types {
+        text.push_str(&format!("{event_type} = \"{}\"\n", file.display()));
+    }
+    text
 }
 
 const VALID_1: &str = "{\"order_id\":\"o-1\", \"customer\":\"c-7\",\n \"total\":{\"currency\":\"EUR\",\"cents\":1250}}";
@@ -326,5 +327,94 @@ async fn a_bad_contract_file_is_a_configuration_error_naming_file_and_keyword() 
         &["missing.json", "cannot read"],
     )
     .await?;
+    Ok(())
+}
+
+/// `contracts check` with a new set of schemas finds, in the table and in the stream, the
+/// events the new set would refuse (exit 65, each with its reason), says which contract matched
+/// nothing, and passes (exit 0) when the set accepts everything.
+#[tokio::test(flavor = "multi_thread")]
+async fn contracts_check_finds_the_rows_and_messages_a_changed_schema_would_refuse() -> Result<()> {
+    let env = Env::start().await?;
+    let mut db = env.db().await?;
+    create_orders_outbox(&db).await?;
+    // Published before any contract: the stream and the table hold both events.
+    let unchecked = env.config(
+        "[[outbox]]\ntable = \"public.orders_outbox\"\nsubject = \"outbox.orders.{type}\"\nheaders = { \"Outbox-Event-Type\" = \"type\" }\n",
+    );
+    let relay = Relay::start_streaming(&unchecked).await?;
+    insert_orders(
+        &mut db,
+        &[
+            ("e-1", "OrderPlaced", VALID_1),
+            ("e-2", "OrderPlaced", WRONG_TYPE),
+        ],
+    )
+    .await?;
+    let js = env.jetstream().await?;
+    wait_for_messages(&js, 2, WAIT, Some(&relay)).await?;
+    drop(relay);
+
+    let schema = order_contract(env.dir.path())?;
+    let unused = env.dir.path().join("contracts/order-cancelled.json");
+    std::fs::write(&unused, r#"{"type":"object","required":["order_id"]}"#)?;
+    let new_set = env.config(&mapping_of(&[
+        ("OrderPlaced", &schema),
+        ("OrderCancelled", &unused),
+    ]));
+    let out = relay_cmd(&new_set, &["contracts", "check", "--json"]).await?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(EX_DATAERR), "{stdout}\n{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout)?;
+    let refused: Vec<(String, String, Option<u64>)> = report["refused"]
+        .as_array()
+        .context("refused")?
+        .iter()
+        .map(|r| {
+            (
+                r["source"].as_str().unwrap_or_default().to_owned(),
+                r["event_id"].as_str().unwrap_or_default().to_owned(),
+                r["seq"].as_u64(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        refused,
+        [
+            ("row".to_owned(), "e-2".to_owned(), None),
+            ("message".to_owned(), "e-2".to_owned(), Some(2))
+        ],
+        "{stdout}"
+    );
+    for r in report["refused"].as_array().context("refused")? {
+        let reason = r["reason"].as_str().unwrap_or_default();
+        assert!(
+            reason.contains("/total/cents") && reason.contains("`type`"),
+            "{reason}"
+        );
+    }
+    assert_eq!(report["rows_checked"], 2);
+    assert_eq!(report["messages_checked"], 2);
+    let text = relay_cmd(&new_set, &["contracts", "check"]).await?;
+    let text_out = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text_out.contains("order-cancelled.") && text_out.contains("matched no row or message"),
+        "{text_out}"
+    );
+    assert!(text_out.contains("REFUSED row e-2"), "{text_out}");
+
+    // A set that accepts both: exit 0.
+    let loose = env.dir.path().join("loose.json");
+    std::fs::write(&loose, r#"{"type":"object"}"#)?;
+    let out = relay_cmd(&env.config(&mapping(&loose)), &["contracts", "check"]).await?;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("nothing would be refused"));
     Ok(())
 }

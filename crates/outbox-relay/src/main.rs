@@ -134,6 +134,13 @@ enum Command {
     /// to, its message in the stream (or the dead-letter subject, or "not yet published"), each
     /// consumer's position with it, and the consumers' ledger.
     Trace(commands::trace::TraceArgs),
+    /// Event contracts ([outbox.contracts]): `check` reports every event the configured
+    /// contracts would refuse among the rows still in the outbox tables and the last messages
+    /// of the stream; exit 65 when any would be. See docs/contracts.md.
+    Contracts {
+        #[command(subcommand)]
+        action: ContractsCommand,
+    },
     /// Print messages from the JetStream stream: subject, headers and payload.
     Tail {
         /// Stop after this many messages.
@@ -143,6 +150,13 @@ enum Command {
         #[arg(long, default_value = "10s", value_parser = relay_runtime::config::parse_duration)]
         idle_timeout: std::time::Duration,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum ContractsCommand {
+    /// Check the rows in the outbox tables and the last messages of the stream against the
+    /// configured contracts (point --config at the configuration with the new schemas).
+    Check(commands::contracts::CheckArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -242,6 +256,9 @@ fn try_main(cli: Cli) -> Result<(), Failure> {
             }
             Command::Replay(args) => commands::replay::replay(&config, &args).await,
             Command::Trace(args) => commands::trace::trace(&config, &args).await,
+            Command::Contracts {
+                action: ContractsCommand::Check(args),
+            } => commands::contracts::check(&config, &args).await,
             Command::Restore(mut args) => {
                 args.log_json = log_json;
                 commands::restore::restore(&config, args).await

@@ -6,6 +6,82 @@ use bytes::Bytes;
 
 use crate::NatsError;
 
+/// One message read back from the stream.
+#[derive(Debug, Clone)]
+pub struct StoredMessage {
+    /// Its stream sequence.
+    pub seq: u64,
+    /// Its subject.
+    pub subject: String,
+    /// Its headers, each value once per occurrence.
+    pub headers: Vec<(String, String)>,
+    /// Its payload.
+    pub payload: Bytes,
+}
+
+impl StoredMessage {
+    /// The first value of header `name` (any case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// The last `count` messages of `stream` (fewer when it holds fewer; a sequence removed since
+/// is skipped), oldest first.
+pub async fn last_messages(
+    jetstream: &jetstream::Context,
+    stream: &str,
+    count: u64,
+) -> Result<Vec<StoredMessage>, NatsError> {
+    let failed = |reason: String| NatsError::Stream {
+        stream: stream.to_owned(),
+        reason,
+        hint: String::new(),
+    };
+    let mut handle = jetstream
+        .get_stream(stream)
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    let state = handle
+        .info()
+        .await
+        .map_err(|e| failed(e.to_string()))?
+        .state
+        .clone();
+    if state.messages == 0 || count == 0 {
+        return Ok(Vec::new());
+    }
+    let from = state
+        .last_sequence
+        .saturating_sub(count - 1)
+        .max(state.first_sequence);
+    let mut out = Vec::new();
+    for seq in from..=state.last_sequence {
+        let Ok(stored) = handle.get_raw_message(seq).await else {
+            continue;
+        };
+        let headers = stored
+            .headers
+            .iter()
+            .flat_map(|(name, values)| {
+                values
+                    .iter()
+                    .map(move |v| (name.to_string(), v.as_str().to_owned()))
+            })
+            .collect();
+        out.push(StoredMessage {
+            seq,
+            subject: stored.subject.to_string(),
+            headers,
+            payload: stored.payload,
+        });
+    }
+    Ok(out)
+}
+
 /// What storing the contracts did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ContractsStored {

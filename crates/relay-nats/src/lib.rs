@@ -44,7 +44,7 @@ pub use consumer_recreate::{RecreateError, recreate_consumer, set_filters, skips
 pub use consumer_reset::{
     ConsumerReset, ConsumerResetError, reset_consumer, supports_consumer_reset,
 };
-pub use contracts::{ContractsStored, store_contracts};
+pub use contracts::{ContractsStored, StoredMessage, last_messages, store_contracts};
 pub use domain::{DomainMismatch, api_prefix, domain_problem};
 pub use durability::{
     Aspect, Durability, DurabilityCheck, LazyServer, SYNC_PROBE_SUBJECT, ServerSync, Storage,

@@ -10,9 +10,11 @@
 //! ([`signal`]), read-only looks at the slot and the
 //! stream ([`inspect`]) and progress reporting ([`progress`]).
 
+pub mod asyncapi;
 pub mod broker;
 pub mod config;
 mod console;
+pub mod contracts_check;
 pub mod failure;
 pub mod http;
 pub mod inspect;

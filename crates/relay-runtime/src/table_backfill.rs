@@ -26,7 +26,7 @@ use crate::config::RelayConfig;
 use crate::failure::{Failure, FailureKind};
 use crate::progress::{Mode, Ticker};
 
-mod checks;
+pub(crate) mod checks;
 mod live;
 mod report;
 mod request;

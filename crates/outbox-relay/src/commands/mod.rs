@@ -1,9 +1,10 @@
 //! The operator commands besides `run` (the relay itself is `relay_runtime::Relay`): `validate
 //! --connect` (preflight), `setup`, `status`, `config print`, `tail`, `backfill`, `restore`,
-//! `replay`, `position` and `trace`.
+//! `replay`, `position`, `trace` and `contracts check`.
 
 pub mod backfill;
 pub mod config_print;
+pub mod contracts;
 pub mod position;
 pub mod replay;
 pub mod restore;
