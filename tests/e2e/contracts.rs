@@ -403,6 +403,25 @@ async fn contracts_check_finds_the_rows_and_messages_a_changed_schema_would_refu
         "{text_out}"
     );
     assert!(text_out.contains("REFUSED row e-2"), "{text_out}");
+    // The preflight reports each contract's match against the rows.
+    let preflight = relay_cmd(&new_set, &["validate", "--connect"]).await?;
+    let lines = String::from_utf8_lossy(&preflight.stdout);
+    let line = |needle: &str| {
+        lines
+            .lines()
+            .find(|l| l.contains(needle))
+            .map(str::to_owned)
+    };
+    let placed = line("contract order-placed.").context(lines.to_string())?;
+    assert!(
+        placed.starts_with("WARN") && placed.contains("1 of 2 rows would be refused"),
+        "{placed}"
+    );
+    let cancelled = line("contract order-cancelled.").context(lines.to_string())?;
+    assert!(
+        cancelled.starts_with("WARN") && cancelled.contains("matched none"),
+        "{cancelled}"
+    );
 
     // A set that accepts both: exit 0.
     let loose = env.dir.path().join("loose.json");

@@ -92,19 +92,21 @@ pub async fn check(config: &RelayConfig, options: CheckOptions) -> Result<CheckR
         )
         .await?;
     }
-    let nats = relay_nats::connect(&config.nats)
+    if options.messages > 0 {
+        let nats = relay_nats::connect(&config.nats)
+            .await
+            .map_err(nats_failure)?;
+        let messages = relay_nats::last_messages(
+            &async_nats::jetstream::new(nats.client().clone()),
+            &config.nats.stream,
+            options.messages,
+        )
         .await
         .map_err(nats_failure)?;
-    let messages = relay_nats::last_messages(
-        &async_nats::jetstream::new(nats.client().clone()),
-        &config.nats.stream,
-        options.messages,
-    )
-    .await
-    .map_err(nats_failure)?;
-    for message in &messages {
-        report.messages_checked += 1;
-        check_message(&config, &router, message, &mut report);
+        for message in &messages {
+            report.messages_checked += 1;
+            check_message(&config, &router, message, &mut report);
+        }
     }
     let mut seen: Vec<Arc<relay_core::route::LoadedContract>> = Vec::new();
     for (_, contract) in router.contracts() {

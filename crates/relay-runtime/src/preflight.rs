@@ -101,7 +101,60 @@ pub async fn run(config: &RelayConfig) -> Vec<Check> {
     let mut report = Report::default();
     postgres_checks(config, &mut report).await;
     nats_checks(config, &mut report).await;
+    contract_checks(config, &mut report).await;
     report.0
+}
+
+/// Rows the contract lines route per table.
+const CONTRACT_ROWS: usize = 1_000;
+
+/// One line per contract: how the rows in its table match it (`contracts check` reads more,
+/// and the stream too).
+async fn contract_checks(config: &RelayConfig, r: &mut Report) {
+    if config.outbox.iter().all(|o| o.contracts.is_none()) {
+        return;
+    }
+    let options = crate::contracts_check::CheckOptions {
+        rows: CONTRACT_ROWS,
+        messages: 0,
+    };
+    let report = match crate::contracts_check::check(config, options).await {
+        Ok(report) => report,
+        Err(failure) => {
+            r.hinted(
+                Verdict::Fail(failure.kind),
+                "contracts",
+                format!("{:#}", failure.error),
+                "fix the contract or the connection named above",
+            );
+            return;
+        }
+    };
+    for contract in &report.contracts {
+        let name = format!("contract {}", contract.contract);
+        let first = report
+            .refused
+            .iter()
+            .find(|refusal| refusal.reason.contains(&contract.contract));
+        match (contract.checked, first) {
+            (0, _) => r.hinted(
+                Verdict::Warn,
+                name,
+                format!("{}: matched none of the first {CONTRACT_ROWS} rows of its tables", contract.file),
+                "check the event type or subject pattern it is configured for (an event type nothing writes yet is fine)",
+            ),
+            (checked, Some(refusal)) => r.hinted(
+                Verdict::Warn,
+                name,
+                format!(
+                    "{}: {} of {checked} rows would be refused, e.g. event {}: {}",
+                    contract.file, contract.refused, refusal.event_id, refusal.reason
+                ),
+                "`outbox-relay contracts check` lists them all; fix the rows' writer or the contract before those rows are published",
+            ),
+            (checked, None) => r.pass(name, format!("{}: {checked} rows match", contract.file)),
+        }
+    }
 }
 
 /// The failure of a preflight whose checks are `checks`: the worst kind among its failures
