@@ -212,6 +212,23 @@ async fn violating_rows_are_dead_lettered_while_valid_ones_arrive_byte_exact_and
         metrics.get(&format!("outbox_relay_contract_refused_total{label}")),
         Some(&2.0)
     );
+
+    // A file changed under the running relay changes nothing until it restarts: a row the new
+    // file would refuse (no `lines`) is still checked against what was read at start.
+    let stricter = std::fs::read_to_string(&schema)?.replace(
+        "\"required\": [\"order_id\", \"customer\", \"total\"]",
+        "\"required\": [\"order_id\", \"customer\", \"total\", \"lines\"]",
+    );
+    std::fs::write(&schema, stricter)?;
+    assert_ne!(
+        Contract::load(&schema, None)?.key(),
+        key,
+        "the file changed"
+    );
+    insert_orders(&mut db, &[("e-6", "OrderPlaced", VALID_1)]).await?;
+    let messages = wait_for_messages(&js, 6, WAIT, Some(&relay)).await?;
+    assert_eq!(messages[5].id(), "e-6");
+    assert_eq!(messages[5].header(outbox_contract::HEADER_SCHEMA), key);
     Ok(())
 }
 

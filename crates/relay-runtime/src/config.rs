@@ -390,19 +390,32 @@ impl RelayConfig {
             }
             ConfigError::Invalid(text)
         }
-        let contracts = self.contract_cache.tables(&self.outbox)?;
         Router::new(&self.outbox)
             .map_err(|e| invalid("[[outbox]]", &e))?
             .with_messages(&self.messages)
             .map_err(|e| invalid("[[messages]]", &e))?
-            .with_contracts(|table, _| {
-                contracts.get(&table.table).cloned().ok_or_else(|| {
-                    ConfigError::Invalid(format!(
-                        "[[outbox]] table `{}`: [outbox.contracts] not compiled",
-                        table.table
-                    ))
-                })
-            })
+            .with_contracts(|table, _| self.compiled_contracts(table))
+    }
+
+    /// The router of one `[[outbox]]` mapping alone (a backfill's), with its contracts.
+    pub fn router_for(&self, mapping: &OutboxTableConfig) -> Result<Router, ConfigError> {
+        Router::new(std::slice::from_ref(mapping))
+            .map_err(|e| ConfigError::Invalid(format!("[[outbox]] {e}")))?
+            .with_contracts(|table, _| self.compiled_contracts(table))
+    }
+
+    /// The compiled `[outbox.contracts]` of `table`, from the process's cache.
+    fn compiled_contracts(
+        &self,
+        table: &OutboxTableConfig,
+    ) -> Result<Arc<relay_core::route::TableContracts>, ConfigError> {
+        let contracts = self.contract_cache.tables(&self.outbox)?;
+        contracts.get(&table.table).cloned().ok_or_else(|| {
+            ConfigError::Invalid(format!(
+                "[[outbox]] table `{}`: [outbox.contracts] is not in the configuration's [[outbox]] list",
+                table.table
+            ))
+        })
     }
 
     /// `(table, contract)` for every `[outbox.contracts]` contract, compiled once per process

@@ -13,7 +13,7 @@ use anyhow::anyhow;
 use relay_core::Lsn;
 use relay_core::id_digest::IdDigest;
 use relay_core::pipeline::{Pipeline, PipelineError, PipelineStats, RunOutcome};
-use relay_core::route::{OutboxTableConfig, Router};
+use relay_core::route::OutboxTableConfig;
 use relay_nats::{
     BackfillPublisher, JetStreamPublisher, NatsConnection, PublishMode, StreamReport,
 };
@@ -125,7 +125,7 @@ pub async fn run_pages(
     pipeline_config.max_in_flight = opts.max_in_flight;
     // Pages of rows the stream already held carry no message; store them as often as others.
     pipeline_config.idle_checkpoint_interval = pipeline_config.checkpoint_interval;
-    let router = Router::new(std::slice::from_ref(&run.mapping)).map_err(Failure::config)?;
+    let router = config.router_for(&run.mapping).map_err(Failure::config)?;
     let mut pipeline = Pipeline::new(
         source,
         BackfillPublisher::new(publisher),
