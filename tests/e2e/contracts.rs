@@ -212,6 +212,14 @@ async fn violating_rows_are_dead_lettered_while_valid_ones_arrive_byte_exact_and
         metrics.get(&format!("outbox_relay_contract_refused_total{label}")),
         Some(&2.0)
     );
+    // `status` shows each contract's counts and the last event it refused.
+    let status = relay_cmd(&config, &["status"]).await?;
+    let status = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.contains(&format!("contract {key}")) && status.contains("4 checked, 2 refused"),
+        "{status}"
+    );
+    assert!(status.contains("last refused: event e-4"), "{status}");
 
     // A file changed under the running relay changes nothing until it restarts: a row the new
     // file would refuse (no `lines`) is still checked against what was read at start.

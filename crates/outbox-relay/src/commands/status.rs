@@ -141,6 +141,28 @@ fn print_text(config: &RelayConfig, doc: &Value) {
                 text(&p["last_stream_seq"]),
                 text(&p["last_acked_commit_time"])
             );
+            print_contracts(&relay["contracts"]);
+        }
+    }
+}
+
+/// Each contract's counts and the last event it refused (`/status`'s `contracts`).
+fn print_contracts(contracts: &Value) {
+    for c in contracts.as_array().into_iter().flatten() {
+        println!(
+            "  contract {} ({}): {} checked, {} refused",
+            text(&c["contract"]),
+            text(&c["file"]),
+            text(&c["checked"]),
+            text(&c["refused"])
+        );
+        if let Some(last) = c["last_refused"].as_object() {
+            println!(
+                "    last refused: event {} in {}: {}",
+                last.get("event_id").map(text).unwrap_or_default(),
+                last.get("table").map(text).unwrap_or_default(),
+                last.get("reason").map(text).unwrap_or_default()
+            );
         }
     }
 }
