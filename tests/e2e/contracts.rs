@@ -448,6 +448,31 @@ async fn contracts_check_finds_the_rows_and_messages_a_changed_schema_would_refu
         "{cancelled}"
     );
 
+    // The AsyncAPI document names the contract's schema as the payload of its events (the
+    // document is checked against the specification's schema by relay-runtime's tests).
+    let document = env.dir.path().join("asyncapi.json");
+    let out = relay_cmd(
+        &new_set,
+        &["asyncapi", "--output", &document.display().to_string()],
+    )
+    .await?;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let document: serde_json::Value = serde_json::from_slice(&std::fs::read(&document)?)?;
+    assert_eq!(document["asyncapi"], "3.0.0");
+    let contract = Contract::load(&schema, None)?;
+    let payloads: Vec<&serde_json::Value> = document["components"]["messages"]
+        .as_object()
+        .context("messages")?
+        .values()
+        .filter_map(|m| m["payload"].get("schema"))
+        .collect();
+    assert!(payloads.contains(&contract.schema()), "{document:#}");
+
     // A set that accepts both: exit 0.
     let loose = env.dir.path().join("loose.json");
     std::fs::write(&loose, r#"{"type":"object"}"#)?;

@@ -141,6 +141,15 @@ enum Command {
         #[command(subcommand)]
         action: ContractsCommand,
     },
+    /// Write an AsyncAPI 3.0 document (JSON) of what the relay publishes: the server, a
+    /// channel per outbox table (its subject template's parameters), [[messages]] prefix and
+    /// dead-letter subject, each message's headers and its payload schema (the contract, where
+    /// [outbox.contracts] names one). Reads only the configuration and the contract files.
+    Asyncapi {
+        /// Write to this file instead of standard output.
+        #[arg(long)]
+        output: Option<std::path::PathBuf>,
+    },
     /// Print messages from the JetStream stream: subject, headers and payload.
     Tail {
         /// Stop after this many messages.
@@ -212,6 +221,7 @@ fn try_main(cli: Cli) -> Result<(), Failure> {
             eprintln!("configuration is valid");
             return Ok(());
         }
+        Command::Asyncapi { output } => return commands::contracts::asyncapi(&config, output),
         Command::Config {
             action: ConfigCommand::Print,
         } => {
@@ -263,7 +273,7 @@ fn try_main(cli: Cli) -> Result<(), Failure> {
                 args.log_json = log_json;
                 commands::restore::restore(&config, args).await
             }
-            Command::Config { .. } => Ok(()),
+            Command::Config { .. } | Command::Asyncapi { .. } => Ok(()),
         }
     })
 }

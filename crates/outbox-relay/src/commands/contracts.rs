@@ -1,3 +1,6 @@
+//! `outbox-relay asyncapi`: the AsyncAPI document of what the relay publishes, contracts as
+//! payload schemas (built by `relay_runtime::asyncapi`).
+//!
 //! `outbox-relay contracts check`: every event the configured contracts would refuse, among
 //! the rows still in the outbox tables and the last messages of the stream (gathered by
 //! `relay_runtime::contracts_check`), for a CI step before a schema change ships.
@@ -78,4 +81,19 @@ fn print_text(report: &CheckReport) {
     if report.refused.is_empty() {
         println!("nothing would be refused");
     }
+}
+
+/// Writes the AsyncAPI document to `output` (standard output when `None`).
+pub fn asyncapi(config: &RelayConfig, output: Option<std::path::PathBuf>) -> Result<(), Failure> {
+    let document = relay_runtime::asyncapi::document(config).map_err(Failure::config)?;
+    let text = serde_json::to_string_pretty(&document).map_err(Failure::internal)?;
+    match output {
+        None => println!("{text}"),
+        Some(path) => std::fs::write(&path, format!("{text}\n")).map_err(|e| {
+            Failure::config(
+                anyhow::Error::new(e).context(format!("cannot write {}", path.display())),
+            )
+        })?,
+    }
+    Ok(())
 }
