@@ -11,11 +11,22 @@ from .contract import format_lsn, parse_lsn
 from .event import Event, InvalidMessage
 from .ledger import LEDGER_MIGRATION, ensure_ledger, prune_ledger
 from .position import Limits, Position, locate
+from .schema import (
+    ContractRefused,
+    ContractUnavailable,
+    ContractValidator,
+    EventContract,
+    Violation,
+)
 
 __all__ = [
     "Consumer",
     "ConsumerError",
+    "ContractRefused",
+    "ContractUnavailable",
+    "ContractValidator",
     "Event",
+    "EventContract",
     "InvalidMessage",
     "LEDGER_MIGRATION",
     "Limits",
@@ -24,6 +35,7 @@ __all__ = [
     "Reapply",
     "StartAt",
     "Stats",
+    "Violation",
     "contract",
     "ensure_ledger",
     "format_lsn",

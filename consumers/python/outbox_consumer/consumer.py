@@ -5,6 +5,7 @@ handler on the same connection, unless the ledger already had the event; ``COMMI
 then acks. A handler error rolls back (the ledger row too) and NAKs with backoff; after
 ``max_deliver`` deliveries, or at once for ``Permanent``, the message is parked on the
 dead-letter subject. PostgreSQL trouble outside the handler is retried for ever, never parked.
+With ``validate_contracts`` the payload is first checked against its contract (``schema.py``).
 The same algorithm as the Rust ``crates/outbox-consumer`` (``worker.rs``, ``park.rs``).
 """
 
@@ -25,6 +26,7 @@ from . import contract as c
 from .event import Event
 from .ledger import INSERT_SQL, REAPPLY_SQL, ensure_ledger
 from .position import Limits, locate
+from .schema import ContractRefused, ContractValidator
 
 log = logging.getLogger("outbox_consumer")
 
@@ -97,7 +99,13 @@ class Stats:
     retried: int = 0
     parked: int = 0
     park_failures: int = 0
+    #: PostgreSQL / NATS failures outside the handler (the message was NAKed), reading a
+    #: contract from its KV bucket included.
     infra_errors: int = 0
+    #: Deliveries whose payload met the contract its ``Outbox-Schema`` header names.
+    contracts_passed: int = 0
+    #: Deliveries refused by their contract and parked instead of applied (in ``parked`` too).
+    contracts_refused: int = 0
 
 
 @dataclass
@@ -163,8 +171,16 @@ class Consumer:
     ensure_ledger: bool = True
     start_at: Optional[StartAt] = None
     reapply: Optional[Reapply] = None
+    #: Check each payload against the contract its ``Outbox-Schema`` header names (fetched from
+    #: ``contracts_bucket``); an event that breaks it, or names a contract that cannot be used,
+    #: is parked with the reason ``contract <key>: ...`` and never handled.
+    validate_contracts: bool = False
+    contracts_bucket: str = c.CONTRACTS_BUCKET
+    #: With ``validate_contracts``: park an event without the header too.
+    require_contract: bool = False
     stats: Stats = field(default_factory=Stats)
     test_hook: Optional[TestHook] = field(default=None, repr=False)
+    _contracts: Optional[ContractValidator] = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         def valid(name: str) -> bool:
@@ -189,6 +205,17 @@ class Consumer:
             self.dead_letter_subject
             or c.DEAD_LETTER["default_subject"].replace("{consumer}", self.service)
         )
+        if self.require_contract and not self.validate_contracts:
+            raise ConsumerError("require_contract needs validate_contracts")
+        if not valid(self.contracts_bucket):
+            raise ConsumerError(
+                f"contracts bucket {self.contracts_bucket!r} must be non-empty ASCII letters,"
+                " digits, '-' or '_'"
+            )
+        if self.validate_contracts:
+            self._contracts = ContractValidator(
+                self.js, self.contracts_bucket, require=self.require_contract
+            )
 
     @property
     def workers(self) -> int:
@@ -317,11 +344,9 @@ class Consumer:
                 delivered = msg.metadata.num_delivered
             await self._park(msg, None, delivered, c.reason_text("invalid_message", error=e))
             return
-        progress = asyncio.create_task(self._progress(msg))
-        try:
-            outcome = await self._attempt(slot, handler, event)
-        finally:
-            progress.cancel()
+        if self._contracts is not None and not await self._meets_contract(msg, event):
+            return
+        outcome = await self._with_progress(msg, self._attempt(slot, handler, event))
         if outcome.kind in ("applied", "duplicate"):
             if outcome.kind == "applied":
                 self.stats.applied += 1
@@ -345,6 +370,40 @@ class Consumer:
             with contextlib.suppress(Exception):
                 await msg.nak(delay=delay)
             await asyncio.sleep(min(delay, 5.0))  # do not spin on a database that is down
+
+    async def _meets_contract(self, msg, event: Event) -> bool:
+        """Whether the event may be handled; one that may not is parked, or put back with
+        backoff when its contract cannot be read now (never parked for that)."""
+        try:
+            key = await self._with_progress(
+                msg, self._contracts.validate(event.headers, event.payload)
+            )
+        except ContractRefused as e:
+            self.stats.contracts_refused += 1
+            await self._park(msg, event, event.delivered, str(e))
+            return False
+        except Exception as e:  # ContractUnavailable, NATS trouble: not the event's fault
+            self.stats.infra_errors += 1
+            delay = self.backoff(event.delivered)
+            log.warning(
+                "%s: cannot read the contract of %s from KV bucket %s; retry in %.1fs: %s",
+                self.service, event.id, self.contracts_bucket, delay, _error_text(e),
+            )
+            with contextlib.suppress(Exception):
+                await msg.nak(delay=delay)
+            await asyncio.sleep(min(delay, 5.0))  # do not spin on a server that is down
+            return False
+        if key is not None:
+            self.stats.contracts_passed += 1
+        return True
+
+    async def _with_progress(self, msg, work):
+        """Awaits ``work`` while keeping the server from redelivering the message."""
+        progress = asyncio.create_task(self._progress(msg))
+        try:
+            return await work
+        finally:
+            progress.cancel()
 
     async def _failed(self, msg, event: Event, err: BaseException) -> None:
         reason = _error_text(err)

@@ -22,6 +22,7 @@ import * as c from "./contract.js";
 import { eventFromMsg, parseRfc3339Micros, type Event } from "./event.js";
 import { ensureLedger, INSERT_SQL, REAPPLY_SQL } from "./ledger.js";
 import { locate } from "./position.js";
+import { ContractRefused, ContractValidator } from "./schema.js";
 
 export type Handler = (client: pg.Client, event: Event) => Promise<void>;
 
@@ -72,6 +73,14 @@ export interface ConsumerOptions {
   ensureLedger?: boolean;
   startAt?: StartAt;
   reapply?: Reapply;
+  /** Check each payload against the contract its Outbox-Schema header names (fetched from
+   * contractsBucket); an event that breaks it, or names a contract that cannot be used, is
+   * parked with the reason `contract <key>: ...` and never handled. Default false. */
+  validateContracts?: boolean;
+  /** Default "outbox-contracts". */
+  contractsBucket?: string;
+  /** With validateContracts: park an event without the header too. Default false. */
+  requireContract?: boolean;
   /** Test-only; see TestHook. */
   testHook?: TestHook;
 }
@@ -82,7 +91,13 @@ export interface Stats {
   retried: number;
   parked: number;
   parkFailures: number;
+  /** PostgreSQL / NATS failures outside the handler (the message was NAKed), reading a
+   * contract from its KV bucket included. */
   infraErrors: number;
+  /** Deliveries whose payload met the contract its Outbox-Schema header names. */
+  contractsPassed: number;
+  /** Deliveries refused by their contract and parked instead of applied (in `parked` too). */
+  contractsRefused: number;
 }
 
 // SQLSTATEs meaning the server or the connection went away, not a bad event: class 08 and
@@ -149,7 +164,7 @@ function startMicros(time: Date | string): bigint {
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 export class Consumer {
-  readonly stats: Stats = { applied: 0, duplicates: 0, retried: 0, parked: 0, parkFailures: 0, infraErrors: 0 };
+  readonly stats: Stats = { applied: 0, duplicates: 0, retried: 0, parked: 0, parkFailures: 0, infraErrors: 0, contractsPassed: 0, contractsRefused: 0 };
   readonly stream: string;
   readonly subjects: string[];
   readonly durable: string;
@@ -159,6 +174,7 @@ export class Consumer {
   private readonly backoffInitialMs: number;
   private readonly backoffMaxMs: number;
   private readonly ackWaitMs: number;
+  private readonly contracts: ContractValidator | null;
 
   /** `pgConfig`: a connection string or pg.ClientConfig; one connection per worker, reconnected
    * after a loss. `service` is the ledger key and the default durable name. */
@@ -170,7 +186,6 @@ export class Consumer {
     readonly service: string,
     private readonly options: ConsumerOptions = {},
   ) {
-    this.js = jetstream(nc);
     const valid = (s: string) => /^[A-Za-z0-9_-]+$/.test(s);
     if (!valid(service)) throw new ConsumerError(`service name ${JSON.stringify(service)} must be non-empty ASCII letters, digits, '-' or '_'`);
     this.durable = options.durable ?? service;
@@ -185,6 +200,11 @@ export class Consumer {
     this.ackWaitMs = options.ackWaitMs ?? 30_000;
     if (this.ackWaitMs < 300) throw new ConsumerError("ackWaitMs must be at least 300");
     this.deadLetterSubject = options.deadLetterSubject ?? c.defaultDeadLetterSubject(service);
+    if (options.requireContract && !options.validateContracts) throw new ConsumerError("requireContract needs validateContracts");
+    const bucket = options.contractsBucket ?? c.CONTRACTS_BUCKET;
+    if (!valid(bucket)) throw new ConsumerError(`contracts bucket ${JSON.stringify(bucket)} must be non-empty ASCII letters, digits, '-' or '_'`);
+    this.js = jetstream(nc);
+    this.contracts = options.validateContracts ? new ContractValidator(this.js, bucket, options.requireContract ?? false) : null;
   }
 
   /** `initial * 2^(delivered - 1)`, at most the maximum. */
@@ -300,14 +320,8 @@ export class Consumer {
       await this.park(msg, null, msg.info.deliveryCount, c.reasonText("invalid_message", { error: errorText(e) }));
       return;
     }
-    // Keeps the server from redelivering while a slow handler runs.
-    const progress = setInterval(() => msg.working(), this.ackWaitMs / 3);
-    let outcome: Outcome;
-    try {
-      outcome = await this.attempt(slot, handler, event);
-    } finally {
-      clearInterval(progress);
-    }
+    if (this.contracts !== null && !(await this.meetsContract(this.contracts, msg, event))) return;
+    const outcome = await this.withProgress(msg, this.attempt(slot, handler, event));
     if (outcome.kind === "applied" || outcome.kind === "duplicate") {
       if (outcome.kind === "applied") this.stats.applied++;
       else this.stats.duplicates++;
@@ -322,6 +336,40 @@ export class Consumer {
       msg.nak(delay);
       await sleep(Math.min(delay, 5000)); // do not spin on a database that is down
     }
+  }
+
+  /** Awaits `work` while keeping the server from redelivering the message. */
+  private async withProgress<R>(msg: JsMsg, work: Promise<R>): Promise<R> {
+    const progress = setInterval(() => msg.working(), this.ackWaitMs / 3);
+    try {
+      return await work;
+    } finally {
+      clearInterval(progress);
+    }
+  }
+
+  /** Whether the event may be handled; one that may not is parked, or put back with backoff
+   * when its contract cannot be read now (never parked for that). */
+  private async meetsContract(contracts: ContractValidator, msg: JsMsg, event: Event): Promise<boolean> {
+    let key: string | null;
+    try {
+      key = await this.withProgress(msg, contracts.validate(event.headers, event.payload));
+    } catch (e) {
+      if (e instanceof ContractRefused) {
+        this.stats.contractsRefused++;
+        await this.park(msg, event, event.delivered, e.message);
+        return false;
+      }
+      // ContractUnavailable, NATS trouble: not the event's fault.
+      this.stats.infraErrors++;
+      const delay = this.backoffMs(event.delivered);
+      console.warn(`outbox-consumer ${this.service}: cannot read the contract of ${event.id} from KV bucket ${contracts.bucket}; retry in ${delay} ms: ${errorText(e)}`);
+      msg.nak(delay);
+      await sleep(Math.min(delay, 5000)); // do not spin on a server that is down
+      return false;
+    }
+    if (key !== null) this.stats.contractsPassed++;
+    return true;
   }
 
   private async failed(msg: JsMsg, event: Event, error: unknown): Promise<void> {

@@ -9,4 +9,6 @@ export { eventFromParts, eventFromMsg, InvalidMessage, parseRfc3339Micros } from
 export type { Event } from "./event.js";
 export { ensureLedger, pruneLedger, LEDGER_MIGRATION } from "./ledger.js";
 export { locate, DEFAULT_LIMITS, PositionError } from "./position.js";
+export { ContractRefused, ContractUnavailable, ContractValidator, EventContract, KEY_PATTERN, versionOf, violationText } from "./schema.js";
+export type { Violation } from "./schema.js";
 export type { Limits, Position, Target } from "./position.js";

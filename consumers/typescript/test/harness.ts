@@ -166,12 +166,23 @@ export class Env {
 
   static async start(duplicateWindow = "2m"): Promise<Env> {
     const env = new Env();
-    await Promise.all([env.pg.start(), env.nats.start()]);
-    const admin = new pg.Client(env.pg.url("postgres"));
+    try {
+      await env.setUp(duplicateWindow);
+    } catch (e) {
+      // Servers left running would keep the test process from exiting.
+      env.close();
+      throw e;
+    }
+    return env;
+  }
+
+  private async setUp(duplicateWindow: string): Promise<void> {
+    await Promise.all([this.pg.start(), this.nats.start()]);
+    const admin = new pg.Client(this.pg.url("postgres"));
     await admin.connect();
     await admin.query("CREATE DATABASE app");
     await admin.end();
-    const db = new pg.Client(env.pg.url());
+    const db = new pg.Client(this.pg.url());
     await db.connect();
     for (const f of readdirSync(join(REPO, "migrations")).filter((f) => f.endsWith(".sql")).sort()) {
       await db.query(readFileSync(join(REPO, "migrations", f), "utf8"));
@@ -179,15 +190,15 @@ export class Env {
     // No unique key on purpose: an event applied twice shows as two rows.
     await db.query("CREATE TABLE effects (n bigserial PRIMARY KEY, service text NOT NULL, event_id text NOT NULL, delivered int NOT NULL, body text)");
     await db.end();
-    writeFileSync(env.config, `
+    writeFileSync(this.config, `
 [postgres]
-url = "${env.pg.url()}"
+url = "${this.pg.url()}"
 slot = "relay_slot"
 publication = "relay_pub"
 status_interval = "1s"
 
 [nats]
-url = "${env.nats.url()}"
+url = "${this.nats.url()}"
 stream = "${STREAM}"
 ack_timeout = "3s"
 create_stream = true
@@ -198,10 +209,9 @@ checkpoint_interval = "100ms"
 idle_checkpoint_interval = "1s"
 reconnect_max = "1s"
 `);
-    const log = join(env.dir, "relay.log");
-    env.relay = spawn(relayBin(), ["--config", env.config, "run"], { stdio: ["ignore", "ignore", openSync(log, "w")], env: { ...process.env, RUST_LOG: "info" } });
+    const log = join(this.dir, "relay.log");
+    this.relay = spawn(relayBin(), ["--config", this.config, "run"], { stdio: ["ignore", "ignore", openSync(log, "w")], env: { ...process.env, RUST_LOG: "info" } });
     await waitFor(() => readFileSync(log, "utf8").includes("replication started"), "relay replication started");
-    return env;
   }
 
   relayCommand(...args: string[]): string {
