@@ -4,8 +4,8 @@
 # (wal_level=logical) and nats-server (-js, file storage) on free ports and prints one table:
 # decode limit (pg_recvlogical), broker limit (raw JetStream), relay catch-up, polling relay,
 # latency, peak RSS and CPU, Debezium's embedded engine (optional), publish modes, the
-# emit-message outbox, sharded slots and the framework mapping shapes, with the targets and
-# PASS/FAIL.
+# emit-message outbox, sharded slots, the framework mapping shapes and event contracts, with the
+# targets and PASS/FAIL.
 #
 #   scripts/bench.sh                 # full run: 200,000-row backlogs, 1,000,000-row tx, backfill
 #                                    # of 1,000,000 rows, position on 10,000,000 messages, restore
@@ -31,6 +31,12 @@
 #                                    # txs of the plain Debezium row, dotted subject levels, a JSON
 #                                    # header column and the CAP envelope, each against the plain
 #                                    # row (--shape-rows, default --mode-rows; 0 skips them)
+#   scripts/bench.sh --only-contracts --no-debezium --rounds 3   # only the event-contract rows:
+#                                    # one backlog of 100-row txs (--contracts-rows, default
+#                                    # --mode-rows; 0 skips them) whose every payload satisfies a
+#                                    # 10-property JSON Schema, caught up with [outbox.contracts]
+#                                    # off then on, max(--rounds, 2) times: catch-up and relay CPU
+#                                    # per event on vs off (<= 1.15x), every run's figure listed
 #   BENCH_MICRO=1 scripts/bench.sh   # also the criterion decode/route micro-benchmarks
 #   scripts/bench.sh --no-debezium   # without Debezium (on by default, off with --quick;
 #                                    # `--quick --debezium` runs it)

@@ -10,14 +10,24 @@
 //! The framework mapping shapes route a CAP-shaped row (`Id`, `Name`, `Content`, the same
 //! ~300-byte body) three ways beside it: the topic as dotted subject levels, a 5-member JSON
 //! header column, and the whole CAP envelope (body and headers as members of `Content`).
+//!
+//! Event contracts: a row of the same table whose ~300-byte payload has the 10 properties of
+//! the bench contract (contracts/bench-order-created.json, the relay-bench contracts rows'),
+//! routed with `[outbox.contracts]` on and without it, its JSON parse, and the contract check
+//! alone.
 
 use std::hint::black_box;
+use std::sync::Arc;
 
 use bytes::Bytes;
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
+use outbox_schema::{Contract, Limits, SchemaError};
 use pgoutput::{LogicalMessage, Lsn, decode};
 use relay_core::message::TxContext;
-use relay_core::route::{OutboxTableConfig, Router};
+use relay_core::route::{
+    ContractFile, ContractsConfig, LoadedContract, OutboxTableConfig, Router, TableContracts,
+};
 
 const OID: u32 = 16_385;
 
@@ -51,6 +61,11 @@ fn insert_frame() -> Bytes {
         r#"{{"ts": 1795952324123456, "note": "{}", "items": [{{"qty": 1, "sku": "SKU-42", "price": 1999}}], "amount": 1999, "currency": "EUR", "customer": "customer-123", "order_id": 123456}}"#,
         "x".repeat(120)
     );
+    insert_frame_with(&payload)
+}
+
+/// `I` message of one bench row with `payload`.
+fn insert_frame_with(payload: &str) -> Bytes {
     insert_of(
         OID,
         &[
@@ -58,7 +73,7 @@ fn insert_frame() -> Bytes {
             Some("Order"),
             Some("123456"),
             Some("OrderCreated"),
-            Some(&payload),
+            Some(payload),
             None,
             Some("2026-11-29 11:38:44.123456+00"),
             None,
@@ -142,8 +157,13 @@ fn cap_shape(mapping: Shape, content: &str) -> (Router, pgoutput::Insert) {
 }
 
 fn router() -> Router {
-    let mut router = Router::new(&[OutboxTableConfig::with_defaults("public.outbox")])
+    let router = Router::new(&[OutboxTableConfig::with_defaults("public.outbox")])
         .expect("default mapping is valid");
+    with_bench_relation(router)
+}
+
+/// `router` after the bench table's relation frame.
+fn with_bench_relation(mut router: Router) -> Router {
     match decode(&relation_frame()) {
         Ok(LogicalMessage::Relation(r)) => {
             router.on_relation(r, None).expect("bench relation matches")
@@ -151,6 +171,120 @@ fn router() -> Router {
         other => panic!("relation frame did not decode: {other:?}"),
     }
     router
+}
+
+/// The contract every 10-property row is checked against (the relay-bench contracts rows').
+const CONTRACT_FILE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/contracts/bench-order-created.json"
+);
+
+/// A ~300-byte payload with the contract's 10 properties: the bench payload's 7 plus `status`,
+/// `channel` and `country`, with a shorter `note` so the size stays that of the bench payload.
+fn contract_payload() -> String {
+    format!(
+        r#"{{"ts": 1795952324123456, "note": "{}", "items": [{{"qty": 1, "sku": "SKU-42", "price": 1999}}], "amount": 1999, "status": "created", "channel": "web", "country": "DE", "currency": "EUR", "customer": "customer-123", "order_id": 123456}}"#,
+        "x".repeat(64)
+    )
+}
+
+/// The bench table's router with `[outbox.contracts]` naming the bench contract for event type
+/// `OrderCreated`, compiled as the relay compiles it, and that contract.
+fn contract_router() -> (Router, Arc<LoadedContract>) {
+    // Through serde, as the relay reads the TOML: the section's defaults (limits) apply.
+    let contracts: ContractsConfig =
+        serde_json::from_value(serde_json::json!({ "types": { "OrderCreated": CONTRACT_FILE } }))
+            .expect("contracts section is valid");
+    let mut config = OutboxTableConfig::with_defaults("public.outbox");
+    config.contracts = Some(contracts);
+    let load = |file: &ContractFile| -> Result<Arc<LoadedContract>, SchemaError> {
+        let contract = Contract::load(file.path(), file.name())?;
+        Ok(Arc::new(LoadedContract::new(
+            contract,
+            file.path().display().to_string(),
+        )))
+    };
+    let router = Router::new(&[config])
+        .expect("mapping is valid")
+        .with_contracts(|_, contracts| TableContracts::new(contracts, load).map(Arc::new))
+        .expect("the bench contract compiles");
+    let (_, contract) = router.contracts().into_iter().next().expect("one contract");
+    (with_bench_relation(router), contract)
+}
+
+/// The 10-property row routed without contracts and with its contract checked, decoded and
+/// routed both ways, the payload's JSON parse, and the contract check alone.
+fn contract_cases(group: &mut BenchmarkGroup<'_, WallTime>, tx: &TxContext) {
+    let payload = contract_payload();
+    let insert = insert_frame_with(&payload);
+    let decoded = match decode(&insert) {
+        Ok(LogicalMessage::Insert(i)) => i,
+        other => panic!("insert frame did not decode: {other:?}"),
+    };
+    let (checked, contract) = contract_router();
+    let unchecked = router();
+    // The "on" cases must check the contract and the "off" ones must not, or the pair compares
+    // nothing.
+    let schema_header = |router: &Router| {
+        let msg = router.route_insert(&decoded, tx, 0).expect("routes");
+        msg.expect("an outbox row")
+            .headers
+            .iter()
+            .find(|(name, _)| name.as_ref() == "Outbox-Schema")
+            .map(|(_, value)| value.to_string())
+    };
+    assert_eq!(
+        schema_header(&checked).as_deref(),
+        Some(contract.contract().key())
+    );
+    assert_eq!(contract.checked(), 1);
+    assert_eq!(schema_header(&unchecked), None);
+    for (name, router) in [
+        ("route_insert_10_properties", &unchecked),
+        ("route_insert_10_properties_contract_checked", &checked),
+    ] {
+        group.bench_function(name, |b| {
+            let mut i = 0_u64;
+            b.iter(|| {
+                i += 1;
+                router
+                    .route_insert(black_box(&decoded), tx, i)
+                    .expect("routes")
+            })
+        });
+    }
+    for (name, router) in [
+        ("decode_and_route_10_properties", &unchecked),
+        ("decode_and_route_10_properties_contract_checked", &checked),
+    ] {
+        group.bench_function(name, |b| {
+            let mut i = 0_u64;
+            b.iter(|| {
+                i += 1;
+                let Ok(LogicalMessage::Insert(ins)) = decode(black_box(&insert)) else {
+                    panic!("not an insert")
+                };
+                router.route_insert(&ins, tx, i).expect("routes")
+            })
+        });
+    }
+    // The check's first half: the payload parsed into a `serde_json::Value`, which the
+    // validator walks.
+    group.bench_function("json_parse_10_properties", |b| {
+        b.iter(|| {
+            serde_json::from_slice::<serde_json::Value>(black_box(payload.as_bytes()))
+                .expect("the payload is JSON")
+        })
+    });
+    let limits = Limits::default();
+    group.bench_function("contract_check_10_properties", |b| {
+        b.iter(|| {
+            contract
+                .contract()
+                .check(black_box(payload.as_bytes()), &limits)
+                .expect("the payload satisfies the contract")
+        })
+    });
 }
 
 fn benches(c: &mut Criterion) {
@@ -188,6 +322,8 @@ fn benches(c: &mut Criterion) {
             router.route_insert(&ins, &tx, i).expect("routes")
         })
     });
+
+    contract_cases(&mut group, &tx);
 
     // The framework mapping shapes, on a CAP-shaped row with the same body.
     let body = format!(

@@ -17,7 +17,8 @@
 //! `outbox-relay position` on a 10,000,000-message stream, `outbox-relay restore` of a purged
 //! 200,000-event window against the catch-up of the same backlog, and `[outbox.cleanup]` beside
 //! a 10,000 events/s load per mode; and the framework mapping shapes (dotted subject levels, a
-//! JSON header column, the CAP envelope) beside the plain Debezium row. Prints one table; see
+//! JSON header column, the CAP envelope) beside the plain Debezium row; and event contracts (a
+//! 10-property JSON Schema checked per event) on against off. Prints one table; see
 //! docs/benchmarks.md.
 
 mod measure;
@@ -172,6 +173,14 @@ pub struct Args {
     /// Run only the console rows.
     #[arg(long, conflicts_with_all = ["soak_cleanup", "only_shapes"])]
     pub only_console: bool,
+    /// Events of the contracts backlog (100-row txs whose every payload satisfies a 10-property
+    /// JSON Schema), caught up max(--rounds, 2) times with `[outbox.contracts]` off and on,
+    /// alternating: default --mode-rows; 0 skips the contracts rows.
+    #[arg(long)]
+    pub contracts_rows: Option<u64>,
+    /// Run only the contracts rows.
+    #[arg(long, conflicts_with_all = ["soak_cleanup", "only_shapes", "only_console"])]
+    pub only_contracts: bool,
     /// Only the cleanup rows, 10 minutes per mode unless --cleanup-secs says otherwise (the
     /// table-size soak; scripts/soak.sh runs it with CLEANUP_SOAK=1).
     #[arg(long)]
@@ -211,6 +220,9 @@ impl Args {
     }
     fn shape_rows(&self) -> u64 {
         self.shape_rows.unwrap_or_else(|| self.mode_rows())
+    }
+    fn contracts_rows(&self) -> u64 {
+        self.contracts_rows.unwrap_or_else(|| self.mode_rows())
     }
     fn console_secs(&self) -> u64 {
         self.console_secs.unwrap_or(if self.quick { 5 } else { 15 })

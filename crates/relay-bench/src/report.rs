@@ -2,6 +2,7 @@
 
 mod cleanup;
 mod console;
+mod contracts;
 mod machine;
 mod modes;
 mod replay;
@@ -272,6 +273,7 @@ pub fn render(args: &Args, res: &Results) -> String {
     modes::rows(&mut out, res);
     shapes::rows(&mut out, &res.shapes, res.relay_startup_cpu_secs);
     console::row(&mut out, &res.console);
+    contracts::rows(&mut out, res.contracts.as_ref());
     if let Some(b) = &res.backfill {
         replay::backfill_rows(&mut out, b);
     }
@@ -386,6 +388,7 @@ pub fn render(args: &Args, res: &Results) -> String {
     cleanup::note(&mut out, &res.cleanup);
     modes::note(&mut out, res);
     shapes::note(&mut out, &res.shapes);
+    contracts::note(&mut out, res.contracts.as_ref());
     if let Some(note) = res.debezium.note() {
         let _ = writeln!(out, "{note}");
     }

@@ -1,11 +1,12 @@
 //! The measurements: servers, backlog, decode limit, broker limit, relay, polling, latency,
-//! backfill, position, restore and cleanup.
+//! event contracts, backfill, position, restore and cleanup.
 //!
 //! This module holds the results and drives the run; the pieces live in the submodules.
 
 mod backfill;
 mod cleanup;
 mod console;
+mod contracts;
 mod debezium;
 mod latency;
 mod limits;
@@ -30,6 +31,9 @@ use crate::measure::{CpuBudget, micros_per_event};
 pub use self::backfill::BackfillRun;
 pub use self::cleanup::{CleanupMode, CleanupRun};
 pub use self::console::{CONSOLE_RATE, ConsoleRun};
+pub use self::contracts::{
+    CONTRACTS_PER_TX, CONTRACTS_RATIO_TARGET, ContractsRun, ContractsScenario,
+};
 pub use self::debezium::{DebeziumRun, DebeziumStatus};
 pub use self::messages::MessagesRun;
 pub use self::modes::{ModeAb, ModeOutcome, ModeScenario};
@@ -88,6 +92,8 @@ pub struct Results {
     pub shapes: Vec<ShapeRun>,
     /// The relay's CPU per event with the console off and open, alternating.
     pub console: Vec<ConsoleRun>,
+    /// Catch-up and CPU per event with event contracts off and on, alternating.
+    pub contracts: Option<ContractsScenario>,
 }
 
 /// One backlog shape.
@@ -214,16 +220,7 @@ pub async fn run_all(args: &Args, relay_bin: &Path) -> Result<Results> {
         DebeziumStatus::Off => {}
     }
     results.debezium = status;
-    if args.only_shapes {
-        results.shapes = shapes::shapes(&env, args).await?;
-        return Ok(results);
-    }
-    if args.only_console {
-        results.console = console::console(&env, args).await?;
-        return Ok(results);
-    }
-    if args.soak_cleanup {
-        (results.cleanup, results.cleanup_failed) = cleanup::cleanup(&env, args).await?;
+    if run_one_row(&env, args, &mut results).await? {
         return Ok(results);
     }
     let rows = args.rows();
@@ -257,6 +254,7 @@ pub async fn run_all(args: &Args, relay_bin: &Path) -> Result<Results> {
     results.slots = slots::slots(&env, args).await?;
     results.shapes = shapes::shapes(&env, args).await?;
     results.console = console::console(&env, args).await?;
+    results.contracts = contracts::contracts(&env, args).await?;
     if args.backfill_rows() > 0 {
         results.backfill = Some(backfill::backfill(&env, args).await?);
     }
@@ -270,6 +268,23 @@ pub async fn run_all(args: &Args, relay_bin: &Path) -> Result<Results> {
         (results.cleanup, results.cleanup_failed) = cleanup::cleanup(&env, args).await?;
     }
     Ok(results)
+}
+
+/// Runs the one row `--only-shapes`, `--only-console`, `--only-contracts` or `--soak-cleanup`
+/// asks for; false when none is asked for.
+async fn run_one_row(env: &Env, args: &Args, results: &mut Results) -> Result<bool> {
+    if args.only_shapes {
+        results.shapes = shapes::shapes(env, args).await?;
+    } else if args.only_console {
+        results.console = console::console(env, args).await?;
+    } else if args.only_contracts {
+        results.contracts = contracts::contracts(env, args).await?;
+    } else if args.soak_cleanup {
+        (results.cleanup, results.cleanup_failed) = cleanup::cleanup(env, args).await?;
+    } else {
+        return Ok(false);
+    }
+    Ok(true)
 }
 
 /// The median of `runs` by `key` (the upper one of an even count), or None for no runs.

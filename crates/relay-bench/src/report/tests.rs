@@ -197,3 +197,66 @@ fn an_ab_row_judges_the_median_of_each_rounds_ratios() {
         rows[1]
     );
 }
+
+#[test]
+fn the_contracts_rows_judge_the_median_of_each_rounds_ratio() {
+    let args = Args::parse_from(["relay-bench", "--only-contracts", "--rounds", "3"]);
+    let run =
+        |contracts_on: bool, events_per_s: f64, cpu_secs: f64| crate::workload::ContractsRun {
+            contracts_on,
+            relay: RelayRun {
+                variant: "",
+                max_in_flight: 1024,
+                secs: 1000.0 / events_per_s,
+                events_per_s,
+                peak_rss: 0,
+                cpu_secs,
+                first_stored_secs: 0.1,
+                last_stored_secs: 0.9,
+                budget: None,
+            },
+            checked: if contracts_on { 1000 } else { 0 },
+        };
+    // Rounds: off/on rates 1.00, 1.25, 1.10 (median 1.10: PASS); on/off CPU 1.10, 1.30, 1.20
+    // (median 1.20: FAIL).
+    let sc = crate::workload::ContractsScenario {
+        rows: 1000,
+        write_secs: 1.0,
+        wal_bytes: 1_000_000,
+        payload_bytes: 294,
+        contract_key: "bench-order-created.0123456789ab".into(),
+        runs: vec![
+            run(false, 100.0, 0.010),
+            run(true, 100.0, 0.011),
+            run(false, 125.0, 0.010),
+            run(true, 100.0, 0.013),
+            run(false, 110.0, 0.010),
+            run(true, 100.0, 0.012),
+        ],
+    };
+    let res = Results {
+        contracts: Some(sc),
+        ..Results::default()
+    };
+    let table = render(&args, &res);
+    let rows: Vec<&str> = table
+        .lines()
+        .filter(|l| l.contains("**Event contracts on"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{table}");
+    assert!(
+        rows[0].contains("off/on 1.10x (median of 3 rounds: 1.00x, 1.25x, 1.10x)")
+            && rows[0].contains("runs off: 100, 125, 110 /s, on: 100, 100, 100 /s")
+            && rows[0].ends_with("| PASS |"),
+        "{}",
+        rows[0]
+    );
+    assert!(
+        rows[1].contains("on/off 1.20x (median of 3 rounds: 1.10x, 1.30x, 1.20x)")
+            && rows[1].contains("12.00 µs on vs 10.00 µs off")
+            && rows[1].ends_with("| FAIL |"),
+        "{}",
+        rows[1]
+    );
+    assert!(table.contains("Event contracts: one backlog"), "{table}");
+}

@@ -225,11 +225,21 @@ pub(super) async fn stream_messages(env: &Env, name: &str) -> Result<u64> {
 /// How many copies of each `Nats-Msg-Id` the stream holds (every message's headers, read with
 /// an ordered consumer). A message without the header counts under `""`.
 pub(super) async fn stream_id_copies(env: &Env, name: &str) -> Result<HashMap<String, u32>> {
+    stream_header_values(env, name, outbox_contract::HEADER_MSG_ID).await
+}
+
+/// How many of the stream's messages carry each value of `header` (every message's headers,
+/// read with an ordered consumer). A message without the header counts under `""`.
+pub(super) async fn stream_header_values(
+    env: &Env,
+    name: &str,
+    header: &str,
+) -> Result<HashMap<String, u32>> {
     let mut stream = env.js.get_stream(name).await?;
     let state = stream.info().await?.state.clone();
-    let mut copies = HashMap::new();
+    let mut counts = HashMap::new();
     if state.messages == 0 {
-        return Ok(copies);
+        return Ok(counts);
     }
     let reader = stream
         .create_consumer(jetstream::consumer::pull::OrderedConfig {
@@ -247,18 +257,18 @@ pub(super) async fn stream_id_copies(env: &Env, name: &str) -> Result<HashMap<St
         .with_context(|| format!("reading stream {name}: nothing for 10 s"))?
     {
         let msg = msg.map_err(|e| anyhow!("reading stream {name}: {e}"))?;
-        let id = msg
+        let value = msg
             .headers
             .as_ref()
-            .and_then(|h| h.get(outbox_contract::HEADER_MSG_ID))
+            .and_then(|h| h.get(header))
             .map_or("", |v| v.as_str());
-        *copies.entry(id.to_owned()).or_default() += 1;
+        *counts.entry(value.to_owned()).or_default() += 1;
         let seq = msg.info().map_err(|e| anyhow!("{e}"))?.stream_sequence;
         if seq >= state.last_sequence {
             break;
         }
     }
-    Ok(copies)
+    Ok(counts)
 }
 
 pub(super) async fn create_stream(env: &Env, name: &str, subjects: &str) -> Result<()> {
