@@ -1,12 +1,15 @@
-//! Contract files: reading them, naming them as `file://` URIs, and the retriever that lets a
-//! `$ref` reach local files and nothing else.
+//! Contract files: reading them, naming them as `file://` URIs, the check that every file a
+//! contract refers to lies in the contract file's directory, and the retriever that lets a
+//! `$ref` reach those files and nothing else.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
 use serde_json::Value;
 
 use crate::SchemaError;
+use crate::refs::{Mark, split_fragment, walk};
 
 /// Characters escaped in a path segment of a `file://` URI.
 const PATH_SEGMENT: &AsciiSet = &CONTROLS
@@ -139,9 +142,94 @@ fn rewrite(value: &mut Value, common: &str) {
     }
 }
 
-/// Resolves `$ref`s to local files only.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct LocalFiles;
+/// A `$ref` that names a file outside the contract's directory.
+#[derive(Debug)]
+pub(crate) struct Outside {
+    /// The file the `$ref` is in.
+    pub(crate) file: PathBuf,
+    /// The `$ref` as written.
+    pub(crate) written: String,
+    /// The file it names, `..` and symbolic links resolved where it exists.
+    pub(crate) target: PathBuf,
+}
+
+/// The directory the files of the contract in `top` (a canonical path) must lie in.
+pub(crate) fn root_of(top: &Path) -> &Path {
+    top.parent().unwrap_or(Path::new("/"))
+}
+
+/// Checks that every local file a `$ref` names, in `schema` (read from `top`, a canonical
+/// path) or in a file such a `$ref` reaches, lies in `top`'s directory or below it once `..`
+/// and symbolic links are resolved. A `$ref` to a resource the documents read hold (by its
+/// `$id`) reads no file and is not checked; one that is no local file, or names a file that
+/// cannot be read, is left to the compiler to refuse.
+pub(crate) fn confine(top: &Path, schema: &Value) -> Result<(), Outside> {
+    let root = root_of(top);
+    let mut known: HashSet<String> = HashSet::new();
+    let mut read: HashSet<PathBuf> = HashSet::from([top.to_path_buf()]);
+    let mut queue: Vec<(PathBuf, Value)> = vec![(top.to_path_buf(), schema.clone())];
+    while let Some((file, document)) = queue.pop() {
+        let base = file_uri(&file);
+        known.insert(base.clone());
+        let mut refs: Vec<(String, String)> = Vec::new();
+        walk(&document, &base, &mut |_, mark| match mark {
+            Mark::Resource(uri) => {
+                known.insert(uri);
+            }
+            Mark::Ref {
+                written,
+                target: Some(target),
+            } => refs.push((written.to_owned(), target)),
+            _ => {}
+        });
+        for (written, target) in refs {
+            let uri = split_fragment(&target).0;
+            if known.contains(uri) {
+                continue;
+            }
+            let Ok(path) = path_of(uri).map(|p| lexical(&p)) else {
+                continue;
+            };
+            let real = std::fs::canonicalize(&path).ok();
+            if !real.as_deref().unwrap_or(&path).starts_with(root) {
+                return Err(Outside {
+                    file,
+                    written,
+                    target: real.unwrap_or(path),
+                });
+            }
+            if let Some(real) = real
+                && read.insert(real.clone())
+                && let Ok(value) = read_json(&real)
+            {
+                queue.push((path, value));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `path` with its `.` and `..` components resolved without reading the file system.
+fn lexical(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// Resolves `$ref`s to local files under `root` only.
+#[derive(Debug, Clone)]
+pub(crate) struct LocalFiles {
+    /// The contract file's directory (canonical).
+    pub(crate) root: PathBuf,
+}
 
 impl jsonschema::Retrieve for LocalFiles {
     fn retrieve(
@@ -149,6 +237,15 @@ impl jsonschema::Retrieve for LocalFiles {
         uri: &jsonschema::Uri<String>,
     ) -> Result<Value, Box<dyn std::error::Error + Send + Sync>> {
         let path = path_of(uri.as_str())?;
+        let real = std::fs::canonicalize(&path).unwrap_or_else(|_| lexical(&path));
+        if !real.starts_with(&self.root) {
+            return Err(format!(
+                "{} is outside {}, the contract file's directory (a contract may refer only to files in its own directory or below it)",
+                real.display(),
+                self.root.display()
+            )
+            .into());
+        }
         match read_json(&path) {
             Ok(value) => Ok(value),
             Err(FileError::Read(e)) => Err(format!("cannot read {}: {e}", path.display()).into()),

@@ -14,6 +14,12 @@
 //! the SHA-256 of the stored bytes: a changed schema, or a changed file it refers to, is a new
 //! version, and a consumer can check the bytes it fetched against the version it was told.
 //!
+//! A `$ref` may reach only files in the contract file's directory or below it (once `..` and
+//! symbolic links are resolved): what it reaches is embedded in a document every consumer
+//! reads, so a file elsewhere on the host is refused ([`SchemaError::Outside`]).
+//! [`document_refs`] rewrites a bundle's `$ref`s as JSON Pointers for a document that embeds
+//! it (the AsyncAPI document), whose tools resolve `$ref`s without the `$id`s.
+//!
 //! `format` is an annotation here (not checked), as in draft 2020-12 and in the Python and
 //! TypeScript consumers: a constraint that must hold is written as `pattern`.
 
@@ -24,8 +30,10 @@ use sha2::{Digest, Sha256};
 
 mod check;
 mod files;
+mod refs;
 
 pub use check::{Limits, Violation};
+pub use refs::document_refs;
 
 /// The drafts a contract may declare with `$schema`.
 const DRAFT_2020_12: &str = "https://json-schema.org/draft/2020-12/schema";
@@ -88,6 +96,22 @@ pub enum SchemaError {
         /// What could not be resolved.
         reason: String,
     },
+    /// A `$ref` that names a file outside the contract file's directory.
+    #[error(
+        "contract {path}: keyword `$ref` `{reference}` in {file} names {target}, outside {root}, the contract file's directory (after `..` and symbolic links are resolved). A contract may refer only to files in its own directory or below it: copy the file under {root} and refer to it by a path relative to the file that refers to it"
+    )]
+    Outside {
+        /// The contract file.
+        path: String,
+        /// The file the `$ref` is in (the contract file, or a file it refers to).
+        file: String,
+        /// The `$ref` as written.
+        reference: String,
+        /// The file it names.
+        target: String,
+        /// The contract file's directory.
+        root: String,
+    },
     /// The schema does not compile: a keyword with a value its draft does not allow.
     #[error("contract {path}: keyword `{keyword}` at {location}: {reason}")]
     Invalid {
@@ -136,6 +160,18 @@ impl Contract {
         let schema = files::read_json(&absolute).map_err(|e| e.at(&shown))?;
         let draft = draft_of(&schema, &shown)?;
         let base = files::file_uri(&absolute);
+        let root = files::root_of(&absolute).to_path_buf();
+        files::confine(&absolute, &schema).map_err(|outside| SchemaError::Outside {
+            path: shown.clone(),
+            file: if outside.file == absolute {
+                shown.clone()
+            } else {
+                outside.file.display().to_string()
+            },
+            reference: outside.written,
+            target: outside.target.display().to_string(),
+            root: root.display().to_string(),
+        })?;
         let mut rooted = schema;
         if let Value::Object(map) = &mut rooted
             && !map.contains_key("$id")
@@ -147,7 +183,7 @@ impl Contract {
             jsonschema::options()
                 .with_draft(draft)
                 .with_base_uri(base.clone())
-                .with_retriever(files::LocalFiles)
+                .with_retriever(files::LocalFiles { root: root.clone() })
                 .should_validate_formats(false)
         };
         options()

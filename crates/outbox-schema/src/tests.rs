@@ -267,3 +267,162 @@ fn the_stored_bundle_does_not_depend_on_where_the_files_are() {
     assert!(text.contains("\"file:///shared/money.json\""), "{text}");
     assert!(!text.contains(&one.path().display().to_string()), "{text}");
 }
+
+/// A contract directory `contracts/` (holding `order.json`, which refers to `reference`) beside
+/// `secret.json`; returns the contract file.
+fn referring_to(parent: &Path, reference: &str) -> std::path::PathBuf {
+    let dir = parent.join("contracts");
+    std::fs::create_dir_all(dir.join("shared")).expect("mkdir");
+    write(parent, "secret.json", r#"{"const": "s3cret"}"#);
+    write(&dir.join("shared"), "money.json", MONEY);
+    write(
+        &dir,
+        "order.json",
+        &ORDER.replace("money.json", &reference.replace('"', "\\\"")),
+    )
+}
+
+#[test]
+fn a_ref_outside_the_contracts_directory_is_refused_naming_file_ref_and_fix() {
+    let parent = tempfile::tempdir().expect("tempdir");
+    referring_to(parent.path(), "shared/money.json");
+    let secret = parent.path().join("secret.json");
+    let absolute = secret.display().to_string();
+    let file_uri = files::file_uri(&std::fs::canonicalize(&secret).expect("canonical"));
+    for reference in [
+        "../secret.json",
+        "shared/../../secret.json",
+        "./shared/../../contracts/../secret.json",
+        absolute.as_str(),
+        file_uri.as_str(),
+        "../secret.json#/const",
+        "../../../../../../../../etc/passwd",
+    ] {
+        let path = referring_to(parent.path(), reference);
+        let error = Contract::load(&path, None).expect_err(reference);
+        let SchemaError::Outside {
+            reference: named, ..
+        } = &error
+        else {
+            panic!("{reference}: not refused as outside: {error}");
+        };
+        assert_eq!(named, reference);
+        let text = error.to_string();
+        for needle in [
+            path.display().to_string(),
+            format!("`$ref` `{reference}`"),
+            "outside".to_owned(),
+            "copy the file under".to_owned(),
+        ] {
+            assert!(
+                text.contains(&needle),
+                "{reference}: no {needle:?} in {text}"
+            );
+        }
+        assert!(!text.contains("s3cret"), "{text}");
+    }
+    // Files below the contract's directory, by any path that stays in it, are fine.
+    for reference in ["shared/money.json", "./shared/../shared/money.json"] {
+        let path = referring_to(parent.path(), reference);
+        Contract::load(&path, None).unwrap_or_else(|e| panic!("{reference}: {e}"));
+    }
+}
+
+#[test]
+fn a_ref_outside_the_contracts_directory_is_refused_in_a_file_it_reaches_too() {
+    let parent = tempfile::tempdir().expect("tempdir");
+    let path = referring_to(parent.path(), "shared/money.json");
+    let nested = write(
+        &parent.path().join("contracts/shared"),
+        "money.json",
+        r#"{"type":"object","properties":{"cents":{"$ref":"../../secret.json"}}}"#,
+    );
+    let error = Contract::load(&path, None).expect_err("nested ref outside");
+    let text = error.to_string();
+    assert!(
+        matches!(error, SchemaError::Outside { .. })
+            && text.contains(&nested.display().to_string()),
+        "{text}"
+    );
+}
+
+#[cfg(unix)]
+#[test]
+fn a_symbolic_link_out_of_the_contracts_directory_is_refused() {
+    let parent = tempfile::tempdir().expect("tempdir");
+    let path = referring_to(parent.path(), "shared/link.json");
+    let contracts = parent.path().join("contracts");
+    std::os::unix::fs::symlink(
+        parent.path().join("secret.json"),
+        contracts.join("shared/link.json"),
+    )
+    .expect("symlink");
+    let error = Contract::load(&path, None).expect_err("link out refused");
+    assert!(matches!(error, SchemaError::Outside { .. }), "{error}");
+    assert!(error.to_string().contains("`shared/link.json`"), "{error}");
+    // A directory linked from elsewhere is outside too; a link that stays inside is fine.
+    std::fs::create_dir(parent.path().join("elsewhere")).expect("mkdir");
+    write(&parent.path().join("elsewhere"), "money.json", MONEY);
+    std::os::unix::fs::symlink(parent.path().join("elsewhere"), contracts.join("linked"))
+        .expect("symlink");
+    let path = referring_to(parent.path(), "linked/money.json");
+    let error = Contract::load(&path, None).expect_err("linked directory refused");
+    assert!(matches!(error, SchemaError::Outside { .. }), "{error}");
+    std::os::unix::fs::symlink(
+        contracts.join("shared/money.json"),
+        contracts.join("inside.json"),
+    )
+    .expect("symlink");
+    let path = referring_to(parent.path(), "inside.json");
+    Contract::load(&path, None).expect("a link that stays inside");
+}
+
+#[test]
+fn the_retriever_refuses_files_outside_its_root() {
+    let parent = tempfile::tempdir().expect("tempdir");
+    referring_to(parent.path(), "shared/money.json");
+    let root = std::fs::canonicalize(parent.path().join("contracts")).expect("canonical");
+    let retriever = files::LocalFiles { root: root.clone() };
+    let uri = |path: &Path| jsonschema::uri::from_str(&files::file_uri(path)).expect("a URI");
+    let outside = jsonschema::Retrieve::retrieve(&retriever, &uri(&root.join("../secret.json")))
+        .expect_err("outside");
+    assert!(outside.to_string().contains("outside"), "{outside}");
+    jsonschema::Retrieve::retrieve(&retriever, &uri(&root.join("shared/money.json")))
+        .expect("inside");
+}
+
+#[test]
+fn document_refs_point_into_the_document_that_embeds_the_bundle() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let contracts = dir.path().join("contracts");
+    std::fs::create_dir_all(contracts.join("shared")).expect("mkdir");
+    let path = write(
+        &contracts,
+        "order.json",
+        &ORDER.replace("money.json", "shared/money.json"),
+    );
+    write(&contracts.join("shared"), "money.json", MONEY);
+    let contract = Contract::load(&path, None).expect("compiles");
+    let at = "/components/messages/m/payload/schema";
+    let embedded = document_refs(contract.schema(), at);
+    let reference = embedded["properties"]["total"]["$ref"]
+        .as_str()
+        .expect("a $ref");
+    assert_eq!(
+        reference,
+        "#/components/messages/m/payload/schema/$defs/file:~1~1~1shared~1money.json"
+    );
+    let document =
+        serde_json::json!({"components": {"messages": {"m": {"payload": {"schema": embedded}}}}});
+    assert_eq!(
+        document.pointer(&reference[1..]),
+        contract
+            .schema()
+            .pointer("/$defs/file:~1~1~1shared~1money.json")
+    );
+    // The stored bundle is what it was.
+    assert_eq!(
+        contract.schema()["properties"]["total"]["$ref"],
+        "shared/money.json"
+    );
+}
