@@ -1,6 +1,9 @@
 // Checks an AsyncAPI 3.0.0 document (a JSON file) against the AsyncAPI specification's own
 // JSON Schema, as @asyncapi/specs ships it, plus two rules that schema cannot express: every
-// local `$ref` resolves, and a channel's parameters are exactly the `{name}`s of its address.
+// `$ref` (those in payload schemas too) is a pointer into the document that resolves, and a
+// channel's parameters are exactly the `{name}`s of its address. Then it parses the document
+// with @asyncapi/parser, as AsyncAPI's own tools read it (references resolved, payload schemas
+// checked by their schemaFormat): any diagnostic of severity error is a problem.
 //
 //   node check.mjs <document.json>
 //
@@ -8,7 +11,9 @@
 
 import { readFileSync } from "node:fs";
 import { createRequire } from "node:module";
+import { resolve as resolvePath } from "node:path";
 
+import { DiagnosticSeverity, Parser } from "@asyncapi/parser";
 import Ajv from "ajv";
 import addFormats from "ajv-formats";
 
@@ -46,6 +51,9 @@ if (!validate(document)) {
 /** The value a local JSON Pointer reference (`#/a/b`) names, or undefined. */
 function resolve(ref) {
   let node = document;
+  if (ref === "#") {
+    return node;
+  }
   for (const raw of ref.slice(2).split("/")) {
     const key = decodeURIComponent(raw).replaceAll("~1", "/").replaceAll("~0", "~");
     if (node === null || typeof node !== "object" || !Object.hasOwn(node, key)) {
@@ -61,13 +69,14 @@ function checkRefs(node, path) {
     node.forEach((item, i) => checkRefs(item, `${path}/${i}`));
   } else if (node !== null && typeof node === "object") {
     for (const [key, value] of Object.entries(node)) {
-      if (key === "$ref" && typeof value === "string" && value.startsWith("#/")) {
-        if (resolve(value) === undefined) {
+      if (key === "$ref" && typeof value === "string") {
+        // AsyncAPI tools resolve a `$ref` as a JSON Reference (a payload schema's `$id`s
+        // aside): anything but a pointer into this document would be looked for elsewhere.
+        if (!value.startsWith("#/") && value !== "#") {
+          problems.push(`reference: ${path}/$ref: ${value} is not a pointer into the document`);
+        } else if (resolve(value) === undefined) {
           problems.push(`reference: ${path}/$ref: ${value} names nothing in the document`);
         }
-      } else if (key === "schema" && node.schemaFormat !== undefined) {
-        // A payload schema's own `$ref`s are relative to that schema, not to this document.
-        continue;
       } else {
         checkRefs(value, `${path}/${key}`);
       }
@@ -87,6 +96,18 @@ for (const [id, channel] of Object.entries(document.channels ?? {})) {
       `parameters: channel ${id}: address ${channel.address} has {${inAddress.join("}, {")}} but parameters are ${JSON.stringify(declared)}`,
     );
   }
+}
+
+// With the file's path as `source`, the parser looks for a `$ref` that is no pointer into the
+// document beside the file (a temporary one in the tests, with no contract files there).
+const parsed = await new Parser().parse(readFileSync(file, "utf8"), { source: resolvePath(file) });
+for (const diagnostic of parsed.diagnostics) {
+  if (diagnostic.severity === DiagnosticSeverity.Error) {
+    problems.push(`parser: ${diagnostic.code}: /${diagnostic.path.join("/")}: ${diagnostic.message}`);
+  }
+}
+if (parsed.document === undefined && !problems.some((p) => p.startsWith("parser: "))) {
+  problems.push("parser: @asyncapi/parser returned no document");
 }
 
 if (problems.length > 0) {

@@ -2,8 +2,14 @@
 //! NATS server, one channel per `[[outbox]]` table (its subject template as the address, one
 //! parameter per placeholder), one per `[[messages]]` prefix and the dead-letter subject, each
 //! message's headers as a JSON Schema and, where `[outbox.contracts]` names one, its contract's
-//! compiled schema as the payload. A `send` operation per channel says the relay publishes
+//! bundled schema as the payload. A `send` operation per channel says the relay publishes
 //! there.
+//!
+//! A bundled contract's `$ref`s name the files embedded in it by their `$id`s
+//! (`shared/money.json`); AsyncAPI tools resolve `$ref`s without `$id`s, so in the document
+//! each is a JSON Pointer to where the payload embeds its target
+//! (`#/components/messages/<id>/payload/schema/$defs/file:~1~1~1shared~1money.json`). The
+//! stored contract, and its version, stay as they are.
 //!
 //! Messages live in `components/messages` and channels refer to them, so a tool sees each
 //! message once. Ids are made of the configuration's names, reduced to the characters AsyncAPI
@@ -117,7 +123,8 @@ impl Document {
         for (key, message) in channel.messages {
             let key = component_key(&key);
             let component = unique(&format!("{id}.{key}"), |c| self.messages.contains_key(c));
-            self.messages.insert(component.clone(), message);
+            self.messages
+                .insert(component.clone(), payload_refs(message, &component));
             messages.insert(
                 key.clone(),
                 json!({ "$ref": format!("#/components/messages/{component}") }),
@@ -145,6 +152,18 @@ impl Document {
             }),
         );
     }
+}
+
+/// `message` (the Message Object of component `component`) with each `$ref` of its payload's
+/// schema that the schema resolves through its own `$id`s (a contract's bundled files) made a
+/// pointer into this document: AsyncAPI tools resolve a `$ref` as a JSON Reference, relative to
+/// the document, and do not read `$id`s.
+fn payload_refs(mut message: Value, component: &str) -> Value {
+    if let Some(schema) = message.pointer_mut("/payload/schema") {
+        let at = format!("/components/messages/{component}/payload/schema");
+        *schema = outbox_schema::document_refs(schema, &at);
+    }
+    message
 }
 
 /// `name` with every character AsyncAPI does not allow in a component key (`[A-Za-z0-9._-]`)

@@ -1,6 +1,7 @@
 //! The AsyncAPI document of a relay's configuration: what it says about channels, parameters,
 //! headers and contract payloads, and that the AsyncAPI specification's own JSON Schema
-//! (`@asyncapi/specs`, checked by scripts/asyncapi-check with Node.js) accepts it.
+//! (`@asyncapi/specs`) and AsyncAPI's parser (`@asyncapi/parser`, which resolves every `$ref`)
+//! accept it, both run by scripts/asyncapi-check with Node.js.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -301,8 +302,23 @@ fn asyncapi_payload_of_a_contracted_event_is_the_contracts_schema() {
         placed["payload"]["schemaFormat"],
         "application/schema+json;version=draft-2020-12"
     );
-    assert_eq!(&placed["payload"]["schema"], contract.schema());
-    assert_eq!(placed["payload"]["schema"]["title"], "OrderPlaced");
+    // The bundle, its `$ref` to shared/money.json a pointer to where it embeds that file.
+    let at = "/components/messages/table.sales.orders.contract.order-placed/payload/schema";
+    let schema = &placed["payload"]["schema"];
+    assert_eq!(schema, &outbox_schema::document_refs(contract.schema(), at));
+    assert_eq!(schema["title"], "OrderPlaced");
+    assert_eq!(
+        contract.schema()["properties"]["total"]["$ref"],
+        "shared/money.json"
+    );
+    let money = resolve(&document, &schema["properties"]["total"]["$ref"]);
+    assert_eq!(
+        money,
+        &contract.schema()["$defs"]["file:///shared/money.json"]
+    );
+    let mut unchanged = schema.clone();
+    unchanged["properties"]["total"]["$ref"] = "shared/money.json".into();
+    assert_eq!(&unchanged, contract.schema());
     let (properties, required) = headers(placed);
     assert!(required.contains(&"Outbox-Schema"));
     assert_eq!(properties["Outbox-Schema"]["const"], contract.key());
@@ -397,7 +413,8 @@ fn locked_packages(lockfile: &Path) -> Option<BTreeMap<String, (Value, Value)>> 
     )
 }
 
-/// Installs scripts/asyncapi-check's packages with `npm ci` unless node_modules already holds
+/// Installs scripts/asyncapi-check's packages (@asyncapi/specs, @asyncapi/parser, ajv) with
+/// `npm ci` unless node_modules already holds
 /// exactly what package-lock.json locks (npm's own record of what it installed); once per test
 /// run, however many tests ask.
 fn install_checker() -> &'static Result<(), String> {
@@ -416,8 +433,16 @@ fn install_checker() -> &'static Result<(), String> {
         {
             return Ok(());
         }
+        // From npm's cache when it holds the packages; no package's install script is needed.
         let output = Command::new("npm")
-            .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
+            .args([
+                "ci",
+                "--prefer-offline",
+                "--ignore-scripts",
+                "--no-audit",
+                "--no-fund",
+                "--loglevel=error",
+            ])
             .current_dir(&dir)
             .output()
             .map_err(|e| format!("npm ci in {}: {e}", dir.display()))?;
@@ -489,6 +514,64 @@ fn asyncapi_check_refuses_a_broken_document() {
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(
         stderr.contains("#/components/messages/table.public.outbox.event names nothing"),
+        "{stderr}"
+    );
+}
+
+/// The example of docs/contracts.md: `order-placed.json` refers to `shared/money.json`. AsyncAPI
+/// tools resolve `$ref`s as JSON References, without the bundle's `$id`s: the document's `$ref`
+/// must point into it, or @asyncapi/parser looks for shared/money.json on disk.
+#[test]
+fn asyncapi_contract_refs_resolve_inside_the_document_for_asyncapis_parser() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let fixtures =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../outbox-schema/tests/fixtures/contracts");
+    let contracts = dir.path().join("contracts");
+    std::fs::create_dir_all(contracts.join("shared")).expect("contracts directory");
+    for file in ["order-placed.json", "shared/money.json"] {
+        std::fs::copy(fixtures.join(file), contracts.join(file)).expect("fixture copied");
+    }
+    let file = dir.path().join("relay.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[nats]\nurl = \"nats://127.0.0.1:4222\"\nstream = \"ORDERS\"\n\n[[outbox]]\ntable = \"public.orders_outbox\"\nsubject = \"outbox.orders.{{type}}\"\n\n[outbox.contracts]\ntypes = {{ OrderPlaced = '{}' }}\n",
+            contracts.join("order-placed.json").display()
+        ),
+    )
+    .expect("configuration written");
+    let config: RelayConfig = Figment::from(Toml::file(&file))
+        .extract()
+        .expect("configuration loads");
+    config.validate().expect("configuration is valid");
+    let document = asyncapi::document(&config).expect("document builds");
+    let total = "/components/messages/table.public.orders_outbox.contract.order-placed/payload/schema/properties/total/$ref";
+    assert_eq!(
+        document.pointer(total).and_then(Value::as_str),
+        Some(
+            "#/components/messages/table.public.orders_outbox.contract.order-placed/payload/schema/$defs/file:~1~1~1shared~1money.json"
+        )
+    );
+    let output = check(&document);
+    assert!(
+        output.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    // The bundle's own `$ref`, as the relay stores it: the parser cannot resolve it.
+    let mut stored = document;
+    *stored.pointer_mut(total).expect("the $ref") = "shared/money.json".into();
+    let output = check(&stored);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("parser: invalid-ref") && stderr.contains("shared/money.json"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("shared/money.json is not a pointer into the document"),
         "{stderr}"
     );
 }
