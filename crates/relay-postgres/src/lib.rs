@@ -12,6 +12,8 @@
 //!   `pgoutput` crate into [`relay_core::stage::SourceEvent`]s;
 //! - [`backfill`] and [`cleanup`]: the commands that read and trim the outbox tables, and the
 //!   cleanup task that trims them while the relay runs;
+//! - [`condition`]: whether a condition given as SQL text (a backfill's `--where`,
+//!   `[[outbox]] row_filter`) is one condition that cannot leave the query it is put in;
 //! - [`signal`]: signals from SQL (`outbox_relay.signal`): the rows, their claim and their
 //!   written-back progress, and the session that listens for new ones;
 //! - [`session`]: the kept session and ticks of the periodic tasks beside the relay;
@@ -27,6 +29,7 @@ pub mod bootstrap;
 pub mod catalog;
 pub mod checkpoint;
 pub mod cleanup;
+pub mod condition;
 mod connect;
 mod emit_functions;
 mod error;
