@@ -69,7 +69,8 @@ fn dead_letter_event(message: &Received) -> &str {
     reason.split_whitespace().nth(1).unwrap_or_default()
 }
 
-/// Inserts `rows` (id, type, payload) in one transaction; returns its commit LSN.
+/// Inserts `rows` (id, type, payload) in one transaction; returns the WAL insert position right
+/// after its commit (past the commit, not the commit LSN).
 async fn insert_orders(
     db: &mut tokio_postgres::Client,
     rows: &[(&str, &str, &str)],
@@ -264,22 +265,17 @@ async fn without_a_dead_letter_subject_a_violation_stops_with_nothing_confirmed_
         ],
     )
     .await?;
-    expect_exit(
+    let log = expect_exit(
         &mut relay,
         EX_DATAERR,
         WAIT,
         &["e-3", "order-placed.", "/total/cents", "`type`"],
     )
     .await?;
-    let checkpoint = env.checkpoint().await?.context("a checkpoint")?;
-    let slot = env.slot_confirmed().await?.context("a slot position")?;
+    let (checkpoint, _, commit) = assert_not_confirmed_past(&env, &log, "e-3").await?;
     assert!(
-        checkpoint >= stored && checkpoint < second,
-        "checkpoint {checkpoint:X}, second tx at {second:X}"
-    );
-    assert!(
-        slot < second,
-        "slot confirmed {slot:X}, second tx at {second:X}"
+        checkpoint >= stored,
+        "checkpoint {checkpoint:X} before the first transaction's {stored:X}, second's commit {commit:X}"
     );
     assert!(
         !read_stream(&js).await?.iter().any(|m| m.id() == "e-3"),
@@ -309,8 +305,9 @@ async fn without_a_dead_letter_subject_a_violation_stops_with_nothing_confirmed_
     Ok(())
 }
 
-/// A schema that does not compile, or that refers to anything but a local file, is a
-/// configuration error (78) naming the file and the keyword, before anything connects.
+/// A schema that does not compile, or that refers to anything but a local file in its own
+/// directory, is a configuration error (78) naming the file and the keyword, before anything
+/// connects.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_bad_contract_file_is_a_configuration_error_naming_file_and_keyword() -> Result<()> {
     let env = Env::start().await?;
@@ -352,6 +349,38 @@ async fn a_bad_contract_file_is_a_configuration_error_naming_file_and_keyword() 
         &["missing.json", "cannot read"],
     )
     .await?;
+
+    // A `$ref` to a file outside the contract file's directory, by `..`, by an absolute path
+    // or through a symbolic link: refused naming the file, the `$ref` and the fix, never
+    // embedded in the bucket every consumer reads.
+    let contracts = env.dir.path().join("contracts");
+    std::fs::create_dir_all(&contracts)?;
+    let secret = env.dir.path().join("secret.json");
+    std::fs::write(&secret, r#"{"const": "s3cret"}"#)?;
+    std::os::unix::fs::symlink(&secret, contracts.join("link.json"))?;
+    for (name, reference) in [
+        ("up.json", "../secret.json".to_owned()),
+        ("absolute.json", secret.display().to_string()),
+        ("through-link.json", "link.json".to_owned()),
+    ] {
+        let path = contracts.join(name);
+        let schema = serde_json::json!({"properties": {"a": {"$ref": reference}}});
+        std::fs::write(&path, schema.to_string())?;
+        let mut relay = Relay::start(&env.config(&mapping(&path)))?;
+        let log = expect_exit(
+            &mut relay,
+            EX_CONFIG,
+            WAIT,
+            &[
+                name,
+                &format!("`$ref` `{reference}`"),
+                "outside",
+                "copy the file under",
+            ],
+        )
+        .await?;
+        anyhow::ensure!(!log.contains("s3cret"), "the secret in the log:\n{log}");
+    }
     Ok(())
 }
 
@@ -449,7 +478,8 @@ async fn contracts_check_finds_the_rows_and_messages_a_changed_schema_would_refu
     );
 
     // The AsyncAPI document names the contract's schema as the payload of its events (the
-    // document is checked against the specification's schema by relay-runtime's tests).
+    // document is checked against the specification's schema, and parsed by AsyncAPI's parser,
+    // by relay-runtime's tests).
     let document = env.dir.path().join("asyncapi.json");
     let out = relay_cmd(
         &new_set,
@@ -464,14 +494,18 @@ async fn contracts_check_finds_the_rows_and_messages_a_changed_schema_would_refu
     );
     let document: serde_json::Value = serde_json::from_slice(&std::fs::read(&document)?)?;
     assert_eq!(document["asyncapi"], "3.0.0");
+    // Its `$ref`s point where the document embeds the files they name (shared/money.json).
     let contract = Contract::load(&schema, None)?;
-    let payloads: Vec<&serde_json::Value> = document["components"]["messages"]
+    let embedded = document["components"]["messages"]
         .as_object()
         .context("messages")?
-        .values()
-        .filter_map(|m| m["payload"].get("schema"))
-        .collect();
-    assert!(payloads.contains(&contract.schema()), "{document:#}");
+        .iter()
+        .any(|(id, message)| {
+            let at = format!("/components/messages/{id}/payload/schema");
+            message["payload"].get("schema")
+                == Some(&outbox_schema::document_refs(contract.schema(), &at))
+        });
+    assert!(embedded, "{document:#}");
 
     // A set that accepts both: exit 0.
     let loose = env.dir.path().join("loose.json");

@@ -64,22 +64,6 @@ async fn insert(
     Ok(())
 }
 
-/// The commit LSN the relay's error names for event `id` (`… (event id <id>) of transaction
-/// <xid> (commit LSN X/Y)`), as a number.
-fn failed_commit_lsn(log: &str, id: &str) -> Result<u64> {
-    let line = log
-        .lines()
-        .find(|l| l.contains(&format!("(event id {id})")) && l.contains("commit LSN"))
-        .with_context(|| format!("no error line for {id}:\n{log}"))?;
-    let lsn = line
-        .split("commit LSN ")
-        .nth(1)
-        .and_then(|rest| rest.split(')').next())
-        .context("commit LSN")?;
-    let (hi, lo) = lsn.split_once('/').context("LSN form")?;
-    Ok((u64::from_str_radix(hi, 16)? << 32) | u64::from_str_radix(lo, 16)?)
-}
-
 /// Stops at the bad row within `WAIT`, exit 65 naming `needles`; the checkpoint and the slot
 /// stay at or before the bad transaction's commit; the later row is not in the stream.
 async fn assert_stopped_before(
@@ -96,13 +80,8 @@ async fn assert_stopped_before(
         "{bad_id}: stopped after {:?}: {reason:?}",
         started.elapsed()
     );
-    let commit = failed_commit_lsn(&log, bad_id)?;
-    let checkpoint = env.checkpoint().await?.context("checkpoint")?;
-    let slot = env.slot_confirmed().await?.context("slot")?;
-    assert!(
-        checkpoint <= commit && slot <= commit,
-        "checkpoint {checkpoint:X} / slot {slot:X} past the bad transaction (commit {commit:X})"
-    );
+    let event = format!("(event id {bad_id})");
+    let (checkpoint, slot, _) = assert_not_confirmed_past(env, &log, &event).await?;
     assert!(checkpoint > 0 && slot > 0);
     let js = env.jetstream().await?;
     let got = read_stream(&js).await?;

@@ -552,6 +552,42 @@ pub fn parse_lsn(text: &str) -> Option<u64> {
     Some((u64::from_str_radix(hi, 16).ok()? << 32) | u64::from_str_radix(lo, 16).ok()?)
 }
 
+/// The commit LSN of the transaction a stopped relay names in the first log line that has
+/// `needle` (an event id, `cannot route`) and `commit LSN X/Y`.
+pub fn stopped_commit_lsn(log: &str, needle: &str) -> Result<u64> {
+    let line = log
+        .lines()
+        .find(|l| l.contains(needle) && l.contains("commit LSN "))
+        .with_context(|| format!("no line with {needle:?} and a commit LSN:\n{log}"))?;
+    let lsn = line
+        .split("commit LSN ")
+        .nth(1)
+        .and_then(|rest| rest.split([')', ',', ' ', ';']).next())
+        .context("commit LSN")?;
+    parse_lsn(lsn).with_context(|| format!("LSN form: {lsn:?}"))
+}
+
+/// Asserts that neither the stored checkpoint nor the slot is past the commit of the transaction
+/// the relay stopped at ([`stopped_commit_lsn`]); returns (checkpoint, slot, commit), 0 for a
+/// position not there. Only that commit bounds them: an LSN taken inside the transaction does
+/// not, as PostgreSQL may log records (a RUNNING_XACTS) before the commit that the relay may
+/// confirm.
+pub async fn assert_not_confirmed_past(
+    env: &Env,
+    log: &str,
+    needle: &str,
+) -> Result<(u64, u64, u64)> {
+    let commit = stopped_commit_lsn(log, needle)?;
+    let checkpoint = env.checkpoint().await?.unwrap_or(0);
+    let slot = env.slot_confirmed().await?.unwrap_or(0);
+    assert!(
+        checkpoint <= commit && slot <= commit,
+        "confirmed past the stopped transaction: checkpoint {checkpoint:X} / slot {slot:X}, \
+         commit {commit:X}"
+    );
+    Ok((checkpoint, slot, commit))
+}
+
 /// Config lines serving the relay's `/metrics` on a free port (append them at the end of a
 /// config), and that address for [`scrape`].
 pub fn http_listen() -> (String, String) {
