@@ -35,9 +35,10 @@ pub enum ConditionError {
     /// A `--` or `/* */` comment.
     #[error("holds a comment (`--` or `/* */`), which would hide what the query puts after it")]
     Comment,
-    /// `$1`: a condition has no parameters (and `$1$…$1$` is no dollar quote to PostgreSQL).
+    /// `$1`: a condition has no parameters (and `$1$…$1$` is no dollar quote to PostgreSQL); or
+    /// a `$` the tokenizer does not take as a dollar quote where PostgreSQL may (`$€$`).
     #[error(
-        "holds `{0}`, which PostgreSQL reads as a parameter (a dollar quote's tag starts with a letter or `_`)"
+        "holds `{0}`, a parameter or a dollar quote this check cannot read (a condition has no parameters; a dollar quote's tag is ASCII letters, digits and `_`, not starting with a digit)"
     )]
     Parameter(String),
     /// Text PostgreSQL's lexer reads otherwise than this check's tokenizer could.
