@@ -50,6 +50,15 @@ pub fn event_id_filter(column: &str, ids: &[String]) -> String {
     )
 }
 
+/// Checks that a backfill filter (`--where`) is one condition that cannot leave the query it is
+/// put in ([`crate::condition`]), before anything is asked of the server.
+pub fn check_one_condition(filter: &str) -> Result<(), BackfillError> {
+    crate::condition::check_condition(filter).map_err(|problem| BackfillError::NotOneCondition {
+        filter: filter.to_owned(),
+        problem,
+    })
+}
+
 /// The migration that creates the cursor table (also shipped in `migrations/`).
 pub const BACKFILL_MIGRATION: &str = include_str!("../../../migrations/0003_relay_backfill.sql");
 
@@ -57,11 +66,13 @@ pub const BACKFILL_MIGRATION: &str = include_str!("../../../migrations/0003_rela
 pub const BACKFILL_ON_CREATE_MIGRATION: &str =
     include_str!("../../../migrations/0007_backfill_on_create.sql");
 
-/// Session settings of the read session: the replication session's text forms, and nothing
-/// written (a `--where` filter cannot change data).
+/// Session settings of the read session: the replication session's text forms, nothing
+/// written (a `--where` filter cannot change data), and string literals read as
+/// [`crate::condition`] reads a filter's (a backslash in `'…'` is a character).
 const READ_SESSION: &str = "SET application_name = 'outbox-relay backfill'; \
      SET bytea_output = hex; SET DateStyle = ISO; SET TimeZone = UTC; \
-     SET IntervalStyle = postgres; SET extra_float_digits = 3; SET default_transaction_read_only = on";
+     SET IntervalStyle = postgres; SET extra_float_digits = 3; SET default_transaction_read_only = on; \
+     SET standard_conforming_strings = on";
 
 /// `sql` (one page's SELECT) run so that it walks the page key's index: sequential scans, bitmap
 /// scans and sorts off for that statement only (set before, reset after, in the same round
@@ -104,6 +115,17 @@ pub enum BackfillError {
         table: String,
         /// The mapping's event id column.
         event_id: String,
+    },
+    /// The `--where` filter is not one condition: it would leave the parentheses it is put in
+    /// (and with them the page's key range) or the statement.
+    #[error(
+        "--where `{filter}` {problem}: give one condition on the table's columns, e.g. `aggregateid = '1' OR aggregateid = '2'`"
+    )]
+    NotOneCondition {
+        /// The filter.
+        filter: String,
+        /// Why.
+        problem: crate::condition::ConditionError,
     },
     /// The `--where` filter is not a valid condition on the table.
     #[error("--where `{filter}` is not a valid condition on `{table}`")]
@@ -339,8 +361,8 @@ impl TableShape {
         format!(
             "SELECT {key}, {} FROM {}{} ORDER BY {key} LIMIT {limit}",
             columns.join(", "),
-            self.from,
-            self.conditions(filter, after, Some(upto))
+            self.rows(filter),
+            self.key_range(after, Some(upto))
         )
     }
 

@@ -26,7 +26,9 @@ pub struct BackfillArgs {
     #[arg(long)]
     pub table: String,
     /// Only rows matching this SQL condition on the table, e.g.
-    /// "created_at > now() - interval '7 days'". Each filter has its own cursor.
+    /// "created_at > now() - interval '7 days'". One condition: it closes every parenthesis it
+    /// opens and none it did not open, with no `;` and no comment. Each filter has its own
+    /// cursor.
     #[arg(long = "where", value_name = "CONDITION")]
     pub filter: Option<String>,
     /// Rows per page (one SELECT each, on a connection of the backfill's own).

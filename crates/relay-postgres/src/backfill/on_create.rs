@@ -196,11 +196,18 @@ pub async fn streamed_ids(
     let Some(column) = shape.event_id.map(|i| &shape.relation.columns[i].name) else {
         return Ok(Some(Vec::new()));
     };
+    // The table itself, not [`TableShape::rows`]: the fence reads the row's `xmin`. The row
+    // filter is the server's own rendering of the publication's.
+    let row_filter = shape
+        .row_filter
+        .as_deref()
+        .map(|f| format!(" AND (\n{f}\n)"))
+        .unwrap_or_default();
     let sql = format!(
-        "SELECT {}::text FROM {}{} AND {} LIMIT {}",
+        "SELECT {}::text FROM {}{}{row_filter} AND {} LIMIT {}",
         super::quote_ident(column),
         shape.from,
-        shape.conditions(None, after, Some(end)),
+        shape.key_range(after, Some(end)),
         crate::cleanup::after_fence(&quote_literal(snapshot)),
         limit + 1
     );

@@ -29,13 +29,32 @@ impl TableShape {
         Ok(rows.into_iter().map(|(_, insert)| insert).collect())
     }
 
-    /// `key > after AND key <= upto AND row filter AND filter`, the parts that apply.
-    pub(super) fn conditions(
-        &self,
-        filter: Option<&str>,
-        after: Option<&str>,
-        upto: Option<&str>,
-    ) -> String {
+    /// The rows a query reads: the table, or the rows of it that the publication's row filter
+    /// and `filter` keep, as a subquery of their own. The key range and the order stay outside
+    /// it ([`Self::key_range`]), so that even a filter closing a parenthesis it did not open
+    /// ([`check_filter`](Self::check_filter) refuses one first) could not take a page outside
+    /// its range. Each filter on lines of its own: a `--` comment would end with its line.
+    /// PostgreSQL pulls such a subquery up into the query: the plan is the same.
+    pub(super) fn rows(&self, filter: Option<&str>) -> String {
+        let kept: Vec<String> = self
+            .row_filter
+            .as_deref()
+            .into_iter()
+            .chain(filter)
+            .map(|f| format!("(\n{f}\n)"))
+            .collect();
+        if kept.is_empty() {
+            return self.from.clone();
+        }
+        format!(
+            "(SELECT * FROM {} WHERE {}) AS backfill_rows",
+            self.from,
+            kept.join(" AND ")
+        )
+    }
+
+    /// ` WHERE key > after AND key <= upto`, the parts that apply.
+    pub(super) fn key_range(&self, after: Option<&str>, upto: Option<&str>) -> String {
         let key = quote_ident(&self.key.name);
         let mut parts = Vec::new();
         if let Some(after) = after {
@@ -52,26 +71,18 @@ impl TableShape {
                 self.key.type_sql
             ));
         }
-        if let Some(row_filter) = &self.row_filter {
-            parts.push(format!("({row_filter})"));
-        }
-        if let Some(filter) = filter {
-            parts.push(format!("({filter})"));
-        }
         if parts.is_empty() {
             return String::new();
         }
         format!(" WHERE {}", parts.join(" AND "))
     }
 
-    /// Checks that `filter` is one valid condition on the table (one statement: the extended
-    /// protocol refuses several).
+    /// Checks that `filter` is one condition that cannot leave the query it is put in
+    /// ([`crate::condition`]), then that it is a valid condition on the table (prepared: the
+    /// extended protocol takes one statement only).
     pub async fn check_filter(&self, client: &Client, filter: &str) -> Result<(), BackfillError> {
-        let sql = format!(
-            "SELECT 1 FROM {}{}",
-            self.from,
-            self.conditions(Some(filter), None, None)
-        );
+        super::check_one_condition(filter)?;
+        let sql = format!("SELECT 1 FROM {}", self.rows(Some(filter)));
         client
             .prepare(&sql)
             .await
@@ -91,9 +102,8 @@ impl TableShape {
     ) -> Result<Option<String>, BackfillError> {
         let key = quote_ident(&self.key.name);
         let sql = format!(
-            "SELECT {key} FROM {}{} ORDER BY {key} DESC NULLS LAST LIMIT 1",
-            self.from,
-            self.conditions(filter, None, None)
+            "SELECT {key} FROM {} ORDER BY {key} DESC NULLS LAST LIMIT 1",
+            self.rows(filter)
         );
         let rows = simple_rows(client, &sql).await.map_err(query_err(format!(
             "cannot read the last key of {}",
@@ -113,17 +123,11 @@ impl TableShape {
         if !self.key.nullable {
             return Ok(0);
         }
-        let mut sql = format!(
-            "SELECT count(*) FROM {}{}",
-            self.from,
-            self.conditions(filter, None, None)
+        let sql = format!(
+            "SELECT count(*) FROM {} WHERE {} IS NULL",
+            self.rows(filter),
+            quote_ident(&self.key.name)
         );
-        sql.push_str(if sql.contains(" WHERE ") {
-            " AND "
-        } else {
-            " WHERE "
-        });
-        sql.push_str(&format!("{} IS NULL", quote_ident(&self.key.name)));
         let rows = simple_rows(client, &sql).await.map_err(query_err(format!(
             "cannot count NULL keys of {}",
             self.table
@@ -147,8 +151,8 @@ impl TableShape {
     ) -> Result<Option<(u64, bool)>, BackfillError> {
         let from = format!(
             "FROM {}{}",
-            self.from,
-            self.conditions(filter, after, Some(upto))
+            self.rows(filter),
+            self.key_range(after, Some(upto))
         );
         let err = || format!("cannot count the rows of {}", self.table);
         let counted = simple_rows(
