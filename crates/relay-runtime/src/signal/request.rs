@@ -190,6 +190,15 @@ pub fn parse(
                         .into(),
                 );
             }
+            // The relay checks it again before the backfill (a signal inserted before this
+            // check existed); here it is refused before anything connects, and the console
+            // refuses it instead of inserting it.
+            if let Some(filter) = args.filter.as_deref().map(str::trim)
+                && !filter.is_empty()
+            {
+                relay_postgres::backfill::check_one_condition(filter)
+                    .map_err(|e| format!("bad args for a backfill signal: {e}"))?;
+            }
             Ok(SignalRequest::Backfill(BackfillRequest {
                 table: args.table,
                 filter: args.filter,
@@ -277,6 +286,30 @@ mod tests {
         let error = parse("backfill", r#"{"tabel": "outbox"}"#).unwrap_err();
         assert!(error.contains("unknown field `tabel`"), "{error}");
         assert!(error.contains("`table`"), "{error}");
+    }
+
+    #[test]
+    fn a_filter_that_leaves_its_parentheses_or_the_statement_is_refused() {
+        let error = parse(
+            "backfill",
+            r#"{"table": "outbox", "where": "aggregateid = '1') OR (true"}"#,
+        )
+        .unwrap_err();
+        assert!(
+            error.contains("`aggregateid = '1') OR (true` closes a parenthesis it did not open")
+                && error.contains("give one condition"),
+            "{error}"
+        );
+        let error = parse(
+            "backfill",
+            r#"{"table": "outbox", "where": "true; DELETE FROM outbox"}"#,
+        )
+        .unwrap_err();
+        assert!(error.contains("holds a `;`"), "{error}");
+        let error = parse("backfill", r#"{"table": "outbox", "where": "true -- x"}"#).unwrap_err();
+        assert!(error.contains("comment"), "{error}");
+        let request = backfill(r#"{"table": "outbox", "where": "aggregateid = ')'"}"#);
+        assert_eq!(request.filter.as_deref(), Some("aggregateid = ')'"));
     }
 
     #[test]
