@@ -284,6 +284,9 @@ impl RelayConfig {
             ));
         }
         self.router()?;
+        self.outbox
+            .check_row_filters()
+            .map_err(ConfigError::Invalid)?;
         for (table, cleanup) in self.outbox.cleanup() {
             if let Some(problem) = cleanup.problem() {
                 return Err(ConfigError::Invalid(format!(

@@ -83,6 +83,25 @@ impl OutboxTables {
             .then_some(preset.name.as_str())
     }
 
+    /// Every `row_filter` is one condition ([`relay_postgres::condition`]): it is put in
+    /// parentheses in the publication's definition and in cleanup's statements, and must not
+    /// leave them.
+    pub fn check_row_filters(&self) -> Result<(), String> {
+        for table in &self.tables {
+            if let Some(filter) = &table.row_filter
+                && !filter.trim().is_empty()
+            {
+                relay_postgres::condition::check_condition(filter).map_err(|problem| {
+                    format!(
+                        "[[outbox]] table `{}`: row_filter `{filter}` {problem}: give one condition on the table's columns, e.g. `aggregateid = '1' OR aggregateid = '2'`",
+                        table.table
+                    )
+                })?;
+            }
+        }
+        Ok(())
+    }
+
     /// The `[outbox.cleanup]` of `table` (`schema.table`), if any.
     pub fn cleanup_of(&self, schema: &str, table: &str) -> Option<&CleanupSettings> {
         self.cleanup()

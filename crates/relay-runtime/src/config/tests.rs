@@ -334,6 +334,16 @@ fn cleanup_is_per_table_and_strict() {
                 "also those row_filter leaves out",
             ),
             (
+                "escaping_filter.toml",
+                "[[outbox]]\ntable = \"t\"\nrow_filter = \"a = '1') OR (true\"\n",
+                "row_filter `a = '1') OR (true` closes a parenthesis it did not open: give one condition",
+            ),
+            (
+                "two_statements_filter.toml",
+                "[[outbox]]\ntable = \"t\"\nrow_filter = \"true; DROP TABLE t\"\n",
+                "holds a `;`",
+            ),
+            (
                 "three_parts.toml",
                 "[[outbox]]\ntable = \"public.orders.created\"\n",
                 "table = 'public.\"orders.created\"'",
