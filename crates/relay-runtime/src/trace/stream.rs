@@ -17,7 +17,8 @@ use super::{RowStep, TraceOptions};
 use crate::config::RelayConfig;
 use crate::position::rfc3339;
 
-/// How long a read waits for the next message before the search counts as done.
+/// How long a read waits for a message the server said is there before it gives up. A read
+/// ends without waiting once it has read what the stream holds (see [`Scan::each`]).
 const IDLE: Duration = Duration::from_secs(2);
 
 /// Where the event's message is.
@@ -116,8 +117,9 @@ pub async fn find(
         })
         .await?;
     let searched = format!(
-        "{read} {on} {from_what} up to sequence {last} of stream {stream_name}{}",
-        scan.cut(read)
+        "{} {on} {from_what} up to sequence {last} of stream {stream_name}{}",
+        read.count,
+        scan.cut(&read)
     );
     if let Some(found) = hit {
         let stored = stream.get_raw_message(found).await?;
@@ -176,17 +178,47 @@ pub(crate) struct Scan {
     pub(crate) deadline: Instant,
 }
 
+/// What a [`Scan`] read: how many messages, and why it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Read {
+    pub(crate) count: u64,
+    pub(crate) end: End,
+}
+
+/// Why a [`Scan`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum End {
+    /// The visitor had what it wanted.
+    Found,
+    /// Every message on the filter up to `last` was read (or none was there to read).
+    AllRead,
+    /// `max` messages were read.
+    Limit,
+    /// The deadline came.
+    Deadline,
+    /// A message the server counted as pending did not come within [`IDLE`].
+    Idle,
+}
+
+/// Whether a read has what there is once it has handed on the message at stream sequence `seq`
+/// with `pending` more on its filter after it (as the server counted when it delivered it): it is
+/// at or past `last`, or nothing more is there. Waiting for another message then would only
+/// wait out [`IDLE`].
+fn read_all(seq: u64, pending: u64, last: u64) -> bool {
+    seq >= last || pending == 0
+}
+
 impl Scan {
     /// Reads the messages on `filter` from `start` to `last` (at most `max`, until the
-    /// deadline), headers only unless `payload`; the sequence of the first `wanted` one, and how
-    /// many were read.
+    /// deadline), headers only unless `payload`; the sequence of the first `wanted` one, and
+    /// what was read.
     pub(super) async fn run(
         &self,
         stream: &jetstream::stream::Stream,
         filter: &str,
         headers_only: bool,
         wanted: impl Fn(&jetstream::Message) -> bool,
-    ) -> anyhow::Result<(Option<u64>, u64)> {
+    ) -> anyhow::Result<(Option<u64>, Read)> {
         let mut hit = None;
         let read = self
             .each(stream, filter, headers_only, |seq, m| {
@@ -202,15 +234,20 @@ impl Scan {
     }
 
     /// Hands each message on `filter` from `start` to `last` (at most `max`, until the deadline)
-    /// with its stream sequence to `visit` until it breaks; how many were read.
+    /// with its stream sequence to `visit` until it breaks; what was read. It ends as soon as
+    /// it has read what there is: the consumer's pending count at its creation, then each
+    /// message's, says when nothing more is on the filter.
     pub(crate) async fn each(
         &self,
         stream: &jetstream::stream::Stream,
         filter: &str,
         headers_only: bool,
         mut visit: impl FnMut(u64, &jetstream::Message) -> ControlFlow<()>,
-    ) -> anyhow::Result<u64> {
-        let mut read = 0;
+    ) -> anyhow::Result<Read> {
+        let mut read = Read {
+            count: 0,
+            end: End::AllRead,
+        };
         if self.start > self.last || self.start == 0 {
             return Ok(read);
         }
@@ -224,36 +261,52 @@ impl Scan {
                 ..Default::default()
             })
             .await?;
+        if consumer.cached_info().num_pending == 0 {
+            return Ok(read);
+        }
         let mut messages = consumer.messages().await?;
-        while read < self.max && Instant::now() < self.deadline {
+        read.end = loop {
+            if read.count >= self.max {
+                break End::Limit;
+            }
             let wait = IDLE.min(self.deadline.saturating_duration_since(Instant::now()));
+            if wait.is_zero() {
+                break End::Deadline;
+            }
             let m = match tokio::time::timeout(wait, messages.next()).await {
                 Ok(Some(m)) => m?,
-                Ok(None) | Err(_) => break,
+                Ok(None) => break End::AllRead,
+                Err(_) if Instant::now() >= self.deadline => break End::Deadline,
+                Err(_) => break End::Idle,
             };
-            read += 1;
-            let seq = m
-                .info()
-                .map_err(|e| anyhow::anyhow!("{e}"))?
-                .stream_sequence;
-            if visit(seq, &m).is_break() || seq >= self.last {
-                break;
+            read.count += 1;
+            let info = m.info().map_err(|e| anyhow::anyhow!("{e}"))?;
+            let (seq, pending) = (info.stream_sequence, info.pending);
+            if visit(seq, &m).is_break() {
+                break End::Found;
             }
-        }
+            if read_all(seq, pending, self.last) {
+                break End::AllRead;
+            }
+        };
         Ok(read)
     }
 
     /// What cut the search short, if anything did.
-    fn cut(&self, read: u64) -> String {
-        if read >= self.max {
-            format!(
+    fn cut(&self, read: &Read) -> String {
+        match read.end {
+            End::Limit => format!(
                 " (stopped at the limit of {} messages: raise --max-scan, or give --since)",
                 self.max
-            )
-        } else if Instant::now() >= self.deadline {
-            " (stopped at the time limit: raise --timeout, or give --since)".into()
-        } else {
-            String::new()
+            ),
+            End::Deadline => {
+                " (stopped at the time limit: raise --timeout, or give --since)".into()
+            }
+            End::Idle => format!(
+                " (stopped after {}s without the next message)",
+                IDLE.as_secs()
+            ),
+            End::Found | End::AllRead => String::new(),
         }
     }
 }
@@ -308,4 +361,77 @@ impl DeadLetter {
 
 fn time_text(unix_nanos: i128) -> String {
     rfc3339(UNIX_EPOCH + Duration::from_nanos(unix_nanos.max(0) as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_has_all_at_the_last_sequence_or_with_nothing_pending() {
+        assert!(read_all(7, 3, 7), "at the last sequence");
+        assert!(read_all(5, 0, 9), "nothing more on the filter");
+        assert!(!read_all(5, 1, 9), "one more before the last");
+    }
+
+    /// Against a real nats-server: reads of a subject whose last message is before the stream's
+    /// last, of a subject with no message, up to a `last` before the stream's, and of everything
+    /// end because they read what there is (never by waiting out `IDLE`); a limit and a find end
+    /// as such.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_ends_when_it_has_read_what_the_stream_holds() -> anyhow::Result<()> {
+        let nats = relay_testkit::NatsServer::start().await?;
+        let js = jetstream::new(async_nats::connect(nats.url()).await?);
+        let stream = js
+            .create_stream(jetstream::stream::Config {
+                name: "SCAN".into(),
+                subjects: vec!["t.>".into()],
+                ..Default::default()
+            })
+            .await?;
+        for subject in ["t.a", "t.b", "t.a", "t.b", "t.b"] {
+            js.publish(subject, "x".into()).await?.await?;
+        }
+        let scan = Scan {
+            start: 1,
+            last: 5,
+            max: 100,
+            deadline: Instant::now() + Duration::from_secs(120),
+        };
+        let read = |scan: Scan, filter: &'static str| {
+            let stream = stream.clone();
+            async move {
+                scan.each(&stream, filter, true, |_, _| ControlFlow::Continue(()))
+                    .await
+            }
+        };
+        let all = |count| Read {
+            count,
+            end: End::AllRead,
+        };
+        assert_eq!(read(scan, "t.a").await?, all(2), "t.a ends at 3 of 5");
+        assert_eq!(read(scan, "t.none").await?, all(0), "nothing on t.none");
+        assert_eq!(read(scan, "").await?, all(5), "everything");
+        let to_3 = Scan { last: 3, ..scan };
+        assert_eq!(read(to_3, "t.>").await?, all(3), "up to 3");
+        let from_4 = Scan { start: 4, ..scan };
+        assert_eq!(read(from_4, "t.a").await?, all(0), "no t.a from 4");
+        let two = Scan { max: 2, ..scan };
+        let limited = Read {
+            count: 2,
+            end: End::Limit,
+        };
+        assert_eq!(
+            read(two, "t.b").await?,
+            limited,
+            "the limit, one more there"
+        );
+        let (hit, found) = scan.run(&stream, "t.b", true, |_| true).await?;
+        let found_first = Read {
+            count: 1,
+            end: End::Found,
+        };
+        assert_eq!((hit, found), (Some(2), found_first));
+        Ok(())
+    }
 }
