@@ -402,6 +402,19 @@ async fn the_console_answers_loopback_only_without_a_token_and_only_the_token_wi
         code == 403 && body.contains("needs its token"),
         "{code} {body}"
     );
+    // The scheme's name is case-insensitive (RFC 9110), the token is not.
+    let upper = token.to_uppercase();
+    for (scheme, given, want) in [
+        ("Bearer", token, 200),
+        ("bearer", token, 200),
+        ("BEARER", token, 200),
+        ("bearer", upper.as_str(), 403),
+        ("Basic", token, 403),
+    ] {
+        let headers = format!("Host: {outside}\r\nAuthorization: {scheme} {given}\r\n");
+        let status = raw_status(&outside, "/console/api/overview", &headers).await?;
+        ensure!(status == want, "{scheme} {given}: {status}, not {want}");
+    }
     // A browser given the token in the address reads with it.
     let dom = loaded(&format!("http://{outside}/console#token={token}"), false)?;
     ensure!(

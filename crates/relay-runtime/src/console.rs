@@ -156,7 +156,7 @@ async fn guard(
         Some(token) => headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(bearer_token)
             .is_some_and(|given| constant_time_eq(given.as_bytes(), token.as_bytes())),
         None => local_request(
             peer.ip(),
@@ -177,6 +177,15 @@ async fn guard(
         axum::Json(serde_json::json!({ "error": why })),
     )
         .into_response()
+}
+
+/// The token of an `Authorization` value of the Bearer scheme, whose name is case-insensitive
+/// (RFC 9110, 11.1): `Bearer <token>`, `bearer <token>`; one or more spaces after it.
+fn bearer_token(authorization: &str) -> Option<&str> {
+    let (scheme, token) = authorization.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start_matches(' '))
 }
 
 /// Whether a request without a token may read: from loopback (an IPv4 peer of a dual-stack
@@ -358,6 +367,17 @@ mod tests {
         assert!(!local_request(v4, None, false));
         // A proxy on this host passes everyone's requests on from loopback.
         assert!(!local_request(v4, Some("127.0.0.1:9464"), true));
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive_and_the_token_is_not() {
+        assert_eq!(bearer_token("Bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("BEARER  abc"), Some("abc"));
+        assert_eq!(bearer_token("bearer ABC"), Some("ABC"));
+        assert_eq!(bearer_token("Basic abc"), None);
+        assert_eq!(bearer_token("Bearerabc"), None);
+        assert_eq!(bearer_token("abc"), None);
     }
 
     #[test]
