@@ -10,6 +10,7 @@ use anyhow::{Context, Result, ensure};
 
 use crate::support::*;
 
+mod filter;
 mod resume;
 mod snapshot;
 mod terminal;
@@ -253,73 +254,6 @@ async fn soak_backfill_of_a_large_table() -> Result<()> {
     backfill_beside_the_live_relay(rows, Duration::from_secs(1800)).await
 }
 
-/// `--where` backfills only the rows it matches, under a cursor of its own; an unconfigured
-/// table is refused with 78, naming it.
-#[tokio::test(flavor = "multi_thread")]
-async fn where_filter_backfills_only_matching_rows() -> Result<()> {
-    let env = Env::start().await?;
-    let db = env.db().await?;
-    seed(&db, 2_000, "created").await?;
-    let config = env.config("");
-    let relay = Relay::start_streaming(&config).await?;
-
-    backfill(
-        &config,
-        &["--table", "public.nope"],
-        78,
-        Duration::from_secs(20),
-        &["`public.nope` is not configured as an outbox table"],
-    )
-    .await?;
-    backfill(
-        &config,
-        &["--table", "outbox", "--where", "nonsense_column > 1"],
-        78,
-        Duration::from_secs(20),
-        &["--where `nonsense_column > 1` is not a valid condition"],
-    )
-    .await?;
-    backfill(
-        &config,
-        &["--table", "outbox", "--where", "true; DELETE FROM outbox"],
-        78,
-        Duration::from_secs(20),
-        &["is not a valid condition"],
-    )
-    .await?;
-
-    let wanted: HashSet<String> = db
-        .query(
-            "SELECT id::text FROM outbox WHERE aggregateid::int % 10 = 0",
-            &[],
-        )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert_eq!(wanted.len(), 200);
-    backfill(
-        &config,
-        &["--table", "outbox", "--where", "aggregateid::int % 10 = 0"],
-        0,
-        Duration::from_secs(30),
-        &["finished:"],
-    )
-    .await?;
-    let messages = expect_each_once(&env, &wanted, &relay).await?;
-    assert!(
-        messages
-            .iter()
-            .all(|m| m.header("Outbox-Backfill") == "true")
-    );
-    let count: i64 = db
-        .query_one("SELECT count(*) FROM outbox", &[])
-        .await?
-        .get(0);
-    assert_eq!(count, 2_000, "the filter changed nothing");
-    Ok(())
-}
-
 /// A row that cannot be routed stops the backfill with 65 naming its event id, the cursor
 /// before it; with `[relay] dead_letter_subject` the row goes there and the backfill goes on.
 #[tokio::test(flavor = "multi_thread")]
@@ -538,6 +472,19 @@ async fn pages_walk_the_key_index_not_the_whole_table() -> Result<()> {
     ensure!(
         reader_plan.contains("Index Scan using outbox_pkey") && !reader_plan.contains("Seq Scan"),
         "the backfill's page reads the whole table; plan:\n{reader_plan}"
+    );
+    // With a filter, the page reads a subquery of the rows it keeps (the key range outside it):
+    // pulled up, the same walk of the index.
+    let filtered = format!(
+        "EXPLAIN {}",
+        shape.page_sql(Some("aggregateid <> '7'"), Some(&middle), &last, 1000)
+    );
+    let filtered_plan = plan(reader.simple_query(&walk_index(&filtered)).await?);
+    ensure!(
+        filtered_plan.contains("Index Scan using outbox_pkey")
+            && !filtered_plan.contains("Seq Scan")
+            && !filtered_plan.contains("Subquery Scan"),
+        "a filtered page does not walk the index; plan:\n{filtered_plan}"
     );
     Ok(())
 }

@@ -263,6 +263,74 @@ async fn bad_signals_are_failed_rows_with_their_reason_and_the_relay_streams_on(
     Ok(())
 }
 
+/// A `where` that closes a parenthesis it did not open would take the page query's `OR` out of
+/// the key range: the backfill would read the same page forever, and every later signal would
+/// wait behind it. It is a failed row naming the filter and the fix; the next signal runs.
+#[tokio::test]
+async fn a_filter_leaving_its_parentheses_is_a_failed_signal_and_the_next_one_runs() -> Result<()> {
+    let env = Env::start().await?;
+    let db = env.db().await?;
+    seed(&db, 50, "old").await?;
+    let config = env.config("");
+    let relay = Relay::start_streaming(&config).await?;
+    let js = env.jetstream().await?;
+
+    let escaping = signal(
+        &db,
+        "backfill",
+        r#"{"table": "outbox", "where": "aggregateid = '1') OR (true", "page_size": 10}"#,
+    )
+    .await?;
+    let valid = signal(
+        &db,
+        "backfill",
+        r#"{"table": "outbox", "where": "aggregateid = '2' OR aggregateid = '3'", "page_size": 10}"#,
+    )
+    .await?;
+    let rows = follow(&db, escaping, &relay).await?;
+    let last = rows.last().context("rows")?;
+    ensure!(last.state == "failed", "{last:?}; log:\n{}", relay.log());
+    let error = last.error.as_deref().unwrap_or_default();
+    ensure!(
+        error.contains("`aggregateid = '1') OR (true` closes a parenthesis it did not open")
+            && error.contains("give one condition"),
+        "error {error:?}"
+    );
+    ensure!(
+        cursor(&db).await?.is_none(),
+        "the refused filter started no backfill"
+    );
+
+    let rows = follow(&db, valid, &relay).await?;
+    let last = rows.last().context("rows")?;
+    ensure!(last.state == "done", "{last:?}; log:\n{}", relay.log());
+    let outcome = last.outcome.as_deref().unwrap_or_default();
+    ensure!(outcome.contains("finished: 2 rows"), "outcome: {outcome}");
+    let wanted: Vec<String> = db
+        .query(
+            "SELECT id::text FROM outbox WHERE aggregateid IN ('2', '3')",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let messages = wait_for_messages(&js, 2, Duration::from_secs(30), Some(&relay)).await?;
+    let mut published: Vec<&str> = messages.iter().map(Received::id).collect();
+    published.sort_unstable();
+    let mut wanted: Vec<&str> = wanted.iter().map(String::as_str).collect();
+    wanted.sort_unstable();
+    ensure!(
+        published == wanted,
+        "only the valid signal's rows: {published:?}"
+    );
+
+    // The relay streams on.
+    let after = insert_event(&db, "Live", "created", r#"{"after": "escaping filter"}"#).await?;
+    wait_for_id(&js, &after, &relay).await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_signal_running_when_the_relay_is_killed_resumes_at_its_next_start() -> Result<()> {
     let env = Env::start().await?;
