@@ -85,3 +85,52 @@ async fn wal_level_replica_is_refused_with_the_fix() -> Result<()> {
     .await?;
     Ok(())
 }
+
+/// The files `run` reads before it connects, `validate` without --connect reads too: a missing
+/// or too short `[http] console_token_file`, a missing `[nats] password_file`. Each is refused
+/// by both with exit 78 naming the setting; the file's good version passes `validate`.
+#[tokio::test(flavor = "multi_thread")]
+async fn offline_validate_refuses_the_files_run_refuses() -> Result<()> {
+    let env = Env::start().await?;
+    let dir = env.dir.path();
+    let missing = dir.join("missing.secret");
+    let short = dir.join("short.token");
+    std::fs::write(&short, "short\n")?;
+    let good = dir.join("good.token");
+    std::fs::write(&good, "0123456789abcdef0123456789abcdef\n")?;
+    let console = |token: &std::path::Path| {
+        env.config(&format!(
+            "[http]\nlisten = \"127.0.0.1:{}\"\nconsole = true\nconsole_token_file = \"{}\"\n",
+            relay_testkit::free_port(),
+            token.display()
+        ))
+    };
+    let password = format!(
+        "user = \"relay\"\npassword_file = \"{}\"\n",
+        missing.display()
+    );
+    let cases = [
+        (console(&missing), "console_token_file"),
+        (console(&short), "at least 16 characters"),
+        (env.config_full(&password, ""), "nats.password_file"),
+    ];
+    for (config, needle) in &cases {
+        let out = relay_cmd(config, &["validate"]).await?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(EX_CONFIG), "validate: {stderr}");
+        assert!(
+            stderr.contains(needle),
+            "validate names {needle:?}: {stderr}"
+        );
+        assert!(!stderr.contains("configuration is valid"), "{stderr}");
+        expect_exit(&mut Relay::start(config)?, EX_CONFIG, WITHIN, &[needle]).await?;
+    }
+    let out = relay_cmd(&console(&good), &["validate"]).await?;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}

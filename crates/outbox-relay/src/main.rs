@@ -61,7 +61,8 @@ enum Command {
         #[arg(long)]
         accept_slot_position: bool,
     },
-    /// Check the configuration and print it (secrets redacted); with --connect, a preflight of
+    /// Check the configuration and the files it names (credentials, certificates, the console
+    /// token) as `run` does, and print it (secrets redacted); with --connect, a preflight of
     /// PostgreSQL and JetStream instead: one PASS/WARN/FAIL line per check, with a hint for
     /// each failure. Exit 0 when nothing failed, 65/69/78 otherwise.
     Validate {
@@ -215,6 +216,7 @@ fn try_main(cli: Cli) -> Result<(), Failure> {
     });
     match command {
         Command::Validate { connect: false } => {
+            relay_runtime::files::check_files(&config)?;
             let text = serde_json::to_string_pretty(&redacted(&config))
                 .map_err(|e| Failure::internal(anyhow::Error::new(e)))?;
             println!("{text}");

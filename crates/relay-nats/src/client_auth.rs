@@ -144,6 +144,12 @@ impl ClientAuth {
     }
 }
 
+/// Reads and checks every credential and TLS file `settings` name, as [`crate::connect`] does
+/// before it dials (without connecting): a file that cannot be read or used is the same error.
+pub fn check_files(settings: &NatsSettings) -> Result<(), NatsError> {
+    ClientAuth::from_settings(settings).map(drop)
+}
+
 /// `password_file`'s contents, else `password`.
 pub(crate) fn resolved_password(settings: &NatsSettings) -> Result<Option<Secret>, NatsError> {
     resolve(

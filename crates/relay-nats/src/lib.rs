@@ -39,6 +39,7 @@ use client_auth::ClientAuth;
 use connection_state::ConnectionState;
 
 pub use backfill::{BackfillPublisher, StreamIds, stream_ids, watch_live};
+pub use client_auth::check_files;
 pub use connection::{JetStream, NatsConnection};
 pub use consumer_recreate::{RecreateError, recreate_consumer, set_filters, skips_unacked};
 pub use consumer_reset::{

@@ -65,29 +65,10 @@ struct Sample {
 impl Console {
     /// The console of `config`, its token read from `[http] console_token_file`.
     pub(crate) fn new(config: &RelayConfig, telemetry: Arc<Telemetry>) -> Result<Self, Failure> {
-        let token = match &config.http.console_token_file {
-            Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|e| {
-                    Failure::config(anyhow::anyhow!(
-                        "[http] console_token_file `{}` cannot be read: {e}",
-                        path.display()
-                    ))
-                })?;
-                let token = text.trim().to_owned();
-                if token.len() < 16 || token.chars().any(|c| c.is_control() || c == ' ') {
-                    return Err(Failure::config(anyhow::anyhow!(
-                        "[http] console_token_file `{}` must hold one token of at least 16 characters without spaces (e.g. `openssl rand -hex 32`)",
-                        path.display()
-                    )));
-                }
-                Some(token)
-            }
-            None => None,
-        };
         Ok(Self {
             config: config.clone(),
             telemetry,
-            token,
+            token: read_token(config)?,
             nats: tokio::sync::OnceCell::new(),
             history: Mutex::new(VecDeque::with_capacity(HISTORY)),
         })
@@ -101,6 +82,28 @@ impl Console {
             })
             .await
     }
+}
+
+/// The token in `[http] console_token_file`, trimmed (`None` without one); a file that cannot be
+/// read, or does not hold one token of at least 16 characters, is a configuration error.
+pub(crate) fn read_token(config: &RelayConfig) -> Result<Option<String>, Failure> {
+    let Some(path) = &config.http.console_token_file else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        Failure::config(anyhow::anyhow!(
+            "[http] console_token_file `{}` cannot be read: {e}",
+            path.display()
+        ))
+    })?;
+    let token = text.trim().to_owned();
+    if token.len() < 16 || token.chars().any(|c| c.is_control() || c == ' ') {
+        return Err(Failure::config(anyhow::anyhow!(
+            "[http] console_token_file `{}` must hold one token of at least 16 characters without spaces (e.g. `openssl rand -hex 32`)",
+            path.display()
+        )));
+    }
+    Ok(Some(token))
 }
 
 /// The console's routes, for the `[http]` listener's router.

@@ -16,6 +16,7 @@ pub mod config;
 mod console;
 pub mod contracts_check;
 pub mod failure;
+pub mod files;
 pub mod http;
 pub mod inspect;
 pub mod position;

@@ -99,6 +99,16 @@ const DATA_SAFETY: Verdict = Verdict::Fail(FailureKind::DataSafety);
 /// Runs every check of `validate --connect`, in the order they are reported.
 pub async fn run(config: &RelayConfig) -> Vec<Check> {
     let mut report = Report::default();
+    // The files `run` reads before it connects (`validate` without --connect checks them too);
+    // a line only when one is refused.
+    if let Err(failure) = crate::files::check_files(config) {
+        report.hinted(
+            Verdict::Fail(failure.kind),
+            "files",
+            format!("{:#}", failure.error),
+            "fix the file or the setting named above: `run` refuses to start with it",
+        );
+    }
     postgres_checks(config, &mut report).await;
     nats_checks(config, &mut report).await;
     contract_checks(config, &mut report).await;

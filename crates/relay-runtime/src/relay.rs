@@ -50,9 +50,12 @@ pub struct Relay {
 }
 
 impl Relay {
-    /// Builds the relay of `config`. The `[http]` listener is bound here, so a taken port is a
-    /// configuration failure reported before anything connects.
+    /// Builds the relay of `config`. The files it reads are checked first
+    /// ([`crate::files::check_files`], as the offline `validate` does), and the `[http]` listener
+    /// is bound here, so a bad file or a taken port is a configuration failure reported before
+    /// anything connects.
     pub async fn build(config: RelayConfig, options: RelayOptions) -> Result<Self, Failure> {
+        crate::files::check_files(&config)?;
         let stats = Arc::new(PipelineStats::default());
         let telemetry = Arc::new(Telemetry::new(
             stats.clone(),

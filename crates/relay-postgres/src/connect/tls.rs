@@ -31,6 +31,16 @@ fn load_certs(what: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, P
     relay_tls::load_certs(what, path).map_err(|e| tls_err(e.to_string()))
 }
 
+impl PostgresSettings {
+    /// Reads and checks every file these settings name (`password_file`, and `sslrootcert`,
+    /// `sslcert` and `sslkey` where `sslmode` uses them), as a connection does before it dials,
+    /// without connecting.
+    pub fn check_files(&self) -> Result<(), PgError> {
+        self.client_config()?;
+        client_config(self).map(drop)
+    }
+}
+
 /// The rustls client configuration for `settings`' sslmode, or `None` for `disable`.
 pub(crate) fn client_config(
     settings: &PostgresSettings,
