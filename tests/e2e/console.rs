@@ -13,6 +13,7 @@ use async_nats::jetstream::consumer;
 
 use crate::support::*;
 
+mod consumers;
 mod webdriver;
 
 /// The browser: `RELAY_TEST_CHROMIUM`, else Debian's `/usr/bin/chromium`.

@@ -159,9 +159,7 @@ pub(super) async fn consumers(State(console): State<Arc<Console>>) -> Response {
                 "waiting": c.num_waiting,
                 "ack_floor": c.ack_floor.stream_sequence,
                 "delivered": c.delivered.stream_sequence,
-                // Stream sequences after the ack floor: what it has not acknowledged yet,
-                // including messages its filter leaves out.
-                "behind_stream": last.saturating_sub(c.ack_floor.stream_sequence),
+                "behind_stream": behind_stream(c),
             })
         })
         .collect();
@@ -172,6 +170,14 @@ pub(super) async fn consumers(State(console): State<Arc<Console>>) -> Response {
         "write": console.config.http.console_write,
     }))
     .into_response()
+}
+
+/// The messages on a consumer's filter it has not acknowledged: not delivered yet (`pending`)
+/// and delivered but unacknowledged (`ack_pending`). Not the stream's last sequence minus the
+/// ack floor: nats-server before 2.10 leaves the floor of a consumer that acknowledged nothing
+/// at 0, not before its start sequence, which counted the whole stream.
+fn behind_stream(c: &async_nats::jetstream::consumer::Info) -> u64 {
+    c.num_pending.saturating_add(c.num_ack_pending as u64)
 }
 
 pub(super) async fn backfills(State(console): State<Arc<Console>>) -> Response {
