@@ -80,3 +80,46 @@ fn the_stored_fixture_is_what_the_relay_stores_and_judges() {
     let fetched = Contract::from_stored(contract.key(), stored.as_bytes()).expect("compiles");
     assert_eq!(fetched.key(), contract.key());
 }
+
+/// docs/contracts.md prints the fixture's two files as its example and the version they give:
+/// the printed files are the fixture's, byte for byte, and every `order-placed.<version>` it
+/// shows is the fixture's key.
+#[test]
+fn the_docs_print_the_fixture_files_and_the_version_they_give() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let docs = std::fs::read_to_string(root.join("../../docs/contracts.md")).expect("docs");
+    let fixtures = root.join("tests/fixtures/contracts");
+    for file in ["order-placed.json", "shared/money.json"] {
+        let heading = format!("`contracts/{file}`:\n\n```json\n");
+        let start = docs
+            .find(&heading)
+            .unwrap_or_else(|| panic!("docs/contracts.md prints no {file}"))
+            + heading.len();
+        let printed = &docs[start..start + docs[start..].find("```").expect("block ends")];
+        let fixture = std::fs::read_to_string(fixtures.join(file)).expect("fixture");
+        assert_eq!(
+            printed, fixture,
+            "docs/contracts.md prints {file} otherwise than the fixture"
+        );
+    }
+    let contract = Contract::load(&fixtures.join("order-placed.json"), None).expect("compiles");
+    let shown: Vec<&str> = docs
+        .match_indices("order-placed.")
+        .map(|(at, _)| &docs[at..])
+        .map(|rest| &rest[..rest.len().min("order-placed.".len() + 12)])
+        .filter(|key| {
+            key["order-placed.".len()..]
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit())
+        })
+        .filter(|key| key.len() == "order-placed.".len() + 12)
+        .collect();
+    assert!(!shown.is_empty(), "docs/contracts.md shows no version");
+    for key in shown {
+        assert_eq!(
+            key,
+            contract.key(),
+            "docs/contracts.md shows another version"
+        );
+    }
+}
