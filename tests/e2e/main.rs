@@ -15,6 +15,7 @@ mod contracts;
 mod delivery;
 mod deploy;
 mod drift;
+mod duplicates;
 mod durable_checkpoint;
 mod emit_functions;
 mod failover;

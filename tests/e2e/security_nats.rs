@@ -12,9 +12,10 @@ use crate::support::*;
 
 /// Least privilege (docs/security.md): the JetStream API calls the relay makes; the outbox
 /// subjects are added per test.
-const RELAY_JS_API: [&str; 8] = [
+const RELAY_JS_API: [&str; 9] = [
     "$JS.API.INFO",
     "$JS.API.STREAM.INFO.OUTBOX",
+    "$JS.API.STREAM.MSG.GET.OUTBOX",
     "$JS.API.STREAM.CREATE.OUTBOX",
     "$JS.API.CONSUMER.CREATE.OUTBOX",
     "$JS.API.CONSUMER.CREATE.OUTBOX.>",

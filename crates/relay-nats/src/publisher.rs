@@ -264,6 +264,16 @@ impl JetStreamPublisher {
         )
     }
 
+    /// From now on a `duplicate` answer naming a copy the stream no longer holds counts as
+    /// answered, for a caller that reads the stream itself and names each such event
+    /// ([`crate::RestorePublisher`]). Otherwise (the relay, backfills) such an answer is an
+    /// unknown outcome: the event is published again until the stream stores it.
+    pub(crate) fn leave_lost_copies_to_caller(&self) {
+        self.core
+            .lost_copies
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// The JetStream context, for stream checks.
     pub fn context(&self) -> &jetstream::Context {
         self.core.context()

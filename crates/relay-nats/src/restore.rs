@@ -35,6 +35,7 @@ impl RestorePublisher {
     /// `inner`, publishing into `stream`.
     #[must_use]
     pub fn new(inner: JetStreamPublisher, stream: String) -> Self {
+        inner.leave_lost_copies_to_caller();
         Self {
             duplicates: Arc::new(DuplicateCheck {
                 jetstream: inner.jetstream().clone(),

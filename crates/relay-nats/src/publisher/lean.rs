@@ -37,8 +37,7 @@ impl MessagePublisher {
         let outcome = lean
             .publish_if(&self.stream, msg, line)
             .map_err(crate::wire::publish_error)?;
-        let context = self.shared.clone();
-        let stream = self.stream.clone();
+        let check = self.duplicate_check();
         let quarantine = self.quarantine.clone();
         let msg = msg.clone();
         Ok(Box::pin(async move {
@@ -54,7 +53,7 @@ impl MessagePublisher {
             let stored = outcome?;
             if stored.duplicate {
                 // Boxed, as on the async-nats path: keeps every outstanding ack small.
-                Box::pin(verify_duplicate(&context, &stream, stored.seq, &msg)).await?;
+                Box::pin(verify_duplicate(&check, stored.seq, &msg)).await?;
             }
             Ok(PubReceipt {
                 stream_seq: stored.seq,

@@ -10,15 +10,17 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use async_nats::jetstream::context::PublishErrorKind as NatsKind;
+use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use futures::future::BoxFuture;
 use relay_core::message::{
-    HEADER_EXPECTED_LAST_MSG_ID, HEADER_EXPECTED_LAST_SEQUENCE, OutboundMessage,
+    HEADER_EXPECTED_LAST_MSG_ID, HEADER_EXPECTED_LAST_SEQUENCE, HEADER_MSG_ID, OutboundMessage,
 };
 use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind};
 
 use super::headers::HeaderState;
 use crate::closes::Quarantine;
 use crate::connection::{JetStream, NatsConnection};
+use crate::connection_state::ConnectionState;
 use crate::error_codes::kind_for_error_code;
 use crate::wire::LeanConnection;
 use nats_wire::ConnectOptions;
@@ -75,6 +77,10 @@ pub(crate) struct MessagePublisher {
     /// Every commit-order condition names a stream sequence, never an event id (see
     /// [`crate::StreamReport::order_by_sequence`]).
     pub(super) by_sequence: bool,
+    /// What a duplicate of a copy the stream no longer holds counts as; shared by every clone
+    /// (the framing tasks' too), so [`super::JetStreamPublisher::leave_lost_copies_to_caller`]
+    /// reaches them.
+    pub(super) lost_copies: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl MessagePublisher {
@@ -115,6 +121,23 @@ impl MessagePublisher {
             paths: PathChoice::new(lean, nats),
             domain: connection.domain().cloned(),
             by_sequence: false,
+            lost_copies: Arc::default(),
+        }
+    }
+
+    /// What an ack future needs to check a duplicate answer ([`verify_duplicate`]).
+    pub(super) fn duplicate_check(&self) -> DuplicateCheck {
+        let left = self.lost_copies.load(std::sync::atomic::Ordering::Relaxed);
+        DuplicateCheck {
+            context: self.shared.clone(),
+            state: self.jetstream.state().clone(),
+            stream: self.stream.clone(),
+            domain: self.domain.clone(),
+            lost_copies: if left {
+                LostCopies::LeftToCaller
+            } else {
+                LostCopies::NotStored
+            },
         }
     }
 
@@ -239,38 +262,125 @@ impl OwnedCondition {
     }
 }
 
-/// A duplicate PubAck means JetStream already holds a message with this `Nats-Msg-Id`: a
-/// re-send (same subject and payload), or a second outbox row reusing the id. Fetch the stored
-/// copy and refuse the second case instead of reporting a silent success.
+/// What an ack future needs to read back the copy a `duplicate` answer names: the context, the
+/// connection's state (a refused read names its permission), the stream and its API prefix.
+/// Reference counts only: made per publish, used only on the rare duplicate.
+pub(super) struct DuplicateCheck {
+    pub(super) context: Arc<jetstream::Context>,
+    pub(super) state: Arc<ConnectionState>,
+    pub(super) stream: Arc<str>,
+    pub(super) domain: Option<Arc<str>>,
+    /// What a duplicate of a copy the stream no longer holds is ([`LostCopies`]).
+    pub(super) lost_copies: LostCopies,
+}
+
+/// What a `duplicate` answer naming a copy the stream no longer holds (deleted or purged inside
+/// the duplicate window, or lost by a server that restarted without its last writes) counts as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LostCopies {
+    /// Not stored: an unknown outcome, published again (in commit order, with backoff) until
+    /// the stream stores it once the duplicate window has passed. The relay's and the backfill's.
+    NotStored,
+    /// Counted as answered: the caller reads the stream itself and names each such event
+    /// (`restore`, [`crate::RestorePublisher`]).
+    LeftToCaller,
+}
+
+/// A `duplicate` answer says JetStream remembers the event id, not that the stream holds the
+/// event: inside the duplicate window the id of a deleted or purged message still blocks a
+/// re-publish (measured on nats-server 2.9 and 2.15), and a server that lost the tail of its
+/// last block reuses sequence numbers. So the sequence the answer names is read back, and the
+/// event counts as stored only when the stream holds a message there with its `Nats-Msg-Id`;
+/// with the same subject and payload, or it is a collision (two outbox rows share the id).
 pub(super) async fn verify_duplicate(
-    context: &jetstream::Context,
-    stream: &str,
+    check: &DuplicateCheck,
     seq: u64,
     msg: &OutboundMessage,
 ) -> Result<(), PublishError> {
-    let stored = match context.get_stream_no_info(stream).await {
+    let stored = match check
+        .context
+        .get_stream_no_info(check.stream.as_ref())
+        .await
+    {
         Ok(handle) => handle.get_raw_message(seq).await,
-        Err(e) => {
-            tracing::debug!(error = %e, seq, "cannot look up the stored copy of a duplicate");
-            return Ok(());
-        }
+        Err(e) => return Err(check.unreadable(seq, msg, &e)),
     };
-    match stored {
-        Ok(stored) if stored.subject.as_str() != msg.subject || stored.payload != msg.payload => {
-            Err(PublishError::new(
-                PublishErrorKind::Collision,
+    let stored = match stored {
+        Ok(stored) => stored,
+        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => {
+            return check.lost(
+                msg,
+                format!("stream sequence {seq} it names is no longer in the stream (deleted or purged inside the duplicate window)"),
+            );
+        }
+        Err(e) => return Err(check.unreadable(seq, msg, &e)),
+    };
+    let stored_id = stored
+        .headers
+        .get(HEADER_MSG_ID)
+        .map(|v| v.as_str().to_owned());
+    if stored_id.as_deref() != Some(msg.event_id.as_str()) {
+        return check.lost(
+            msg,
+            format!(
+                "stream sequence {seq} it names holds another message (Nats-Msg-Id {}): the stream lost the event",
+                stored_id.as_deref().unwrap_or("none")
+            ),
+        );
+    }
+    if stored.subject.as_str() != msg.subject || stored.payload != msg.payload {
+        return Err(PublishError::new(
+            PublishErrorKind::Collision,
+            format!(
+                "event id collision: `{}` is already stored (stream sequence {seq}) with a different subject or payload; two outbox rows share this event id",
+                msg.event_id
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl DuplicateCheck {
+    /// The answer for a duplicate of a copy the stream does not hold (`why`).
+    fn lost(&self, msg: &OutboundMessage, why: String) -> Result<(), PublishError> {
+        match self.lost_copies {
+            LostCopies::LeftToCaller => Ok(()),
+            LostCopies::NotStored => Err(PublishError::new(
+                PublishErrorKind::Unknown,
                 format!(
-                    "event id collision: `{}` is already stored (stream sequence {seq}) with a different subject or payload; two outbox rows share this event id",
+                    "JetStream answered `duplicate` for event {} but the {why}: not counted as stored; published again until the stream stores it (after its duplicate_window)",
                     msg.event_id
                 ),
-            ))
+            )),
         }
-        Ok(_) => Ok(()),
-        // Purged or aged out: nothing to compare with.
-        Err(e) => {
-            tracing::debug!(error = %e, seq, "cannot read the stored copy of a duplicate");
-            Ok(())
+    }
+
+    /// The answer when the copy cannot be read: never counted as stored; a refused read (the
+    /// relay's NATS user may not read its stream's messages) stops with the permission to grant.
+    fn unreadable(
+        &self,
+        seq: u64,
+        msg: &OutboundMessage,
+        error: &dyn std::fmt::Display,
+    ) -> PublishError {
+        let api = crate::domain::api_prefix(self.domain.as_deref());
+        let subject = format!("{api}.STREAM.MSG.GET.{}", self.stream);
+        if let Some(denied) = self.state.publish_denied(&subject) {
+            return PublishError::new(
+                PublishErrorKind::Rejected,
+                format!(
+                    "JetStream answered `duplicate` for event {} and the relay cannot read stream sequence {seq} to check that the stream holds it ({denied}): allow `{subject}` in the relay user's publish permissions",
+                    msg.event_id
+                ),
+            );
         }
+        PublishError::new(
+            PublishErrorKind::Unknown,
+            format!(
+                "JetStream answered `duplicate` for event {} and stream sequence {seq} cannot be read to check it ({error}): not counted as stored until it can be",
+                msg.event_id
+            ),
+        )
     }
 }
 

@@ -42,7 +42,7 @@ impl MessagePublisher {
             .await
             .map_err(classify)?;
         // For the rare duplicate ack and permission errors: reference counts, no copies.
-        let context = self.shared.clone();
+        let check = self.duplicate_check();
         let stream = self.stream.clone();
         let quarantine = self.quarantine.clone();
         let state = state.clone();
@@ -85,7 +85,7 @@ impl MessagePublisher {
             if ack.duplicate {
                 // Boxed: the lookup's future is kilobytes, and inline it would make every
                 // outstanding ack that large, duplicate or not.
-                Box::pin(verify_duplicate(&context, &stream, ack.sequence, &msg)).await?;
+                Box::pin(verify_duplicate(&check, ack.sequence, &msg)).await?;
             }
             Ok(PubReceipt {
                 stream_seq: ack.sequence,
