@@ -5,6 +5,7 @@ mod alerts;
 mod backfill;
 mod backfill_on_create;
 mod bad_config;
+mod bad_transaction;
 mod batch_restart;
 mod batches;
 mod cleanup;

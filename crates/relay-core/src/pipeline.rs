@@ -22,6 +22,7 @@ use crate::frontier::{AckFrontier, EventTicket, FrontierError};
 mod admit;
 mod deliver;
 mod error;
+mod held;
 mod positions;
 mod stats;
 
@@ -32,6 +33,7 @@ use crate::stage::{ChangeSource, CheckpointStore, PublishErrorKind, Publisher, S
 use crate::trail::SlotTrail;
 use deliver::{Attempt, Outcome, RetryPolicy, Window, attempt};
 pub use error::PipelineError;
+use held::HeldTransaction;
 use positions::Positions;
 pub use stats::PipelineStats;
 
@@ -103,6 +105,8 @@ pub struct Pipeline<S, P, C> {
     stats: Arc<PipelineStats>,
     /// The open transaction and the count of its outbox events so far.
     tx: Option<(TxContext, u64)>,
+    /// Its events, published once its Commit is read.
+    held: HeldTransaction,
     /// Event ids the stream already holds past the start position (a restart after a downtime
     /// longer than the duplicate window), with their stream sequence: not published again.
     already_published: HashMap<String, u64>,
@@ -162,6 +166,7 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
             config,
             stats,
             tx: None,
+            held: HeldTransaction::default(),
             already_published: HashMap::new(),
             recent,
             positions,
@@ -236,8 +241,9 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
             if !reading && !finishing_tx && self.frontier.only_open_transaction_pending() {
                 break;
             }
-            let can_read =
-                (reading || finishing_tx) && window.open() && window.len() < max_in_flight;
+            let can_read = (reading || finishing_tx)
+                && window.open()
+                && window.len() + self.held.len() < max_in_flight;
             window.settle(in_flight.len());
             let resend_at = window.resend_at();
             // What the select produced: a message to publish, an error, or a phase change.
@@ -265,18 +271,22 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
                     Err(e) => Err(Stop::Failed(e)),
                 },
                 event = self.source.next(), if can_read => match event {
-                    Ok(Some(event)) => self.on_event(event).map_err(Stop::Failed),
+                    Ok(Some(event)) => match self.on_event(event) {
+                        // An event of the open transaction waits for its Commit.
+                        Ok(Some(routed)) if self.tx.is_some() => {
+                            self.held.push(routed);
+                            Ok(None)
+                        }
+                        other => other.map_err(Stop::Failed),
+                    },
                     Ok(None) => Err(Stop::Drain),
                     Err(e) => Err(Stop::Failed(e.into())),
                 },
             };
             match step {
-                Ok(Some((msg, ticket))) => {
-                    let mark = self.positions.launched();
-                    let msg = Arc::new(msg);
-                    let sent = self.publisher.send(&msg, window.after()).await;
-                    let seq = window.push(msg, ticket, mark);
-                    in_flight.push(attempt(seq, sent));
+                Ok(Some(routed)) => {
+                    self.launch(&mut window, &mut in_flight, routed, attempt)
+                        .await;
                 }
                 Ok(None) => {}
                 Err(Stop::DrainTimedOut) => break,
@@ -298,6 +308,8 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
                         .get_or_insert_with(|| Instant::now() + self.config.drain_timeout);
                 }
             }
+            self.release_held(&mut window, &mut in_flight, max_in_flight, attempt)
+                .await;
             // The first event not stored was: the others it held back follow, in order.
             for seq in window.take_burst(&self.stats) {
                 if let Some((msg, after)) = window.resend_args(seq) {
@@ -356,7 +368,8 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
             SourceEvent::Commit { end_lsn, .. } => {
                 self.frontier.commit(end_lsn)?;
                 self.tx = None;
-                self.publisher.end_transaction();
+                // The publisher hears of the end once the held events went out.
+                self.held.end();
             }
             SourceEvent::KeepAlive { wal_end } => {
                 self.frontier.keepalive(wal_end);

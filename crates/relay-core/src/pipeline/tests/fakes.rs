@@ -142,6 +142,8 @@ pub(super) struct BrokerState {
     /// broker whose stream order follows ack timing (as batches of a publish mode that makes
     /// no condition, or copies from an earlier session), for tests of a stream out of order.
     pub(super) stores_on_ack: bool,
+    /// What the publisher heard, in call order: `begin`, `send <id>` and `end`.
+    pub(super) calls: Vec<String>,
 }
 
 impl BrokerState {
@@ -211,6 +213,7 @@ impl Publisher for FakeBroker {
         let msg = OutboundMessage::clone(msg);
         let (delay, outcome) = {
             let mut s = state.lock().unwrap();
+            s.calls.push(format!("send {}", msg.event_id));
             s.sends += 1;
             s.outstanding += 1;
             s.max_outstanding = s.max_outstanding.max(s.outstanding);
@@ -263,9 +266,13 @@ impl Publisher for FakeBroker {
         Some("OUTBOX".into())
     }
 
-    fn begin_transaction(&self, _commit_lsn: Lsn) {}
+    fn begin_transaction(&self, _commit_lsn: Lsn) {
+        self.0.lock().unwrap().calls.push("begin".into());
+    }
 
-    fn end_transaction(&self) {}
+    fn end_transaction(&self) {
+        self.0.lock().unwrap().calls.push("end".into());
+    }
 
     fn hold(&self) {}
 
