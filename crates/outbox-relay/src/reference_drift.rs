@@ -225,3 +225,51 @@ fn operations_md_quotes_each_commands_summary_as_the_cli_gives_it() {
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+/// Every flag of every command is in that command's `--help` (`contracts check --json`
+/// included), and every flag docs/operations.md's command table gives a command is one of its
+/// own.
+#[test]
+fn each_commands_help_lists_its_flags_and_the_command_table_only_real_ones() {
+    let text = doc("operations.md");
+    let mut problems = Vec::new();
+    let mut commands = vec![(String::new(), crate::Cli::command())];
+    while let Some((path, mut command)) = commands.pop() {
+        let path = format!("{path} {}", command.get_name()).trim().to_owned();
+        let help = command.render_long_help().to_string();
+        let longs: Vec<String> = command
+            .get_arguments()
+            .filter(|a| !a.is_hide_set())
+            .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+            .collect();
+        for long in &longs {
+            if !help.contains(long.as_str()) {
+                problems.push(format!("`{path} --help` does not list {long}"));
+            }
+        }
+        // The table row of this command: `| \`outbox-relay <command> [flags]\` |`.
+        let name = path.strip_prefix("outbox-relay ").unwrap_or_default();
+        let row = text
+            .lines()
+            .find(|l| l.starts_with(&format!("| `outbox-relay {name} [")))
+            .filter(|_| !name.is_empty());
+        if let Some(row) = row {
+            let cell = row.split('`').nth(1).unwrap_or_default();
+            for flag in cell
+                .split(['[', ']', ' ', '|'])
+                .filter(|w| w.starts_with("--"))
+            {
+                if !longs.iter().any(|l| l == flag) {
+                    problems.push(format!("docs/operations.md gives `{name}` {flag}"));
+                }
+            }
+        }
+        commands.extend(
+            command
+                .get_subcommands()
+                .filter(|c| c.get_name() != "help")
+                .map(|c| (path.clone(), c.clone())),
+        );
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
+}
