@@ -12,7 +12,9 @@ use relay_core::route::MessageLimits;
 use relay_core::stage::{PublishError, Publisher};
 use tokio_util::sync::CancellationToken;
 
-use crate::{JetStream, JetStreamPublisher, NatsError};
+use crate::connection::JetStream;
+use crate::error::NatsError;
+use crate::publisher::JetStreamPublisher;
 
 /// `Outbox-Backfill: true`, allocated once.
 static BACKFILL_HEADER: LazyLock<(Arc<str>, Arc<str>)> =
@@ -161,7 +163,7 @@ pub async fn stream_ids(
 ) -> Result<StreamIds, NatsError> {
     let mut ids = HashSet::new();
     let mut too_large = None;
-    crate::scan_headers(
+    crate::published::scan_headers(
         jetstream,
         stream,
         true,

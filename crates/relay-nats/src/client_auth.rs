@@ -12,7 +12,8 @@ use nkeys::KeyPair;
 use relay_core::secret::{Secret, read_secret_file};
 use rustls::pki_types::CertificateDer;
 
-use crate::{NatsError, NatsSettings};
+use crate::error::NatsError;
+use crate::settings::NatsSettings;
 
 /// How the relay's NATS clients authenticate and verify the server.
 pub(crate) struct ClientAuth {

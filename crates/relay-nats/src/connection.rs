@@ -14,8 +14,8 @@ use async_nats::jetstream::context::{ContextBuilder, Yes};
 
 use nats_wire::ConnectOptions;
 
-use crate::NatsError;
 use crate::connection_state::ConnectionState;
+use crate::error::NatsError;
 
 /// A connection made by [`crate::connect`]: the client, and the state its events feed.
 #[derive(Debug, Clone)]

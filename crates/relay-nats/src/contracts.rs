@@ -4,7 +4,7 @@
 use async_nats::jetstream;
 use bytes::Bytes;
 
-use crate::NatsError;
+use crate::error::NatsError;
 
 /// One message read back from the stream.
 #[derive(Debug, Clone)]

@@ -19,7 +19,7 @@ use relay_core::check::{Check, CheckAspect, checks_json};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::JetStream;
+use crate::connection::JetStream;
 
 /// The system-account service every server answers with its JetStream configuration
 /// (`config.sync_always`, `config.sync_interval`).

@@ -7,7 +7,7 @@
 use async_nats::jetstream::stream;
 use relay_core::route::{BrokerFeature, BrokerNeed};
 
-use crate::NatsError;
+use crate::error::NatsError;
 
 /// The oldest nats-server that acts on the header, and the stream setting it needs.
 fn requirement(

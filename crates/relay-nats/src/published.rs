@@ -18,7 +18,8 @@ use futures::StreamExt as _;
 use relay_core::Lsn;
 use relay_core::message::{HEADER_COMMIT_LSN, HEADER_EVENT_ID, HEADER_MSG_ID};
 
-use crate::{JetStream, NatsError};
+use crate::connection::JetStream;
+use crate::error::NatsError;
 
 /// Most messages one scan reads (about 1 MB of ids at most).
 pub(crate) const MAX_SCANNED: u64 = 20_000;

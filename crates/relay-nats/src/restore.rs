@@ -11,7 +11,8 @@ use relay_core::message::{HEADER_MSG_ID, OutboundMessage};
 use relay_core::route::MessageLimits;
 use relay_core::stage::{PubReceipt, PublishError, Publisher};
 
-use crate::{JetStream, JetStreamPublisher};
+use crate::connection::JetStream;
+use crate::publisher::JetStreamPublisher;
 
 /// The relay's publisher. A duplicate ack names the sequence of the copy JetStream remembers;
 /// when that copy is gone (a purge inside the `duplicate_window`: the server still remembers

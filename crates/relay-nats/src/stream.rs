@@ -6,8 +6,10 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
 
+use crate::connection::JetStream;
 use crate::durability::{Durability, assess_durability};
-use crate::{JetStream, NatsError, NatsSettings};
+use crate::error::NatsError;
+use crate::settings::{NatsSettings, PublishMode};
 
 /// From this nats-server version on, a refused `Nats-Expected-Last-Msg-Id` fails a replicated
 /// stream: every replica checks it only when it applies the message, and since 2.14 an error
@@ -51,11 +53,11 @@ pub struct StreamReport {
 
 impl StreamReport {
     /// Whether the stream has the setting `mode` needs (`per-message` needs none).
-    pub fn allows(&self, mode: crate::PublishMode) -> bool {
+    pub fn allows(&self, mode: PublishMode) -> bool {
         match mode {
-            crate::PublishMode::PerMessage => true,
-            crate::PublishMode::AtomicBatch => self.allow_atomic,
-            crate::PublishMode::FastBatch => self.allow_batched,
+            PublishMode::PerMessage => true,
+            PublishMode::AtomicBatch => self.allow_atomic,
+            PublishMode::FastBatch => self.allow_batched,
         }
     }
 }
@@ -108,9 +110,9 @@ pub async fn prepare_stream(
                 subjects: settings.stream_subjects.clone(),
                 storage: stream::StorageType::File,
                 duplicate_window: settings.duplicate_window,
-                allow_atomic_publish: settings.publish_mode == crate::PublishMode::AtomicBatch,
+                allow_atomic_publish: settings.publish_mode == PublishMode::AtomicBatch,
                 // Only where the server knows the setting (2.14+).
-                allow_batch_publish: settings.publish_mode == crate::PublishMode::FastBatch
+                allow_batch_publish: settings.publish_mode == PublishMode::FastBatch
                     && crate::publisher::batching::fast::supports_fast_batches(&version),
                 ..Default::default()
             };
@@ -140,7 +142,7 @@ pub async fn prepare_stream(
         }
     };
     let config = &info.config;
-    crate::check_broker_needs(&version, config, needs)?;
+    crate::native::check_broker_needs(&version, config, needs)?;
     for (table, subject) in samples {
         if !config.subjects.iter().any(|f| subject_matches(f, subject)) {
             return Err(NatsError::SubjectNotCaptured {

@@ -14,9 +14,10 @@ use relay_core::stage::{PublishError, PublishErrorKind};
 
 use crate::client_auth::ClientAuth;
 use crate::connection_state::ConnectionState;
+use crate::error::NatsError;
 use crate::error_codes::kind_for_error_code;
 use crate::header_entries::split;
-use crate::{NatsError, NatsSettings};
+use crate::settings::NatsSettings;
 
 pub(crate) use nats_wire::{RawOutcome, fast_batch_reply_suffix_len};
 

@@ -8,7 +8,7 @@ use futures::StreamExt as _;
 use serde::Deserialize;
 
 use super::{LazyServer, PROBE_TIMEOUT, SYNC_PROBE_SUBJECT, ServerSync, duration};
-use crate::JetStream;
+use crate::connection::JetStream;
 
 /// Without the stream's server names, how long to wait for more answers after the first one.
 const PROBE_GRACE: Duration = Duration::from_millis(300);
