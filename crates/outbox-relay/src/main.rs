@@ -217,7 +217,8 @@ fn try_main(cli: Cli) -> Result<(), Failure> {
     match command {
         Command::Validate { connect: false } => {
             relay_runtime::files::check_files(&config)?;
-            let text = serde_json::to_string_pretty(&redacted(&config))
+            // The settings serialize their secrets and URLs redacted.
+            let text = serde_json::to_string_pretty(&config)
                 .map_err(|e| Failure::internal(anyhow::Error::new(e)))?;
             println!("{text}");
             eprintln!("configuration is valid");
@@ -296,20 +297,4 @@ async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), Fail
         .await?
         .run(shutdown)
         .await
-}
-
-/// The configuration with secrets replaced, for printing.
-fn redacted(config: &RelayConfig) -> RelayConfig {
-    let mut c = config.clone();
-    c.postgres.url = relay_postgres::redact_url(&c.postgres.url);
-    for secret in [
-        &mut c.postgres.password,
-        &mut c.nats.password,
-        &mut c.nats.token,
-    ] {
-        if secret.is_some() {
-            *secret = Some("<redacted>".into());
-        }
-    }
-    c
 }

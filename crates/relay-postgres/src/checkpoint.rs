@@ -114,6 +114,23 @@ impl PgCheckpointStore {
         &self.client
     }
 
+    /// Where the slot's relay resumes: the stored checkpoint `stored`, or on the slot's first
+    /// run the slot's position `slot_lsn`, stored now so that a lost slot is detected from then
+    /// on. The second value says whether it was stored now. `run` and `setup` both start here.
+    pub async fn resume_position(
+        &mut self,
+        stored: Option<Lsn>,
+        slot_lsn: Lsn,
+    ) -> Result<(Lsn, bool), StoreError> {
+        match stored {
+            Some(lsn) => Ok((lsn, false)),
+            None => {
+                self.save(slot_lsn).await?;
+                Ok((slot_lsn, true))
+            }
+        }
+    }
+
     /// Deletes the stored checkpoint (operator reset after reconciling a lost slot).
     pub async fn reset(&mut self) -> Result<(), StoreError> {
         self.client

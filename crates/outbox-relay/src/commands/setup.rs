@@ -74,19 +74,13 @@ pub async fn setup(config: &RelayConfig, create_stream: bool) -> Result<(), Fail
         pg.slot,
         state.confirmed_flush_lsn
     );
-    if checkpoint.is_none() {
-        // As `run` does on its first start: a lost slot is detected from here on.
-        store
-            .save(state.confirmed_flush_lsn)
-            .await
-            .map_err(|e| Failure::new(FailureKind::Unavailable, e))?;
-        println!(
-            "created  checkpoint {} for slot {}",
-            state.confirmed_flush_lsn, pg.slot
-        );
-    } else if let Some(c) = checkpoint {
-        println!("ok       checkpoint {c} for slot {}", pg.slot);
-    }
+    // As `run` does on its first start: a lost slot is detected from here on.
+    let (start, created) = store
+        .resume_position(checkpoint, state.confirmed_flush_lsn)
+        .await
+        .map_err(|e| Failure::new(FailureKind::Unavailable, e))?;
+    let verb = if created { "created " } else { "ok      " };
+    println!("{verb} checkpoint {start} for slot {}", pg.slot);
     setup_stream(config, create_stream).await
 }
 

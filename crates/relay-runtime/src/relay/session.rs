@@ -237,16 +237,10 @@ impl Supervisor<'_> {
     /// position, stored now so that a lost slot is detected later.
     async fn resume_position(&self, store: &mut PgCheckpointStore, state: &SlotState) -> Step<Lsn> {
         let slot = self.config.postgres.slot.as_str();
-        let start = match state.checkpoint {
-            Some(c) => c,
-            None => {
-                store
-                    .save(state.confirmed_flush_lsn)
-                    .await
-                    .map_err(|e| boundary(e, None))?;
-                state.confirmed_flush_lsn
-            }
-        };
+        let (start, _) = store
+            .resume_position(state.checkpoint, state.confirmed_flush_lsn)
+            .await
+            .map_err(|e| boundary(e, None))?;
         tracing::info!(
             slot,
             publication = %self.config.postgres.publication,
