@@ -10,7 +10,6 @@
 //! ([`signal`]), read-only looks at the slot and the
 //! stream ([`inspect`]) and progress reporting ([`progress`]).
 
-pub mod asyncapi;
 pub mod broker;
 pub mod config;
 mod console;

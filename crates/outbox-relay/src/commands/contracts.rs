@@ -1,5 +1,5 @@
 //! `outbox-relay asyncapi`: the AsyncAPI document of what the relay publishes, contracts as
-//! payload schemas (built by `relay_runtime::asyncapi`).
+//! payload schemas (built by `relay_asyncapi`).
 //!
 //! `outbox-relay contracts check`: every event the configured contracts would refuse, among
 //! the rows still in the outbox tables and the last messages of the stream (gathered by
@@ -85,7 +85,7 @@ fn print_text(report: &CheckReport) {
 
 /// Writes the AsyncAPI document to `output` (standard output when `None`).
 pub fn asyncapi(config: &RelayConfig, output: Option<std::path::PathBuf>) -> Result<(), Failure> {
-    let document = relay_runtime::asyncapi::document(config).map_err(Failure::config)?;
+    let document = relay_asyncapi::document(config).map_err(Failure::config)?;
     let text = serde_json::to_string_pretty(&document).map_err(Failure::internal)?;
     match output {
         None => println!("{text}"),

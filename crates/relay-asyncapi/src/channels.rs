@@ -7,23 +7,24 @@ use relay_core::route::{LoadedContract, MessageRouteConfig, OutboxTableConfig, T
 use relay_core::subject::{MAX_SUBJECT_LEVELS, Segment, SubjectTemplate};
 use serde_json::{Map, Value, json};
 
-use super::AsyncApiError;
-use super::headers::{self, Headers};
-use crate::config::RelayConfig;
+use relay_runtime::config::RelayConfig;
+
+use crate::error::AsyncApiError;
+use crate::headers::{self, Headers};
 
 /// One channel before it gets its id in the document.
 #[derive(Debug)]
-pub(super) struct Channel {
+pub(crate) struct Channel {
     /// The id wanted (made unique and safe by the document).
-    pub(super) id: String,
+    pub(crate) id: String,
     /// The subject, with `{parameter}`s; `None` when only filters are known.
-    pub(super) address: Option<String>,
-    pub(super) title: String,
-    pub(super) description: String,
+    pub(crate) address: Option<String>,
+    pub(crate) title: String,
+    pub(crate) description: String,
     /// Parameter name → Parameter Object.
-    pub(super) parameters: Map<String, Value>,
+    pub(crate) parameters: Map<String, Value>,
     /// Message key in the channel → Message Object.
-    pub(super) messages: Vec<(String, Value)>,
+    pub(crate) messages: Vec<(String, Value)>,
 }
 
 /// Where a placeholder's value comes from, for its description.
@@ -60,7 +61,8 @@ fn template_address(template: &SubjectTemplate, source: Source) -> (String, Map<
         let name = match names.get(&(field, levels)) {
             Some(name) => name.clone(),
             None => {
-                let name = super::unique(&parameter_name(field), |n| parameters.contains_key(n));
+                let name =
+                    crate::ids::unique(&parameter_name(field), |n| parameters.contains_key(n));
                 parameters.insert(
                     name.clone(),
                     json!({ "description": parameter_description(source, field, levels) }),
@@ -125,7 +127,7 @@ fn message(
 /// The channels of outbox table `table`: its subject's, and its schedule subject's when it
 /// has a `schedule_column`; each with one message per contract of its `contracts` (compiled)
 /// and one for events without a contract where those are published.
-pub(super) fn table(
+pub(crate) fn table(
     config: &RelayConfig,
     table: &OutboxTableConfig,
     contracts: &[&LoadedContract],
@@ -314,7 +316,7 @@ fn contract_message(
 }
 
 /// The channel of a `[[messages]]` prefix.
-pub(super) fn message_prefix(
+pub(crate) fn message_prefix(
     config: &RelayConfig,
     route: &MessageRouteConfig,
 ) -> Result<Channel, AsyncApiError> {
@@ -382,7 +384,7 @@ pub(super) fn message_prefix(
 }
 
 /// The channel of `[relay] dead_letter_subject`.
-pub(super) fn dead_letters(config: &RelayConfig, subject: &str) -> Channel {
+pub(crate) fn dead_letters(config: &RelayConfig, subject: &str) -> Channel {
     let payload = json!({
         "description": "A row that could not be routed: the raw row as a JSON object (column name → PostgreSQL text or null). A logical decoding message that could not be published: its raw content. An event id collision: the event's payload."
     });

@@ -14,54 +14,32 @@
 //! Messages live in `components/messages` and channels refer to them, so a tool sees each
 //! message once. Ids are made of the configuration's names, reduced to the characters AsyncAPI
 //! allows in component keys (`[A-Za-z0-9._-]`) and made unique.
+//!
+//! It only reads the configuration (`relay_runtime::config::RelayConfig`) and the contract
+//! files it names: `outbox-relay asyncapi` prints what [`document`] returns.
 
 use std::sync::Arc;
 
-use relay_core::route::{ConfigError as MappingError, LoadedContract, MessageConfigError};
+use relay_core::route::LoadedContract;
 use relay_nats::NatsSettings;
+use relay_runtime::config::RelayConfig;
 use serde_json::{Map, Value, json};
 
-use crate::config::{ConfigError, RelayConfig};
-
 mod channels;
+mod error;
 mod headers;
+mod ids;
 
 use channels::Channel;
+use ids::{component_key, unique};
+
+pub use error::AsyncApiError;
 
 /// The AsyncAPI version of the documents [`document`] builds.
 pub const ASYNCAPI_VERSION: &str = "3.0.0";
 
 /// Id of the one server in the document.
 const SERVER_ID: &str = "nats";
-
-/// Why no document can be built from a configuration.
-#[derive(Debug, thiserror::Error)]
-pub enum AsyncApiError {
-    /// `[nats] url` names no host (the text is shown without its password).
-    #[error("[nats] url `{0}` names no server host")]
-    ServerUrl(String),
-    /// An `[[outbox]]` mapping that does not validate.
-    #[error("[[outbox]] table `{table}`: cannot describe its messages")]
-    Mapping {
-        /// The table, as configured.
-        table: String,
-        /// Why.
-        #[source]
-        source: MappingError,
-    },
-    /// A `[[messages]]` entry that does not validate.
-    #[error("[[messages]] prefix `{prefix}`: cannot describe its messages")]
-    Messages {
-        /// The prefix.
-        prefix: String,
-        /// Why.
-        #[source]
-        source: MessageConfigError,
-    },
-    /// An `[outbox.contracts]` file that cannot be read or compiled.
-    #[error("cannot describe the event contracts")]
-    Contracts(#[source] ConfigError),
-}
 
 /// The AsyncAPI 3.0.0 document of what a relay with `config` publishes.
 pub fn document(config: &RelayConfig) -> Result<Value, AsyncApiError> {
@@ -164,33 +142,6 @@ fn payload_refs(mut message: Value, component: &str) -> Value {
         *schema = outbox_schema::document_refs(schema, &at);
     }
     message
-}
-
-/// `name` with every character AsyncAPI does not allow in a component key (`[A-Za-z0-9._-]`)
-/// replaced by `_`, so it is a key and a JSON Pointer token as it stands.
-fn component_key(name: &str) -> String {
-    let key: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    if key.is_empty() { "_".to_owned() } else { key }
-}
-
-/// `base`, or `base-2`, `base-3`, … : the first that `taken` says is free.
-fn unique(base: &str, taken: impl Fn(&str) -> bool) -> String {
-    if !taken(base) {
-        return base.to_owned();
-    }
-    (2..)
-        .map(|n| format!("{base}-{n}"))
-        .find(|candidate| !taken(candidate))
-        .unwrap_or_else(|| base.to_owned())
 }
 
 /// The Server Object of the first `[nats] url`, without user or password.

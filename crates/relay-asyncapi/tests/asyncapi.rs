@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 
 use figment::Figment;
 use figment::providers::{Format, Toml};
-use relay_runtime::asyncapi::{self, AsyncApiError};
+use relay_asyncapi::AsyncApiError;
 use relay_runtime::config::RelayConfig;
 use serde_json::Value;
 
@@ -84,7 +84,7 @@ fn config_in(dir: &Path) -> RelayConfig {
 fn sample_document() -> (Value, RelayConfig, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("temporary directory");
     let config = config_in(dir.path());
-    let document = asyncapi::document(&config).expect("document builds");
+    let document = relay_asyncapi::document(&config).expect("document builds");
     (document, config, dir)
 }
 
@@ -388,7 +388,7 @@ fn asyncapi_document_fails_when_a_contract_cannot_be_loaded() {
         relay_core::route::ContractFile::Path(dir.path().join("broken.json")),
     );
     config.outbox = tables.into();
-    let error = asyncapi::document(&config).unwrap_err();
+    let error = relay_asyncapi::document(&config).unwrap_err();
     assert!(matches!(error, AsyncApiError::Contracts(_)), "{error:?}");
     let chain = format!("{error}: {}", std::error::Error::source(&error).unwrap());
     assert!(chain.contains("broken.json"), "{chain}");
@@ -544,7 +544,7 @@ fn asyncapi_contract_refs_resolve_inside_the_document_for_asyncapis_parser() {
         .extract()
         .expect("configuration loads");
     config.validate().expect("configuration is valid");
-    let document = asyncapi::document(&config).expect("document builds");
+    let document = relay_asyncapi::document(&config).expect("document builds");
     let total = "/components/messages/table.public.orders_outbox.contract.order-placed/payload/schema/properties/total/$ref";
     assert_eq!(
         document.pointer(total).and_then(Value::as_str),

@@ -17,7 +17,7 @@ const OPTIONAL_COLUMN: char = '?';
 
 /// The headers of one kind of message: each header's schema, and which are always there.
 #[derive(Debug, Default, Clone)]
-pub(super) struct Headers {
+pub(crate) struct Headers {
     properties: Map<String, Value>,
     required: Vec<String>,
     /// Headers of names not known in advance (a `headers_json` column, an envelope's
@@ -51,7 +51,7 @@ impl Headers {
     }
 
     /// `Outbox-Schema` naming contract `key`, on every message of the kind.
-    pub(super) fn with_contract(mut self, key: &str, bucket: &str) -> Self {
+    pub(crate) fn with_contract(mut self, key: &str, bucket: &str) -> Self {
         self.always(
             HEADER_SCHEMA,
             json!({
@@ -64,7 +64,7 @@ impl Headers {
     }
 
     /// The JSON Schema of the header block: an object of string values.
-    pub(super) fn schema(&self) -> Value {
+    pub(crate) fn schema(&self) -> Value {
         let mut schema = Map::new();
         schema.insert("type".into(), "object".into());
         schema.insert(
@@ -99,7 +99,7 @@ fn digits(description: &str) -> Value {
 
 /// Where an event came from: the header that names it, and the name.
 #[derive(Debug, Clone, Copy)]
-pub(super) enum Origin<'a> {
+pub(crate) enum Origin<'a> {
     /// An outbox table (`Outbox-Table`), as the configuration writes it.
     Table(&'a str),
     /// A `[[messages]]` prefix (`Outbox-Message-Prefix`).
@@ -165,7 +165,7 @@ fn relay_headers(stream: &str, origin: Origin<'_>) -> Headers {
 
 /// The headers of an event of outbox table `table` on its subject: published there by the
 /// relay or, for an event with a delivery time, delivered there by JetStream.
-pub(super) fn table_event(stream: &str, table: &OutboxTableConfig) -> Headers {
+pub(crate) fn table_event(stream: &str, table: &OutboxTableConfig) -> Headers {
     let mut headers = table_base(stream, table);
     if let Some(column) = &table.ttl_column {
         headers.sometimes(
@@ -198,7 +198,7 @@ pub(super) fn table_event(stream: &str, table: &OutboxTableConfig) -> Headers {
 }
 
 /// The headers of an event of `table` with a delivery time, on its schedule subject.
-pub(super) fn scheduled_event(stream: &str, table: &OutboxTableConfig) -> Headers {
+pub(crate) fn scheduled_event(stream: &str, table: &OutboxTableConfig) -> Headers {
     let mut headers = table_base(stream, table);
     headers.always(
         HEADER_SCHEDULE,
@@ -304,7 +304,7 @@ fn cloudevents(headers: &mut Headers, ce: &CloudEventsConfig) {
 }
 
 /// The headers of an event of a `[[messages]]` prefix.
-pub(super) fn prefix_event(stream: &str, prefix: &str) -> Headers {
+pub(crate) fn prefix_event(stream: &str, prefix: &str) -> Headers {
     let mut headers = relay_headers(stream, Origin::MessagePrefix(prefix));
     headers.others = Some(
         "A member of the envelope's `headers` object: strings as their text, other values as their JSON text."
@@ -314,7 +314,7 @@ pub(super) fn prefix_event(stream: &str, prefix: &str) -> Headers {
 }
 
 /// The headers of a dead letter.
-pub(super) fn dead_letter(stream: &str) -> Headers {
+pub(crate) fn dead_letter(stream: &str) -> Headers {
     let mut headers = Headers::default();
     headers.always(
         HEADER_MSG_ID,
