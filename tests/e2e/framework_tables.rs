@@ -279,7 +279,8 @@ async fn row_filter_relays_one_listeners_rows_and_is_checked_at_start() -> Resul
     expect_exit(&mut relay, EX_CONFIG, WAIT, &["has no row filter"]).await?;
 
     // A filter that is no condition on the table (a column it lacks), and one that tries to
-    // close its parentheses: refused before any publication is made.
+    // close its parentheses (refused with the configuration): refused before any publication
+    // is made.
     // (The slot goes too: a publication is never created after its slot.)
     db.batch_execute(
         "DROP PUBLICATION relay_pub; SELECT pg_drop_replication_slot('relay_slot'); \
@@ -290,7 +291,7 @@ async fn row_filter_relays_one_listeners_rows_and_is_checked_at_start() -> Resul
         ("listener = 'x'", "is not a valid condition"),
         (
             "true), public.outbox WHERE (true",
-            "is not a valid condition",
+            "row_filter `true), public.outbox WHERE (true` closes a parenthesis it did not open",
         ),
     ] {
         let bad = env.config(&mapping.replace(
