@@ -34,6 +34,7 @@ mod native_headers;
 mod ops;
 mod partitions;
 mod pause;
+mod private_inbox;
 mod publication_order;
 mod replay;
 mod restart;

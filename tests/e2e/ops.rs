@@ -139,6 +139,8 @@ async fn validate_connect_then_setup_then_validate_passes() -> Result<()> {
         assert!(has_line(&text, "PASS", check), "PASS {check}:\n{text}");
     }
     assert!(has_line(&text, "FAIL", "stream OUTBOX"), "{text}");
+    // Answers on the account's shared inbox prefix: said, with the fix.
+    assert!(has_line(&text, "WARN", "nats inbox_prefix"), "{text}");
     assert!(
         text.contains("hint: JetStream stream `OUTBOX` does not exist"),
         "{text}"

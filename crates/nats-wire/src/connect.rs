@@ -140,6 +140,9 @@ pub struct ConnectOptions {
     /// the stream's: another stream with the subject, or another client answering the reply
     /// subject first.
     pub stream: Option<Arc<str>>,
+    /// The first tokens of every reply subject of the connection (`<prefix>.<unique>.…`).
+    /// Default `_INBOX`, the prefix every NATS client shares.
+    pub inbox_prefix: String,
 }
 
 impl ConnectOptions {
@@ -162,6 +165,7 @@ impl ConnectOptions {
             on_server_error: None,
             domain: None,
             stream: None,
+            inbox_prefix: "_INBOX".to_owned(),
         })
     }
 }

@@ -44,7 +44,7 @@ impl<F: Framing> std::fmt::Debug for Connection<F> {
 
 pub(crate) struct Inner<F: Framing> {
     pub(crate) settings: Arc<ConnectOptions>,
-    /// `_INBOX.<unique>`: publish `n` replies to `<reply_prefix>.<16 hex digits of n>`.
+    /// `<inbox prefix>.<unique>`: publish `n` replies to `<reply_prefix>.<16 hex digits of n>`.
     pub(crate) reply_prefix: String,
     /// `<reply prefix>.b`: a fast batch's replies are `<batch prefix>.<batch token>.…`.
     pub(crate) batch_prefix: String,
@@ -108,7 +108,7 @@ impl<F: Framing> Connection<F> {
     /// within `ack_timeout` ends as unknown.
     pub fn new(settings: Arc<ConnectOptions>, ack_timeout: Duration) -> Self {
         let (stop_tx, stop) = watch::channel(());
-        let reply_prefix = format!("_INBOX.{}", nuid::next());
+        let reply_prefix = format!("{}.{}", settings.inbox_prefix, nuid::next());
         let pending = pending::Pending::expecting(settings.stream.clone(), settings.domain.clone());
         Self {
             inner: Arc::new(Inner {

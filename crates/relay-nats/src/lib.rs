@@ -57,7 +57,7 @@ pub use native::check_broker_needs;
 pub use published::{StreamState, published_between, published_since, scan_headers};
 pub use publisher::JetStreamPublisher;
 pub use restore::RestorePublisher;
-pub use settings::{NatsSettings, PublishMode, PublishPath};
+pub use settings::{NatsSettings, PublishMode, PublishPath, SHARED_INBOX_PREFIX};
 pub use stream::{
     MSG_ID_CONDITION_FAILS_REPLICAS, StreamReport, order_by_sequence, prepare_stream,
     subject_matches,
@@ -87,6 +87,9 @@ pub async fn connect(settings: &NatsSettings) -> Result<NatsConnection, NatsErro
     if let Some(problem) = settings.domain.as_deref().and_then(domain_problem) {
         return Err(NatsError::Settings(problem));
     }
+    if let Some(problem) = settings.inbox_prefix_problem() {
+        return Err(NatsError::Settings(problem));
+    }
     let state = Arc::new(ConnectionState::new(
         settings.max_control_line,
         settings.max_server_closes,
@@ -97,6 +100,9 @@ pub async fn connect(settings: &NatsSettings) -> Result<NatsConnection, NatsErro
         .connection_timeout(settings.connect_timeout)
         // Unbounded reconnects: a broker outage is waited out, never turned into data loss.
         .max_reconnects(None)
+        // Every answer (PubAcks, API replies) comes on this prefix: private when the account's
+        // permissions make it so (docs/security.md).
+        .custom_inbox_prefix(settings.inbox_prefix())
         .event_callback(move |event| {
             let events = events.clone();
             async move { events.on_event(&event) }

@@ -71,6 +71,13 @@ pub struct NatsSettings {
     /// slower, the same guarantees.
     #[serde(default)]
     pub publish_path: PublishPath,
+    /// The first tokens of the subjects JetStream answers the relay's publishes and requests on
+    /// (`<inbox_prefix>.<unique>.…`). Default `_INBOX`, shared by every client of the account:
+    /// any user that may subscribe to the outbox subjects and publish to `_INBOX.>` could answer
+    /// for JetStream. A prefix of the relay's own, which only the relay's user may subscribe to
+    /// and no user may publish to, makes the answers private (docs/security.md).
+    #[serde(default)]
+    pub inbox_prefix: Option<String>,
     /// The KV bucket the relay stores each `[outbox.contracts]` schema in (created when
     /// missing), under the key its events' `Outbox-Schema` header names. Default
     /// `outbox-contracts`.
@@ -120,7 +127,31 @@ impl NatsSettings {
     pub fn display_url(&self) -> String {
         relay_core::secret::redact_url(&self.url)
     }
+
+    /// `inbox_prefix`, or the shared default `_INBOX`.
+    pub fn inbox_prefix(&self) -> &str {
+        self.inbox_prefix.as_deref().unwrap_or(SHARED_INBOX_PREFIX)
+    }
+
+    /// Why `inbox_prefix` cannot be a subject prefix (with the fix), if it cannot.
+    pub fn inbox_prefix_problem(&self) -> Option<String> {
+        let prefix = self.inbox_prefix.as_deref()?;
+        let bad_token = prefix.split('.').find(|token| {
+            token.is_empty()
+                || token
+                    .chars()
+                    .any(|c| c == '*' || c == '>' || c.is_whitespace() || c.is_control())
+        });
+        bad_token.map(|token| {
+            format!(
+                "nats.inbox_prefix `{prefix}` is not a subject prefix (token `{token}`): give dot-separated tokens without wildcards or spaces, e.g. `_RELAY_INBOX.orders`"
+            )
+        })
+    }
 }
+
+/// The reply-subject prefix every NATS client uses unless told otherwise.
+pub const SHARED_INBOX_PREFIX: &str = "_INBOX";
 
 impl std::fmt::Debug for NatsSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -230,6 +261,7 @@ impl Default for NatsSettings {
             publish_mode: PublishMode::default(),
             publish_path: PublishPath::default(),
             contracts_bucket: default_contracts_bucket(),
+            inbox_prefix: None,
             credentials_file: None,
             user: None,
             password: None,
@@ -249,6 +281,29 @@ impl Default for NatsSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_inbox_prefix_is_dot_separated_tokens_without_wildcards() {
+        let with = |prefix: &str| NatsSettings {
+            inbox_prefix: Some(prefix.into()),
+            ..NatsSettings::default()
+        };
+        assert_eq!(NatsSettings::default().inbox_prefix(), "_INBOX");
+        assert!(NatsSettings::default().inbox_prefix_problem().is_none());
+        for good in ["_RELAY_INBOX", "_INBOX_orders.relay", "a.b.c"] {
+            assert!(with(good).inbox_prefix_problem().is_none(), "{good}");
+            assert_eq!(with(good).inbox_prefix(), good);
+        }
+        for bad in ["", "a..b", "a.", ".a", "a.*", "a.>", "has space", "tab\tx"] {
+            let problem = with(bad).inbox_prefix_problem();
+            assert!(
+                problem
+                    .as_deref()
+                    .is_some_and(|p| p.contains("nats.inbox_prefix")),
+                "{bad:?}: {problem:?}"
+            );
+        }
+    }
     use crate::client_auth::{resolved_nkey_seed, resolved_password, resolved_token};
 
     #[test]

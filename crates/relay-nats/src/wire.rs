@@ -99,6 +99,7 @@ pub(crate) fn options(
     options.name = "outbox-relay (lean publish)".to_owned();
     options.on_server_error = Some(Arc::new(move |text: &str| state.record_server_error(text)));
     options.domain = settings.domain.as_deref().map(Arc::from);
+    options.inbox_prefix = settings.inbox_prefix().to_owned();
     Ok(options)
 }
 

@@ -381,6 +381,9 @@ impl RelayConfig {
         {
             return Err(ConfigError::Invalid(problem));
         }
+        if let Some(problem) = self.nats.inbox_prefix_problem() {
+            return Err(ConfigError::Invalid(problem));
+        }
         Ok(())
     }
 

@@ -16,6 +16,7 @@ pub(super) async fn nats_checks(config: &RelayConfig, r: &mut Report) {
     let Some(connection) = connection_check(config, r).await else {
         return;
     };
+    inbox_check(config, r);
     if !jetstream_check(config, &connection, r).await {
         return;
     }
@@ -80,6 +81,27 @@ async fn connection_check(config: &RelayConfig, r: &mut Report) -> Option<NatsCo
             );
             None
         }
+    }
+}
+
+/// Whose answers the relay can take for JetStream's: on the shared `_INBOX` prefix, any user of
+/// the account that sees the outbox subjects and may publish there can answer first.
+fn inbox_check(config: &RelayConfig, r: &mut Report) {
+    let prefix = config.nats.inbox_prefix();
+    if prefix == relay_nats::SHARED_INBOX_PREFIX {
+        r.hinted(
+            Verdict::Warn,
+            "nats inbox_prefix",
+            format!(
+                "`{prefix}`, shared by every client of the account: a user that may subscribe to the outbox subjects and publish to `{prefix}.>` can answer a publish in JetStream's place"
+            ),
+            "set [nats] inbox_prefix to a prefix of the relay's own and let only the relay's user subscribe to it and no user publish to it (docs/security.md, \"Who else may use the account\")",
+        );
+    } else {
+        r.pass(
+            "nats inbox_prefix",
+            format!("`{prefix}` (private when only the relay's user may subscribe to `{prefix}.>` and no user may publish to it)"),
+        );
     }
 }
 
