@@ -147,6 +147,63 @@ fn compose_and_docker_check_relay_health_over_http() -> Result<()> {
     Ok(())
 }
 
+/// The Dockerfile's instructions: continuation lines joined, comments left out.
+fn dockerfile_instructions(text: &str) -> Vec<String> {
+    let mut instructions = Vec::new();
+    let mut current = String::new();
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('#') || (line.is_empty() && current.is_empty()) {
+            continue;
+        }
+        match line.strip_suffix('\\') {
+            Some(part) => current.push_str(part),
+            None => {
+                current.push_str(line);
+                instructions.push(std::mem::take(&mut current));
+            }
+        }
+    }
+    instructions
+}
+
+/// The image ships the release build, and the release profile leaves the debug info out (the
+/// build fails if line tables are still in the binary).
+#[test]
+fn the_image_ships_the_release_binary_without_debug_info() -> Result<()> {
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile"))?;
+    let instructions = dockerfile_instructions(&dockerfile);
+    let build = instructions
+        .iter()
+        .find(|i| i.starts_with("RUN cargo build"))
+        .expect("a cargo build step");
+    assert!(
+        build.contains("--release") && build.contains("-p outbox-relay"),
+        "{build}"
+    );
+    assert!(
+        build.contains("! readelf -S --wide target/release/outbox-relay")
+            && build.contains(r"grep -qE '\.debug_(info|line)'"),
+        "the build checks the binary has no debug info: {build}"
+    );
+    assert!(
+        instructions.iter().any(|i| i
+            == "COPY --from=build /src/target/release/outbox-relay /usr/local/bin/outbox-relay"),
+        "the image copies that binary: {instructions:?}"
+    );
+    let cargo = std::fs::read_to_string(repo().join("Cargo.toml"))?;
+    let release: Vec<&str> = cargo
+        .split("\n[profile.release]\n")
+        .nth(1)
+        .expect("[profile.release]")
+        .lines()
+        .take_while(|l| !l.starts_with('['))
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    assert_eq!(release, ["debug = false", "strip = \"debuginfo\""]);
+    Ok(())
+}
+
 /// Metric names in a PromQL expression: identifiers starting with `outbox_relay_` (label
 /// values in quotes skipped), e.g. `outbox_relay_commit_to_ack_seconds_bucket`.
 fn metric_names(expr: &str) -> Vec<String> {
