@@ -1,7 +1,9 @@
 //! The open transaction's events, held back until its Commit is read: a transaction with a row
 //! that cannot be routed then publishes nothing of itself, in every publish mode (the batch
-//! modes hold a transaction anyway). Bounded by the in-flight window: a transaction of more
-//! events than `max_in_flight` sends its first events before the rest is read.
+//! modes hold a transaction anyway). Bounded by the in-flight window: when a transaction's
+//! events, with those still awaiting their acknowledgement, fill `max_in_flight`, its first
+//! events go out before the rest is read (waiting longer could wait for ever: a batching
+//! publisher answers for a part of a transaction only once it has the part's end).
 
 use std::sync::Arc;
 
@@ -41,8 +43,8 @@ impl HeldTransaction {
 
 impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
     /// Hands the held events to the publisher, in order, when the transaction's Commit was read
-    /// or when they fill the window (nothing else could then be read), and then tells the
-    /// publisher the transaction ended.
+    /// or when they and the events awaiting their acknowledgement fill the window (nothing else
+    /// could then be read), and then tells the publisher the transaction ended.
     pub(super) async fn release_held<F>(
         &mut self,
         window: &mut Window,
@@ -50,15 +52,18 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
         max_in_flight: usize,
         attempt: impl Fn(u64, Result<P::Ack, PublishError>) -> F,
     ) {
-        let full = self.held.events.len() >= max_in_flight;
+        let full =
+            !self.held.events.is_empty() && self.held.events.len() + window.len() >= max_in_flight;
         if !(self.held.ended || full) {
             return;
         }
         if full && !self.held.ended && !self.held.split {
             self.held.split = true;
-            tracing::info!(
+            tracing::debug!(
                 max_in_flight,
-                "a transaction of more events than [relay] max_in_flight: its first events are published before the rest of it is read"
+                held = self.held.events.len(),
+                awaiting_ack = window.len(),
+                "the window is full inside a transaction: its first events are published before the rest of it is read"
             );
         }
         for routed in std::mem::take(&mut self.held.events) {
