@@ -52,8 +52,11 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
         max_in_flight: usize,
         attempt: impl Fn(u64, Result<P::Ack, PublishError>) -> F,
     ) {
-        let full =
-            !self.held.events.is_empty() && self.held.events.len() + window.len() >= max_in_flight;
+        // Only while new events may go out, as when they are read: while a fault is recovered
+        // from, nothing new is sent (the batching publisher sends what it holds back then).
+        let full = window.open()
+            && !self.held.events.is_empty()
+            && self.held.events.len() + window.len() >= max_in_flight;
         if !(self.held.ended || full) {
             return;
         }
