@@ -5,8 +5,9 @@
 //! directory, so tests may run in parallel threads and processes. Servers
 //! never use the machine's shared instances (5432, 4222).
 //!
-//! * [`PostgresServer`]: `initdb` + `pg_ctl start` with `wal_level=logical`.
-//!   When the tests run as root, PostgreSQL runs as the `postgres` OS user.
+//! * [`PostgresServer`]: `initdb` + `pg_ctl start` with `wal_level=logical`
+//!   (one `initdb` per PostgreSQL build, kept in the temporary directory as a
+//!   template that each cluster copies). When the tests run as root, PostgreSQL runs as the `postgres` OS user.
 //! * [`NatsServer`]: `nats-server` with JetStream and a file store.
 //! * [`NatsCluster`]: several nats-servers with cluster routes and
 //!   JetStream (streams with 3 replicas), plus [`stream_leader_stepdown`]

@@ -52,7 +52,8 @@ impl PostgresServer {
         Ok(output)
     }
 
-    pub(super) async fn initdb(&self) -> anyhow::Result<()> {
+    /// Runs `initdb` into `target` (which must not exist yet), as the server's OS user.
+    pub(super) async fn initdb_into(&self, target: &Path) -> anyhow::Result<()> {
         let pwfile = self.dir.path().join("pwfile");
         std::fs::write(&pwfile, format!("{PASSWORD}\n")).context("writing the pwfile")?;
         if let Some((uid, gid)) = self.owner {
@@ -60,17 +61,11 @@ impl PostgresServer {
         }
         let mut cmd = self.command("initdb");
         cmd.arg("-D")
-            .arg(&self.data_dir)
+            .arg(target)
             .arg("-U")
             .arg(SUPERUSER)
             .arg(format!("--pwfile={}", pwfile.display()))
-            .args([
-                "--auth-local=trust",
-                "--auth-host=scram-sha-256",
-                "--encoding=UTF8",
-                "--locale=C",
-                "--no-sync",
-            ]);
+            .args(INITDB_ARGS);
         let output = self.run(cmd, "initdb").await?;
         let _ = std::fs::remove_file(&pwfile);
         if !output.status.success() {
@@ -86,6 +81,15 @@ impl PostgresServer {
         Ok(())
     }
 }
+
+/// The options every test cluster is made with (part of the template's key).
+pub(super) const INITDB_ARGS: [&str; 5] = [
+    "--auth-local=trust",
+    "--auth-host=scram-sha-256",
+    "--encoding=UTF8",
+    "--locale=C",
+    "--no-sync",
+];
 
 /// The OS user PostgreSQL must run as: `postgres` when we are root, else
 /// ourselves (`None`).

@@ -11,6 +11,7 @@ mod binaries;
 mod control;
 mod options;
 mod standby;
+mod template;
 mod tls;
 
 use std::path::{Path, PathBuf};
