@@ -10,8 +10,10 @@ use pgoutput::{LogicalMessage, Lsn};
 use crate::message::OutboundMessage;
 use crate::route::MessageLimits;
 
+mod hook;
 mod inert;
 
+pub use hook::{AckWatch, PublishHook, PublishHooks, Settling, Watches};
 pub use inert::{DryRunPublisher, NoStore};
 
 /// What a [`ChangeSource`] yields, in WAL order. Begin and Commit are split out because the
@@ -208,9 +210,10 @@ pub trait Publisher: Clone + Send + Sync + 'static {
         u32::MAX
     }
 
-    // The next four have no default on purpose: a publisher that wraps another (tracing,
-    // backfill, restore) must hand them on, or its inner publisher's batches silently stop
-    // following transactions (`restore` once published atomic-batch windows per message).
+    // The next four have no default on purpose: a publisher that wraps another must hand them
+    // on, or its inner publisher's batches silently stop following transactions (`restore` once
+    // published atomic-batch windows per message). To watch a publisher, give it a
+    // [`PublishHook`] instead of wrapping it.
 
     /// A transaction begins (pgoutput Begin, or a non-transactional logical message, which is
     /// a transaction of its own): the messages of commit LSN `commit_lsn` handed to

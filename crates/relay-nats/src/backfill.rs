@@ -1,85 +1,24 @@
-//! The backfill's side of JetStream: the relay's publisher with the `Outbox-Backfill` header
-//! added, and the event ids the stream already holds for a table.
+//! The backfill's side of JetStream: the `Outbox-Backfill` header its publisher adds
+//! ([`crate::JetStreamPublisher::for_backfill`]), and the event ids the stream already holds for
+//! a table.
 
 use std::collections::HashSet;
 use std::sync::{Arc, LazyLock};
 
 use futures::StreamExt as _;
-use relay_core::Lsn;
 use relay_core::id_digest::{IdDigest, SharedIds, id_digest};
 use relay_core::message::{HEADER_BACKFILL, HEADER_MSG_ID, HEADER_TABLE, OutboundMessage};
-use relay_core::route::MessageLimits;
-use relay_core::stage::{PublishError, Publisher};
 use tokio_util::sync::CancellationToken;
 
 use crate::connection::JetStream;
 use crate::error::NatsError;
-use crate::publisher::JetStreamPublisher;
 
 /// `Outbox-Backfill: true`, allocated once.
 static BACKFILL_HEADER: LazyLock<(Arc<str>, Arc<str>)> =
     LazyLock::new(|| (HEADER_BACKFILL.into(), "true".into()));
 
-/// The relay's publisher; every message gets `Outbox-Backfill: true` as its last header.
-#[derive(Debug, Clone)]
-pub struct BackfillPublisher(JetStreamPublisher);
-
-impl BackfillPublisher {
-    /// `inner`, marking every message as the backfill's.
-    #[must_use]
-    pub fn new(inner: JetStreamPublisher) -> Self {
-        Self(inner)
-    }
-}
-
-impl Publisher for BackfillPublisher {
-    type Ack = <JetStreamPublisher as Publisher>::Ack;
-
-    // A backfill publishes old rows in key order beside the relay's live events, not in commit
-    // order: it makes no condition on the stream's last message (docs/guarantees.md).
-    async fn send(
-        &self,
-        msg: &Arc<OutboundMessage>,
-        _after: Option<&str>,
-    ) -> Result<Self::Ack, PublishError> {
-        self.0.send(&marked(msg), None).await
-    }
-
-    async fn resend(
-        &self,
-        msg: &Arc<OutboundMessage>,
-        _after: Option<&str>,
-    ) -> Result<Self::Ack, PublishError> {
-        self.0.resend(&marked(msg), None).await
-    }
-
-    // Handed on as every wrapper must (the backfill publishes per message: they do nothing).
-    fn begin_transaction(&self, commit_lsn: Lsn) {
-        self.0.begin_transaction(commit_lsn);
-    }
-
-    fn end_transaction(&self) {
-        self.0.end_transaction();
-    }
-
-    fn hold(&self) {
-        self.0.hold();
-    }
-
-    fn limits(&self) -> MessageLimits {
-        // The route stage checks rows against these: count the header added here.
-        let mut limits = self.0.limits();
-        limits.extra_header_bytes += MessageLimits::header_line_len(HEADER_BACKFILL, "true");
-        limits
-    }
-
-    fn max_server_closes(&self) -> u32 {
-        self.0.max_server_closes()
-    }
-}
-
-/// `msg` with `Outbox-Backfill: true` as its last header (once: a re-send gets the original).
-fn marked(msg: &Arc<OutboundMessage>) -> Arc<OutboundMessage> {
+/// `msg` with `Outbox-Backfill: true` as its last header.
+pub(crate) fn marked(msg: &Arc<OutboundMessage>) -> Arc<OutboundMessage> {
     let mut marked = OutboundMessage::clone(msg);
     marked.headers.push(BACKFILL_HEADER.clone());
     Arc::new(marked)
@@ -192,6 +131,7 @@ pub async fn stream_ids(
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;
+    use relay_core::Lsn;
 
     use super::*;
 

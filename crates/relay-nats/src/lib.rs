@@ -39,7 +39,7 @@ use std::sync::Arc;
 use client_auth::ClientAuth;
 use connection_state::ConnectionState;
 
-pub use backfill::{BackfillPublisher, StreamIds, stream_ids, watch_live};
+pub use backfill::{StreamIds, stream_ids, watch_live};
 pub use client_auth::check_files;
 pub use connection::{JetStream, NatsConnection};
 pub use consumer_recreate::{RecreateError, recreate_consumer, set_filters, skips_unacked};
@@ -56,7 +56,7 @@ pub use error::NatsError;
 pub use native::check_broker_needs;
 pub use published::{StreamState, published_between, published_since, scan_headers};
 pub use publisher::JetStreamPublisher;
-pub use restore::RestorePublisher;
+pub use restore::RestoreCheck;
 pub use settings::{NatsSettings, PublishMode, PublishPath, SHARED_INBOX_PREFIX};
 pub use stream::{
     MSG_ID_CONDITION_FAILS_REPLICAS, StreamReport, order_by_sequence, prepare_stream,

@@ -6,13 +6,17 @@
 //! [`path::PathChoice`] gives: the lean one ([`crate::wire`], `lean.rs`), or async-nats' (`nats.rs`)
 //! with `[nats] publish_path = "async-nats"` or once the server refused the lean connection.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use async_nats::jetstream;
+use futures::FutureExt as _;
 use futures::future::BoxFuture;
-use relay_core::message::{HEADER_EXPECTED_STREAM, OutboundMessage};
+use relay_core::message::{HEADER_BACKFILL, HEADER_EXPECTED_STREAM, OutboundMessage};
 use relay_core::route::MessageLimits;
-use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind, Publisher};
+use relay_core::stage::{
+    PubReceipt, PublishError, PublishErrorKind, PublishHook, PublishHooks, Publisher, Watches,
+};
 
 use self::batching::Mode;
 use self::batching::atomic::{Atomic, supports_atomic_batches};
@@ -45,6 +49,11 @@ pub struct JetStreamPublisher {
     /// Length of the longest reply subject a publish may carry: the per-message core's, or in
     /// fast batches the batch's reply subject.
     reply_len: usize,
+    /// What watches each message and its outcome (tracing, `restore`'s check of duplicates).
+    hooks: PublishHooks,
+    /// A backfill's publisher: every message marked `Outbox-Backfill: true`, none with a
+    /// condition on the stream's last message ([`Self::for_backfill`]).
+    backfill: bool,
 }
 
 /// How the publisher frames what the pipeline hands it: the publish mode in effect (a mode the
@@ -99,7 +108,39 @@ impl JetStreamPublisher {
             reply_len: core.reply_len(),
             core,
             strategy: Strategy::PerMessage,
+            hooks: PublishHooks::default(),
+            backfill: false,
         }
+    }
+
+    /// This publisher for a backfill: every message gets `Outbox-Backfill: true` as its last
+    /// header, and none names its predecessor. A backfill publishes old rows in key order beside
+    /// the relay's live events, not in commit order (docs/guarantees.md).
+    #[must_use]
+    pub fn for_backfill(mut self) -> Self {
+        self.backfill = true;
+        self
+    }
+
+    /// What goes out for `msg` sent after `after`: a backfill's marked copy without a condition,
+    /// or `msg` as it is.
+    fn handed<'m>(
+        &self,
+        msg: &'m Arc<OutboundMessage>,
+        after: Option<&'m str>,
+    ) -> (Cow<'m, Arc<OutboundMessage>>, Option<&'m str>) {
+        if self.backfill {
+            (Cow::Owned(crate::backfill::marked(msg)), None)
+        } else {
+            (Cow::Borrowed(msg), after)
+        }
+    }
+
+    /// This publisher, with `hook` called for every message it hands over and its outcome.
+    #[must_use]
+    pub fn with_hook(mut self, hook: Arc<dyn PublishHook>) -> Self {
+        self.hooks = self.hooks.with(hook);
+        self
     }
 
     /// This publisher with every commit-order condition naming a stream sequence instead of an
@@ -266,7 +307,7 @@ impl JetStreamPublisher {
 
     /// From now on a `duplicate` answer naming a copy the stream no longer holds counts as
     /// answered, for a caller that reads the stream itself and names each such event
-    /// ([`crate::RestorePublisher`]). Otherwise (the relay, backfills) such an answer is an
+    /// ([`crate::RestoreCheck`]). Otherwise (the relay, backfills) such an answer is an
     /// unknown outcome: the event is published again until the stream stores it.
     pub(crate) fn leave_lost_copies_to_caller(&self) {
         self.core
@@ -286,14 +327,15 @@ impl JetStreamPublisher {
     }
 }
 
-impl Publisher for JetStreamPublisher {
-    type Ack = BoxFuture<'static, Result<PubReceipt, PublishError>>;
+/// What a publish hands back: the pending answer.
+type Ack = BoxFuture<'static, Result<PubReceipt, PublishError>>;
 
-    async fn send(
+impl JetStreamPublisher {
+    async fn send_unwatched(
         &self,
         msg: &Arc<OutboundMessage>,
         after: Option<&str>,
-    ) -> Result<Self::Ack, PublishError> {
+    ) -> Result<Ack, PublishError> {
         self.check_limits(msg)?;
         if let Some(framer) = self.strategy.framer() {
             // The framing task keeps the condition on the stream's last message its own way
@@ -303,6 +345,85 @@ impl Publisher for JetStreamPublisher {
         // From the pipeline's loop: never wait for a lost connection here (the delivery
         // re-sends, and its re-send waits).
         self.core.send_now(msg, Condition::event(after)).await
+    }
+
+    async fn resend_unwatched(
+        &self,
+        msg: &Arc<OutboundMessage>,
+        after: Option<&str>,
+    ) -> Result<Ack, PublishError> {
+        self.check_limits(msg)?;
+        if self.core.by_sequence
+            && let Some(framer) = self.strategy.framer()
+        {
+            // Every condition names a sequence: the re-send takes its place in the chain in
+            // the framing task, in call order.
+            return Ok(framer.resend(msg, after));
+        }
+        // Atomic batches keep commit order by the stream's sequence: a re-send is counted in
+        // their chain from before it goes until it is answered.
+        let Some(chain) = self.strategy.framer().and_then(Framer::chain) else {
+            return self.core.send_alone(msg, Condition::event(after)).await;
+        };
+        let link = chain.alone(true);
+        Ok(link.follow(self.core.send_alone(msg, Condition::event(after)).await?))
+    }
+}
+
+/// `sent`, with its hooks told that it went out and, once known, its outcome.
+async fn watched(
+    mut watches: Watches,
+    sent: Result<Ack, PublishError>,
+) -> Result<Ack, PublishError> {
+    if watches.is_empty() {
+        return sent;
+    }
+    match sent {
+        Ok(ack) => {
+            watches.sent();
+            Ok(async move {
+                let outcome = ack.await;
+                watches.settled(&outcome).await;
+                outcome
+            }
+            .boxed())
+        }
+        Err(error) => {
+            watches.settled(&Err(error.clone())).await;
+            Err(error)
+        }
+    }
+}
+
+impl Publisher for JetStreamPublisher {
+    type Ack = Ack;
+
+    async fn send(
+        &self,
+        msg: &Arc<OutboundMessage>,
+        after: Option<&str>,
+    ) -> Result<Ack, PublishError> {
+        let (msg, after) = self.handed(msg, after);
+        let msg = &*msg;
+        if self.hooks.is_empty() {
+            return self.send_unwatched(msg, after).await;
+        }
+        let watches = self.hooks.handing(msg);
+        watched(watches, self.send_unwatched(msg, after).await).await
+    }
+
+    async fn resend(
+        &self,
+        msg: &Arc<OutboundMessage>,
+        after: Option<&str>,
+    ) -> Result<Ack, PublishError> {
+        let (msg, after) = self.handed(msg, after);
+        let msg = &*msg;
+        if self.hooks.is_empty() {
+            return self.resend_unwatched(msg, after).await;
+        }
+        let watches = self.hooks.handing(msg);
+        watched(watches, self.resend_unwatched(msg, after).await).await
     }
 
     fn begin_transaction(&self, commit_lsn: relay_core::Lsn) {
@@ -323,28 +444,6 @@ impl Publisher for JetStreamPublisher {
         }
     }
 
-    async fn resend(
-        &self,
-        msg: &Arc<OutboundMessage>,
-        after: Option<&str>,
-    ) -> Result<Self::Ack, PublishError> {
-        self.check_limits(msg)?;
-        if self.core.by_sequence
-            && let Some(framer) = self.strategy.framer()
-        {
-            // Every condition names a sequence: the re-send takes its place in the chain in
-            // the framing task, in call order.
-            return Ok(framer.resend(msg, after));
-        }
-        // Atomic batches keep commit order by the stream's sequence: a re-send is counted in
-        // their chain from before it goes until it is answered.
-        let Some(chain) = self.strategy.framer().and_then(Framer::chain) else {
-            return self.core.send_alone(msg, Condition::event(after)).await;
-        };
-        let link = chain.alone(true);
-        Ok(link.follow(self.core.send_alone(msg, Condition::event(after)).await?))
-    }
-
     fn limits(&self) -> MessageLimits {
         MessageLimits {
             // 0 before the first INFO: unknown, the server decides.
@@ -359,7 +458,11 @@ impl Publisher for JetStreamPublisher {
             extra_header_bytes: MessageLimits::header_line_len(
                 HEADER_EXPECTED_STREAM,
                 &self.core.stream,
-            ),
+            ) + if self.backfill {
+                MessageLimits::header_line_len(HEADER_BACKFILL, "true")
+            } else {
+                0
+            },
         }
     }
 

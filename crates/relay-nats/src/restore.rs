@@ -1,59 +1,51 @@
-//! `outbox-relay restore`'s publisher: the relay's, and it notices JetStream dropping an event
-//! as a duplicate of a message the stream no longer holds (a purge inside the duplicate window),
-//! which is then not restored.
+//! `outbox-relay restore`'s check on the relay's publisher: it notices JetStream dropping an
+//! event as a duplicate of a message the stream no longer holds (a purge inside the duplicate
+//! window), which is then not restored. A [`PublishHook`], so the publisher stays the relay's.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use futures::FutureExt as _;
-use futures::future::BoxFuture;
-use relay_core::Lsn;
 use relay_core::message::{HEADER_MSG_ID, OutboundMessage};
-use relay_core::route::MessageLimits;
-use relay_core::stage::{PubReceipt, PublishError, Publisher};
+use relay_core::stage::{AckWatch, PubReceipt, PublishError, PublishHook, Settling};
 
 use crate::connection::JetStream;
 use crate::publisher::JetStreamPublisher;
 
-/// The relay's publisher. A duplicate ack names the sequence of the copy JetStream remembers;
-/// when that copy is gone (a purge inside the `duplicate_window`: the server still remembers
-/// the id) the event was not restored, and its id is noted.
+/// Notes the events a duplicate answer names a lost copy for. A duplicate answer names the
+/// sequence of the copy JetStream remembers; when that copy is gone (a purge inside the
+/// `duplicate_window`: the server still remembers the id) the event was not restored, and its
+/// id is noted. Clones share one list.
 #[derive(Clone)]
-pub struct RestorePublisher {
-    inner: JetStreamPublisher,
-    /// Shared by every ack future: one reference count per message, not a copy of each part.
-    duplicates: Arc<DuplicateCheck>,
-}
+pub struct RestoreCheck(Arc<Shared>);
 
-/// What an ack future needs to tell a duplicate the stream still holds from one it does not.
-struct DuplicateCheck {
+struct Shared {
     jetstream: JetStream,
     stream: String,
     /// Event ids dropped as duplicates of a copy the stream no longer holds.
     not_stored: Mutex<Vec<String>>,
 }
 
-impl RestorePublisher {
-    /// `inner`, publishing into `stream`.
+impl RestoreCheck {
+    /// `publisher` (into `stream`) with the check hooked in, and the check. From then on a
+    /// duplicate answer naming a lost copy counts as answered for the publisher: the check
+    /// names each such event instead.
     #[must_use]
-    pub fn new(inner: JetStreamPublisher, stream: String) -> Self {
-        inner.leave_lost_copies_to_caller();
-        Self {
-            duplicates: Arc::new(DuplicateCheck {
-                jetstream: inner.jetstream().clone(),
-                stream,
-                not_stored: Mutex::new(Vec::new()),
-            }),
-            inner,
-        }
+    pub fn attach(publisher: JetStreamPublisher, stream: String) -> (JetStreamPublisher, Self) {
+        publisher.leave_lost_copies_to_caller();
+        let check = Self(Arc::new(Shared {
+            jetstream: publisher.jetstream().clone(),
+            stream,
+            not_stored: Mutex::new(Vec::new()),
+        }));
+        (publisher.with_hook(Arc::new(check.clone())), check)
     }
 
     /// The event ids JetStream dropped as duplicates of copies the stream no longer holds,
-    /// so far (every clone of this publisher notes them in one list), taken out of the list.
+    /// so far, taken out of the list.
     #[must_use]
     pub fn take_not_stored(&self) -> Vec<String> {
         std::mem::take(
             &mut *self
-                .duplicates
+                .0
                 .not_stored
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner),
@@ -61,11 +53,50 @@ impl RestorePublisher {
     }
 }
 
-impl std::fmt::Debug for RestorePublisher {
+impl std::fmt::Debug for RestoreCheck {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RestorePublisher")
-            .field("stream", &self.duplicates.stream)
+        f.debug_struct("RestoreCheck")
+            .field("stream", &self.0.stream)
             .finish_non_exhaustive()
+    }
+}
+
+impl PublishHook for RestoreCheck {
+    fn handing(&self, msg: &Arc<OutboundMessage>) -> Option<Box<dyn AckWatch>> {
+        Some(Box::new(Watch {
+            check: self.0.clone(),
+            event_id: msg.event_id.clone(),
+        }))
+    }
+}
+
+/// One event's attempt.
+struct Watch {
+    check: Arc<Shared>,
+    event_id: String,
+}
+
+impl AckWatch for Watch {
+    fn settled<'a>(self: Box<Self>, outcome: &'a Result<PubReceipt, PublishError>) -> Settling<'a> {
+        Box::pin(async move {
+            let Ok(receipt) = outcome else { return };
+            let check = &self.check;
+            if receipt.duplicate
+                && !holds(
+                    &check.jetstream,
+                    &check.stream,
+                    receipt.stream_seq,
+                    &self.event_id,
+                )
+                .await
+            {
+                check
+                    .not_stored
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(self.event_id.clone());
+            }
+        })
     }
 }
 
@@ -81,84 +112,5 @@ async fn holds(jetstream: &JetStream, stream: &str, seq: u64, id: &str) -> bool 
             .get(HEADER_MSG_ID)
             .is_some_and(|v| v.as_str() == id),
         Err(_) => false,
-    }
-}
-
-impl Publisher for RestorePublisher {
-    type Ack = BoxFuture<'static, Result<PubReceipt, PublishError>>;
-
-    async fn send(
-        &self,
-        msg: &Arc<OutboundMessage>,
-        after: Option<&str>,
-    ) -> Result<Self::Ack, PublishError> {
-        let ack = self.inner.send(msg, after).await?;
-        Ok(self.checked(ack, msg))
-    }
-
-    async fn resend(
-        &self,
-        msg: &Arc<OutboundMessage>,
-        after: Option<&str>,
-    ) -> Result<Self::Ack, PublishError> {
-        let ack = self.inner.resend(msg, after).await?;
-        Ok(self.checked(ack, msg))
-    }
-
-    // The window's transactions, so that batches follow them as in the relay.
-    fn begin_transaction(&self, commit_lsn: Lsn) {
-        self.inner.begin_transaction(commit_lsn);
-    }
-
-    fn end_transaction(&self) {
-        self.inner.end_transaction();
-    }
-
-    fn hold(&self) {
-        self.inner.hold();
-    }
-
-    fn limits(&self) -> MessageLimits {
-        self.inner.limits()
-    }
-
-    fn max_server_closes(&self) -> u32 {
-        self.inner.max_server_closes()
-    }
-
-    fn stream_name(&self) -> Option<Arc<str>> {
-        self.inner.stream_name()
-    }
-}
-
-impl RestorePublisher {
-    /// `ack`, which notes the event as not restored when it is a duplicate of a copy the
-    /// stream no longer holds.
-    fn checked(
-        &self,
-        ack: <JetStreamPublisher as Publisher>::Ack,
-        msg: &Arc<OutboundMessage>,
-    ) -> BoxFuture<'static, Result<PubReceipt, PublishError>> {
-        let (check, msg) = (self.duplicates.clone(), msg.clone());
-        async move {
-            let receipt = ack.await?;
-            if receipt.duplicate
-                && !holds(
-                    &check.jetstream,
-                    &check.stream,
-                    receipt.stream_seq,
-                    &msg.event_id,
-                )
-                .await
-            {
-                check
-                    .not_stored
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(msg.event_id.clone());
-            }
-            Ok(receipt)
-        }
-        .boxed()
     }
 }

@@ -12,7 +12,7 @@ use relay_core::id_digest::id_digest;
 use relay_core::message::{HEADER_TABLE, OutboundMessage};
 use relay_core::stage::Publisher as _;
 use relay_nats::{
-    JetStreamPublisher, NatsSettings, PublishMode, RestorePublisher, StreamIds, stream_ids,
+    JetStreamPublisher, NatsSettings, PublishMode, RestoreCheck, StreamIds, stream_ids,
 };
 use relay_testkit::NatsServer;
 
@@ -49,7 +49,7 @@ async fn publisher(server: &NatsServer) -> Result<JetStreamPublisher> {
 async fn a_duplicate_of_a_purged_copy_is_reported_not_restored() -> Result<()> {
     let server = NatsServer::start().await?;
     let plain = publisher(&server).await?;
-    let restoring = RestorePublisher::new(plain.clone(), STREAM.into());
+    let (restoring, check) = RestoreCheck::attach(plain.clone(), STREAM.into());
 
     // Stored, then purged: the server still remembers the id for its duplicate window.
     plain
@@ -78,12 +78,12 @@ async fn a_duplicate_of_a_purged_copy_is_reported_not_restored() -> Result<()> {
         .await?;
     ensure!(again.duplicate, "the second copy of `kept` is a duplicate");
 
-    let not_stored = restoring.clone().take_not_stored();
+    let not_stored = check.clone().take_not_stored();
     ensure!(
         not_stored == ["gone"],
         "only the purged event is not restored: {not_stored:?}"
     );
-    ensure!(restoring.take_not_stored().is_empty(), "taken once");
+    ensure!(check.take_not_stored().is_empty(), "taken once");
     Ok(())
 }
 

@@ -160,8 +160,10 @@ async fn supervise(
     telemetry.set_nats(nats.client().clone());
     // Held until `run` returns: dropping it flushes the last spans.
     let spans = config.otlp.start().map_err(Failure::config)?;
-    let publisher =
-        relay_telemetry::otlp::TracedPublisher::new(publisher, spans, &config.nats.stream);
+    let publisher = match relay_telemetry::otlp::Tracing::hook(spans, &config.nats.stream) {
+        Some(tracing) => publisher.with_hook(tracing),
+        None => publisher,
+    };
     tracing::info!(
         stream = %config.nats.stream,
         subjects = ?report.subjects,
@@ -178,7 +180,7 @@ async fn supervise(
         spawn_sampler(
             config.clone(),
             telemetry.clone(),
-            publisher.inner().context().clone(),
+            publisher.context().clone(),
             shutdown.clone(),
         );
     }

@@ -22,7 +22,7 @@ use relay_core::Lsn;
 use relay_core::pipeline::{Pipeline, PipelineError, PipelineStats, RunOutcome};
 use relay_core::route::Router;
 use relay_core::stage::{DryRunPublisher, NoStore, Publisher};
-use relay_nats::RestorePublisher;
+use relay_nats::RestoreCheck;
 use relay_postgres::catalog;
 use relay_postgres::catalog::restore_slot::{SlotCopy, SlotCopyError};
 use relay_postgres::{PgSource, WindowSource};
@@ -379,20 +379,12 @@ async fn run_window(
         .await;
         (result, Vec::new())
     } else {
-        let restoring = RestorePublisher::new(publisher, config.nats.stream.clone());
+        let (restoring, check) = RestoreCheck::attach(publisher, config.nats.stream.clone());
         let result = pipeline_run(
-            config,
-            args,
-            source,
-            restoring.clone(),
-            router,
-            window,
-            in_stream,
-            &stats,
-            shutdown,
+            config, args, source, restoring, router, window, in_stream, &stats, shutdown,
         )
         .await;
-        (result, restoring.take_not_stored())
+        (result, check.take_not_stored())
     };
     finish(
         &shown,

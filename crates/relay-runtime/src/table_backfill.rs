@@ -1,7 +1,7 @@
 //! One backfill run over a table's pages, after its cursor was read or started: shared by
 //! `outbox-relay backfill` and the relay's backfill at slot creation (`backfill =
 //! "on-create"`, [`crate::relay`]). The stages are the libraries': relay-postgres'
-//! [`PageSource`] and [`CursorStore`], relay-nats' [`BackfillPublisher`], in relay-core's
+//! [`PageSource`] and [`CursorStore`], relay-nats' [`JetStreamPublisher::for_backfill`], in relay-core's
 //! [`Pipeline`] with the relay's delivery rule; this module builds them, runs them and says
 //! how the run ended.
 
@@ -14,9 +14,7 @@ use relay_core::Lsn;
 use relay_core::id_digest::IdDigest;
 use relay_core::pipeline::{Pipeline, PipelineError, PipelineStats, RunOutcome};
 use relay_core::route::OutboxTableConfig;
-use relay_nats::{
-    BackfillPublisher, JetStreamPublisher, NatsConnection, PublishMode, StreamReport,
-};
+use relay_nats::{JetStreamPublisher, NatsConnection, PublishMode, StreamReport};
 use relay_postgres::backfill::{
     CursorId, CursorStore, PageProgress, PageReader, PageSource, TableShape,
 };
@@ -128,7 +126,7 @@ pub async fn run_pages(
     let router = config.router_for(&run.mapping).map_err(Failure::config)?;
     let mut pipeline = Pipeline::new(
         source,
-        BackfillPublisher::new(publisher),
+        publisher.for_backfill(),
         store,
         router,
         Lsn(0),

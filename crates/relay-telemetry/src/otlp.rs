@@ -10,8 +10,6 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use futures::FutureExt as _;
-use futures::future::BoxFuture;
 use opentelemetry::trace::{
     Span as _, SpanContext, SpanId, SpanKind, TraceContextExt as _, TraceFlags, TraceId,
     TraceState, Tracer as _, TracerProvider as _,
@@ -20,11 +18,8 @@ use opentelemetry::{Context, KeyValue};
 use opentelemetry_otlp::WithExportConfig as _;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
-use relay_core::Lsn;
 use relay_core::message::{OutboundMessage, pg_time_to_system};
-use relay_core::route::MessageLimits;
-use relay_core::stage::{PubReceipt, PublishError, Publisher};
-use relay_nats::JetStreamPublisher;
+use relay_core::stage::{AckWatch, PubReceipt, PublishError, PublishHook, Settling};
 use serde::{Deserialize, Serialize};
 
 /// The span of one event.
@@ -116,36 +111,31 @@ pub fn parent_of(traceparent: &str) -> Option<SpanContext> {
     ))
 }
 
-/// The relay's publisher, with a span per traced event when `[otlp]` is on. Off, `send` is the
-/// inner publisher's (no wrapping, no allocation).
+/// A span per traced event, as a hook on the relay's publisher ([`PublishHook`]): each attempt
+/// to publish an event that carries a `traceparent` gets a span from its commit to its answer.
 #[derive(Debug, Clone)]
-pub struct TracedPublisher {
-    inner: JetStreamPublisher,
-    spans: Option<Arc<Spans>>,
+pub struct Tracing {
+    spans: Arc<Spans>,
     stream: Arc<str>,
 }
 
-impl TracedPublisher {
-    /// `inner`, traced when `spans` is set.
-    pub fn new(inner: JetStreamPublisher, spans: Option<Arc<Spans>>, stream: &str) -> Self {
-        Self {
-            inner,
+impl Tracing {
+    /// The hook for the events published into `stream`, when `[otlp]` is on (`spans` set).
+    /// Off, there is no hook: nothing is called or allocated per event.
+    pub fn hook(spans: Option<Arc<Spans>>, stream: &str) -> Option<Arc<dyn PublishHook>> {
+        let spans = spans?;
+        Some(Arc::new(Self {
             spans,
             stream: stream.into(),
-        }
-    }
-
-    /// The publisher underneath.
-    pub fn inner(&self) -> &JetStreamPublisher {
-        &self.inner
+        }))
     }
 
     /// A span for `msg`, started at its commit, when it carries a traceparent.
     fn span(&self, msg: &OutboundMessage) -> Option<opentelemetry_sdk::trace::Span> {
-        let spans = self.spans.as_ref()?;
         let parent = parent_of(msg.header(outbox_contract::HEADER_TRACEPARENT)?)?;
         let context = Context::new().with_remote_span_context(parent);
-        let span = spans
+        let span = self
+            .spans
             .tracer
             .span_builder(SPAN_NAME)
             .with_kind(SpanKind::Producer)
@@ -159,91 +149,43 @@ impl TracedPublisher {
                 KeyValue::new("outbox.commit_lsn", msg.commit_lsn.to_string()),
                 KeyValue::new("nats.stream", self.stream.to_string()),
             ])
-            .start_with_context(&spans.tracer, &context);
+            .start_with_context(&self.spans.tracer, &context);
         Some(span)
-    }
-
-    fn traced(
-        span: Option<opentelemetry_sdk::trace::Span>,
-        sent: Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError>,
-    ) -> Result<BoxFuture<'static, Result<PubReceipt, PublishError>>, PublishError> {
-        let Some(mut span) = span else {
-            return sent;
-        };
-        span.add_event_with_timestamp("published", SystemTime::now(), Vec::new());
-        let ack = match sent {
-            Ok(ack) => ack,
-            Err(e) => {
-                span.set_status(opentelemetry::trace::Status::error(e.message.clone()));
-                return Err(e);
-            }
-        };
-        Ok(ack
-            .map(move |outcome| {
-                match &outcome {
-                    Ok(receipt) => {
-                        span.set_attribute(KeyValue::new(
-                            "nats.stream.sequence",
-                            i64::try_from(receipt.stream_seq).unwrap_or(i64::MAX),
-                        ));
-                        span.set_attribute(KeyValue::new("nats.duplicate", receipt.duplicate));
-                    }
-                    Err(e) => {
-                        span.set_status(opentelemetry::trace::Status::error(e.message.clone()));
-                    }
-                }
-                span.end();
-                outcome
-            })
-            .boxed())
     }
 }
 
-impl Publisher for TracedPublisher {
-    type Ack = BoxFuture<'static, Result<PubReceipt, PublishError>>;
+impl PublishHook for Tracing {
+    fn handing(&self, msg: &Arc<OutboundMessage>) -> Option<Box<dyn AckWatch>> {
+        let span = self.span(msg)?;
+        Some(Box::new(EventSpan(span)))
+    }
+}
 
-    async fn send(
-        &self,
-        msg: &Arc<OutboundMessage>,
-        after: Option<&str>,
-    ) -> Result<Self::Ack, PublishError> {
-        let span = self.span(msg);
-        let sent = self.inner.send(msg, after).await;
-        Self::traced(span, sent)
+/// The span of one attempt to publish an event.
+struct EventSpan(opentelemetry_sdk::trace::Span);
+
+impl AckWatch for EventSpan {
+    fn sent(&mut self) {
+        self.0
+            .add_event_with_timestamp("published", SystemTime::now(), Vec::new());
     }
 
-    async fn resend(
-        &self,
-        msg: &Arc<OutboundMessage>,
-        after: Option<&str>,
-    ) -> Result<Self::Ack, PublishError> {
-        let span = self.span(msg);
-        let sent = self.inner.resend(msg, after).await;
-        Self::traced(span, sent)
-    }
-
-    fn limits(&self) -> MessageLimits {
-        self.inner.limits()
-    }
-
-    fn max_server_closes(&self) -> u32 {
-        self.inner.max_server_closes()
-    }
-
-    fn begin_transaction(&self, commit_lsn: Lsn) {
-        self.inner.begin_transaction(commit_lsn);
-    }
-
-    fn end_transaction(&self) {
-        self.inner.end_transaction();
-    }
-
-    fn hold(&self) {
-        self.inner.hold();
-    }
-
-    fn stream_name(&self) -> Option<Arc<str>> {
-        self.inner.stream_name()
+    fn settled<'a>(self: Box<Self>, outcome: &'a Result<PubReceipt, PublishError>) -> Settling<'a> {
+        let mut span = self.0;
+        match outcome {
+            Ok(receipt) => {
+                span.set_attribute(KeyValue::new(
+                    "nats.stream.sequence",
+                    i64::try_from(receipt.stream_seq).unwrap_or(i64::MAX),
+                ));
+                span.set_attribute(KeyValue::new("nats.duplicate", receipt.duplicate));
+            }
+            Err(e) => {
+                span.set_status(opentelemetry::trace::Status::error(e.message.clone()));
+            }
+        }
+        span.end();
+        Box::pin(std::future::ready(()))
     }
 }
 

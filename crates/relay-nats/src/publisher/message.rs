@@ -282,7 +282,7 @@ pub(crate) enum LostCopies {
     /// the stream stores it once the duplicate window has passed. The relay's and the backfill's.
     NotStored,
     /// Counted as answered: the caller reads the stream itself and names each such event
-    /// (`restore`, [`crate::RestorePublisher`]).
+    /// (`restore`, [`crate::RestoreCheck`]).
     LeftToCaller,
 }
 

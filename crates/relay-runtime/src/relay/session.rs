@@ -33,7 +33,7 @@ const MAX_REFUSED_LOGINS: u32 = 3;
 /// Runs sessions for [`super::run`]: what one session learns that the next must know.
 pub(super) struct Supervisor<'a> {
     pub(super) config: &'a RelayConfig,
-    pub(super) publisher: &'a relay_telemetry::otlp::TracedPublisher,
+    pub(super) publisher: &'a relay_nats::JetStreamPublisher,
     /// Ends the session: a shutdown, or the publication check finding drift.
     pub(super) stop: &'a CancellationToken,
     pub(super) telemetry: &'a Arc<Telemetry>,
@@ -83,7 +83,7 @@ impl Supervisor<'_> {
             None => Default::default(),
         };
         let mut already_published = relay_nats::published_since(
-            self.publisher.inner().jetstream(),
+            self.publisher.jetstream(),
             &self.config.nats.stream,
             start,
             self.config.relay.max_in_flight as u64 * 2,
