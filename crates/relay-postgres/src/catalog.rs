@@ -14,7 +14,7 @@ pub(crate) mod privileges;
 pub(crate) mod publication_age;
 mod publication_problem;
 pub(crate) mod range_partitions;
-pub(crate) mod relay_tables;
+pub mod relay_tables;
 pub mod restore_slot;
 pub mod retention;
 pub mod row_filter;
@@ -247,7 +247,7 @@ pub async fn publication(
 }
 
 /// Whether publication `name` publishes `schema.table`.
-pub(crate) async fn publication_has_table(
+pub async fn publication_has_table(
     client: &Client,
     name: &str,
     schema: &str,
@@ -398,7 +398,7 @@ pub async fn stored_checkpoint(
 }
 
 /// The WAL insert position now (`pg_current_wal_insert_lsn()`).
-pub(crate) async fn wal_insert_position(
+pub async fn wal_insert_position(
     client: &impl tokio_postgres::GenericClient,
 ) -> Result<Lsn, tokio_postgres::Error> {
     let text: String = client
@@ -424,7 +424,7 @@ pub async fn emit_functions_present(client: &Client) -> Result<bool, tokio_postg
 }
 
 /// `server_version_num` (e.g. 150019).
-pub(crate) async fn server_version_num(client: &Client) -> Result<i32, tokio_postgres::Error> {
+pub async fn server_version_num(client: &Client) -> Result<i32, tokio_postgres::Error> {
     Ok(client
         .query_one("SELECT current_setting('server_version_num')::int", &[])
         .await?
@@ -432,7 +432,7 @@ pub(crate) async fn server_version_num(client: &Client) -> Result<i32, tokio_pos
 }
 
 /// Drops the replication slot `name` if it exists (nothing when it does not).
-pub(crate) async fn drop_slot_if_exists(
+pub async fn drop_slot_if_exists(
     client: &Client,
     name: &str,
 ) -> Result<(), tokio_postgres::Error> {

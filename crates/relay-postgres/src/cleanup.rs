@@ -54,7 +54,6 @@ mod settings;
 mod task;
 
 pub use crate::age_column::{AgeColumn, AgeKind, AgeSpec, EpochUnit, of_partition_key};
-pub(crate) use access::after_fence;
 pub use access::{
     PrivilegeNeed, cleanup_tables_access, cleanup_tables_grants, ensure_tables, fence,
     privilege_problem,
@@ -65,6 +64,7 @@ pub use rows::{Applied, Batch, CleanupAction, RowPlan};
 pub use settings::{CleanupMode, CleanupSettings};
 pub use task::{CleanupReport, CleanupTask};
 
+use crate::sql::after_fence;
 use crate::sql::quote_ident;
 use crate::sql::quote_literal;
 

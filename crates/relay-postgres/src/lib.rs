@@ -17,13 +17,16 @@
 //! - [`signal`]: signals from SQL (`outbox_relay.signal`): the rows, their claim and their
 //!   written-back progress, and the session that listens for new ones;
 //! - [`session`]: the kept session and ticks of the periodic tasks beside the relay;
+//! - [`age_column`]: the time a row's age counts from, read by the column's type (cleanup's
+//!   `age_column` and the outbox tables' sampled age);
+//! - [`sql`]: quoting, and the predicate of rows committed after a snapshot;
 //! - small helpers other crates share: [`ShardSpec`], [`EmitFunctions`], [`SqlStateKind`],
 //!   [`quote_relation`], [`redact_url`].
 
 // What a module exports to its siblings only is `pub(crate)`: `pub` is the crate's API.
 #![warn(unreachable_pub)]
 
-mod age_column;
+pub mod age_column;
 pub mod backfill;
 pub mod bootstrap;
 pub mod catalog;
@@ -40,7 +43,7 @@ mod settings;
 mod shard;
 pub mod signal;
 mod source;
-mod sql;
+pub mod sql;
 mod sqlstate;
 
 /// Host, port, role, password and database of the URL (for messages and the replication session).

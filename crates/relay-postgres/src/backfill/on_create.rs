@@ -208,7 +208,7 @@ pub async fn streamed_ids(
         super::quote_ident(column),
         shape.from,
         shape.key_range(after, Some(end)),
-        crate::cleanup::after_fence(&quote_literal(snapshot)),
+        crate::sql::after_fence(&quote_literal(snapshot)),
         limit + 1
     );
     let rows = simple_rows(reader, &sql).await.map_err(query_err(format!(

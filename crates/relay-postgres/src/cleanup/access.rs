@@ -35,18 +35,6 @@ pub async fn ensure_tables(client: &Client) -> Result<(), String> {
     }
 }
 
-/// `NOT pg_visible_in_snapshot(xmin, fence)`: the row's transaction is one the fence snapshot
-/// (parameter `fence_param`) does not see, i.e. it committed after the fence was taken. `xmin`
-/// (32 bits) is widened against the current snapshot's `xmax`: a committed row's `xmin` is
-/// below it and, short of 2^32 transactions ago, that many transactions back at most; a value
-/// that cannot be widened (a special xid) counts as before the fence.
-pub(crate) fn after_fence(fence_param: &str) -> String {
-    let next = "pg_snapshot_xmax(pg_current_snapshot())::text::bigint";
-    format!(
-        "NOT pg_visible_in_snapshot(GREATEST({next} - (({next} % 4294967296) - xmin::text::bigint + 4294967296) % 4294967296, 3)::text::xid8, {fence_param}::text::pg_snapshot)"
-    )
-}
-
 /// The fence of `schema.table` for `slot` (see `migrations/0006_outbox_cleanup.sql`): read, or
 /// established now when the slot exists, the relay stored a checkpoint for it, and publication
 /// `publication` delivers the table's rows. `None` while that is not so (no row is cleaned).
