@@ -18,7 +18,6 @@ pub mod relay_tables;
 pub mod restore_slot;
 pub mod retention;
 pub mod row_filter;
-pub(crate) mod table_shape;
 
 use std::str::FromStr;
 
@@ -432,10 +431,7 @@ pub async fn server_version_num(client: &Client) -> Result<i32, tokio_postgres::
 }
 
 /// Drops the replication slot `name` if it exists (nothing when it does not).
-pub async fn drop_slot_if_exists(
-    client: &Client,
-    name: &str,
-) -> Result<(), tokio_postgres::Error> {
+pub async fn drop_slot_if_exists(client: &Client, name: &str) -> Result<(), tokio_postgres::Error> {
     client
         .execute(
             "SELECT pg_catalog.pg_drop_replication_slot(slot_name) \

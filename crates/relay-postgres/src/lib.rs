@@ -10,29 +10,26 @@
 //!   events are in the stream (`outbox_relay.position_map`);
 //! - [`PgSource`]: the replication stream (pgwire-replication, pgoutput v1) decoded by the
 //!   `pgoutput` crate into [`relay_core::stage::SourceEvent`]s;
-//! - [`backfill`] and [`cleanup`]: the commands that read and trim the outbox tables, and the
-//!   cleanup task that trims them while the relay runs;
-//! - [`condition`]: whether a condition given as SQL text (a backfill's `--where`,
-//!   `[[outbox]] row_filter`) is one condition that cannot leave the query it is put in;
-//! - [`signal`]: signals from SQL (`outbox_relay.signal`): the rows, their claim and their
-//!   written-back progress, and the session that listens for new ones;
+//! - [`cleanup`]: the command that trims the outbox tables, and the cleanup task that trims them
+//!   while the relay runs;
 //! - [`session`]: the kept session and ticks of the periodic tasks beside the relay;
 //! - [`age_column`]: the time a row's age counts from, read by the column's type (cleanup's
 //!   `age_column` and the outbox tables' sampled age);
 //! - [`sql`]: quoting, and the predicate of rows committed after a snapshot;
 //! - small helpers other crates share: [`ShardSpec`], [`EmitFunctions`], [`SqlStateKind`],
 //!   [`quote_relation`], [`redact_url`].
+//!
+//! Reading an outbox table's existing rows (the backfill, the filter check, signals from SQL) is
+//! the crate `relay-backfill`, which builds on this one.
 
 // What a module exports to its siblings only is `pub(crate)`: `pub` is the crate's API.
 #![warn(unreachable_pub)]
 
 pub mod age_column;
-pub mod backfill;
 pub mod bootstrap;
 pub mod catalog;
 pub mod checkpoint;
 pub mod cleanup;
-pub mod condition;
 mod connect;
 mod emit_functions;
 mod error;
@@ -41,7 +38,6 @@ mod server_version;
 pub mod session;
 mod settings;
 mod shard;
-pub mod signal;
 mod source;
 pub mod sql;
 mod sqlstate;
