@@ -1,5 +1,7 @@
 //! Every catalog query about the server, the outbox tables, the publication, the slot and the
-//! stored checkpoint, in one place.
+//! stored checkpoint, in one place; only the reads that one concern alone makes live beside it,
+//! in that concern's crate (`relay-backfill`: a table's shape; `relay-cleanup`: range
+//! partitions, table privileges).
 //!
 //! Enforcing (`setup` and the start-up checks), reporting (`validate --connect`, `status`),
 //! watching (the publication drift check) and observing (the metrics sampler) all read the
@@ -10,10 +12,8 @@ mod age_column;
 pub mod failover;
 pub mod outbox_stats;
 pub mod partitions;
-pub(crate) mod privileges;
 pub(crate) mod publication_age;
 mod publication_problem;
-pub(crate) mod range_partitions;
 pub mod relay_tables;
 pub mod restore_slot;
 pub mod retention;
@@ -27,7 +27,6 @@ use tokio_postgres::Client;
 
 use crate::PgError;
 pub use publication_problem::publication_problem;
-pub use range_partitions::range_partitioned_on_one_column;
 
 fn lsn(text: Option<String>) -> Option<Lsn> {
     text.and_then(|t| Lsn::from_str(&t).ok())

@@ -5,13 +5,12 @@
 //!   [`connect_primary`] (every session goes through the `connect` module), [`PgError`];
 //! - [`bootstrap`]: checks `wal_level`, the outbox tables, the publication and the slot, creating
 //!   the publication and slot only when allowed and only when that cannot skip events;
-//! - [`catalog`]: every read of PostgreSQL's catalog (server, role, tables, publication, slot);
+//! - [`catalog`]: the reads of PostgreSQL's catalog (server, role, tables, publication, slot)
+//!   but those only the backfill or cleanup make, which are in their crates;
 //! - [`checkpoint`]: the relay's durable progress in `outbox_relay.checkpoint` and where its
 //!   events are in the stream (`outbox_relay.position_map`);
 //! - [`PgSource`]: the replication stream (pgwire-replication, pgoutput v1) decoded by the
 //!   `pgoutput` crate into [`relay_core::stage::SourceEvent`]s;
-//! - [`cleanup`]: the command that trims the outbox tables, and the cleanup task that trims them
-//!   while the relay runs;
 //! - [`session`]: the kept session and ticks of the periodic tasks beside the relay;
 //! - [`age_column`]: the time a row's age counts from, read by the column's type (cleanup's
 //!   `age_column` and the outbox tables' sampled age);
@@ -19,8 +18,9 @@
 //! - small helpers other crates share: [`ShardSpec`], [`EmitFunctions`], [`SqlStateKind`],
 //!   [`quote_relation`], [`redact_url`].
 //!
-//! Reading an outbox table's existing rows (the backfill, the filter check, signals from SQL) is
-//! the crate `relay-backfill`, which builds on this one.
+//! Two concerns that build on this crate are crates of their own, which it never imports:
+//! reading an outbox table's existing rows (the backfill, the filter check, signals from SQL) is
+//! `relay-backfill`; trimming the outbox tables behind the checkpoint is `relay-cleanup`.
 
 // What a module exports to its siblings only is `pub(crate)`: `pub` is the crate's API.
 #![warn(unreachable_pub)]
@@ -29,7 +29,6 @@ pub mod age_column;
 pub mod bootstrap;
 pub mod catalog;
 pub mod checkpoint;
-pub mod cleanup;
 mod connect;
 mod emit_functions;
 mod error;

@@ -11,12 +11,12 @@ pub fn cleanup_tables_grants(role: &str) -> String {
     )
 }
 
-pub use crate::catalog::relay_tables::cleanup_tables_access;
+pub use relay_postgres::catalog::relay_tables::cleanup_tables_access;
 
 /// Makes sure the cleanup's tables exist and may be written (creating them when missing and
 /// allowed); otherwise what to do about it.
 pub async fn ensure_tables(client: &Client) -> Result<(), String> {
-    use crate::catalog::relay_tables::TableAccess;
+    use relay_postgres::catalog::relay_tables::TableAccess;
     let missing = "apply migrations/0006_outbox_cleanup.sql as an administrator (it needs outbox_relay.checkpoint, migrations/0002)";
     match cleanup_tables_access(client).await {
         Ok(TableAccess::Usable) => Ok(()),
@@ -45,7 +45,7 @@ pub async fn fence(
     table: &str,
     publication: &str,
 ) -> Result<Option<String>, tokio_postgres::Error> {
-    let name = crate::sql::display_relation(schema, table);
+    let name = relay_postgres::sql::display_relation(schema, table);
     let read = async || -> Result<Option<String>, tokio_postgres::Error> {
         Ok(client
             .query_opt(
@@ -59,10 +59,11 @@ pub async fn fence(
         return Ok(Some(fence));
     }
     let slot_ready =
-        crate::catalog::relay_tables::slot_confirmed_with_checkpoint(client, slot).await?;
+        relay_postgres::catalog::relay_tables::slot_confirmed_with_checkpoint(client, slot).await?;
     let member = slot_ready
-        && crate::catalog::partitions::membership(client, publication, schema, table).await?
-            == crate::catalog::partitions::Membership::Member;
+        && relay_postgres::catalog::partitions::membership(client, publication, schema, table)
+            .await?
+            == relay_postgres::catalog::partitions::Membership::Member;
     if !member {
         return Ok(None);
     }
@@ -90,7 +91,7 @@ pub async fn privilege_problem(
     table: &str,
     mode: &PrivilegeNeed<'_>,
 ) -> Result<Option<String>, tokio_postgres::Error> {
-    let relation = crate::sql::quote_relation(schema, table);
+    let relation = relay_postgres::sql::quote_relation(schema, table);
     let Some(TableOwnership {
         oid,
         user,
