@@ -419,7 +419,7 @@ headers = { "Outbox-Event-Type" = "kind", "Outbox-Flag" = "flag" }
 /// 200,000 rows at 20,000 rows/s, 1,000,000 far slower). The read session must not take it.
 #[tokio::test(flavor = "multi_thread")]
 async fn pages_walk_the_key_index_not_the_whole_table() -> Result<()> {
-    use relay_postgres::backfill::{connect_reader, table_shape, walk_index};
+    use relay_backfill::{connect_reader, table_shape, walk_index};
     let env = Env::start().await?;
     let db = env.db().await?;
     // Not analyzed, as a table loaded just before (the benchmark's): the planner's default

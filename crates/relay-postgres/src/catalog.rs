@@ -1,5 +1,7 @@
 //! Every catalog query about the server, the outbox tables, the publication, the slot and the
-//! stored checkpoint, in one place.
+//! stored checkpoint, in one place; only the reads that one concern alone makes live beside it,
+//! in that concern's crate (`relay-backfill`: a table's shape; `relay-cleanup`: range
+//! partitions, table privileges).
 //!
 //! Enforcing (`setup` and the start-up checks), reporting (`validate --connect`, `status`),
 //! watching (the publication drift check) and observing (the metrics sampler) all read the
@@ -10,15 +12,12 @@ mod age_column;
 pub mod failover;
 pub mod outbox_stats;
 pub mod partitions;
-pub(crate) mod privileges;
 pub(crate) mod publication_age;
 mod publication_problem;
-pub(crate) mod range_partitions;
-pub(crate) mod relay_tables;
+pub mod relay_tables;
 pub mod restore_slot;
 pub mod retention;
 pub mod row_filter;
-pub(crate) mod table_shape;
 
 use std::str::FromStr;
 
@@ -28,7 +27,6 @@ use tokio_postgres::Client;
 
 use crate::PgError;
 pub use publication_problem::publication_problem;
-pub use range_partitions::range_partitioned_on_one_column;
 
 fn lsn(text: Option<String>) -> Option<Lsn> {
     text.and_then(|t| Lsn::from_str(&t).ok())
@@ -247,7 +245,7 @@ pub async fn publication(
 }
 
 /// Whether publication `name` publishes `schema.table`.
-pub(crate) async fn publication_has_table(
+pub async fn publication_has_table(
     client: &Client,
     name: &str,
     schema: &str,
@@ -398,7 +396,7 @@ pub async fn stored_checkpoint(
 }
 
 /// The WAL insert position now (`pg_current_wal_insert_lsn()`).
-pub(crate) async fn wal_insert_position(
+pub async fn wal_insert_position(
     client: &impl tokio_postgres::GenericClient,
 ) -> Result<Lsn, tokio_postgres::Error> {
     let text: String = client
@@ -424,7 +422,7 @@ pub async fn emit_functions_present(client: &Client) -> Result<bool, tokio_postg
 }
 
 /// `server_version_num` (e.g. 150019).
-pub(crate) async fn server_version_num(client: &Client) -> Result<i32, tokio_postgres::Error> {
+pub async fn server_version_num(client: &Client) -> Result<i32, tokio_postgres::Error> {
     Ok(client
         .query_one("SELECT current_setting('server_version_num')::int", &[])
         .await?
@@ -432,10 +430,7 @@ pub(crate) async fn server_version_num(client: &Client) -> Result<i32, tokio_pos
 }
 
 /// Drops the replication slot `name` if it exists (nothing when it does not).
-pub(crate) async fn drop_slot_if_exists(
-    client: &Client,
-    name: &str,
-) -> Result<(), tokio_postgres::Error> {
+pub async fn drop_slot_if_exists(client: &Client, name: &str) -> Result<(), tokio_postgres::Error> {
     client
         .execute(
             "SELECT pg_catalog.pg_drop_replication_slot(slot_name) \

@@ -5,31 +5,30 @@
 //!   [`connect_primary`] (every session goes through the `connect` module), [`PgError`];
 //! - [`bootstrap`]: checks `wal_level`, the outbox tables, the publication and the slot, creating
 //!   the publication and slot only when allowed and only when that cannot skip events;
-//! - [`catalog`]: every read of PostgreSQL's catalog (server, role, tables, publication, slot);
+//! - [`catalog`]: the reads of PostgreSQL's catalog (server, role, tables, publication, slot)
+//!   but those only the backfill or cleanup make, which are in their crates;
 //! - [`checkpoint`]: the relay's durable progress in `outbox_relay.checkpoint` and where its
 //!   events are in the stream (`outbox_relay.position_map`);
 //! - [`PgSource`]: the replication stream (pgwire-replication, pgoutput v1) decoded by the
 //!   `pgoutput` crate into [`relay_core::stage::SourceEvent`]s;
-//! - [`backfill`] and [`cleanup`]: the commands that read and trim the outbox tables, and the
-//!   cleanup task that trims them while the relay runs;
-//! - [`condition`]: whether a condition given as SQL text (a backfill's `--where`,
-//!   `[[outbox]] row_filter`) is one condition that cannot leave the query it is put in;
-//! - [`signal`]: signals from SQL (`outbox_relay.signal`): the rows, their claim and their
-//!   written-back progress, and the session that listens for new ones;
 //! - [`session`]: the kept session and ticks of the periodic tasks beside the relay;
+//! - [`age_column`]: the time a row's age counts from, read by the column's type (cleanup's
+//!   `age_column` and the outbox tables' sampled age);
+//! - [`sql`]: quoting, and the predicate of rows committed after a snapshot;
 //! - small helpers other crates share: [`ShardSpec`], [`EmitFunctions`], [`SqlStateKind`],
 //!   [`quote_relation`], [`redact_url`].
+//!
+//! Two concerns that build on this crate are crates of their own, which it never imports:
+//! reading an outbox table's existing rows (the backfill, the filter check, signals from SQL) is
+//! `relay-backfill`; trimming the outbox tables behind the checkpoint is `relay-cleanup`.
 
 // What a module exports to its siblings only is `pub(crate)`: `pub` is the crate's API.
 #![warn(unreachable_pub)]
 
-mod age_column;
-pub mod backfill;
+pub mod age_column;
 pub mod bootstrap;
 pub mod catalog;
 pub mod checkpoint;
-pub mod cleanup;
-pub mod condition;
 mod connect;
 mod emit_functions;
 mod error;
@@ -38,9 +37,8 @@ mod server_version;
 pub mod session;
 mod settings;
 mod shard;
-pub mod signal;
 mod source;
-mod sql;
+pub mod sql;
 mod sqlstate;
 
 /// Host, port, role, password and database of the URL (for messages and the replication session).

@@ -23,7 +23,7 @@ pub use contracts::ContractCache;
 pub use flat::flattened;
 pub use outbox_tables::{BackfillSetting, OutboxTables};
 pub use presets::AppliedPreset;
-pub use relay_postgres::cleanup::{CleanupMode, CleanupSettings};
+pub use relay_cleanup::{CleanupMode, CleanupSettings};
 
 /// A command-line duration (`5s`, `1m30s`), in the grammar the configuration's durations use.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -514,9 +514,9 @@ impl RelayConfig {
 }
 
 /// The time column a table's age is read from: its `[outbox.cleanup]`'s, else `created_at`.
-pub fn age_spec_of(cleanup: Option<&CleanupSettings>) -> relay_postgres::cleanup::AgeSpec {
+pub fn age_spec_of(cleanup: Option<&CleanupSettings>) -> relay_cleanup::AgeSpec {
     cleanup.map_or_else(
-        || relay_postgres::cleanup::AgeSpec {
+        || relay_cleanup::AgeSpec {
             column: "created_at".into(),
             unit: None,
             time_zone: None,

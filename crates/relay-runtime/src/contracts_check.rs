@@ -5,9 +5,9 @@
 
 use std::sync::Arc;
 
+use relay_backfill as sql;
 use relay_core::message::TxContext;
 use relay_core::route::{OutboxTableConfig, RouteError, TableContracts, TypeSource};
-use relay_postgres::backfill as sql;
 use serde::Serialize;
 
 use crate::config::RelayConfig;

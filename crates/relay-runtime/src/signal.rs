@@ -13,7 +13,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use relay_postgres::signal::{self as store, ClaimedSignal, SignalEnd, SignalSession};
+use relay_backfill::signal::{self as store, ClaimedSignal, SignalEnd, SignalSession};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RelayConfig;
@@ -364,7 +364,7 @@ async fn own_cursor(
     let Some(id) = request.cursor(config) else {
         return false;
     };
-    match relay_postgres::backfill::load_cursor(client, &id).await {
+    match relay_backfill::load_cursor(client, &id).await {
         // Both are `YYYY-MM-DDTHH:MM:SSZ`: they compare as text.
         Ok(Some(cursor)) => cursor.started_at >= signal.started_at,
         _ => false,
@@ -375,7 +375,7 @@ async fn own_cursor(
 /// an estimate of the time left from this run's first reading.
 struct ProgressWatch {
     /// `None`: not an outbox table (the backfill fails on it).
-    id: Option<relay_postgres::backfill::CursorId>,
+    id: Option<relay_backfill::CursorId>,
     /// This run's first reading: when, rows done, and the cursor's start (a cursor started over
     /// meanwhile, `restart`, is a new baseline).
     first: Option<(Instant, i64, String)>,
@@ -392,9 +392,7 @@ impl ProgressWatch {
     /// The progress as a JSON object's text, `None` while there is no cursor yet.
     async fn read(&mut self, client: &tokio_postgres::Client) -> Option<String> {
         let id = self.id.as_ref()?;
-        let cursor = relay_postgres::backfill::load_cursor(client, id)
-            .await
-            .ok()??;
+        let cursor = relay_backfill::load_cursor(client, id).await.ok()??;
         let now = Instant::now();
         if self
             .first

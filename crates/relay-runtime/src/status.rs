@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use relay_postgres::backfill::{CursorStatus, list_cursors};
+use relay_backfill::{CursorStatus, list_cursors};
 use relay_postgres::catalog::failover;
 use relay_postgres::catalog::retention::{self, SHORT_SAMPLE, TakeoverPolicy};
 use serde_json::{Value, json};

@@ -10,14 +10,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::anyhow;
+use relay_backfill::{CursorId, CursorStore, PageProgress, PageReader, PageSource, TableShape};
 use relay_core::Lsn;
 use relay_core::id_digest::IdDigest;
 use relay_core::pipeline::{Pipeline, PipelineError, PipelineStats, RunOutcome};
 use relay_core::route::OutboxTableConfig;
 use relay_nats::{JetStreamPublisher, NatsConnection, PublishMode, StreamReport};
-use relay_postgres::backfill::{
-    CursorId, CursorStore, PageProgress, PageReader, PageSource, TableShape,
-};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RelayConfig;

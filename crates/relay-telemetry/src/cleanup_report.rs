@@ -1,6 +1,6 @@
 //! What a cleanup task reports, kept per table for `/metrics` and `/status`.
 
-use relay_postgres::cleanup::CleanupReport;
+use relay_cleanup::CleanupReport;
 
 use crate::Telemetry;
 

@@ -3,7 +3,7 @@
 //!
 //! Each row goes through the relay's own pipeline (route, limits, dead letters, publish with
 //! retries, ack frontier) as an Insert of a pgoutput transaction of its page
-//! ([`relay_postgres::backfill::PageSource`]), so it is published exactly as the relay would
+//! ([`relay_backfill::PageSource`]), so it is published exactly as the relay would
 //! publish it, plus `Outbox-Backfill: true`. The cursor (`outbox_relay.backfill`) moves over a
 //! page only after JetStream acknowledged every row up to it, so a killed backfill resumes at
 //! its cursor and re-sends at most the unacknowledged tail (deduplicated by event id). See

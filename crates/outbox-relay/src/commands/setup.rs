@@ -23,7 +23,7 @@ pub async fn setup(config: &RelayConfig, create_stream: bool) -> Result<(), Fail
         .map_err(|e| Failure::new(FailureKind::Config, e))?;
     println!("ok       checkpoint table outbox_relay.checkpoint");
     if config.relay.sql_signals {
-        relay_postgres::signal::ensure_signal_table(store.client())
+        relay_backfill::signal::ensure_signal_table(store.client())
             .await
             .map_err(pg_failure)?;
         println!("ok       signal table outbox_relay.signal");

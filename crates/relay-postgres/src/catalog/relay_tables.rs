@@ -55,9 +55,7 @@ pub async fn checkpoint_table_access(
 
 /// What the current role may do with `outbox_relay.signal`: the relay reads and updates its
 /// rows (the roles that signal insert them).
-pub(crate) async fn signal_table_access(
-    client: &Client,
-) -> Result<TableAccess, tokio_postgres::Error> {
+pub async fn signal_table_access(client: &Client) -> Result<TableAccess, tokio_postgres::Error> {
     relay_table_access(client, "signal", "SELECT, UPDATE").await
 }
 
@@ -91,7 +89,7 @@ pub async fn cleanup_tables_access(client: &Client) -> Result<TableAccess, tokio
 
 /// Whether `slot` exists, has confirmed a position, and has a checkpoint stored in
 /// `outbox_relay.checkpoint`: the slot has decoded up to somewhere the relay knows.
-pub(crate) async fn slot_confirmed_with_checkpoint(
+pub async fn slot_confirmed_with_checkpoint(
     client: &Client,
     slot: &str,
 ) -> Result<bool, tokio_postgres::Error> {
@@ -108,7 +106,7 @@ pub(crate) async fn slot_confirmed_with_checkpoint(
 
 /// Whether `outbox_relay.backfill` exists, looked up by name (`to_regclass`, which fails
 /// without USAGE on the schema).
-pub(crate) async fn backfill_table_named(client: &Client) -> Result<bool, tokio_postgres::Error> {
+pub async fn backfill_table_named(client: &Client) -> Result<bool, tokio_postgres::Error> {
     Ok(client
         .query_one(
             "SELECT to_regclass('outbox_relay.backfill') IS NOT NULL",
@@ -119,7 +117,7 @@ pub(crate) async fn backfill_table_named(client: &Client) -> Result<bool, tokio_
 }
 
 /// Whether `outbox_relay.backfill` is in the catalog (whatever the role may do with it).
-pub(crate) async fn backfill_table_exists(client: &Client) -> Result<bool, tokio_postgres::Error> {
+pub async fn backfill_table_exists(client: &Client) -> Result<bool, tokio_postgres::Error> {
     Ok(client
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c \
@@ -132,7 +130,7 @@ pub(crate) async fn backfill_table_exists(client: &Client) -> Result<bool, tokio
 }
 
 /// Whether `outbox_relay.backfill` has the on-create columns (migration 0007).
-pub(crate) async fn backfill_has_on_create_columns(
+pub async fn backfill_has_on_create_columns(
     client: &Client,
 ) -> Result<bool, tokio_postgres::Error> {
     Ok(client

@@ -83,7 +83,7 @@ impl OutboxTables {
             .then_some(preset.name.as_str())
     }
 
-    /// Every `row_filter` is one condition ([`relay_postgres::condition`]): it is put in
+    /// Every `row_filter` is one condition ([`relay_backfill::condition`]): it is put in
     /// parentheses in the publication's definition and in cleanup's statements, and must not
     /// leave them.
     pub fn check_row_filters(&self) -> Result<(), String> {
@@ -91,7 +91,7 @@ impl OutboxTables {
             if let Some(filter) = &table.row_filter
                 && !filter.trim().is_empty()
             {
-                relay_postgres::condition::check_condition(filter).map_err(|problem| {
+                relay_backfill::condition::check_condition(filter).map_err(|problem| {
                     format!(
                         "[[outbox]] table `{}`: row_filter `{filter}` {problem}: give one condition on the table's columns, e.g. `aggregateid = '1' OR aggregateid = '2'`",
                         table.table

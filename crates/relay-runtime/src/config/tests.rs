@@ -231,7 +231,7 @@ fn cleanup_is_per_table_and_strict() {
         assert!(table.is_table("public", "watermill.orders"));
         assert_eq!(
             settings.age_spec().unit,
-            Some(relay_postgres::cleanup::EpochUnit::Milliseconds)
+            Some(relay_cleanup::EpochUnit::Milliseconds)
         );
         assert_eq!(
             epoch.outbox.cleanup_of("public", "watermill.orders"),
@@ -263,14 +263,14 @@ fn cleanup_is_per_table_and_strict() {
             plans,
             [
                 (
-                    relay_postgres::cleanup::CleanupAction::Mark {
+                    relay_cleanup::CleanupAction::Mark {
                         status: None,
                         sent_at: Some("sent_at".into())
                     },
                     Duration::from_secs(3600)
                 ),
                 (
-                    relay_postgres::cleanup::CleanupAction::Delete,
+                    relay_cleanup::CleanupAction::Delete,
                     Duration::from_secs(2 * 86400)
                 ),
             ],

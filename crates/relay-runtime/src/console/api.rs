@@ -184,9 +184,8 @@ pub(super) async fn backfills(State(console): State<Arc<Console>>) -> Response {
     let config = &console.config;
     let gathered = async {
         let client = relay_postgres::connect(&config.postgres).await?;
-        let cursors =
-            relay_postgres::backfill::list_cursors(&client, &config.postgres.slot).await?;
-        let signals = relay_postgres::signal::recent_signals(&client, 50).await?;
+        let cursors = relay_backfill::list_cursors(&client, &config.postgres.slot).await?;
+        let signals = relay_backfill::signal::recent_signals(&client, 50).await?;
         anyhow::Ok((cursors, signals))
     };
     let (cursors, signals) = match gathered.await {

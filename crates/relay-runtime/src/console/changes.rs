@@ -126,7 +126,7 @@ pub(super) async fn signal(
     let config = &console.config;
     let inserted = async {
         let client = relay_postgres::connect(&config.postgres).await?;
-        let id = relay_postgres::signal::insert_signal(
+        let id = relay_backfill::signal::insert_signal(
             &client,
             &asked.kind,
             &args,
@@ -219,11 +219,11 @@ async fn signal_each(
         ids.dedup();
         let args = json!({
             "table": table,
-            "where": relay_postgres::backfill::event_id_filter(&column, &ids),
+            "where": relay_backfill::event_id_filter(&column, &ids),
             // A filter re-published before has a finished cursor: run it again.
             "restart": true,
         });
-        let id = relay_postgres::signal::insert_signal(
+        let id = relay_backfill::signal::insert_signal(
             &client,
             "backfill",
             &args.to_string(),

@@ -150,7 +150,7 @@ pub(super) fn spawn_outbox_upkeep(
         let (schema, name) = table.qualified_name();
         let qualified = table.display_name();
         telemetry.update_table(&qualified, |t| t.cleanup_mode = Some(cleanup.mode.as_str()));
-        let task = relay_postgres::cleanup::CleanupTask {
+        let task = relay_cleanup::CleanupTask {
             slot: config.postgres.slot.clone(),
             publication: config.postgres.publication.clone(),
             table: qualified,
@@ -219,7 +219,7 @@ async fn sample_tables(
     use relay_postgres::catalog::outbox_stats;
     pairs.push_back(outbox_stats::position_now(client).await?);
     let slot = &config.postgres.slot;
-    let checkpoint = relay_postgres::cleanup::stored_checkpoint(client, slot)
+    let checkpoint = relay_cleanup::stored_checkpoint(client, slot)
         .await
         .ok()
         .flatten();

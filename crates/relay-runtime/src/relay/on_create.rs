@@ -11,7 +11,7 @@
 //! **Crash safety.** Before the slot is created, its cursor rows are written without a
 //! snapshot: a relay that dies before recording the snapshot leaves a slot nothing streamed
 //! from (no checkpoint), which the next start drops and creates again. Once recorded, a
-//! killed backfill resumes at its cursor in a new snapshot ([`relay_postgres::backfill::on_create`]).
+//! killed backfill resumes at its cursor in a new snapshot ([`relay_backfill::on_create`]).
 //! One relay at a time does this work (an advisory lock on the checkpoint session).
 
 use std::collections::HashMap;
@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::anyhow;
+use relay_backfill::{self as sql, BackfillError, CursorId, TableShape, on_create};
 use relay_core::route::OutboxTableConfig;
-use relay_postgres::backfill::{self as sql, BackfillError, CursorId, TableShape, on_create};
 use relay_postgres::bootstrap::ExportedSlot;
 use relay_postgres::{PgError, PostgresSettings};
 use tokio_postgres::Client;

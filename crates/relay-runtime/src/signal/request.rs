@@ -196,7 +196,7 @@ pub fn parse(
             if let Some(filter) = args.filter.as_deref().map(str::trim)
                 && !filter.is_empty()
             {
-                relay_postgres::backfill::check_one_condition(filter)
+                relay_backfill::check_one_condition(filter)
                     .map_err(|e| format!("bad args for a backfill signal: {e}"))?;
             }
             Ok(SignalRequest::Backfill(BackfillRequest {

@@ -2,8 +2,8 @@
 //! fits it, the row filter is the publication's, no row to read has a NULL key.
 
 use anyhow::anyhow;
+use relay_backfill::{self as sql, BackfillError, TableShape};
 use relay_core::route::{OutboxTableConfig, Router};
-use relay_postgres::backfill::{self as sql, BackfillError, TableShape};
 
 use crate::config::RelayConfig;
 use crate::failure::{Failure, FailureKind};

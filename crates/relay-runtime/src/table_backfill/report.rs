@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use relay_backfill::PageProgress;
 use relay_core::pipeline::PipelineStats;
-use relay_postgres::backfill::PageProgress;
 
 use crate::progress;
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::anyhow;
-use relay_postgres::backfill::{self as sql, Cursor, CursorId, KeySource, TableShape};
+use relay_backfill::{self as sql, Cursor, CursorId, KeySource, TableShape};
 use tokio_util::sync::CancellationToken;
 
 use super::{RunOptions, TableRun, backfill_exit, checked_shape, mapping, run_pages};

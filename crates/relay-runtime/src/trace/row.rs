@@ -79,7 +79,7 @@ pub async fn find(config: &RelayConfig, client: &Client, event_id: &str) -> RowS
     for mapping in config.outbox.iter() {
         let name = mapping.display_name();
         let (schema, table) = mapping.qualified_name();
-        let shape = match relay_postgres::backfill::table_shape(
+        let shape = match relay_backfill::table_shape(
             client,
             &schema,
             &table,

@@ -1,8 +1,12 @@
 use relay_testkit::PostgresServer;
 
 use super::*;
-use crate::backfill::{BACKFILL_MIGRATION, BACKFILL_ON_CREATE_MIGRATION};
 use crate::checkpoint::{CHECKPOINT_MIGRATION, POSITION_MAP_MIGRATION};
+
+// The backfill's cursor table, whose migrations are relay-backfill's (which depends on this crate).
+const BACKFILL_MIGRATION: &str = include_str!("../../../../../migrations/0003_relay_backfill.sql");
+const BACKFILL_ON_CREATE_MIGRATION: &str =
+    include_str!("../../../../../migrations/0007_backfill_on_create.sql");
 
 #[tokio::test]
 async fn the_relay_tables_presence_and_access_are_read() {

@@ -2,7 +2,7 @@
 //! order; the first that finds a problem fails the table's line, and a table past all of them
 //! passes. Adding a condition of cleanup is adding a gate.
 
-use relay_postgres::cleanup::{self, PrivilegeNeed};
+use relay_cleanup::PrivilegeNeed;
 
 use super::*;
 use crate::config::{CleanupMode, CleanupSettings};
@@ -136,7 +136,7 @@ async fn privileges(t: &CleanupTable<'_>) -> Result<Problem, tokio_postgres::Err
     }
     let mut grants = Vec::new();
     for need in &needs {
-        grants.extend(cleanup::privilege_problem(t.client, t.schema, t.name, need).await?);
+        grants.extend(relay_cleanup::privilege_problem(t.client, t.schema, t.name, need).await?);
     }
     if grants.is_empty() {
         return Ok(None);
@@ -161,7 +161,7 @@ async fn partitioning(t: &CleanupTable<'_>) -> Result<Problem, tokio_postgres::E
     if t.settings.mode != CleanupMode::DropPartitions {
         return Ok(None);
     }
-    if !catalog::range_partitioned_on_one_column(t.client, t.oid).await? {
+    if !relay_cleanup::catalog::range_partitioned_on_one_column(t.client, t.oid).await? {
         return Ok(problem(
             "mode = \"drop-partitions\" needs a table partitioned by RANGE on one time column",
             "use mode = \"delete\" for this table, or partition it (PARTITION BY RANGE (created_at))",
@@ -169,7 +169,7 @@ async fn partitioning(t: &CleanupTable<'_>) -> Result<Problem, tokio_postgres::E
     }
     let relation = relay_postgres::quote_relation(t.schema, t.name);
     if t.settings.create_ahead.is_some()
-        && catalog::partitions::newest_range(t.client, &relation)
+        && relay_cleanup::catalog::newest_range(t.client, &relation)
             .await?
             .is_none()
     {
@@ -186,18 +186,20 @@ async fn partitioning(t: &CleanupTable<'_>) -> Result<Problem, tokio_postgres::E
 
 /// The relay's cleanup tables are writable, or can be created.
 async fn relay_tables(t: &CleanupTable<'_>) -> Result<Problem, tokio_postgres::Error> {
-    Ok(match cleanup::cleanup_tables_access(t.client).await? {
-        TableAccess::Usable => None,
-        TableAccess::NotGranted { role } => problem(
-            format!(
-                "role `{role}` cannot write outbox_relay.cleanup_fence and outbox_relay.cleanup_detached"
+    Ok(
+        match relay_cleanup::cleanup_tables_access(t.client).await? {
+            TableAccess::Usable => None,
+            TableAccess::NotGranted { role } => problem(
+                format!(
+                    "role `{role}` cannot write outbox_relay.cleanup_fence and outbox_relay.cleanup_detached"
+                ),
+                relay_cleanup::cleanup_tables_grants(&role),
             ),
-            cleanup::cleanup_tables_grants(&role),
-        ),
-        TableAccess::Missing if catalog::may_create_relay_tables(t.client).await? => None,
-        TableAccess::Missing => problem(
-            "outbox_relay.cleanup_fence and outbox_relay.cleanup_detached are missing and cannot be created",
-            "apply migrations/0006_outbox_cleanup.sql as an owner",
-        ),
-    })
+            TableAccess::Missing if catalog::may_create_relay_tables(t.client).await? => None,
+            TableAccess::Missing => problem(
+                "outbox_relay.cleanup_fence and outbox_relay.cleanup_detached are missing and cannot be created",
+                "apply migrations/0006_outbox_cleanup.sql as an owner",
+            ),
+        },
+    )
 }

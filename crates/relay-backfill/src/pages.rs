@@ -312,7 +312,7 @@ impl CheckpointStore for CursorStore {
         save_cursor(&self.client, &self.id, &key, rows_done)
             .await
             .map_err(|e| {
-                let class = if crate::is_transient_query_error(&e) {
+                let class = if relay_postgres::is_transient_query_error(&e) {
                     ErrorClass::Transient
                 } else {
                     ErrorClass::Fatal

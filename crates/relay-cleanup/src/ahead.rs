@@ -6,7 +6,7 @@
 //! rows. New partitions need nothing from the relay: the publication publishes through the root.
 
 use super::*;
-use crate::catalog::partitions::{NewestRange, newest_range};
+use crate::catalog::range_partitions::{NewestRange, newest_range};
 
 /// At most this many partitions are created in one round (a very narrow partition width and a
 /// long `create_ahead` would otherwise create thousands at once).
@@ -88,7 +88,7 @@ impl DropPlan {
                 ));
                 break;
             }
-            let qualified = crate::sql::quote_relation(&self.schema, &name);
+            let qualified = relay_postgres::sql::quote_relation(&self.schema, &name);
             client
                 .batch_execute(&format!(
                     "CREATE TABLE {qualified} PARTITION OF {} FOR VALUES FROM ({}) TO ({})",

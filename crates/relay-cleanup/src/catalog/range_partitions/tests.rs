@@ -118,3 +118,29 @@ async fn a_range_partitioned_tables_key_partitions_and_detached_ones_are_read() 
     );
     assert_eq!(detached_table_name(&client, a).await.unwrap(), None);
 }
+
+#[test]
+fn range_bounds_of_printed_partition_bounds() {
+    assert_eq!(
+        range_bounds("FOR VALUES FROM ('2030-01-01 00:00:00+00') TO ('2030-01-02 00:00:00+00')"),
+        Some((
+            "2030-01-01 00:00:00+00".into(),
+            "2030-01-02 00:00:00+00".into()
+        ))
+    );
+    assert_eq!(
+        range_bounds("FOR VALUES FROM ('2030-01-01') TO ('2030-02-01')"),
+        Some(("2030-01-01".into(), "2030-02-01".into()))
+    );
+    assert_eq!(
+        range_bounds("FOR VALUES FROM (MINVALUE) TO ('2030-01-01')"),
+        None
+    );
+    assert_eq!(
+        range_bounds("FOR VALUES FROM ('2030-01-01') TO (MAXVALUE)"),
+        None
+    );
+    assert_eq!(range_bounds("FOR VALUES FROM (1) TO (10)"), None);
+    assert_eq!(range_bounds("DEFAULT"), None);
+    assert_eq!(range_bounds("FOR VALUES IN ('a')"), None);
+}

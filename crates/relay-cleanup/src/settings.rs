@@ -22,7 +22,7 @@ pub enum CleanupMode {
 
 /// `[outbox.cleanup]`: opt-in cleanup of one outbox table, tied to the confirmed position: no
 /// row is deleted, marked or dropped before the stored checkpoint is past its transaction
-/// ([`crate::cleanup`]). Off unless present.
+/// ([`crate`]). Off unless present.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CleanupSettings {

@@ -1,7 +1,6 @@
 //! A table's shape in the catalog: its columns (and which belong to the replica identity), its
 //! replica identity setting, what a publication publishes of it (column list, row filter), the
-//! single-column key a backfill pages by, and the type of one column (the cleanup's age
-//! column).
+//! single-column key a backfill pages by.
 
 use tokio_postgres::Client;
 

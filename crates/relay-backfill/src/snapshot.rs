@@ -16,7 +16,7 @@ use super::{BackfillError, query_err, simple_rows};
 pub async fn begin_page_snapshot(reader: &Client) -> Result<Lsn, BackfillError> {
     begin_read_only(reader).await?;
     // The transaction's first statement takes the snapshot before its function runs.
-    crate::catalog::wal_insert_position(reader)
+    relay_postgres::catalog::wal_insert_position(reader)
         .await
         .map_err(query_err("cannot open the backfill's snapshot"))
 }

@@ -1,7 +1,8 @@
 //! A table range-partitioned on one column, as the cleanup's `drop-partitions` mode reads it:
 //! its partition key, its direct partitions with their bounds, whether a partition may be
-//! detached concurrently, and what became of a partition detached earlier. Relations are named
-//! as SQL (`relation`: quoted `schema.table`, read with `::regclass`).
+//! detached concurrently, what became of a partition detached earlier, and its newest range
+//! (what `create_ahead` takes the width of new partitions from). Relations are named as SQL
+//! (`relation`: quoted `schema.table`, read with `::regclass`).
 
 use tokio_postgres::{Client, GenericClient};
 
@@ -146,6 +147,85 @@ pub(crate) async fn detached_table_name(
         )
         .await?
         .map(|r| r.get(0)))
+}
+
+/// The newest finite range of a table range-partitioned on one column: the bounds of its direct
+/// partition (not being detached) with the greatest upper bound, as text values of the key's
+/// type (unquoted), and that type. `None` when the table is not so partitioned or has no
+/// partition with both bounds finite (only `DEFAULT`, `MINVALUE` or `MAXVALUE` ones).
+pub async fn newest_range(
+    client: &Client,
+    relation: &str,
+) -> Result<Option<NewestRange>, tokio_postgres::Error> {
+    let rows = client
+        .query(
+            "SELECT pg_catalog.pg_get_expr(c.relpartbound, c.oid), \
+                    pg_catalog.format_type(a.atttypid, a.atttypmod) \
+             FROM pg_catalog.pg_inherits i \
+             JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid \
+             JOIN pg_catalog.pg_partitioned_table pt ON pt.partrelid = i.inhparent \
+             JOIN pg_catalog.pg_attribute a ON a.attrelid = pt.partrelid AND a.attnum = pt.partattrs[0] \
+             WHERE i.inhparent = $1::text::regclass AND pt.partstrat = 'r' AND pt.partnatts = 1 \
+               AND NOT i.inhdetachpending",
+            &[&relation],
+        )
+        .await?;
+    let mut lowers = Vec::new();
+    let mut uppers = Vec::new();
+    let mut key_type = String::new();
+    for row in &rows {
+        let bound: String = row.get(0);
+        if let Some((lower, upper)) = range_bounds(&bound) {
+            lowers.push(lower);
+            uppers.push(upper);
+            key_type = row.get(1);
+        }
+    }
+    if lowers.is_empty() {
+        return Ok(None);
+    }
+    // Compared as the key's type, as PostgreSQL compares them.
+    let newest = client
+        .query_one(
+            &format!(
+                "SELECT l, u FROM unnest($1::text[], $2::text[]) AS b(l, u) \
+                 ORDER BY u::{key_type} DESC LIMIT 1"
+            ),
+            &[&lowers, &uppers],
+        )
+        .await?;
+    Ok(Some(NewestRange {
+        lower: newest.get(0),
+        upper: newest.get(1),
+        key_type,
+    }))
+}
+
+/// See [`newest_range`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewestRange {
+    /// Lower bound, a value of `key_type` as text.
+    pub lower: String,
+    /// Upper bound (exclusive).
+    pub upper: String,
+    /// The partition key's type, e.g. `timestamp with time zone`.
+    pub key_type: String,
+}
+
+/// The bounds of a one-column range partition (`FOR VALUES FROM ('a') TO ('b')`) as the values'
+/// text (quotes removed); `None` for `DEFAULT`, `MINVALUE`/`MAXVALUE`, lists and hashes.
+pub(crate) fn range_bounds(bound: &str) -> Option<(String, String)> {
+    let rest = bound.strip_prefix("FOR VALUES FROM (")?;
+    let (lower, upper) = rest.split_once(") TO (")?;
+    let upper = upper.strip_suffix(')')?;
+    Some((unquote(lower)?, unquote(upper)?))
+}
+
+/// `'it''s'` -> `it's`; `None` for anything that is not one quoted literal (`MAXVALUE`, a
+/// number key is printed unquoted and has no time to age by anyway).
+fn unquote(literal: &str) -> Option<String> {
+    let inner = literal.strip_prefix('\'')?.strip_suffix('\'')?;
+    Some(inner.replace("''", "'"))
 }
 
 #[cfg(test)]

@@ -9,8 +9,8 @@
 
 use tokio_postgres::Client;
 
-use crate::catalog::relay_tables::{TableAccess, signal_table_access};
-use crate::{Notifications, PgError, PostgresSettings};
+use relay_postgres::catalog::relay_tables::{TableAccess, signal_table_access};
+use relay_postgres::{Notifications, PgError, PostgresSettings};
 
 /// The migration that creates the table and its trigger (also shipped in `migrations/`).
 pub const SIGNAL_MIGRATION: &str = include_str!("../../../migrations/0008_relay_signal.sql");
@@ -56,7 +56,7 @@ impl SignalSession {
     /// Connects, makes sure the table is there and starts listening. Rows inserted before the
     /// `LISTEN` are not notified: read [`open_signals`] after this.
     pub async fn connect(settings: &PostgresSettings) -> Result<Self, PgError> {
-        let (client, new_rows) = crate::connect_with_notifications(settings).await?;
+        let (client, new_rows) = relay_postgres::connect_with_notifications(settings).await?;
         client
             .batch_execute("SET application_name = 'outbox-relay signals'")
             .await

@@ -30,8 +30,9 @@ fn complete_only_when_every_page_was_read_and_the_last_confirmed() {
 async fn pages_of_a_table_become_transactions_and_the_frontier_the_cursor() {
     use relay_testkit::PostgresServer;
 
-    use crate::PostgresSettings;
-    use crate::backfill::{
+    use relay_postgres::PostgresSettings;
+
+    use crate::{
         begin_page_snapshot, connect_reader, load_cursor, prepare_cursor_session, start_cursor,
         table_shape,
     };
@@ -46,13 +47,12 @@ async fn pages_of_a_table_become_transactions_and_the_frontier_the_cursor() {
         )
         .await
         .unwrap();
-    let settings = PostgresSettings {
-        url: pg.url("postgres"),
-        publication: "relay_pub".into(),
-        ..PostgresSettings::default()
-    };
+    // Built field by field: a settings' `pinned` host is private to relay-postgres.
+    let mut settings = PostgresSettings::default();
+    settings.url = pg.url("postgres");
+    settings.publication = "relay_pub".into();
     let reader = connect_reader(&settings).await.unwrap();
-    let cursor_client = crate::connect(&settings).await.unwrap();
+    let cursor_client = relay_postgres::connect(&settings).await.unwrap();
     prepare_cursor_session(&cursor_client).await.unwrap();
     let shape = table_shape(&reader, "public", "outbox", "event_id", "relay_pub")
         .await

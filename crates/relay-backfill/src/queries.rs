@@ -5,7 +5,7 @@ use pgoutput::{Insert, TupleData, TupleValue};
 use tokio_postgres::{Client, SimpleQueryMessage};
 
 use super::{BackfillError, TableShape, query_err, walk_index};
-use crate::sql::{quote_ident, quote_literal};
+use relay_postgres::sql::{quote_ident, quote_literal};
 
 impl TableShape {
     /// The rows whose `event_id_column` is `event_id`, as pgoutput would send them: at most

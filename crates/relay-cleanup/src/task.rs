@@ -15,8 +15,8 @@ use relay_core::failpoint;
 use tokio_util::sync::CancellationToken;
 
 use super::{AgeColumn, Applied, Batch, DropPlan, RowPlan, stored_checkpoint};
-use crate::PostgresSettings;
-use crate::session::{KeptSession, Ticks};
+use relay_postgres::PostgresSettings;
+use relay_postgres::session::{KeptSession, Ticks};
 
 /// What a cleanup task tells whoever watches it (`/metrics`, `/status`), per table.
 pub trait CleanupReport: Send + Sync {
@@ -143,7 +143,7 @@ impl CleanupTask {
                 Ok(Some(RoundEnd::Shutdown)) => return,
                 Ok(None) => {}
                 Err(error) => {
-                    let transient = crate::is_transient_query_error(&error);
+                    let transient = relay_postgres::is_transient_query_error(&error);
                     self.failed(
                         &*report,
                         format!(

@@ -1,7 +1,7 @@
 //! The SQL of the backfill at slot creation (`backfill = "on-create"`, docs/replay.md).
 //!
 //! **First run.** The slot is created with an exported snapshot
-//! ([`crate::bootstrap::ExportedSlot`]); the read session imports it
+//! ([`relay_postgres::bootstrap::ExportedSlot`]); the read session imports it
 //! ([`import_snapshot`]) and reads every page inside it: the rows of transactions committed
 //! before the slot's consistent point, and none after (those the slot streams). The snapshot
 //! (`pg_current_snapshot()` text) and the consistent point are stored in the cursor row.
@@ -85,7 +85,7 @@ pub async fn unrecorded(client: &Client, slot: &str) -> Result<bool, BackfillErr
 /// Drops `slot`, which the relay created for an on-create backfill and never streamed from
 /// (no checkpoint, no snapshot recorded), so that it is created again with a snapshot.
 pub async fn drop_unrecorded_slot(client: &Client, slot: &str) -> Result<(), BackfillError> {
-    crate::catalog::drop_slot_if_exists(client, slot)
+    relay_postgres::catalog::drop_slot_if_exists(client, slot)
         .await
         .map_err(query_err(format!(
             "cannot drop replication slot {slot} (created for an on-create backfill whose snapshot was never recorded)"
@@ -208,7 +208,7 @@ pub async fn streamed_ids(
         super::quote_ident(column),
         shape.from,
         shape.key_range(after, Some(end)),
-        crate::cleanup::after_fence(&quote_literal(snapshot)),
+        relay_postgres::sql::after_fence(&quote_literal(snapshot)),
         limit + 1
     );
     let rows = simple_rows(reader, &sql).await.map_err(query_err(format!(

@@ -4,7 +4,7 @@
 use tokio_postgres::Client;
 
 use super::{BACKFILL_MIGRATION, BACKFILL_ON_CREATE_MIGRATION, BackfillError, query_err};
-use crate::catalog::relay_tables;
+use relay_postgres::catalog::relay_tables;
 
 /// Which backfill a cursor belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,12 +11,12 @@ pub fn cleanup_tables_grants(role: &str) -> String {
     )
 }
 
-pub use crate::catalog::relay_tables::cleanup_tables_access;
+pub use relay_postgres::catalog::relay_tables::cleanup_tables_access;
 
 /// Makes sure the cleanup's tables exist and may be written (creating them when missing and
 /// allowed); otherwise what to do about it.
 pub async fn ensure_tables(client: &Client) -> Result<(), String> {
-    use crate::catalog::relay_tables::TableAccess;
+    use relay_postgres::catalog::relay_tables::TableAccess;
     let missing = "apply migrations/0006_outbox_cleanup.sql as an administrator (it needs outbox_relay.checkpoint, migrations/0002)";
     match cleanup_tables_access(client).await {
         Ok(TableAccess::Usable) => Ok(()),
@@ -35,18 +35,6 @@ pub async fn ensure_tables(client: &Client) -> Result<(), String> {
     }
 }
 
-/// `NOT pg_visible_in_snapshot(xmin, fence)`: the row's transaction is one the fence snapshot
-/// (parameter `fence_param`) does not see, i.e. it committed after the fence was taken. `xmin`
-/// (32 bits) is widened against the current snapshot's `xmax`: a committed row's `xmin` is
-/// below it and, short of 2^32 transactions ago, that many transactions back at most; a value
-/// that cannot be widened (a special xid) counts as before the fence.
-pub(crate) fn after_fence(fence_param: &str) -> String {
-    let next = "pg_snapshot_xmax(pg_current_snapshot())::text::bigint";
-    format!(
-        "NOT pg_visible_in_snapshot(GREATEST({next} - (({next} % 4294967296) - xmin::text::bigint + 4294967296) % 4294967296, 3)::text::xid8, {fence_param}::text::pg_snapshot)"
-    )
-}
-
 /// The fence of `schema.table` for `slot` (see `migrations/0006_outbox_cleanup.sql`): read, or
 /// established now when the slot exists, the relay stored a checkpoint for it, and publication
 /// `publication` delivers the table's rows. `None` while that is not so (no row is cleaned).
@@ -57,7 +45,7 @@ pub async fn fence(
     table: &str,
     publication: &str,
 ) -> Result<Option<String>, tokio_postgres::Error> {
-    let name = crate::sql::display_relation(schema, table);
+    let name = relay_postgres::sql::display_relation(schema, table);
     let read = async || -> Result<Option<String>, tokio_postgres::Error> {
         Ok(client
             .query_opt(
@@ -71,10 +59,11 @@ pub async fn fence(
         return Ok(Some(fence));
     }
     let slot_ready =
-        crate::catalog::relay_tables::slot_confirmed_with_checkpoint(client, slot).await?;
+        relay_postgres::catalog::relay_tables::slot_confirmed_with_checkpoint(client, slot).await?;
     let member = slot_ready
-        && crate::catalog::partitions::membership(client, publication, schema, table).await?
-            == crate::catalog::partitions::Membership::Member;
+        && relay_postgres::catalog::partitions::membership(client, publication, schema, table)
+            .await?
+            == relay_postgres::catalog::partitions::Membership::Member;
     if !member {
         return Ok(None);
     }
@@ -102,7 +91,7 @@ pub async fn privilege_problem(
     table: &str,
     mode: &PrivilegeNeed<'_>,
 ) -> Result<Option<String>, tokio_postgres::Error> {
-    let relation = crate::sql::quote_relation(schema, table);
+    let relation = relay_postgres::sql::quote_relation(schema, table);
     let Some(TableOwnership {
         oid,
         user,

@@ -45,7 +45,7 @@ fn one_condition_passes_whatever_its_literals_hold() {
 
 #[test]
 fn the_relays_own_event_id_filter_passes() {
-    let filter = crate::backfill::event_id_filter("Id\"x", &[r"x\') OR (true".into(), "'".into()]);
+    let filter = crate::event_id_filter("Id\"x", &[r"x\') OR (true".into(), "'".into()]);
     assert_eq!(check_condition(&filter), Ok(()), "{filter}");
 }
 

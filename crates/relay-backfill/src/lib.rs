@@ -1,6 +1,28 @@
-//! The SQL of `outbox-relay backfill`: an outbox table read in keyset pages, each row turned
-//! into the pgoutput `Relation` + `Insert` the relay would have decoded for it, and the
-//! backfill's cursor in `outbox_relay.backfill`.
+//! Reading an outbox table's existing rows, beside the replication stream: `outbox-relay
+//! backfill`, the relay's backfill at slot creation ([`on_create`]), and the signals from SQL
+//! that ask a running relay for one.
+//!
+//! - the crate root: the backfill's SQL (below), its cursor in `outbox_relay.backfill`, and the
+//!   page source and cursor store the pipeline runs over ([`PageSource`], [`CursorStore`]);
+//! - [`condition`]: whether a condition given as SQL text (a backfill's `--where`, a signal's
+//!   `"where"`, `[[outbox]] row_filter`) is one condition that cannot leave the query it is put
+//!   in; read by `sqlparser`'s PostgreSQL tokenizer, which no other crate needs;
+//! - [`signal`]: the rows of `outbox_relay.signal`, their claim and their written-back progress,
+//!   and the session that listens for new ones. The table's first kind is a backfill (its
+//!   `"where"` is checked by [`condition`], its progress read from the backfill's cursor); the
+//!   runtime carries out its other kinds (replay, restore) on the NATS side.
+//!
+//! Its own crate because it changes for reasons of its own (page queries, the cursor table, the
+//! filter's lexer, the signals table) that the streaming path never meets. It depends on
+//! `relay-postgres` for sessions, `PgError`, SQLSTATE classes, quoting and the shared catalog
+//! reads; `relay-postgres` never depends on it. The catalog reads only the backfill makes (a
+//! table's columns, replica identity, published columns, page key) are its own (module `catalog`).
+//!
+//! # The backfill's SQL
+//!
+//! An outbox table read in keyset pages, each row turned into the pgoutput `Relation` +
+//! `Insert` the relay would have decoded for it, and the backfill's cursor in
+//! `outbox_relay.backfill`.
 //!
 //! **Same text as the WAL.** pgoutput sends each value as its type's output function renders
 //! it, in the walsender's session settings. Pages are read with the simple query protocol,
@@ -15,17 +37,23 @@
 //! single-column primary key, or else on the event id column when a unique index covers it.
 //! `end` is the last key when the backfill started.
 
+// What a module exports to its siblings only is `pub(crate)`: `pub` is the crate's API.
+#![warn(unreachable_pub)]
+
 use pgoutput::{Column, Insert, LogicalMessage, Relation, TupleValue};
 use relay_core::Lsn;
 use relay_core::stage::SourceEvent;
 use tokio_postgres::Client;
 
-use crate::catalog::{self, table_shape};
+use crate::catalog::table_shape;
 
+mod catalog;
+pub mod condition;
 mod cursor;
 pub mod on_create;
 mod pages;
 mod queries;
+pub mod signal;
 
 #[cfg(test)]
 use queries::plan_rows;
@@ -42,10 +70,13 @@ pub use snapshot::begin_page_snapshot;
 /// A backfill filter (`--where`) selecting the rows whose `column` holds one of `ids`, quoted
 /// whatever the session's `standard_conforming_strings` (escape-string literals).
 pub fn event_id_filter(column: &str, ids: &[String]) -> String {
-    let literals: Vec<String> = ids.iter().map(|id| crate::sql::quote_literal(id)).collect();
+    let literals: Vec<String> = ids
+        .iter()
+        .map(|id| relay_postgres::sql::quote_literal(id))
+        .collect();
     format!(
         "{} IN ({})",
-        crate::sql::quote_ident(column),
+        relay_postgres::sql::quote_ident(column),
         literals.join(", ")
     )
 }
@@ -153,7 +184,7 @@ impl BackfillError {
     /// Whether the database was unreachable or went away (retrying later can help).
     pub fn is_transient(&self) -> bool {
         match self {
-            BackfillError::Query { source, .. } => crate::is_transient_query_error(source),
+            BackfillError::Query { source, .. } => relay_postgres::is_transient_query_error(source),
             _ => false,
         }
     }
@@ -164,7 +195,7 @@ fn query_err(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -
     move |source| BackfillError::Query { context, source }
 }
 
-use crate::sql::{quote_ident, quote_literal};
+use relay_postgres::sql::{quote_ident, quote_literal};
 
 /// Why the backfill pages by this column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -209,12 +240,14 @@ pub struct TableShape {
 }
 
 /// Connects the read session: the replication session's text forms, read-only.
-pub async fn connect_reader(settings: &crate::PostgresSettings) -> Result<Client, crate::PgError> {
-    let client = crate::connect(settings).await?;
+pub async fn connect_reader(
+    settings: &relay_postgres::PostgresSettings,
+) -> Result<Client, relay_postgres::PgError> {
+    let client = relay_postgres::connect(settings).await?;
     client
         .batch_execute(READ_SESSION)
         .await
-        .map_err(|source| crate::PgError::Query {
+        .map_err(|source| relay_postgres::PgError::Query {
             context: "cannot set up the backfill's read session".into(),
             source,
         })?;
@@ -230,8 +263,8 @@ pub async fn table_shape(
     event_id: &str,
     publication: &str,
 ) -> Result<TableShape, BackfillError> {
-    let name = crate::sql::display_relation(schema, table);
-    let info = catalog::table(client, schema, table)
+    let name = relay_postgres::sql::display_relation(schema, table);
+    let info = relay_postgres::catalog::table(client, schema, table)
         .await
         .map_err(query_err(format!("cannot look up table {name}")))?
         .ok_or_else(|| BackfillError::TableMissing {
@@ -276,7 +309,7 @@ pub async fn table_shape(
     let from = format!(
         "{}{}",
         if info.partitioned { "" } else { "ONLY " },
-        crate::sql::quote_relation(schema, table)
+        relay_postgres::sql::quote_relation(schema, table)
     );
     let event_id = columns.iter().position(|c| c.name == event_id);
     Ok(TableShape {
@@ -304,7 +337,7 @@ async fn published(
     schema: &str,
     table: &str,
 ) -> Result<Option<(Option<Vec<String>>, Option<String>)>, BackfillError> {
-    let version = catalog::server_version_num(client)
+    let version = relay_postgres::catalog::server_version_num(client)
         .await
         .map_err(query_err("cannot read server_version_num"))?;
     let context = || format!("cannot read publication {publication}");
@@ -314,7 +347,7 @@ async fn published(
             .map_err(query_err(context()))
     } else {
         Ok(
-            catalog::publication_has_table(client, publication, schema, table)
+            relay_postgres::catalog::publication_has_table(client, publication, schema, table)
                 .await
                 .map_err(query_err(context()))?
                 .then_some((None, None)),

@@ -93,13 +93,13 @@ pub enum Applied {
 impl RowPlan {
     /// `schema.table`, quoted.
     fn relation(&self) -> String {
-        crate::sql::quote_relation(&self.schema, &self.table)
+        relay_postgres::sql::quote_relation(&self.schema, &self.table)
     }
 
     /// `schema.table`.
     #[must_use]
     pub fn name(&self) -> String {
-        crate::sql::display_relation(&self.schema, &self.table)
+        relay_postgres::sql::display_relation(&self.schema, &self.table)
     }
 
     /// The time column `retain` counts from, its type read now and judged
@@ -178,7 +178,7 @@ impl RowPlan {
         // LOCAL takes none.)
         tx.batch_execute(&timeouts(self.statement_timeout, self.lock_timeout))
             .await?;
-        let horizon = crate::catalog::wal_insert_position(&tx).await?;
+        let horizon = relay_postgres::catalog::wal_insert_position(&tx).await?;
         let rows = tx
             .query(
                 &format!(

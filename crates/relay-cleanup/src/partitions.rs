@@ -57,7 +57,7 @@ impl DropPlan {
     /// `schema.table`.
     #[must_use]
     pub fn name(&self) -> String {
-        crate::sql::display_relation(&self.schema, &self.table)
+        relay_postgres::sql::display_relation(&self.schema, &self.table)
     }
 
     /// The partition key with `age_unit`/`age_time_zone`; `None` unless the table is
@@ -98,7 +98,7 @@ impl DropPlan {
     }
 
     pub(super) fn relation(&self) -> String {
-        crate::sql::quote_relation(&self.schema, &self.table)
+        relay_postgres::sql::quote_relation(&self.schema, &self.table)
     }
 
     /// One round: drops detached partitions the checkpoint of `slot` is past, then detaches the

@@ -1,3 +1,16 @@
+//! Trimming outbox tables behind the checkpoint (`[outbox.cleanup]`, opt-in per table): the
+//! settings, the privileges and relay tables cleanup needs ([`privilege_problem`],
+//! [`ensure_tables`], [`fence`]), the row plans that delete or mark ([`RowPlan`]), the
+//! partitions detached and dropped or created ahead ([`DropPlan`]), and the task that runs the
+//! rounds beside the relay ([`CleanupTask`], which reports through [`CleanupReport`]). The
+//! catalog reads only cleanup makes are its own ([`catalog`]).
+//!
+//! Its own crate because it changes for reasons of its own (modes, the fence, partition
+//! handling, privileges) that the streaming path never meets. It depends on `relay-postgres`
+//! for sessions, `PgError`, SQLSTATE classes, quoting, the shared catalog reads and the age
+//! column ([`AgeSpec`], re-exported here as part of the settings' API); `relay-postgres` never
+//! depends on it.
+//!
 //! Cleanup of outbox rows tied to the confirmed position (opt-in, per table): rows whose
 //! events are at or behind the stored checkpoint are deleted, or marked, in small batches on a
 //! session of their own; whole partitions are detached and dropped.
@@ -40,6 +53,9 @@
 //! the checkpoint is past it. Detached partitions waiting for their drop are recorded in
 //! `outbox_relay.cleanup_detached`, so a restart finishes what a crash interrupted.
 
+// What a module exports to its siblings only is `pub(crate)`: `pub` is the crate's API.
+#![warn(unreachable_pub)]
+
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -48,25 +64,26 @@ use tokio_postgres::Client;
 
 mod access;
 mod ahead;
+pub mod catalog;
 mod partitions;
 mod rows;
 mod settings;
 mod task;
 
-pub use crate::age_column::{AgeColumn, AgeKind, AgeSpec, EpochUnit, of_partition_key};
-pub(crate) use access::after_fence;
 pub use access::{
     PrivilegeNeed, cleanup_tables_access, cleanup_tables_grants, ensure_tables, fence,
     privilege_problem,
 };
 pub use ahead::{AheadReport, MAX_CREATED_PER_ROUND};
 pub use partitions::{DropPlan, DropReport};
+pub use relay_postgres::age_column::{AgeColumn, AgeKind, AgeSpec, EpochUnit, of_partition_key};
 pub use rows::{Applied, Batch, CleanupAction, RowPlan};
 pub use settings::{CleanupMode, CleanupSettings};
 pub use task::{CleanupReport, CleanupTask};
 
-use crate::sql::quote_ident;
-use crate::sql::quote_literal;
+use relay_postgres::sql::after_fence;
+use relay_postgres::sql::quote_ident;
+use relay_postgres::sql::quote_literal;
 
 fn millis(d: Duration) -> u128 {
     d.as_millis().max(1)
