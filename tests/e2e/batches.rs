@@ -163,8 +163,12 @@ async fn a_re_sent_batch_is_not_stored_twice() -> Result<()> {
     })
     .await?;
     let publisher = JetStreamPublisher::with_default_limits(client, STREAM, WAIT, 64)
-        .with_publish_mode(PublishMode::AtomicBatch, true, 64);
-    assert!(publisher.batches());
+        .with_publish_mode(
+            PublishMode::AtomicBatch,
+            relay_nats::StreamTakes::BATCHES,
+            64,
+        );
+    assert!(publisher.framing().atomic_batches());
 
     let send = |ids: &'static [&'static str], lsn: u64| {
         let publisher = publisher.clone();

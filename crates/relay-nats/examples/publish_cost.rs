@@ -26,7 +26,7 @@ use bytes::Bytes;
 use relay_core::Lsn;
 use relay_core::message::OutboundMessage;
 use relay_core::stage::Publisher as _;
-use relay_nats::{JetStreamPublisher, NatsSettings, PublishMode};
+use relay_nats::{JetStreamPublisher, NatsSettings, PublishMode, StreamTakes};
 use relay_testkit::NatsServer;
 
 /// Outstanding acks, as the pipeline keeps many in flight.
@@ -70,8 +70,9 @@ async fn main() -> Result<()> {
         })
         .await?;
     let publisher = if atomic {
-        let batching = publisher.with_publish_mode(PublishMode::AtomicBatch, true, WINDOW);
-        if !batching.batches() {
+        let batching =
+            publisher.with_publish_mode(PublishMode::AtomicBatch, StreamTakes::BATCHES, WINDOW);
+        if !batching.framing().atomic_batches() {
             bail!(
                 "nats-server {} takes no atomic batches (2.12.1+)",
                 server.version()

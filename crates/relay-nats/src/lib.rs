@@ -55,7 +55,7 @@ pub use durability::{
 pub use error::NatsError;
 pub use native::check_broker_needs;
 pub use published::{StreamState, published_between, published_since, scan_headers};
-pub use publisher::JetStreamPublisher;
+pub use publisher::{ChoiceNote, Framing, JetStreamPublisher, StreamTakes};
 pub use restore::RestoreCheck;
 pub use settings::{NatsSettings, PublishMode, PublishPath, SHARED_INBOX_PREFIX};
 pub use stream::{

@@ -1,8 +1,8 @@
 //! The JetStream publisher: one `send` per message in commit order, acks awaited separately so
-//! many are outstanding at once. Its [`Strategy`] is the publish mode in effect: per message, or
-//! the batch framer (`batching`, with the mode's `atomic` or `fast` batches) that batches what
-//! it can and publishes the rest through the per-message core ([`MessagePublisher`],
-//! `message.rs`). Every mode publishes on one connection, the [`path::Path`] its
+//! many are outstanding at once. Its [`Framing`] (`choice.rs`, decided once) says how events go
+//! out: each on its own through the per-message core ([`MessagePublisher`], `message.rs`), through
+//! the sequence chain's task (`sequenced`), or through the batch framer (`batching`, with
+//! `atomic` or `fast` batches) that batches what it can and publishes the rest through the core. Every mode publishes on one connection, the [`path::Path`] its
 //! [`path::PathChoice`] gives: the lean one ([`crate::wire`], `lean.rs`), or async-nats' (`nats.rs`)
 //! with `[nats] publish_path = "async-nats"` or once the server refused the lean connection.
 
@@ -19,8 +19,8 @@ use relay_core::stage::{
 };
 
 use self::batching::Mode;
-use self::batching::atomic::{Atomic, supports_atomic_batches};
-use self::batching::fast::{self, Fast, supports_fast_batches};
+use self::batching::atomic::Atomic;
+use self::batching::fast::{self, Fast};
 use self::framing::Framer;
 use self::message::{Condition, MessagePublisher};
 use crate::connection::{JetStream, NatsConnection};
@@ -28,6 +28,7 @@ use crate::settings::PublishMode;
 
 pub(crate) mod batching;
 mod chain;
+mod choice;
 mod framing;
 pub(crate) mod headers;
 mod lean;
@@ -36,6 +37,7 @@ mod nats;
 mod path;
 mod sequenced;
 
+pub use choice::{ChoiceNote, Framing, StreamTakes};
 pub(crate) use message::classify;
 
 /// Publishes outbound messages into one JetStream stream.
@@ -44,8 +46,10 @@ pub struct JetStreamPublisher {
     /// Publishes each message on its own: every message in per-message mode; in the batch modes
     /// what a batch does not take (the framing task holds a copy).
     core: MessagePublisher,
-    /// How what the pipeline hands over is framed.
-    strategy: Strategy,
+    /// How events go out.
+    framing: Framing,
+    /// The framing task's handle, for the framings that have one (batches, the sequence chain).
+    framer: Option<Arc<Framer>>,
     /// Length of the longest reply subject a publish may carry: the per-message core's, or in
     /// fast batches the batch's reply subject.
     reply_len: usize,
@@ -56,37 +60,11 @@ pub struct JetStreamPublisher {
     backfill: bool,
 }
 
-/// How the publisher frames what the pipeline hands it: the publish mode in effect (a mode the
-/// server or stream cannot take falls back to `PerMessage`, with a warning).
-#[derive(Debug, Clone)]
-enum Strategy {
-    /// Every message on its own, through the per-message core.
-    PerMessage,
-    /// Each transaction as one atomic batch: the framing task's handle.
-    AtomicBatch(Arc<Framer>),
-    /// Fast batches: the framing task's handle.
-    FastBatch(Arc<Framer>),
-    /// Every message on its own, on a stream where every condition names a sequence: the
-    /// sequence chain's task (`sequenced`).
-    BySequence(Arc<Framer>),
-}
-
-impl Strategy {
-    fn framer(&self) -> Option<&Framer> {
-        match self {
-            Self::PerMessage => None,
-            Self::AtomicBatch(framer) | Self::FastBatch(framer) | Self::BySequence(framer) => {
-                Some(framer)
-            }
-        }
-    }
-}
-
 impl std::fmt::Debug for JetStreamPublisher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("JetStreamPublisher")
             .field("stream", &self.core.stream)
-            .field("strategy", &self.strategy)
+            .field("framing", &self.framing)
             .finish_non_exhaustive()
     }
 }
@@ -107,7 +85,8 @@ impl JetStreamPublisher {
         Self {
             reply_len: core.reply_len(),
             core,
-            strategy: Strategy::PerMessage,
+            framing: Framing::ByEventId,
+            framer: None,
             hooks: PublishHooks::default(),
             backfill: false,
         }
@@ -119,7 +98,7 @@ impl JetStreamPublisher {
     #[must_use]
     pub fn for_backfill(mut self) -> Self {
         self.backfill = true;
-        self
+        self.with_framing(Framing::Alone, 0)
     }
 
     /// What goes out for `msg` sent after `after`: a backfill's marked copy without a condition,
@@ -143,122 +122,79 @@ impl JetStreamPublisher {
         self
     }
 
-    /// This publisher with every commit-order condition naming a stream sequence instead of an
-    /// event id when `by_sequence` ([`crate::StreamReport::order_by_sequence`]: a replicated
-    /// stream where a refused event-id condition would fail the stream), in every publish mode
-    /// that keeps order that way. Call before [`Self::with_publish_mode`].
+    /// This publisher in `mode` where the server and `stream` take it, else each message on its
+    /// own ([`Framing::choose`], which says why in one warning). `max_in_flight` bounds a batch:
+    /// the pipeline stops reading at that many outstanding events, so a larger atomic batch could
+    /// never commit, and a fast batch needs its flow acks more often than that.
     #[must_use]
-    pub fn with_order_by_sequence(mut self, by_sequence: bool) -> Self {
-        if by_sequence && !self.core.by_sequence {
-            self.core.by_sequence = true;
-            tracing::info!(
-                stream = %self.core.stream,
-                "commit order kept by the stream's sequence (Nats-Expected-Last-Sequence): the stream is replicated, and on nats-server 2.14 or later a refused Nats-Expected-Last-Msg-Id fails a replicated stream"
-            );
-            self.strategy = Strategy::BySequence(Arc::new(sequenced::start(self.core.clone())));
-        }
-        self
-    }
-
-    /// This publisher in `mode`. `atomic-batch` needs a server that takes `Nats-Msg-Id` inside
-    /// atomic batches (2.12.1+, from its INFO) and a stream with `allow_atomic`; `fast-batch` a
-    /// server with fast batches (2.14.0+) and a stream with `allow_batched`. `stream_allows` is
-    /// the stream's setting for `mode` ([`crate::StreamReport::allows`]). Otherwise one warning
-    /// says which is missing and every message is published on its own. `max_in_flight` bounds
-    /// a batch: the pipeline stops reading at that many outstanding events, so a larger atomic
-    /// batch could never commit, and a fast batch needs its flow acks more often than that.
-    #[must_use]
-    // Long: one `match` over the mode and what the server and stream allow, each case with its one
-    // warning
     pub fn with_publish_mode(
-        mut self,
+        self,
         mode: PublishMode,
-        stream_allows: bool,
+        stream: StreamTakes,
         max_in_flight: usize,
     ) -> Self {
-        let (name, supported, needs_server, setting, edit) = match mode {
-            PublishMode::PerMessage => return self,
-            PublishMode::AtomicBatch => (
-                "atomic-batch",
-                supports_atomic_batches as fn(&str) -> bool,
-                "2.12.1 (Nats-Msg-Id inside atomic batches)",
-                "allow_atomic",
-                "--allow-batch",
-            ),
-            PublishMode::FastBatch => (
-                "fast-batch",
-                supports_fast_batches as fn(&str) -> bool,
-                "2.14.0 (fast batch publishing)",
-                "allow_batched",
-                "--allow-batched",
-            ),
-        };
-        // A fast batch's flow acks name no domain (an atomic batch's commit PubAck does, and
-        // is checked like a single PubAck).
-        if mode == PublishMode::FastBatch && self.core.domain.is_some() {
-            tracing::warn!(
-                stream = %self.core.stream,
-                "[nats] publish_mode = \"{name}\" is not used with [nats] domain set (its flow acknowledgements name no domain); publishing each message on its own"
-            );
-            return self;
-        }
-        if mode == PublishMode::FastBatch && self.core.by_sequence {
-            tracing::warn!(
-                stream = %self.core.stream,
-                "[nats] publish_mode = \"{name}\" does not keep commit order on a replicated stream of nats-server 2.14 or later; publishing each message on its own"
-            );
-            return self;
-        }
         let version = self.core.context().client().server_info().version;
-        if !supported(&version) {
-            tracing::warn!(
-                server_version = %version,
-                "[nats] publish_mode = \"{name}\" needs nats-server {needs_server} or later; publishing each message on its own"
-            );
-            return self;
+        let (framing, notes) = Framing::choose(
+            mode,
+            stream,
+            &self.core.stream,
+            &version,
+            self.core.domain.is_some(),
+        );
+        for note in notes {
+            match note {
+                ChoiceNote::Info(line) => {
+                    tracing::info!(stream = %self.core.stream, server_version = %version, "{line}");
+                }
+                ChoiceNote::Warn(line) => {
+                    tracing::warn!(stream = %self.core.stream, server_version = %version, "{line}");
+                }
+            }
         }
-        if !stream_allows {
-            tracing::warn!(
-                stream = %self.core.stream,
-                "[nats] publish_mode = \"{name}\" needs the stream's {setting} (nats stream edit {} {edit}, or create_stream); publishing each message on its own",
-                self.core.stream
-            );
-            return self;
-        }
-        // What a batch does not take (a one-message transaction, a message left at the end of
-        // a transaction, a dead letter) goes out in commit order between the batches, so on
-        // their connection: the server orders nothing across two connections (a 1-row
-        // transaction on one was stored after the batch of the next on the other, e2e
-        // fast_batch, under load). So every message of every mode, every batch commit and every
-        // answer go on one connection: the lean one, or async-nats' where the publisher
-        // publishes through it. The framing task publishes what it does not batch through the
-        // per-message core.
+        self.with_framing(framing, max_in_flight)
+    }
+
+    /// This publisher framing events as `framing` says (starting its framing task, if it has
+    /// one). Call once, on a new publisher.
+    // What a batch does not take (a one-message transaction, a message left at the end of a
+    // transaction, a dead letter) goes out in commit order between the batches, so on their
+    // connection: the server orders nothing across two connections (a 1-row transaction on one
+    // was stored after the batch of the next on the other, e2e fast_batch, under load). So every
+    // message of every mode, every batch commit and every answer go on one connection: the lean
+    // one, or async-nats' where the publisher publishes through it. The framing task publishes
+    // what it does not batch through the per-message core.
+    #[must_use]
+    pub fn with_framing(mut self, framing: Framing, max_in_flight: usize) -> Self {
+        self.core.by_sequence = framing.by_sequence();
         let per_message = self.core.clone();
-        let how = if mode == PublishMode::FastBatch {
-            let flow = fast::flow(max_in_flight);
-            // Limits must hold for a fast batch's longer reply subject.
-            let batch_reply_len = self.core.paths.preferred().batch_reply_len(flow);
-            self.reply_len = self.reply_len.max(batch_reply_len);
-            let framer = batching::start(per_message, Mode::Fast(Fast::new(flow)));
-            self.strategy = Strategy::FastBatch(Arc::new(framer));
-            "publishing in fast batches (one flow ack for many messages)"
-        } else {
-            let framer = batching::start(per_message, Mode::Atomic(Atomic::new(max_in_flight)));
-            self.strategy = Strategy::AtomicBatch(Arc::new(framer));
-            "publishing each transaction as one atomic batch"
-        };
-        tracing::info!(stream = %self.core.stream, server_version = %version, "{how}");
+        self.framer = match framing {
+            Framing::Alone | Framing::ByEventId => None,
+            Framing::BySequence => Some(sequenced::start(per_message)),
+            Framing::AtomicBatch { .. } => Some(batching::start(
+                per_message,
+                framing,
+                Mode::Atomic(Atomic::new(max_in_flight)),
+            )),
+            Framing::FastBatch => {
+                let flow = fast::flow(max_in_flight);
+                // Limits must hold for a fast batch's longer reply subject.
+                let batch_reply_len = self.core.paths.preferred().batch_reply_len(flow);
+                self.reply_len = self.reply_len.max(batch_reply_len);
+                Some(batching::start(
+                    per_message,
+                    framing,
+                    Mode::Fast(Fast::new(flow)),
+                ))
+            }
+        }
+        .map(Arc::new);
+        self.framing = framing;
         self
     }
 
-    /// Whether transactions are published as atomic batches.
-    pub fn batches(&self) -> bool {
-        matches!(self.strategy, Strategy::AtomicBatch(_))
-    }
-
-    /// Whether messages are published in fast batches.
-    pub fn fast_batches(&self) -> bool {
-        matches!(self.strategy, Strategy::FastBatch(_))
+    /// How events go out.
+    pub fn framing(&self) -> Framing {
+        self.framing
     }
 
     /// Whether messages go through the lean publish path (its own connection, see
@@ -337,7 +273,7 @@ impl JetStreamPublisher {
         after: Option<&str>,
     ) -> Result<Ack, PublishError> {
         self.check_limits(msg)?;
-        if let Some(framer) = self.strategy.framer() {
+        if let Some(framer) = self.framer.as_deref() {
             // The framing task keeps the condition on the stream's last message its own way
             // (docs/guarantees.md, "Commit order").
             return Ok(framer.send(msg, after));
@@ -354,7 +290,7 @@ impl JetStreamPublisher {
     ) -> Result<Ack, PublishError> {
         self.check_limits(msg)?;
         if self.core.by_sequence
-            && let Some(framer) = self.strategy.framer()
+            && let Some(framer) = self.framer.as_deref()
         {
             // Every condition names a sequence: the re-send takes its place in the chain in
             // the framing task, in call order.
@@ -362,7 +298,7 @@ impl JetStreamPublisher {
         }
         // Atomic batches keep commit order by the stream's sequence: a re-send is counted in
         // their chain from before it goes until it is answered.
-        let Some(chain) = self.strategy.framer().and_then(Framer::chain) else {
+        let Some(chain) = self.framer.as_deref().and_then(Framer::chain) else {
             return self.core.send_alone(msg, Condition::event(after)).await;
         };
         let link = chain.alone(true);
@@ -427,19 +363,19 @@ impl Publisher for JetStreamPublisher {
     }
 
     fn begin_transaction(&self, commit_lsn: relay_core::Lsn) {
-        if let Some(framer) = self.strategy.framer() {
+        if let Some(framer) = self.framer.as_deref() {
             framer.begin(commit_lsn);
         }
     }
 
     fn end_transaction(&self) {
-        if let Some(framer) = self.strategy.framer() {
+        if let Some(framer) = self.framer.as_deref() {
             framer.end();
         }
     }
 
     fn hold(&self) {
-        if let Some(framer) = self.strategy.framer() {
+        if let Some(framer) = self.framer.as_deref() {
             framer.hold();
         }
     }

@@ -202,12 +202,6 @@ pub enum PublishMode {
 }
 
 impl PublishMode {
-    /// Whether a transaction is stored all or nothing (where the server and stream take the
-    /// mode; otherwise the relay publishes per message, with a warning).
-    pub fn atomic(self) -> bool {
-        self == Self::AtomicBatch
-    }
-
     /// Whether each message's answer says whether JetStream dropped it as a duplicate: fast
     /// batches' flow acks cover many messages and do not.
     pub fn reports_duplicates(self) -> bool {

@@ -51,17 +51,6 @@ pub struct StreamReport {
     pub warnings: Vec<String>,
 }
 
-impl StreamReport {
-    /// Whether the stream has the setting `mode` needs (`per-message` needs none).
-    pub fn allows(&self, mode: PublishMode) -> bool {
-        match mode {
-            PublishMode::PerMessage => true,
-            PublishMode::AtomicBatch => self.allow_atomic,
-            PublishMode::FastBatch => self.allow_batched,
-        }
-    }
-}
-
 pub use relay_core::subject::subject_matches;
 
 /// Ensures the stream exists (creating it only when allowed, with the settings `needs` ask

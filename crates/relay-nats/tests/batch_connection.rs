@@ -14,7 +14,7 @@ use bytes::Bytes;
 use relay_core::Lsn;
 use relay_core::message::OutboundMessage;
 use relay_core::stage::Publisher as _;
-use relay_nats::{JetStreamPublisher, NatsSettings, PublishMode, PublishPath};
+use relay_nats::{JetStreamPublisher, NatsSettings, PublishMode, PublishPath, StreamTakes};
 use relay_testkit::{NatsOptions, NatsServer, free_port};
 
 const STREAM: &str = "OUTBOX";
@@ -95,7 +95,7 @@ async fn publisher(
         publisher.publishes_lean()
     );
     let report = relay_nats::prepare_stream(publisher.jetstream(), &settings, &[], &[]).await?;
-    Ok(publisher.with_publish_mode(mode, report.allows(mode), 64))
+    Ok(publisher.with_publish_mode(mode, StreamTakes::from(&report), 64))
 }
 
 #[tokio::test]
@@ -153,7 +153,7 @@ async fn one_connection(
         PublishMode::AtomicBatch => server.version_at_least((2, 12, 1)),
         PublishMode::FastBatch => server.version_at_least((2, 14, 0)),
     };
-    let framing = publisher.batches() || publisher.fast_batches();
+    let framing = publisher.framing().atomic_batches() || publisher.framing().fast_batches();
     ensure!(
         framing == server_takes,
         "batching in effect: {framing}, on nats-server {}",
@@ -284,7 +284,7 @@ async fn refused_out_of_turn(
     let stored = second.await?.stream_seq;
     first.await?;
     let mut stream = jetstream.get_stream(STREAM).await?;
-    if publisher.batches() {
+    if publisher.framing().atomic_batches() {
         // The second batch below names where the first ends: the commit's sequence.
         ensure!(stored == 2, "the first batch ends at sequence {stored}");
     }
@@ -312,7 +312,7 @@ async fn refused_out_of_turn(
     match b2.await {
         Err(e) if e.kind == relay_core::stage::PublishErrorKind::OutOfTurn => {}
         Err(e)
-            if publisher.fast_batches()
+            if publisher.framing().fast_batches()
                 && e.kind == relay_core::stage::PublishErrorKind::Unknown => {}
         other => anyhow::bail!("b2: out of turn expected, got {other:?}"),
     }
@@ -324,7 +324,7 @@ async fn refused_out_of_turn(
     eprintln!(
         "{mode:?} on {path:?}, nats-server {}: refused out of turn, batches {}",
         server.version(),
-        publisher.batches() || publisher.fast_batches()
+        publisher.framing().atomic_batches() || publisher.framing().fast_batches()
     );
     Ok(())
 }

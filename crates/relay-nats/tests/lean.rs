@@ -10,7 +10,7 @@ use bytes::Bytes;
 use relay_core::Lsn;
 use relay_core::message::OutboundMessage;
 use relay_core::stage::{PublishErrorKind, Publisher as _};
-use relay_nats::{JetStreamPublisher, NatsSettings};
+use relay_nats::{JetStreamPublisher, NatsSettings, StreamTakes};
 use relay_testkit::{NatsOperator, NatsOptions, NatsServer};
 
 const STREAM: &str = "OUTBOX";
@@ -433,10 +433,12 @@ async fn a_forged_batch_answer_naming_another_stream_is_refused() -> Result<()> 
         relay_nats::PublishMode::AtomicBatch,
         relay_nats::PublishMode::FastBatch,
     ] {
-        let publisher = publisher(&settings(server.url()))
-            .await?
-            .with_publish_mode(mode, true, 64);
-        if !(publisher.batches() || publisher.fast_batches()) {
+        let publisher = publisher(&settings(server.url())).await?.with_publish_mode(
+            mode,
+            StreamTakes::BATCHES,
+            64,
+        );
+        if !(publisher.framing().atomic_batches() || publisher.framing().fast_batches()) {
             eprintln!(
                 "{mode:?}: nats-server {} has no such batches",
                 server.version()

@@ -1,5 +1,5 @@
 //! Commit-order conditions on a replicated stream (three nats-servers, R3), made as the relay
-//! makes its publisher (`relay-runtime::broker`: `with_order_by_sequence`, then `with_publish_mode`).
+//! makes its publisher (`relay-runtime::broker`: `with_publish_mode` with what the stream takes).
 //!
 //! On nats-server 2.14 and later a refused `Nats-Expected-Last-Msg-Id` on a replicated stream
 //! fails the stream on every replica ("last msgid mismatch": no leader, again at every
@@ -16,7 +16,7 @@ use bytes::Bytes;
 use relay_core::Lsn;
 use relay_core::message::OutboundMessage;
 use relay_core::stage::{PublishErrorKind, Publisher as _};
-use relay_nats::{JetStreamPublisher, NatsSettings, PublishMode};
+use relay_nats::{JetStreamPublisher, NatsSettings, PublishMode, StreamTakes};
 use relay_testkit::NatsCluster;
 
 const ACK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -98,12 +98,10 @@ async fn refused_in_turn(
             == cluster.nodes()[0].version_at_least(relay_nats::MSG_ID_CONDITION_FAILS_REPLICAS),
         "ordered by sequence: {by_sequence}"
     );
-    let publisher = publisher
-        .with_order_by_sequence(report.order_by_sequence)
-        .with_publish_mode(mode, report.allows(mode), 64);
+    let publisher = publisher.with_publish_mode(mode, StreamTakes::from(&report), 64);
     if by_sequence {
         ensure!(
-            !publisher.fast_batches(),
+            !publisher.framing().fast_batches(),
             "fast batches on a sequence-ordered stream"
         );
     }
@@ -277,9 +275,7 @@ async fn full_in_turn(
     let connection = relay_nats::connect(&settings).await?;
     let publisher = JetStreamPublisher::new(&connection, &stream, ACK_TIMEOUT, 64);
     let report = relay_nats::prepare_stream(publisher.jetstream(), &settings, &[], &[]).await?;
-    let publisher = publisher
-        .with_order_by_sequence(report.order_by_sequence)
-        .with_publish_mode(mode, report.allows(mode), 64);
+    let publisher = publisher.with_publish_mode(mode, StreamTakes::from(&report), 64);
     let msg = |id: &str, lsn: u64| {
         let mut msg = Arc::unwrap_or_clone(event(id, lsn));
         msg.subject = format!("{prefix}.x");

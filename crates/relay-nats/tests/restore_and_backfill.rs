@@ -12,7 +12,7 @@ use relay_core::id_digest::id_digest;
 use relay_core::message::{HEADER_TABLE, OutboundMessage};
 use relay_core::stage::Publisher as _;
 use relay_nats::{
-    JetStreamPublisher, NatsSettings, PublishMode, RestoreCheck, StreamIds, stream_ids,
+    JetStreamPublisher, NatsSettings, PublishMode, RestoreCheck, StreamIds, StreamTakes, stream_ids,
 };
 use relay_testkit::NatsServer;
 
@@ -42,7 +42,7 @@ async fn publisher(server: &NatsServer) -> Result<JetStreamPublisher> {
     let connection = relay_nats::connect(&settings).await?;
     let publisher = JetStreamPublisher::new(&connection, STREAM, Duration::from_secs(5), 64);
     relay_nats::prepare_stream(publisher.jetstream(), &settings, &[], &[]).await?;
-    Ok(publisher.with_publish_mode(PublishMode::PerMessage, true, 64))
+    Ok(publisher.with_publish_mode(PublishMode::PerMessage, StreamTakes::BATCHES, 64))
 }
 
 #[tokio::test]

@@ -46,9 +46,8 @@ pub async fn connect_publisher(
     for (table, template) in config.unsampled_subjects() {
         tracing::warn!(stream = %config.nats.stream, "{}", config.unsampled_warning(&table, &template));
     }
-    let publisher = publisher
-        .with_order_by_sequence(report.order_by_sequence)
-        .with_publish_mode(mode, report.allows(mode), max_in_flight);
+    let publisher =
+        publisher.with_publish_mode(mode, relay_nats::StreamTakes::from(&report), max_in_flight);
     Ok((nats, publisher, report))
 }
 

@@ -14,9 +14,7 @@ use tokio::sync::mpsc;
 
 use super::MessagePublisher;
 use super::chain::Chain;
-use super::framing::{
-    Command, Framer, FramingMode, Handed, alone_in_chain, batchable, reply_when_acked,
-};
+use super::framing::{Command, Framer, Handed, alone_in_chain, batchable, reply_when_acked};
 use super::message::Condition;
 
 pub(crate) mod atomic;
@@ -46,13 +44,6 @@ pub(crate) enum Mode {
 }
 
 impl Mode {
-    fn framing_mode(&self) -> FramingMode {
-        match self {
-            Self::Atomic(_) => FramingMode::AtomicBatch,
-            Self::Fast(_) => FramingMode::FastBatch,
-        }
-    }
-
     /// A transaction begins.
     fn begin(&mut self) {
         match self {
@@ -103,10 +94,10 @@ impl Mode {
     }
 }
 
-/// Starts the framing task of `mode` over `per_message` and returns the handle the publisher
-/// keeps.
-pub(crate) fn start(per_message: MessagePublisher, mode: Mode) -> Framer {
-    let (framer, receiver) = Framer::new(mode.framing_mode());
+/// Starts the framing task of `framing` (a batch framing, with `mode` its batches' state) over
+/// `per_message` and returns the handle the publisher keeps.
+pub(crate) fn start(per_message: MessagePublisher, framing: super::Framing, mode: Mode) -> Framer {
+    let (framer, receiver) = Framer::new(framing);
     let chain = Arc::new(Chain::default());
     let worker = BatchFramer {
         shared: Shared {

@@ -13,6 +13,8 @@ use relay_core::message::OutboundMessage;
 use relay_core::stage::{PubReceipt, PublishError, PublishErrorKind};
 use tokio::sync::{mpsc, oneshot};
 
+use super::Framing;
+
 /// One answer on a batch's reply subject: a fast batch's flow ack, gap or error (`type`), or
 /// the PubAck that ends a batch of either mode (no `type`; `batch` and `count` name the batch
 /// it stored).
@@ -57,41 +59,23 @@ pub(crate) enum Command {
     Hold,
 }
 
-/// Which framing task a [`Framer`] feeds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum FramingMode {
-    AtomicBatch,
-    FastBatch,
-    /// Per-message mode on a stream where every condition names a sequence.
-    BySequence,
-}
-
-impl FramingMode {
-    fn what(self) -> &'static str {
-        match self {
-            Self::AtomicBatch => "batch",
-            Self::FastBatch => "fast batch",
-            Self::BySequence => "message",
-        }
-    }
-}
-
 /// The handle the publisher keeps: commands go to the framing task in call order.
 #[derive(Debug)]
 pub(crate) struct Framer {
-    mode: FramingMode,
+    /// The framing this task carries out.
+    framing: Framing,
     commands: mpsc::UnboundedSender<Command>,
     /// The atomic-batch mode's commit-order chain, which the pipeline's re-sends join.
     chain: Option<Arc<super::chain::Chain>>,
 }
 
 impl Framer {
-    /// A handle for `mode`, and the receiver its framing task reads.
-    pub(crate) fn new(mode: FramingMode) -> (Self, mpsc::UnboundedReceiver<Command>) {
+    /// A handle for a task carrying out `framing`, and the receiver that task reads.
+    pub(crate) fn new(framing: Framing) -> (Self, mpsc::UnboundedReceiver<Command>) {
         let (commands, receiver) = mpsc::unbounded_channel();
         (
             Self {
-                mode,
+                framing,
                 commands,
                 chain: None,
             },
@@ -151,7 +135,7 @@ impl Framer {
         let sent = self
             .commands
             .send(command((msg.clone(), after.map(Arc::from), reply)));
-        let what = self.mode.what();
+        let what = self.framing.unit();
         Box::pin(async move {
             if sent.is_err() {
                 return Err(unknown(&format!("the {what} publisher stopped")));

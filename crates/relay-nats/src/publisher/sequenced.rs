@@ -16,13 +16,14 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use super::Framing;
 use super::MessagePublisher;
 use super::chain::Chain;
-use super::framing::{Command, Framer, FramingMode, alone_in_chain};
+use super::framing::{Command, Framer, alone_in_chain};
 
 /// Starts the task over `per_message` and returns the handle the publisher keeps.
 pub(crate) fn start(per_message: MessagePublisher) -> Framer {
-    let (framer, commands) = Framer::new(FramingMode::BySequence);
+    let (framer, commands) = Framer::new(Framing::BySequence);
     let chain = Arc::new(Chain::default());
     tokio::spawn(run(per_message, chain.clone(), commands));
     framer.with_chain(chain)
