@@ -26,7 +26,6 @@ pub mod replay;
 pub mod restore;
 pub mod routing;
 pub mod signal;
-pub mod status;
 pub mod table_backfill;
 pub mod trace;
 

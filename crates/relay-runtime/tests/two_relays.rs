@@ -1,6 +1,6 @@
 //! Two relays built by library calls and run in one process, each on its own PostgreSQL, slot
-//! and stream: stopping one's PostgreSQL leaves the other streaming, and each relay's metrics
-//! count only its own events.
+//! and stream: stopping one's PostgreSQL leaves the other streaming, and each relay's telemetry
+//! counts only its own events.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -182,18 +182,13 @@ async fn wait_stream(js: &async_nats::jetstream::Context, stream: &str, n: u64) 
     }
 }
 
-/// `outbox_relay_events_published_total` as the relay at `addr` serves it on `/metrics`.
-async fn published_metric(addr: std::net::SocketAddr) -> Result<u64> {
-    let (code, body) =
-        relay_runtime::http::get_text(&addr.to_string(), "/metrics", Duration::from_secs(5))
-            .await?;
-    ensure!(code == 200, "/metrics answered {code}");
-    body.lines()
-        .find_map(|l| l.strip_prefix("outbox_relay_events_published_total "))
-        .context("no outbox_relay_events_published_total in /metrics")?
-        .trim()
-        .parse()
-        .context("events published")
+/// The events `telemetry`'s relay published: what its `/metrics` serves as
+/// `outbox_relay_events_published_total`.
+fn published(telemetry: &relay_telemetry::Telemetry) -> u64 {
+    telemetry
+        .stats
+        .events_published
+        .load(std::sync::atomic::Ordering::Relaxed)
 }
 
 type Running = tokio::task::JoinHandle<Result<(), relay_runtime::Failure>>;
@@ -236,10 +231,7 @@ async fn a_stopped_postgres_stops_only_its_own_relay() -> Result<()> {
 
     let relay_a = alpha.relay(&nats, dir.path()).await?;
     let relay_b = beta.relay(&nats, dir.path()).await?;
-    let (metrics_a, metrics_b) = (
-        relay_a.http_address().context("alpha's [http]")?,
-        relay_b.http_address().context("beta's [http]")?,
-    );
+    let endpoint_a = relay_a.http_address().context("alpha's [http]")?;
     let telemetry_a = relay_a.telemetry().clone();
     let telemetry_b = relay_b.telemetry().clone();
     let (stop_a, stop_b) = (CancellationToken::new(), CancellationToken::new());
@@ -270,9 +262,9 @@ async fn a_stopped_postgres_stops_only_its_own_relay() -> Result<()> {
     );
     wait_stream(&js, &alpha.stream, 20).await?;
 
-    // Each relay's metrics count its own events only.
-    ensure!(published_metric(metrics_b).await? == 55, "beta's metrics");
-    ensure!(published_metric(metrics_a).await? == 20, "alpha's metrics");
+    // Each relay's telemetry counts its own events only.
+    ensure!(published(&telemetry_b) == 55, "beta's telemetry");
+    ensure!(published(&telemetry_a) == 20, "alpha's telemetry");
 
     // Alpha comes back and resumes from its checkpoint, without re-sending.
     alpha.pg.start_again().await?;
@@ -283,7 +275,7 @@ async fn a_stopped_postgres_stops_only_its_own_relay() -> Result<()> {
         checkpoint_a_after > checkpoint_a,
         "alpha's checkpoint moved on"
     );
-    ensure!(published_metric(metrics_a).await? == 25, "alpha's metrics");
+    ensure!(published(&telemetry_a) == 25, "alpha's telemetry");
 
     stop_a.cancel();
     stop_b.cancel();
@@ -298,7 +290,7 @@ async fn a_stopped_postgres_stops_only_its_own_relay() -> Result<()> {
     ensure!(checkpoint_b_end >= checkpoint_b && slot_b_end >= slot_b);
     // Both HTTP endpoints ended with their relays.
     ensure!(
-        tokio::net::TcpStream::connect(metrics_a).await.is_err(),
+        tokio::net::TcpStream::connect(endpoint_a).await.is_err(),
         "alpha's endpoint still answers after its relay returned"
     );
     Ok(())
