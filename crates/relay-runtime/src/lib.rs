@@ -1,9 +1,9 @@
 //! The relay as a library: [`Relay`] is everything one relay does for one slot (the
-//! replication sessions, the background upkeep, cleanup, backfill at slot creation, telemetry
-//! and its HTTP endpoints, the publish strategy), built from its [`config::RelayConfig`] and
-//! owned by one value. The `outbox-relay` binary parses the command line and the
-//! configuration, builds a relay, supervises it, maps its [`Failure`] to an exit code and
-//! prints.
+//! replication sessions, the background upkeep, cleanup, backfill at slot creation, its
+//! telemetry, the publish strategy), built from its [`config::RelayConfig`] and owned by one
+//! value. The `outbox-relay` binary parses the command line and the configuration, builds a
+//! relay, serves its telemetry (relay-console: the `[http]` endpoints and the console), runs
+//! it, maps its [`Failure`] to an exit code and prints. Nothing here serves HTTP.
 //!
 //! Also here, for the commands that act as the relay does: the broker connection
 //! ([`broker`]), the table backfill ([`table_backfill`]) and the signals from SQL that start one
@@ -12,11 +12,9 @@
 
 pub mod broker;
 pub mod config;
-mod console;
 pub mod contracts_check;
 pub mod failure;
 pub mod files;
-pub mod http;
 pub mod inspect;
 pub mod position;
 pub mod preflight;

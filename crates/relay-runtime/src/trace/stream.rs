@@ -171,23 +171,29 @@ pub async fn find(
 
 /// A bounded forward read of the stream.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Scan {
-    pub(crate) start: u64,
-    pub(crate) last: u64,
-    pub(crate) max: u64,
-    pub(crate) deadline: Instant,
+pub struct Scan {
+    /// The first stream sequence to read.
+    pub start: u64,
+    /// The last stream sequence to read.
+    pub last: u64,
+    /// The most messages to read.
+    pub max: u64,
+    /// When to stop reading.
+    pub deadline: Instant,
 }
 
 /// What a [`Scan`] read: how many messages, and why it ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Read {
-    pub(crate) count: u64,
-    pub(crate) end: End,
+pub struct Read {
+    /// Messages read.
+    pub count: u64,
+    /// Why the read ended.
+    pub end: End,
 }
 
 /// Why a [`Scan`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum End {
+pub enum End {
     /// The visitor had what it wanted.
     Found,
     /// Every message on the filter up to `last` was read (or none was there to read).
@@ -237,7 +243,7 @@ impl Scan {
     /// with its stream sequence to `visit` until it breaks; what was read. It ends as soon as
     /// it has read what there is: the consumer's pending count at its creation, then each
     /// message's, says when nothing more is on the filter.
-    pub(crate) async fn each(
+    pub async fn each(
         &self,
         stream: &jetstream::stream::Stream,
         filter: &str,

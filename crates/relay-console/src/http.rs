@@ -1,4 +1,4 @@
-//! The HTTP endpoints of a running relay (`[http] listen`):
+//! The HTTP endpoints of a running relay (`[http] listen`), from its telemetry:
 //!
 //! | path | answer |
 //! |---|---|
