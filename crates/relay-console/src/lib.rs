@@ -1,6 +1,6 @@
 //! What a running relay serves over HTTP, and the only crate with HTML: the `[http]` endpoints
-//! (`/livez`, `/readyz`, `/metrics`, `/status`: [`http`]) and the console (`[http] console =
-//! true`: its page, script and style, and the JSON they read: [`console`]).
+//! (`/livez`, `/readyz`, `/metrics`, `/status`: `http.rs`) and the console (`[http] console =
+//! true`: its page, script and style, and the JSON they read: `console.rs`, `console/`).
 //!
 //! They read what the relay exposes (relay-runtime's [`Relay`]: its settings, its telemetry,
 //! when it ended) and the libraries the commands use; the relay itself knows nothing of HTTP.

@@ -12,12 +12,10 @@
 
 pub mod broker;
 pub mod config;
-pub mod contracts_check;
 pub mod failure;
 pub mod files;
 pub mod inspect;
 pub mod position;
-pub mod preflight;
 pub mod progress;
 pub mod relay;
 pub mod replay;
@@ -25,7 +23,6 @@ pub mod restore;
 pub mod routing;
 pub mod signal;
 pub mod table_backfill;
-pub mod trace;
 
 pub use failure::{Failure, FailureKind};
 pub use relay::{Relay, RelayOptions};

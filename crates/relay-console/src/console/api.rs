@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{Console, messages};
-use relay_runtime::trace::TraceOptions;
+use relay_ops::trace::TraceOptions;
 
 /// Messages of the stream's end a filtered listing reads at most.
 pub(super) const WINDOW: u64 = 10_000;
@@ -152,7 +152,7 @@ pub(super) async fn consumers(State(console): State<Arc<Console>>) -> Response {
         .map(|c| {
             json!({
                 "name": c.name,
-                "filters": relay_runtime::trace::consumers::filters_of(c),
+                "filters": relay_ops::trace::consumers::filters_of(c),
                 "pending": c.num_pending,
                 "ack_pending": c.num_ack_pending,
                 "redelivered": c.num_redelivered,
@@ -259,7 +259,7 @@ pub(super) async fn trace(
         ledger_url: None,
         parked_subjects: Vec::new(),
     };
-    match relay_runtime::trace::trace(&console.config, &event_id, &options).await {
+    match relay_ops::trace::trace(&console.config, &event_id, &options).await {
         Ok(found) => Json(found).into_response(),
         Err(f) if f.kind == relay_runtime::failure::FailureKind::Config => {
             failed(StatusCode::BAD_REQUEST, f.error)

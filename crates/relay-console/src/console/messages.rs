@@ -10,7 +10,7 @@ use async_nats::jetstream;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use relay_runtime::trace::stream::Scan;
+use relay_ops::trace::stream::Scan;
 
 /// How long one listing may read.
 const READ_FOR: Duration = Duration::from_secs(5);

@@ -14,8 +14,8 @@ use tokio::time::Instant;
 use tokio_postgres::Client;
 
 use super::{RowStep, TraceOptions};
-use crate::config::RelayConfig;
-use crate::position::rfc3339;
+use relay_runtime::config::RelayConfig;
+use relay_runtime::position::rfc3339;
 
 /// How long a read waits for a message the server said is there before it gives up. A read
 /// ends without waiting once it has read what the stream holds (see [`Scan::each`]).
@@ -79,10 +79,15 @@ pub async fn find(
     // stream's first.
     let (start, from_what) = match since {
         Some(at) => {
-            let found =
-                crate::position::lookup(config, js, Target::Time(at), false, Limits::default())
-                    .await
-                    .map_err(|f| f.error)?;
+            let found = relay_runtime::position::lookup(
+                config,
+                js,
+                Target::Time(at),
+                false,
+                Limits::default(),
+            )
+            .await
+            .map_err(|f| f.error)?;
             (
                 found.position.sequence.max(first),
                 format!(
@@ -202,7 +207,7 @@ pub enum End {
     Limit,
     /// The deadline came.
     Deadline,
-    /// A message the server counted as pending did not come within [`IDLE`].
+    /// A message the server counted as pending did not come within `IDLE`.
     Idle,
 }
 
