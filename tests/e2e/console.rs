@@ -152,8 +152,7 @@ async fn wait_signal(
 }
 
 async fn status(addr: &str) -> Result<serde_json::Value> {
-    let (code, body) =
-        relay_runtime::http::get_text(addr, "/status", Duration::from_secs(5)).await?;
+    let (code, body) = relay_ops::client::get_text(addr, "/status", Duration::from_secs(5)).await?;
     ensure!(code == 200, "/status answered {code}");
     Ok(serde_json::from_str(&body)?)
 }
@@ -367,7 +366,7 @@ async fn the_console_answers_loopback_only_without_a_token_and_only_the_token_wi
     let relay = Relay::start_streaming(&config).await?;
     let local = format!("127.0.0.1:{port}");
     let outside = format!("{}:{port}", outside_address()?);
-    let get = relay_runtime::http::get_text;
+    let get = relay_ops::client::get_text;
     let (code, _) = get(&local, "/console/api/overview", Duration::from_secs(5)).await?;
     ensure!(code == 200, "loopback answered {code}");
     let (code, body) = get(&outside, "/console/api/overview", Duration::from_secs(5)).await?;

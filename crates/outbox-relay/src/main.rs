@@ -1,8 +1,8 @@
 //! `outbox-relay`: PostgreSQL outbox table → NATS JetStream, without polling.
 //!
 //! Orchestration only: parse the command line, load the configuration, start logging, then
-//! build and run a [`relay_runtime::Relay`] or one of the [`commands`], and map the outcome to
-//! an exit code ([`exit`]).
+//! build a [`relay_runtime::Relay`], serve its `[http]` endpoints and console (relay-console)
+//! and run it, or run one of the [`commands`], and map the outcome to an exit code ([`exit`]).
 
 mod commands;
 mod exit;
@@ -292,9 +292,14 @@ async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), Fail
     let options = relay_runtime::RelayOptions {
         accept_slot_position,
         build: telemetry::BUILD_INFO,
+        sample: config.http.listen.is_some(),
     };
-    relay_runtime::Relay::build(config, options)
-        .await?
-        .run(shutdown)
-        .await
+    // Every file is read, and the listener bound, before anything connects (the relay connects
+    // only when it runs): a bad file or a taken port is a configuration failure (78) first.
+    let relay = relay_runtime::Relay::build(config, options).await?;
+    if let Some(endpoints) = relay_console::Endpoints::bind(relay.config()).await? {
+        // Served while the relay drains, until its run has returned.
+        endpoints.serve(&relay);
+    }
+    relay.run(shutdown).await
 }

@@ -15,12 +15,14 @@ use serde::{Deserialize, Serialize};
 
 mod contracts;
 mod flat;
+mod http;
 mod outbox_tables;
 pub mod presets;
 pub mod replay_retention;
 
 pub use contracts::ContractCache;
 pub use flat::flattened;
+pub use http::HttpSettings;
 pub use outbox_tables::{BackfillSetting, OutboxTables};
 pub use presets::AppliedPreset;
 pub use relay_cleanup::{CleanupMode, CleanupSettings};
@@ -63,47 +65,6 @@ pub struct RelayConfig {
     /// The `[outbox.contracts]` files, compiled once per process (shared by every clone).
     #[serde(skip)]
     pub contract_cache: Arc<ContractCache>,
-}
-
-/// The `[http]` section: `/livez`, `/readyz`, `/metrics`, `/status`, and the console.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HttpSettings {
-    /// `host:port` to serve on, e.g. `0.0.0.0:9464`. Default: unset (no HTTP server).
-    #[serde(default)]
-    pub listen: Option<String>,
-    /// How often the slot (lag, `wal_status`) and the stream are sampled for metrics and
-    /// readiness. Default `5s`.
-    #[serde(default = "default_sample_interval", with = "humantime_serde")]
-    pub sample_interval: Duration,
-    /// Serve the console (`/console`: overview, events, dead letters, consumers, backfills,
-    /// configuration), read-only. Default `false`.
-    #[serde(default)]
-    pub console: bool,
-    /// A file holding the console's token. Without one the console answers only requests
-    /// from loopback; with one, only requests that carry it (`Authorization: Bearer`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub console_token_file: Option<std::path::PathBuf>,
-    /// Let the console change state (re-publish dead letters). Needs `console_token_file`.
-    /// Default `false`: read-only.
-    #[serde(default)]
-    pub console_write: bool,
-}
-
-fn default_sample_interval() -> Duration {
-    Duration::from_secs(5)
-}
-
-impl Default for HttpSettings {
-    fn default() -> Self {
-        Self {
-            listen: None,
-            sample_interval: default_sample_interval(),
-            console: false,
-            console_token_file: None,
-            console_write: false,
-        }
-    }
 }
 
 fn default_outbox() -> OutboxTables {

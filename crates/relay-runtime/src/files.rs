@@ -13,7 +13,7 @@ use crate::failure::{Failure, nats_failure, pg_failure};
 pub fn check_files(config: &RelayConfig) -> Result<(), Failure> {
     // The console is served only on `[http] listen` (validation refuses it without).
     if config.http.console {
-        crate::console::read_token(config)?;
+        config.http.console_token().map_err(Failure::config)?;
     }
     relay_nats::check_files(&config.nats).map_err(nats_failure)?;
     config.postgres.check_files().map_err(pg_failure)?;

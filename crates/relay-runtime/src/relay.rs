@@ -1,7 +1,9 @@
 //! The relay for one slot as one value: [`Relay`] is built from its settings, owns everything
-//! that slot needs (its telemetry and HTTP listener, the publisher, the background upkeep, the
-//! replication sessions) and runs until its shutdown token is cancelled or a fatal
-//! [`Failure`]. Nothing is shared with another `Relay` in the same process.
+//! that slot needs (its telemetry, the publisher, the background upkeep, the replication
+//! sessions) and runs until its shutdown token is cancelled or a fatal [`Failure`]. Nothing is
+//! shared with another `Relay` in the same process. What it knows about itself is read through
+//! [`Relay::telemetry`]; its caller serves that (the binary: `[http] listen`, with relay-console)
+//! until [`Relay::ended`].
 //!
 //! The supervisor runs start-up checks, then one replication session after another. Every
 //! session resumes from the stored checkpoint, so a reconnect re-sends at most what was
@@ -11,11 +13,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use relay_core::Lsn;
 use relay_core::pipeline::PipelineStats;
 use relay_telemetry::{BuildInfo, StreamSample, Telemetry};
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::config::RelayConfig;
 use crate::failure::Failure;
@@ -34,6 +35,10 @@ pub struct RelayOptions {
     pub accept_slot_position: bool,
     /// The build `/status` and `outbox_relay_build_info` show.
     pub build: BuildInfo,
+    /// Sample the slot, the stream and the outbox tables into the telemetry every `[http]
+    /// sample_interval`: what `/status`, `/readyz` and `/metrics` show besides the sessions' own
+    /// counts. The binary sets it when it serves them (`[http] listen`).
+    pub sample: bool,
 }
 
 /// One relay: one slot's replication, published to one stream.
@@ -43,17 +48,15 @@ pub struct Relay {
     options: RelayOptions,
     stats: Arc<PipelineStats>,
     telemetry: Arc<Telemetry>,
-    /// `[http] listen`, bound by [`Relay::build`].
-    http: Option<tokio::net::TcpListener>,
-    /// `[http] console`, its token read by [`Relay::build`].
-    console: Option<Arc<crate::console::Console>>,
+    /// Cancelled when [`Relay::run`] returns (or the relay is dropped without running).
+    ended: CancellationToken,
+    ended_on_drop: DropGuard,
 }
 
 impl Relay {
-    /// Builds the relay of `config`. The files it reads are checked first
-    /// ([`crate::files::check_files`], as the offline `validate` does), and the `[http]` listener
-    /// is bound here, so a bad file or a taken port is a configuration failure reported before
-    /// anything connects.
+    /// Builds the relay of `config`, connecting to nothing. The files it reads are checked
+    /// first ([`crate::files::check_files`], as the offline `validate` does) and its contracts
+    /// compiled, so a bad file is a configuration failure reported before anything connects.
     pub async fn build(config: RelayConfig, options: RelayOptions) -> Result<Self, Failure> {
         crate::files::check_files(&config)?;
         let stats = Arc::new(PipelineStats::default());
@@ -65,31 +68,20 @@ impl Relay {
         ));
         // Compiled once here: every session's router checks against these and counts into them.
         telemetry.set_contracts(config.contracts().map_err(Failure::config)?);
-        let http = match &config.http.listen {
-            Some(listen) => Some(
-                tokio::net::TcpListener::bind(listen)
-                    .await
-                    .with_context(|| format!("[http] listen: cannot listen on {listen}"))
-                    .map_err(Failure::config)?,
-            ),
-            None => None,
-        };
-        // (`[http] console` without `listen` is refused by the configuration's validation.)
-        let console = match (&http, config.http.console) {
-            (Some(_), true) => Some(Arc::new(crate::console::Console::new(
-                &config,
-                telemetry.clone(),
-            )?)),
-            _ => None,
-        };
+        let ended = CancellationToken::new();
         Ok(Self {
             config,
             options,
             stats,
             telemetry,
-            http,
-            console,
+            ended_on_drop: ended.clone().drop_guard(),
+            ended,
         })
+    }
+
+    /// The settings this relay was built from.
+    pub fn config(&self) -> &RelayConfig {
+        &self.config
     }
 
     /// What this relay knows about itself: what `/status`, `/readyz` and `/metrics` show.
@@ -97,9 +89,10 @@ impl Relay {
         &self.telemetry
     }
 
-    /// The address `[http] listen` was bound to (a port 0 given, the port chosen).
-    pub fn http_address(&self) -> Option<std::net::SocketAddr> {
-        self.http.as_ref().and_then(|l| l.local_addr().ok())
+    /// Cancelled once [`Relay::run`] has returned (the relay drained and stopped, or failed),
+    /// or when the relay is dropped without running: what serves its telemetry ends then.
+    pub fn ended(&self) -> CancellationToken {
+        self.ended.clone()
     }
 
     /// Runs until `shutdown` is cancelled (then drains, stores the checkpoint and returns
@@ -108,10 +101,7 @@ impl Relay {
         // The tasks beside the sessions end with the relay, also when it fails.
         let shutdown = shutdown.child_token();
         let _tasks = shutdown.clone().drop_guard();
-        // The HTTP endpoints answer while the relay drains, and end with it.
-        let ended = CancellationToken::new();
-        let _ended = ended.clone().drop_guard();
-        supervise(self, shutdown, ended).await
+        supervise(self, shutdown).await
     }
 }
 
@@ -126,31 +116,16 @@ enum SessionEnd {
 /// The supervisor's loop: session, backoff and restart around one shutdown token.
 // Long: the supervisor's loop: session, backoff and restart around one shared shutdown token and
 // telemetry
-async fn supervise(
-    relay: Relay,
-    shutdown: CancellationToken,
-    ended: CancellationToken,
-) -> Result<(), Failure> {
+async fn supervise(relay: Relay, shutdown: CancellationToken) -> Result<(), Failure> {
     let Relay {
         config,
         options,
         stats,
         telemetry,
-        http,
-        console,
+        ended: _,
+        // What serves this relay's telemetry ends when this returns.
+        ended_on_drop: _ended,
     } = relay;
-    let http = match http {
-        Some(listener) => {
-            let listen = config.http.listen.as_deref().unwrap_or_default();
-            tracing::info!(listen = %listen, console = console.is_some(), "serving /livez, /readyz, /metrics, /status");
-            if let Some(console) = &console {
-                crate::console::spawn_history(console.clone(), shutdown.clone());
-            }
-            crate::http::spawn(listener, telemetry.clone(), console, ended);
-            true
-        }
-        None => false,
-    };
     let (nats, publisher, report) = crate::broker::connect_publisher(
         &config,
         config.relay.max_in_flight,
@@ -176,7 +151,7 @@ async fn supervise(
         present: true,
         ..StreamSample::default()
     });
-    if http {
+    if options.sample {
         spawn_sampler(
             config.clone(),
             telemetry.clone(),

@@ -22,7 +22,7 @@ use crate::config::RelayConfig;
 use crate::failure::{Failure, FailureKind};
 use crate::progress::{Mode, Ticker};
 
-pub(crate) mod checks;
+mod checks;
 mod live;
 mod report;
 mod request;

@@ -66,7 +66,7 @@ async fn behind_stream_counts_what_a_consumer_has_not_acknowledged() -> Result<(
 async fn check_behind(addr: &str, version: &str) -> Result<()> {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let data = loop {
-        let got = relay_runtime::http::get_text(addr, "/console/api/consumers", WAIT).await;
+        let got = relay_ops::client::get_text(addr, "/console/api/consumers", WAIT).await;
         if let Ok((200, body)) = &got {
             let data: serde_json::Value = serde_json::from_str(body)?;
             if data["consumers"].as_array().is_some_and(|c| c.len() == 2) {

@@ -3,14 +3,14 @@
 //!
 //! `outbox-relay contracts check`: every event the configured contracts would refuse, among
 //! the rows still in the outbox tables and the last messages of the stream (gathered by
-//! `relay_runtime::contracts_check`), for a CI step before a schema change ships.
+//! `relay_ops::contracts_check`), for a CI step before a schema change ships.
 //!
 //! Exit code: 0 when nothing would be refused; 65 when something would; 69 when PostgreSQL or
 //! NATS cannot be reached; 78 for a contract that does not compile.
 
 use anyhow::anyhow;
+use relay_ops::contracts_check::{CheckOptions, CheckReport};
 use relay_runtime::config::RelayConfig;
-use relay_runtime::contracts_check::{CheckOptions, CheckReport};
 
 use crate::exit::{Failure, FailureKind};
 
@@ -34,7 +34,7 @@ pub async fn check(config: &RelayConfig, args: &CheckArgs) -> Result<(), Failure
         rows: args.rows,
         messages: args.messages,
     };
-    let report = relay_runtime::contracts_check::check(config, options).await?;
+    let report = relay_ops::contracts_check::check(config, options).await?;
     if args.json {
         let doc = serde_json::to_value(&report).map_err(Failure::internal)?;
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());

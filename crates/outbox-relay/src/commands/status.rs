@@ -2,7 +2,7 @@
 //! stopped relay has before the slot is invalidated (the retention window, at the WAL rate of a
 //! short sample), where each backfill is, and what a running relay says about itself (from its
 //! `/status`, when `[http] listen` is set or `--relay` names it). The facts are gathered by
-//! `relay_runtime::status`; this prints them.
+//! `relay_ops::status`; this prints them.
 //!
 //! Exit code: 0; 65 when the slot is lost or ahead of the checkpoint; 69 when PostgreSQL cannot
 //! be reached.
@@ -11,8 +11,8 @@ mod backfills;
 
 use std::time::Duration;
 
+use relay_ops::status::{StatusReport, relay_address};
 use relay_runtime::config::RelayConfig;
-use relay_runtime::status::{StatusReport, relay_address};
 use serde_json::Value;
 
 use crate::exit::{Failure, FailureKind};
@@ -25,7 +25,7 @@ pub async fn status(
 ) -> Result<(), Failure> {
     let pg = &config.postgres;
     let StatusReport { doc, lost, ahead } =
-        relay_runtime::status::gather(config, relay_address(config, relay)).await?;
+        relay_ops::status::gather(config, relay_address(config, relay)).await?;
     if json_out {
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {
@@ -299,7 +299,7 @@ pub async fn health(
         )));
     };
     let path = if ready { "/readyz" } else { "/livez" };
-    match relay_runtime::http::get_text(&addr, path, Duration::from_secs(3)).await {
+    match relay_ops::client::get_text(&addr, path, Duration::from_secs(3)).await {
         Ok((200, body)) => {
             println!("{body}");
             Ok(())

@@ -1,13 +1,13 @@
 //! `outbox-relay trace <event-id>`: the event's way from its outbox row to each consumer, each
-//! step with what proves it (gathered by `relay_runtime::trace`), as text or one JSON document.
+//! step with what proves it (gathered by `relay_ops::trace`), as text or one JSON document.
 //!
 //! Exit code: 0 with an answer, whatever it found; 69 when PostgreSQL or NATS cannot be
 //! reached; 78 for an event id that cannot be one.
 
 use std::time::{Duration, SystemTime};
 
+use relay_ops::trace::{Delivery, PublishStep, RowStep, Trace, TraceOptions};
 use relay_runtime::config::RelayConfig;
-use relay_runtime::trace::{Delivery, PublishStep, RowStep, Trace, TraceOptions};
 
 use super::position::{parse_time, rfc3339};
 use crate::exit::Failure;
@@ -49,7 +49,7 @@ pub async fn trace(config: &RelayConfig, args: &TraceArgs) -> Result<(), Failure
         ledger_url: args.ledger_url.clone(),
         parked_subjects: args.parked_subjects.clone(),
     };
-    let trace = relay_runtime::trace::trace(config, &args.event_id, &options).await?;
+    let trace = relay_ops::trace::trace(config, &args.event_id, &options).await?;
     if args.json {
         let doc = serde_json::to_value(&trace).map_err(Failure::internal)?;
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());

@@ -1,13 +1,13 @@
 //! `outbox-relay validate --connect`: a read-only preflight of everything `run` needs
-//! (`relay_runtime::preflight`), one line per check (`PASS`, `WARN` or `FAIL`), each failure
+//! (`relay_ops::preflight`), one line per check (`PASS`, `WARN` or `FAIL`), each failure
 //! with a `hint:` that fixes it.
 //!
 //! Exit code: 0 when nothing failed (warnings allowed); otherwise 65 when a check found a
 //! data-safety problem (slot lost or ahead of the checkpoint), 69 when a server could not be
 //! reached, 78 for anything else.
 
+use relay_ops::preflight::{self, Verdict};
 use relay_runtime::config::RelayConfig;
-use relay_runtime::preflight::{self, Verdict};
 
 use crate::exit::Failure;
 

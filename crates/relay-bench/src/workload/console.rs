@@ -110,8 +110,7 @@ async fn read_console(addr: String, stop: Arc<AtomicBool>, requests: Arc<AtomicU
         } else {
             "/console/api/overview"
         };
-        let (code, body) =
-            relay_runtime::http::get_text(&addr, path, Duration::from_secs(5)).await?;
+        let (code, body) = relay_ops::client::get_text(&addr, path, Duration::from_secs(5)).await?;
         if code != 200 {
             bail!("{path} answered {code}: {body}");
         }

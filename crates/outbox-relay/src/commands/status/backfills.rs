@@ -1,5 +1,5 @@
 //! `status`' backfills as lines: where each `outbox-relay backfill` (and the relay's backfill at
-//! slot creation) of this slot is, from `relay_runtime::status`.
+//! slot creation) of this slot is, from `relay_ops::status`.
 
 use serde_json::Value;
 

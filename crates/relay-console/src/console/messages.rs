@@ -10,7 +10,7 @@ use async_nats::jetstream;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::trace::stream::Scan;
+use relay_ops::trace::stream::Scan;
 
 /// How long one listing may read.
 const READ_FOR: Duration = Duration::from_secs(5);
@@ -70,7 +70,7 @@ fn preview(payload: &[u8]) -> String {
 /// A time as async-nats gives it (Unix nanoseconds), as RFC 3339.
 fn stored_at(unix_nanos: i128) -> String {
     let nanos = u64::try_from(unix_nanos).unwrap_or(0);
-    crate::position::rfc3339(SystemTime::UNIX_EPOCH + Duration::from_nanos(nanos))
+    relay_runtime::position::rfc3339(SystemTime::UNIX_EPOCH + Duration::from_nanos(nanos))
 }
 
 /// The newest `limit` messages on `subject` (the stream's subjects when `None`) among the last

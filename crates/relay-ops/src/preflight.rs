@@ -7,8 +7,8 @@ mod postgres;
 
 use std::fmt;
 
-use crate::config::RelayConfig;
-use crate::failure::FailureKind;
+use relay_runtime::config::RelayConfig;
+use relay_runtime::failure::FailureKind;
 
 use self::nats::nats_checks;
 use self::postgres::postgres_checks;
@@ -101,7 +101,7 @@ pub async fn run(config: &RelayConfig) -> Vec<Check> {
     let mut report = Report::default();
     // The files `run` reads before it connects (`validate` without --connect checks them too);
     // a line only when one is refused.
-    if let Err(failure) = crate::files::check_files(config) {
+    if let Err(failure) = relay_runtime::files::check_files(config) {
         report.hinted(
             Verdict::Fail(failure.kind),
             "files",

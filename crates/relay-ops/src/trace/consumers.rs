@@ -126,7 +126,7 @@ pub async fn of_message(
 }
 
 /// A consumer's filter subjects (none: every subject).
-pub(crate) fn filters_of(info: &jetstream::consumer::Info) -> Vec<String> {
+pub fn filters_of(info: &jetstream::consumer::Info) -> Vec<String> {
     let mut filters = info.config.filter_subjects.clone();
     if !info.config.filter_subject.is_empty() {
         filters.push(info.config.filter_subject.clone());

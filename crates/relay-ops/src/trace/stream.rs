@@ -14,8 +14,8 @@ use tokio::time::Instant;
 use tokio_postgres::Client;
 
 use super::{RowStep, TraceOptions};
-use crate::config::RelayConfig;
-use crate::position::rfc3339;
+use relay_runtime::config::RelayConfig;
+use relay_runtime::position::rfc3339;
 
 /// How long a read waits for a message the server said is there before it gives up. A read
 /// ends without waiting once it has read what the stream holds (see [`Scan::each`]).
@@ -79,10 +79,15 @@ pub async fn find(
     // stream's first.
     let (start, from_what) = match since {
         Some(at) => {
-            let found =
-                crate::position::lookup(config, js, Target::Time(at), false, Limits::default())
-                    .await
-                    .map_err(|f| f.error)?;
+            let found = relay_runtime::position::lookup(
+                config,
+                js,
+                Target::Time(at),
+                false,
+                Limits::default(),
+            )
+            .await
+            .map_err(|f| f.error)?;
             (
                 found.position.sequence.max(first),
                 format!(
@@ -171,23 +176,29 @@ pub async fn find(
 
 /// A bounded forward read of the stream.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Scan {
-    pub(crate) start: u64,
-    pub(crate) last: u64,
-    pub(crate) max: u64,
-    pub(crate) deadline: Instant,
+pub struct Scan {
+    /// The first stream sequence to read.
+    pub start: u64,
+    /// The last stream sequence to read.
+    pub last: u64,
+    /// The most messages to read.
+    pub max: u64,
+    /// When to stop reading.
+    pub deadline: Instant,
 }
 
 /// What a [`Scan`] read: how many messages, and why it ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Read {
-    pub(crate) count: u64,
-    pub(crate) end: End,
+pub struct Read {
+    /// Messages read.
+    pub count: u64,
+    /// Why the read ended.
+    pub end: End,
 }
 
 /// Why a [`Scan`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum End {
+pub enum End {
     /// The visitor had what it wanted.
     Found,
     /// Every message on the filter up to `last` was read (or none was there to read).
@@ -196,7 +207,7 @@ pub(crate) enum End {
     Limit,
     /// The deadline came.
     Deadline,
-    /// A message the server counted as pending did not come within [`IDLE`].
+    /// A message the server counted as pending did not come within `IDLE`.
     Idle,
 }
 
@@ -237,7 +248,7 @@ impl Scan {
     /// with its stream sequence to `visit` until it breaks; what was read. It ends as soon as
     /// it has read what there is: the consumer's pending count at its creation, then each
     /// message's, says when nothing more is on the filter.
-    pub(crate) async fn each(
+    pub async fn each(
         &self,
         stream: &jetstream::stream::Stream,
         filter: &str,

@@ -5,7 +5,7 @@
 use relay_cleanup::PrivilegeNeed;
 
 use super::*;
-use crate::config::{CleanupMode, CleanupSettings};
+use relay_runtime::config::{CleanupMode, CleanupSettings};
 
 /// One table with `[outbox.cleanup]`, as the gates judge it.
 struct CleanupTable<'a> {

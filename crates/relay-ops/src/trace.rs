@@ -20,8 +20,8 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
-use crate::config::RelayConfig;
-use crate::failure::{Failure, FailureKind};
+use relay_runtime::config::RelayConfig;
+use relay_runtime::failure::{Failure, FailureKind};
 
 pub mod consumers;
 pub mod row;

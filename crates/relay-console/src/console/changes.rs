@@ -63,7 +63,7 @@ fn row_of(console: &Console, m: &messages::Shown) -> Result<RowRef, String> {
     }
     let table = header(m, HEADER_TABLE)
         .ok_or_else(|| format!("sequence {}: no {HEADER_TABLE} header", m.seq))?;
-    let mapping = crate::table_backfill::mapping(&console.config, table)
+    let mapping = relay_runtime::table_backfill::mapping(&console.config, table)
         .map_err(|f| format!("sequence {}: {}", m.seq, f.error))?;
     let row: Value = serde_json::from_str(&m.payload)
         .map_err(|e| format!("sequence {}: the dead letter is not a JSON row: {e}", m.seq))?;
@@ -120,7 +120,8 @@ pub(super) async fn signal(
         );
     }
     let args = asked.args.to_string();
-    if let Err(why) = crate::signal::parse(&asked.kind, &args, std::time::SystemTime::now()) {
+    if let Err(why) = relay_runtime::signal::parse(&asked.kind, &args, std::time::SystemTime::now())
+    {
         return failed(StatusCode::BAD_REQUEST, why);
     }
     let config = &console.config;

@@ -1,4 +1,4 @@
-//! The HTTP endpoints of a running relay (`[http] listen`):
+//! The HTTP endpoints of a running relay (`[http] listen`), from its telemetry:
 //!
 //! | path | answer |
 //! |---|---|
@@ -7,19 +7,14 @@
 //! | `/metrics` | Prometheus / OpenMetrics text |
 //! | `/status` | JSON: positions, counters, slot and stream state |
 //! | `/console` | the console, with `[http] console = true` ([`crate::console`]) |
-//!
-//! Also a tiny client, for `outbox-relay status` asking a running relay.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use anyhow::Context as _;
 use axum::Json;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use http_body_util::{BodyExt, Empty};
 use prometheus_client::registry::Registry;
 use serde_json::json;
 
@@ -100,25 +95,4 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
 
 async fn status(State(state): State<AppState>) -> impl IntoResponse {
     Json(state.telemetry.status())
-}
-
-/// `GET http://{addr}{path}`: status code and body.
-pub async fn get_text(addr: &str, path: &str, timeout: Duration) -> anyhow::Result<(u16, String)> {
-    tokio::time::timeout(timeout, async {
-        let stream = tokio::net::TcpStream::connect(addr)
-            .await
-            .with_context(|| format!("cannot connect to {addr}"))?;
-        let (mut sender, connection) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
-        tokio::spawn(connection);
-        let request = hyper::Request::get(path)
-            .header(header::HOST, addr)
-            .body(Empty::<axum::body::Bytes>::new())?;
-        let response = sender.send_request(request).await?;
-        let code = response.status().as_u16();
-        let body = response.into_body().collect().await?.to_bytes();
-        Ok((code, String::from_utf8_lossy(&body).into_owned()))
-    })
-    .await
-    .with_context(|| format!("no answer from {addr} within {timeout:?}"))?
 }

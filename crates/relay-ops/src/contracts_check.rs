@@ -10,9 +10,9 @@ use relay_core::message::TxContext;
 use relay_core::route::{OutboxTableConfig, RouteError, TableContracts, TypeSource};
 use serde::Serialize;
 
-use crate::config::RelayConfig;
-use crate::failure::{Failure, nats_failure, pg_failure};
-use crate::table_backfill::checks::backfill_exit;
+use relay_runtime::config::RelayConfig;
+use relay_runtime::failure::{Failure, nats_failure, pg_failure};
+use relay_runtime::table_backfill::backfill_exit;
 
 /// How much to read.
 #[derive(Debug, Clone, Copy)]

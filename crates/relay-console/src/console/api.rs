@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{Console, messages};
-use crate::trace::TraceOptions;
+use relay_ops::trace::TraceOptions;
 
 /// Messages of the stream's end a filtered listing reads at most.
 pub(super) const WINDOW: u64 = 10_000;
@@ -152,7 +152,7 @@ pub(super) async fn consumers(State(console): State<Arc<Console>>) -> Response {
         .map(|c| {
             json!({
                 "name": c.name,
-                "filters": crate::trace::consumers::filters_of(c),
+                "filters": relay_ops::trace::consumers::filters_of(c),
                 "pending": c.num_pending,
                 "ack_pending": c.num_ack_pending,
                 "redelivered": c.num_redelivered,
@@ -241,7 +241,7 @@ pub(super) async fn backfills(State(console): State<Arc<Console>>) -> Response {
 }
 
 pub(super) async fn config(State(console): State<Arc<Console>>) -> Response {
-    match crate::config::flattened(&console.config) {
+    match relay_runtime::config::flattened(&console.config) {
         Ok(lines) => Json(json!({ "lines": lines })).into_response(),
         Err(e) => failed(StatusCode::INTERNAL_SERVER_ERROR, e),
     }
@@ -258,9 +258,9 @@ pub(super) async fn trace(
         ledger_url: None,
         parked_subjects: Vec::new(),
     };
-    match crate::trace::trace(&console.config, &event_id, &options).await {
+    match relay_ops::trace::trace(&console.config, &event_id, &options).await {
         Ok(found) => Json(found).into_response(),
-        Err(f) if f.kind == crate::failure::FailureKind::Config => {
+        Err(f) if f.kind == relay_runtime::failure::FailureKind::Config => {
             failed(StatusCode::BAD_REQUEST, f.error)
         }
         Err(f) => failed(StatusCode::BAD_GATEWAY, f.error),

@@ -26,8 +26,7 @@ use relay_telemetry::Telemetry;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::RelayConfig;
-use crate::failure::Failure;
+use relay_runtime::config::RelayConfig;
 
 mod api;
 mod changes;
@@ -63,15 +62,20 @@ struct Sample {
 }
 
 impl Console {
-    /// The console of `config`, its token read from `[http] console_token_file`.
-    pub(crate) fn new(config: &RelayConfig, telemetry: Arc<Telemetry>) -> Result<Self, Failure> {
-        Ok(Self {
+    /// The console of the relay of `config` and `telemetry`, opened with `token` (`[http]
+    /// console_token_file`; `None`: loopback only).
+    pub(crate) fn new(
+        config: &RelayConfig,
+        telemetry: Arc<Telemetry>,
+        token: Option<String>,
+    ) -> Self {
+        Self {
             config: config.clone(),
             telemetry,
-            token: read_token(config)?,
+            token,
             nats: tokio::sync::OnceCell::new(),
             history: Mutex::new(VecDeque::with_capacity(HISTORY)),
-        })
+        }
     }
 
     async fn jetstream(&self) -> anyhow::Result<&async_nats::jetstream::Context> {
@@ -82,28 +86,6 @@ impl Console {
             })
             .await
     }
-}
-
-/// The token in `[http] console_token_file`, trimmed (`None` without one); a file that cannot be
-/// read, or does not hold one token of at least 16 characters, is a configuration error.
-pub(crate) fn read_token(config: &RelayConfig) -> Result<Option<String>, Failure> {
-    let Some(path) = &config.http.console_token_file else {
-        return Ok(None);
-    };
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        Failure::config(anyhow::anyhow!(
-            "[http] console_token_file `{}` cannot be read: {e}",
-            path.display()
-        ))
-    })?;
-    let token = text.trim().to_owned();
-    if token.len() < 16 || token.chars().any(|c| c.is_control() || c == ' ') {
-        return Err(Failure::config(anyhow::anyhow!(
-            "[http] console_token_file `{}` must hold one token of at least 16 characters without spaces (e.g. `openssl rand -hex 32`)",
-            path.display()
-        )));
-    }
-    Ok(Some(token))
 }
 
 /// The console's routes, for the `[http]` listener's router.
@@ -246,8 +228,8 @@ async fn style() -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], STYLE)
 }
 
-/// Samples the overview's history every [`SAMPLE_EVERY`] until `shutdown`.
-pub(crate) fn spawn_history(console: Arc<Console>, shutdown: CancellationToken) {
+/// Samples the overview's history every [`SAMPLE_EVERY`] until `ended`.
+pub(crate) fn spawn_history(console: Arc<Console>, ended: CancellationToken) {
     tokio::spawn(async move {
         let stats = console.telemetry.stats.clone();
         let read = || {
@@ -268,7 +250,7 @@ pub(crate) fn spawn_history(console: Arc<Console>, shutdown: CancellationToken) 
         loop {
             tokio::select! {
                 _ = ticks.tick() => {}
-                () = shutdown.cancelled() => return,
+                () = ended.cancelled() => return,
             }
             let now = (std::time::Instant::now(), read());
             let seconds = now.0.duration_since(before.0).as_secs_f64().max(0.001);
@@ -298,62 +280,6 @@ pub(crate) fn spawn_history(console: Arc<Console>, shutdown: CancellationToken) 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn telemetry() -> Arc<Telemetry> {
-        let stats = Arc::new(relay_core::pipeline::PipelineStats::default());
-        let build = relay_telemetry::BuildInfo {
-            version: "test",
-            commit: "test",
-        };
-        Arc::new(Telemetry::new(stats, "slot", "STREAM", build))
-    }
-
-    fn console_with_token_file(text: Option<&str>) -> Result<Console, Failure> {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut config = RelayConfig::default();
-        config.http.console = true;
-        if let Some(text) = text {
-            let path = dir.path().join("token");
-            std::fs::write(&path, text).expect("write token");
-            config.http.console_token_file = Some(path);
-        }
-        Console::new(&config, telemetry())
-    }
-
-    #[test]
-    fn the_token_is_read_trimmed_and_must_be_long_enough() {
-        let console = console_with_token_file(Some("0123456789abcdef0123\n")).expect("token");
-        assert_eq!(console.token.as_deref(), Some("0123456789abcdef0123"));
-        let short = console_with_token_file(Some("short")).unwrap_err();
-        assert!(
-            short.error.to_string().contains("at least 16"),
-            "{}",
-            short.error
-        );
-        let spaced = console_with_token_file(Some("0123456789 abcdef0123")).unwrap_err();
-        assert!(spaced.error.to_string().contains("without spaces"));
-        assert!(
-            console_with_token_file(None)
-                .expect("no token")
-                .token
-                .is_none()
-        );
-    }
-
-    #[test]
-    fn a_missing_token_file_is_named() {
-        let mut config = RelayConfig::default();
-        config.http.console_token_file = Some("/nonexistent/console.token".into());
-        let error = Console::new(&config, telemetry()).unwrap_err();
-        assert!(
-            error
-                .error
-                .to_string()
-                .contains("/nonexistent/console.token"),
-            "{}",
-            error.error
-        );
-    }
 
     #[test]
     fn without_a_token_only_local_requests_to_a_local_name_are_let_through() {

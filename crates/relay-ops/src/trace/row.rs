@@ -9,7 +9,7 @@ use relay_core::route::OutboxTableConfig;
 use serde::Serialize;
 use tokio_postgres::Client;
 
-use crate::config::{RelayConfig, age_spec_of};
+use relay_runtime::config::{RelayConfig, age_spec_of};
 
 /// One column of the row.
 #[derive(Debug, Clone, Serialize)]

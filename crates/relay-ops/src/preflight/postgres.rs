@@ -20,9 +20,9 @@ mod slot;
 mod tables;
 
 use super::{DATA_SAFETY, FAIL, Report, UNAVAILABLE, Verdict, error_chain};
-use crate::config::RelayConfig;
 use relay_postgres::PostgresSettings;
 use relay_postgres::catalog;
+use relay_runtime::config::RelayConfig;
 
 pub(super) async fn postgres_checks(config: &RelayConfig, r: &mut Report) {
     let pg = &config.postgres;

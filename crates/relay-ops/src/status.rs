@@ -10,9 +10,9 @@ use relay_postgres::catalog::failover;
 use relay_postgres::catalog::retention::{self, SHORT_SAMPLE, TakeoverPolicy};
 use serde_json::{Value, json};
 
-use crate::config::RelayConfig;
-use crate::failure::{Failure, FailureKind, pg_failure};
-use crate::inspect::{self, StreamLookup};
+use relay_runtime::config::RelayConfig;
+use relay_runtime::failure::{Failure, FailureKind, pg_failure};
+use relay_runtime::inspect::{self, StreamLookup};
 
 /// The status document, and whether it shows a data-safety problem.
 #[derive(Debug)]
@@ -135,11 +135,13 @@ async fn stream_state(config: &RelayConfig) -> Value {
 async fn relay_state(addr: Option<String>) -> (Option<String>, Value) {
     let status = match &addr {
         None => Value::Null,
-        Some(addr) => match crate::http::get_text(addr, "/status", Duration::from_secs(3)).await {
-            Ok((200, body)) => serde_json::from_str(&body).unwrap_or(Value::Null),
-            Ok((code, _)) => json!({ "error": format!("HTTP {code}") }),
-            Err(e) => json!({ "error": format!("not running or unreachable: {e:#}") }),
-        },
+        Some(addr) => {
+            match crate::client::get_text(addr, "/status", Duration::from_secs(3)).await {
+                Ok((200, body)) => serde_json::from_str(&body).unwrap_or(Value::Null),
+                Ok((code, _)) => json!({ "error": format!("HTTP {code}") }),
+                Err(e) => json!({ "error": format!("not running or unreachable: {e:#}") }),
+            }
+        }
     };
     (addr, status)
 }
@@ -174,7 +176,7 @@ async fn tables_state(
         let (schema, name) = table.qualified_name();
         let qualified = table.display_name();
         let cleanup = config.outbox.cleanup_of(&schema, &name);
-        let age = crate::config::age_spec_of(cleanup);
+        let age = relay_runtime::config::age_spec_of(cleanup);
         let running = &relay_status["postgres"]["tables"][&qualified];
         let value = match outbox_stats::sample(client, &schema, &name, &age, since).await {
             Ok(None) => json!({ "error": "does not exist" }),

@@ -9,8 +9,8 @@ use relay_core::check::CheckAspect as _;
 use relay_nats::{Durability, NatsConnection, NatsError, subject_matches};
 
 use super::{Report, UNAVAILABLE, Verdict, error_chain};
-use crate::config::RelayConfig;
-use crate::inspect::{self, StreamLookup};
+use relay_runtime::config::RelayConfig;
+use relay_runtime::inspect::{self, StreamLookup};
 
 pub(super) async fn nats_checks(config: &RelayConfig, r: &mut Report) {
     let Some(connection) = connection_check(config, r).await else {

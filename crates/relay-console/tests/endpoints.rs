@@ -1,0 +1,105 @@
+//! The `[http]` endpoints of a relay that was built and not run (building connects to nothing):
+//! bound before it runs, a taken port is a configuration failure; served, they answer from the
+//! relay's own telemetry, and they end with the relay.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, ensure};
+use relay_console::Endpoints;
+use relay_ops::client::get_text;
+use relay_runtime::config::RelayConfig;
+use relay_runtime::{FailureKind, Relay, RelayOptions};
+use relay_telemetry::BuildInfo;
+
+const WAIT: Duration = Duration::from_secs(5);
+
+async fn relay(listen: &str) -> Result<Relay> {
+    let mut config = RelayConfig::default();
+    config.postgres.slot = "slot_endpoints".into();
+    config.nats.stream = "ENDPOINTS".into();
+    config.http.listen = Some(listen.into());
+    let options = RelayOptions {
+        accept_slot_position: false,
+        build: BuildInfo {
+            version: "1.2.3",
+            commit: "0123456789ab",
+        },
+        sample: true,
+    };
+    Relay::build(config, options)
+        .await
+        .map_err(|f| anyhow::anyhow!("{f}"))
+}
+
+#[tokio::test]
+async fn the_endpoints_answer_from_the_relays_telemetry_until_it_ended() -> Result<()> {
+    let relay = relay("127.0.0.1:0").await?;
+    let endpoints = Endpoints::bind(relay.config())
+        .await
+        .map_err(|f| anyhow::anyhow!("{f}"))?
+        .context("[http] listen is set")?;
+    let addr = endpoints.local_addr()?.to_string();
+    endpoints.serve(&relay);
+
+    let (code, body) = get_text(&addr, "/livez", WAIT).await?;
+    ensure!(
+        code == 200 && body == r#"{"live":true}"#,
+        "/livez: {code} {body}"
+    );
+    // Not running: not streaming, NATS not connected.
+    let (code, body) = get_text(&addr, "/readyz", WAIT).await?;
+    ensure!(
+        code == 503 && body.contains(r#""ready":false"#),
+        "/readyz: {code} {body}"
+    );
+    let (code, body) = get_text(&addr, "/status", WAIT).await?;
+    let status: serde_json::Value = serde_json::from_str(&body)?;
+    ensure!(code == 200, "/status: {code} {body}");
+    ensure!(
+        status["postgres"]["slot"] == "slot_endpoints",
+        "/status: {body}"
+    );
+    ensure!(status["nats"]["stream"] == "ENDPOINTS", "/status: {body}");
+    let (code, body) = get_text(&addr, "/metrics", WAIT).await?;
+    ensure!(
+        code == 200
+            && body.contains(r#"outbox_relay_build_info{version="1.2.3",commit="0123456789ab"} 1"#),
+        "/metrics: {code} {body}"
+    );
+    // The console is served only with `[http] console = true`.
+    let (code, _) = get_text(&addr, "/console", WAIT).await?;
+    ensure!(code == 404, "/console without [http] console: {code}");
+
+    // The relay ends (here: dropped without running): so do its endpoints.
+    let ended = relay.ended();
+    drop(relay);
+    ensure!(ended.is_cancelled(), "a dropped relay is not marked ended");
+    let deadline = Instant::now() + WAIT;
+    while tokio::net::TcpStream::connect(&addr).await.is_ok() {
+        ensure!(
+            Instant::now() < deadline,
+            "the endpoints still answer after their relay ended"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_taken_port_is_a_configuration_failure_naming_it() -> Result<()> {
+    let taken = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let listen = taken.local_addr()?.to_string();
+    let relay = relay(&listen).await?;
+    let failure = Endpoints::bind(relay.config())
+        .await
+        .err()
+        .context("bound a port that is taken")?;
+    ensure!(failure.kind == FailureKind::Config, "{failure}");
+    ensure!(
+        failure
+            .to_string()
+            .starts_with(&format!("[http] listen: cannot listen on {listen}: ")),
+        "{failure}"
+    );
+    Ok(())
+}
