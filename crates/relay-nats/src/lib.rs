@@ -30,6 +30,7 @@ mod native;
 mod published;
 mod publisher;
 mod restore;
+mod server_features;
 mod settings;
 mod stream;
 mod wire;

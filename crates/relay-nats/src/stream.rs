@@ -9,6 +9,7 @@ use async_nats::jetstream::{self, stream};
 use crate::connection::JetStream;
 use crate::durability::{Durability, assess_durability};
 use crate::error::NatsError;
+use crate::publisher::StreamTakes;
 use crate::settings::{NatsSettings, PublishMode};
 
 /// From this nats-server version on, a refused `Nats-Expected-Last-Msg-Id` fails a replicated
@@ -49,6 +50,17 @@ pub struct StreamReport {
     /// Human-readable warnings about settings that can lose acknowledged events or store
     /// re-sends twice: the durability warnings with their hints, then the stream's limits.
     pub warnings: Vec<String>,
+}
+
+/// What the stream takes, for choosing how events go out.
+impl From<&StreamReport> for StreamTakes {
+    fn from(report: &StreamReport) -> Self {
+        Self {
+            atomic_batches: report.allow_atomic,
+            fast_batches: report.allow_batched,
+            order_by_sequence: report.order_by_sequence,
+        }
+    }
 }
 
 pub use relay_core::subject::subject_matches;
@@ -102,7 +114,7 @@ pub async fn prepare_stream(
                 allow_atomic_publish: settings.publish_mode == PublishMode::AtomicBatch,
                 // Only where the server knows the setting (2.14+).
                 allow_batch_publish: settings.publish_mode == PublishMode::FastBatch
-                    && crate::publisher::batching::fast::supports_fast_batches(&version),
+                    && crate::server_features::supports_fast_batches(&version),
                 ..Default::default()
             };
             let info = context

@@ -3,7 +3,6 @@
 //! server). The publisher keeps the choice; nothing else branches on the mode.
 
 use crate::settings::PublishMode;
-use crate::stream::StreamReport;
 
 /// How the publisher frames what the pipeline hands it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,7 +16,7 @@ pub enum Framing {
     /// Each message on its own, at the stream sequence after its predecessor's while that one is
     /// not known stored (`Nats-Expected-Last-Sequence`): `per-message` mode on a replicated
     /// stream of nats-server 2.14 or later, where a refused event-id condition fails the stream
-    /// ([`StreamReport::order_by_sequence`]).
+    /// ([`crate::StreamReport::order_by_sequence`]).
     BySequence,
     /// Each transaction as one atomic batch (in parts above the batch limit); what a batch does
     /// not take goes on its own, with its condition naming a sequence when `by_sequence`.
@@ -38,7 +37,7 @@ pub struct StreamTakes {
     pub atomic_batches: bool,
     /// `allow_batched`.
     pub fast_batches: bool,
-    /// Every commit-order condition must name a sequence ([`StreamReport::order_by_sequence`]).
+    /// Every commit-order condition must name a sequence ([`crate::StreamReport::order_by_sequence`]).
     pub order_by_sequence: bool,
 }
 
@@ -49,16 +48,6 @@ impl StreamTakes {
         fast_batches: true,
         order_by_sequence: false,
     };
-}
-
-impl From<&StreamReport> for StreamTakes {
-    fn from(report: &StreamReport) -> Self {
-        Self {
-            atomic_batches: report.allow_atomic,
-            fast_batches: report.allow_batched,
-            order_by_sequence: report.order_by_sequence,
-        }
-    }
 }
 
 /// What the choice says to the operator: an INFO line, or a WARN line when the configured mode
@@ -101,7 +90,7 @@ impl Framing {
             PublishMode::PerMessage => return (alone, notes),
             PublishMode::AtomicBatch => (
                 "atomic-batch",
-                super::batching::atomic::supports_atomic_batches as fn(&str) -> bool,
+                crate::server_features::supports_atomic_batches as fn(&str) -> bool,
                 "2.12.1 (Nats-Msg-Id inside atomic batches)",
                 "allow_atomic",
                 "--allow-batch",
@@ -109,7 +98,7 @@ impl Framing {
             ),
             PublishMode::FastBatch => (
                 "fast-batch",
-                super::batching::fast::supports_fast_batches as fn(&str) -> bool,
+                crate::server_features::supports_fast_batches as fn(&str) -> bool,
                 "2.14.0 (fast batch publishing)",
                 "allow_batched",
                 "--allow-batched",

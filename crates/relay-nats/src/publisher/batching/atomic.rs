@@ -342,11 +342,5 @@ async fn send_commit(
     }))
 }
 
-/// Whether a server of version `version` (INFO) takes `Nats-Msg-Id` inside atomic batches:
-/// 2.12.1 or later.
-pub(crate) fn supports_atomic_batches(version: &str) -> bool {
-    crate::native::version_triple(version) >= (2, 12, 1)
-}
-
 #[cfg(test)]
 mod tests;

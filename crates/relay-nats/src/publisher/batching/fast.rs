@@ -48,8 +48,6 @@ mod reader;
 
 use reader::{Member, Reader, ToReader};
 
-/// The oldest nats-server with fast batches.
-const MIN_SERVER: (u64, u64, u64) = (2, 14, 0);
 /// 10205: the stream does not allow fast batches (`allow_batched`).
 const FAST_BATCH_DISABLED: u64 = 10205;
 /// The most messages the server may let pass between two flow acks (it starts lower when other
@@ -64,11 +62,6 @@ pub(super) const LINGER: Duration = Duration::from_millis(1);
 /// outstanding at most: a quarter of them, so acks come long before the window is full.
 pub(crate) fn flow(max_in_flight: usize) -> usize {
     (max_in_flight / 4).clamp(1, MAX_FLOW)
-}
-
-/// Whether a server of version `version` (INFO) has fast batches: 2.14.0 or later.
-pub(crate) fn supports_fast_batches(version: &str) -> bool {
-    crate::native::version_triple(version) >= MIN_SERVER
 }
 
 /// A fast batch being published.

@@ -154,21 +154,3 @@ fn batch_ids_never_repeat_and_fit_the_server() {
         longest.len()
     );
 }
-
-#[test]
-fn nats_msg_id_in_batches_needs_2_12_1() {
-    for yes in [
-        "2.12.1",
-        "2.12.15",
-        "2.14.0",
-        "2.15.1",
-        "v2.14.5",
-        "3.0.0",
-        "2.13.0-RC.1",
-    ] {
-        assert!(supports_atomic_batches(yes), "{yes}");
-    }
-    for no in ["2.12.0", "2.11.9", "2.9.10", "", "garbage", "2.12.0-RC.5"] {
-        assert!(!supports_atomic_batches(no), "{no}");
-    }
-}

@@ -2,16 +2,6 @@ use super::*;
 use crate::publisher::framing::BatchAnswer;
 
 #[test]
-fn fast_batches_need_2_14() {
-    for yes in ["2.14.0", "v2.14.5", "2.15.1", "3.0.0"] {
-        assert!(supports_fast_batches(yes), "{yes}");
-    }
-    for no in ["2.12.1", "2.13.9", "2.9.10", "", "garbage"] {
-        assert!(!supports_fast_batches(no), "{no}");
-    }
-}
-
-#[test]
 fn answers_of_every_kind_parse() {
     let flow: BatchAnswer =
         serde_json::from_slice(br#"{"type":"ack","seq":40,"msgs":10}"#).unwrap();
