@@ -18,7 +18,7 @@ use relay_core::stage::{
     PubReceipt, PublishError, PublishErrorKind, PublishHook, PublishHooks, Publisher, Watches,
 };
 
-use self::batching::Mode;
+use self::batching::Batches;
 use self::batching::atomic::Atomic;
 use self::batching::fast::{self, Fast};
 use self::framing::Framer;
@@ -173,7 +173,7 @@ impl JetStreamPublisher {
             Framing::AtomicBatch { .. } => Some(batching::start(
                 per_message,
                 framing,
-                Mode::Atomic(Atomic::new(max_in_flight)),
+                Batches::Atomic(Atomic::new(max_in_flight)),
             )),
             Framing::FastBatch => {
                 let flow = fast::flow(max_in_flight);
@@ -183,7 +183,7 @@ impl JetStreamPublisher {
                 Some(batching::start(
                     per_message,
                     framing,
-                    Mode::Fast(Fast::new(flow)),
+                    Batches::Fast(Fast::new(flow)),
                 ))
             }
         }

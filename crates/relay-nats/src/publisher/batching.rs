@@ -33,17 +33,17 @@ pub(crate) struct Shared {
     pub(crate) disabled: Arc<AtomicBool>,
 }
 
-/// What differs between the batch modes. Each operation that may leave a message to go on its
+/// The batches of a batch framing and what differs between them. Each operation that may leave a message to go on its
 /// own (a batch of one, a message held for a batch that never started) returns it: the framer
 /// sends it, the one way every message on its own goes.
-pub(crate) enum Mode {
+pub(crate) enum Batches {
     /// Each transaction one atomic batch (in parts above the batch limit).
     Atomic(atomic::Atomic),
     /// Fast batches, open across transactions while more come.
     Fast(fast::Fast),
 }
 
-impl Mode {
+impl Batches {
     /// A transaction begins.
     fn begin(&mut self) {
         match self {
@@ -94,9 +94,13 @@ impl Mode {
     }
 }
 
-/// Starts the framing task of `framing` (a batch framing, with `mode` its batches' state) over
+/// Starts the framing task of `framing` (a batch framing, with `batches` the state of its batches) over
 /// `per_message` and returns the handle the publisher keeps.
-pub(crate) fn start(per_message: MessagePublisher, framing: super::Framing, mode: Mode) -> Framer {
+pub(crate) fn start(
+    per_message: MessagePublisher,
+    framing: super::Framing,
+    batches: Batches,
+) -> Framer {
     let (framer, receiver) = Framer::new(framing);
     let chain = Arc::new(Chain::default());
     let worker = BatchFramer {
@@ -106,7 +110,7 @@ pub(crate) fn start(per_message: MessagePublisher, framing: super::Framing, mode
             current: None,
             disabled: Arc::new(AtomicBool::new(false)),
         },
-        mode,
+        batches,
     };
     tokio::spawn(worker.run(receiver));
     framer.with_chain(chain)
@@ -114,7 +118,7 @@ pub(crate) fn start(per_message: MessagePublisher, framing: super::Framing, mode
 
 struct BatchFramer {
     shared: Shared,
-    mode: Mode,
+    batches: Batches,
 }
 
 impl BatchFramer {
@@ -130,12 +134,12 @@ impl BatchFramer {
             };
             match command {
                 Command::Begin(lsn) => {
-                    self.mode.begin();
+                    self.batches.begin();
                     self.shared.current = Some(lsn);
                 }
                 Command::Send(handed) => {
                     if batchable(&handed.0, self.shared.current, &self.shared.disabled) {
-                        if let Some(alone) = self.mode.add(&self.shared, handed).await {
+                        if let Some(alone) = self.batches.add(&self.shared, handed).await {
                             self.send_alone(alone, false).await;
                         }
                     } else {
@@ -150,7 +154,7 @@ impl BatchFramer {
                 Command::Hold => self.close().await,
                 Command::End => {
                     self.shared.current = None;
-                    if self.mode.spans_transactions() {
+                    if self.batches.spans_transactions() {
                         if !commands.is_empty() {
                             // More waiting (catch-up): the batch goes on into the next
                             // transaction.
@@ -158,7 +162,7 @@ impl BatchFramer {
                         }
                         // In catch-up the next transaction follows within microseconds: a new
                         // batch per transaction would cost a round trip and slow flow acks.
-                        if self.mode.is_open()
+                        if self.batches.is_open()
                             && let Ok(Some(command)) =
                                 tokio::time::timeout(fast::LINGER, commands.recv()).await
                         {
@@ -174,7 +178,7 @@ impl BatchFramer {
 
     /// Commits the open batch; what it leaves goes on its own.
     async fn close(&mut self) {
-        if let Some(alone) = self.mode.close(&self.shared).await {
+        if let Some(alone) = self.batches.close(&self.shared).await {
             self.send_alone(alone, false).await;
         }
     }
@@ -182,7 +186,7 @@ impl BatchFramer {
     /// Publishes a message on its own, after the open batch where the mode commits that first.
     async fn alone(&mut self, handed: Handed, resend: bool) {
         if self
-            .mode
+            .batches
             .closes_before_alone(self.shared.per_message.by_sequence)
         {
             self.close().await;
