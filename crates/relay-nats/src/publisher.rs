@@ -197,6 +197,20 @@ impl JetStreamPublisher {
         self.framing
     }
 
+    /// From now on, in fast-batch mode, the messages of transactions committed at or before
+    /// `lsn` go out on their own: a fast batch's flow acknowledgements do not say which messages
+    /// JetStream dropped as duplicates, while a message on its own is answered `duplicate`, and
+    /// that answer is read back. For what an earlier run may have published and the stream no
+    /// longer holds (deleted or purged inside the duplicate window). Other framings say
+    /// duplicates in every answer: nothing changes for them.
+    pub fn alone_through(&self, lsn: relay_core::Lsn) {
+        if self.framing.fast_batches()
+            && let Some(framer) = &self.framer
+        {
+            framer.alone_through(lsn);
+        }
+    }
+
     /// Whether messages go through the lean publish path (its own connection, see
     /// `crate::wire`) rather than async-nats: made from settings, and not refused by the server.
     pub fn publishes_lean(&self) -> bool {

@@ -175,6 +175,24 @@ pub struct OutboxOids {
     pub read_at: Lsn,
 }
 
+/// The server's WAL insert position now (`pg_current_wal_lsn()`): every transaction committed
+/// so far ends at or before it.
+pub async fn current_wal_lsn(client: &Client) -> Result<Lsn, PgError> {
+    let row = client
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .map_err(|source| PgError::Query {
+            context: "cannot read the current WAL position".into(),
+            source,
+        })?;
+    let text: String = row.get(0);
+    Lsn::from_str(&text).map_err(|_| {
+        PgError::Settings(format!(
+            "pg_current_wal_lsn() returned `{text}`, not an LSN"
+        ))
+    })
+}
+
 /// The relation OID of each configured outbox table (`(schema, table)`), as the catalog names
 /// it now; a table that does not exist is left out (start-up checks report it).
 ///
@@ -184,19 +202,7 @@ pub async fn outbox_table_oids(
     client: &Client,
     tables: &[(String, String)],
 ) -> Result<OutboxOids, PgError> {
-    let read_at = client
-        .query_one("SELECT pg_current_wal_lsn()::text", &[])
-        .await
-        .map_err(|source| PgError::Query {
-            context: "cannot read the current WAL position".into(),
-            source,
-        })?;
-    let read_at: String = read_at.get(0);
-    let read_at = Lsn::from_str(&read_at).map_err(|_| {
-        PgError::Settings(format!(
-            "pg_current_wal_lsn() returned `{read_at}`, not an LSN"
-        ))
-    })?;
+    let read_at = current_wal_lsn(client).await?;
     let mut found = Vec::with_capacity(tables.len());
     for (schema, name) in tables {
         let info = table(client, schema, name)

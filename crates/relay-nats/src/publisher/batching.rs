@@ -28,6 +28,9 @@ pub(crate) struct Shared {
     pub(crate) per_message: MessagePublisher,
     /// Commit LSN of the open transaction.
     pub(crate) current: Option<Lsn>,
+    /// Messages of transactions committed at or before it go on their own
+    /// ([`crate::JetStreamPublisher::alone_through`]).
+    pub(crate) alone_through: Lsn,
     /// Set once the server showed it cannot take the mode's batches: everything goes on its
     /// own from then on.
     pub(crate) disabled: Arc<AtomicBool>,
@@ -108,6 +111,7 @@ pub(crate) fn start(
             chain: chain.clone(),
             per_message,
             current: None,
+            alone_through: Lsn(0),
             disabled: Arc::new(AtomicBool::new(false)),
         },
         batches,
@@ -138,7 +142,13 @@ impl BatchFramer {
                     self.shared.current = Some(lsn);
                 }
                 Command::Send(handed) => {
-                    if batchable(&handed.0, self.shared.current, &self.shared.disabled) {
+                    let shared = &self.shared;
+                    if batchable(
+                        &handed.0,
+                        shared.current,
+                        shared.alone_through,
+                        &shared.disabled,
+                    ) {
                         if let Some(alone) = self.batches.add(&self.shared, handed).await {
                             self.send_alone(alone, false).await;
                         }
@@ -152,6 +162,7 @@ impl BatchFramer {
                 // What a fault left held back goes now; the transaction goes on in the next
                 // batch.
                 Command::Hold => self.close().await,
+                Command::AloneThrough(lsn) => self.shared.alone_through = lsn,
                 Command::End => {
                     self.shared.current = None;
                     if self.batches.spans_transactions() {

@@ -57,6 +57,9 @@ pub(crate) enum Command {
     /// The pipeline sends nothing new for now: send what is held back (see
     /// [`relay_core::stage::Publisher::hold`]).
     Hold,
+    /// Messages of transactions committed at or before this LSN go on their own (see
+    /// [`crate::JetStreamPublisher::alone_through`]).
+    AloneThrough(Lsn),
 }
 
 /// The handle the publisher keeps: commands go to the framing task in call order.
@@ -104,6 +107,10 @@ impl Framer {
 
     pub(crate) fn hold(&self) {
         let _ = self.commands.send(Command::Hold);
+    }
+
+    pub(crate) fn alone_through(&self, lsn: Lsn) {
+        let _ = self.commands.send(Command::AloneThrough(lsn));
     }
 
     /// Hands `msg` (with its predecessor while that one is unsettled) to the framing task; the
@@ -173,14 +180,18 @@ pub(crate) fn reply_when_acked(
 }
 
 /// Whether `msg` goes into a batch: it belongs to the open transaction (`current`, its commit
-/// LSN), and the server has not shown that it cannot take batches (`disabled`). Re-sends, dead
-/// letters of earlier transactions and non-transactional messages go on their own.
+/// LSN), it committed after `alone_through`, and the server has not shown that it cannot take
+/// batches (`disabled`). Re-sends, dead letters of earlier transactions, non-transactional
+/// messages and what an earlier run may have published go on their own.
 pub(crate) fn batchable(
     msg: &OutboundMessage,
     current: Option<Lsn>,
+    alone_through: Lsn,
     disabled: &AtomicBool,
 ) -> bool {
-    !disabled.load(Ordering::Relaxed) && current == Some(msg.commit_lsn)
+    !disabled.load(Ordering::Relaxed)
+        && current == Some(msg.commit_lsn)
+        && msg.commit_lsn > alone_through
 }
 
 /// Publishes `msg` on its own on a stream where every condition names a sequence (see
@@ -208,4 +219,48 @@ pub(crate) async fn alone_in_chain(
     let condition = link.base.map(super::message::Condition::AfterSequence);
     let sent = per_message.send_waiting(&msg, condition, wait).await;
     reply_when_acked(sent.map(|ack| link.follow(ack)), reply);
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+
+    fn committed_at(lsn: u64) -> OutboundMessage {
+        OutboundMessage {
+            subject: "outbox.x".into(),
+            event_id: "e".into(),
+            headers: Vec::new(),
+            shared_headers: 0,
+            payload: Bytes::from_static(b"{}"),
+            table: "public.outbox".into(),
+            commit_lsn: Lsn(lsn),
+            commit_time_micros: 0,
+        }
+    }
+
+    #[test]
+    fn what_an_earlier_run_may_have_published_is_never_batched() {
+        let enabled = AtomicBool::new(false);
+        let msg = committed_at(100);
+        assert!(batchable(&msg, Some(Lsn(100)), Lsn(0), &enabled));
+        assert!(batchable(&msg, Some(Lsn(100)), Lsn(99), &enabled));
+        assert!(
+            !batchable(&msg, Some(Lsn(100)), Lsn(100), &enabled),
+            "at the bound"
+        );
+        assert!(
+            !batchable(&msg, Some(Lsn(100)), Lsn(500), &enabled),
+            "below the bound"
+        );
+        assert!(
+            !batchable(&msg, Some(Lsn(90)), Lsn(0), &enabled),
+            "another transaction's"
+        );
+        assert!(
+            !batchable(&msg, Some(Lsn(100)), Lsn(0), &AtomicBool::new(true)),
+            "disabled"
+        );
+    }
 }

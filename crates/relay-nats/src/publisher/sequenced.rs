@@ -37,7 +37,7 @@ async fn run(
     while let Some(command) = commands.recv().await {
         match command {
             // Transactions do not change how a message goes on its own.
-            Command::Begin(_) | Command::End | Command::Hold => {}
+            Command::Begin(_) | Command::End | Command::Hold | Command::AloneThrough(_) => {}
             // Never waits for a lost connection, as per-message mode's send: a delivery whose
             // outcome is unknown re-sends, and its re-send waits up to `ack_timeout`.
             Command::Send(handed) => {

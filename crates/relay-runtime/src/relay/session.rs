@@ -103,6 +103,7 @@ impl Supervisor<'_> {
         for (id, seq) in &self.backfilled_streamed_ids {
             already_published.entry(id.clone()).or_insert(*seq);
         }
+        self.resend_zone_alone(&store).await?;
         let router = self.router(&store).await?;
         let trail = self.slot_trail(&store, &state, start).await;
         let ack = trail.as_ref().map_or(start, |(_, floor)| *floor);
@@ -135,6 +136,21 @@ impl Supervisor<'_> {
         let result = pipeline.run(self.stop.cancelled()).await;
         let (source, _, _) = pipeline.into_parts();
         self.ended(source, result).await
+    }
+
+    /// In fast-batch mode: an earlier run may have published anything committed before now;
+    /// what of it the stream does not hold goes out on its own, so a `duplicate` answer says so
+    /// (a fast batch's flow acks do not) and is read back.
+    async fn resend_zone_alone(&self, store: &PgCheckpointStore) -> Result<(), Stop> {
+        if !self.publisher.framing().fast_batches() {
+            return Ok(());
+        }
+        let now = relay_postgres::catalog::current_wal_lsn(store.client())
+            .await
+            .map_err(postgres)?;
+        self.publisher.alone_through(now);
+        tracing::info!(through = %now, "fast batches resume after what an earlier run may have published; until then each message goes on its own");
+        Ok(())
     }
 
     /// Connects a plain session. Unreachable at start-up: exit; later, wait for it to come
