@@ -2,7 +2,8 @@
 //! what was checked, what was found, and the fix when it is a warning. Shared so that every
 //! assessment reads, prints and serialises its findings the same way.
 
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 /// What an assessment's checks are about: each aspect has a name for check lines and logs.
 pub trait CheckAspect: Copy {
@@ -46,16 +47,57 @@ impl<A: CheckAspect> Check<A> {
         self.hint.is_some()
     }
 
+    /// This check as `status --json` and `/status` show it.
+    #[must_use]
+    pub fn report(&self) -> CheckReport {
+        CheckReport {
+            check: self.aspect.name().to_owned(),
+            verdict: if self.is_warning() {
+                Verdict::Warn
+            } else {
+                Verdict::Pass
+            },
+            detail: self.detail.clone(),
+            hint: self.hint.clone(),
+        }
+    }
+
     /// `{"check", "verdict", "detail", "hint"}` for `status --json` and `/status`.
     #[must_use]
     pub fn to_json(&self) -> Value {
-        json!({
-            "check": self.aspect.name(),
-            "verdict": if self.is_warning() { "warn" } else { "pass" },
-            "detail": self.detail,
-            "hint": self.hint,
-        })
+        serde_json::to_value(self.report()).unwrap_or_default()
     }
+}
+
+/// A check's verdict as reports show it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Fine.
+    Pass,
+    /// A warning, with its fix.
+    Warn,
+    /// A failure.
+    Fail,
+}
+
+/// One check as `status --json` and `/status` show it: `{"check", "verdict", "detail", "hint"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckReport {
+    /// What was checked.
+    pub check: String,
+    /// The verdict.
+    pub verdict: Verdict,
+    /// What was found.
+    pub detail: String,
+    /// The fix (`null` when it passed).
+    pub hint: Option<String>,
+}
+
+/// Every check as reports show them, in order.
+#[must_use]
+pub fn check_reports<A: CheckAspect>(checks: &[Check<A>]) -> Vec<CheckReport> {
+    checks.iter().map(Check::report).collect()
 }
 
 /// Every check as JSON, in order.
@@ -67,6 +109,7 @@ pub fn checks_json<A: CheckAspect>(checks: &[Check<A>]) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     struct Disk;

@@ -15,9 +15,9 @@ mod probe;
 use std::time::Duration;
 
 use async_nats::jetstream::stream;
-use relay_core::check::{Check, CheckAspect, checks_json};
+use relay_core::check::{Check, CheckAspect, CheckReport, check_reports};
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::connection::JetStream;
 
@@ -230,16 +230,44 @@ impl Durability {
     }
 
     /// For `status --json`: the assessment and its checks.
-    pub fn to_json(&self) -> Value {
-        json!({
-            "storage": self.storage,
-            "replicas": self.replicas,
-            "persist_mode": if self.async_persist { "async" } else { "default" },
-            "servers": self.servers,
-            "server_sync": self.sync,
-            "checks": checks_json(&self.checks()),
-        })
+    #[must_use]
+    pub fn report(&self) -> DurabilityReport {
+        DurabilityReport {
+            storage: self.storage,
+            replicas: self.replicas,
+            persist_mode: if self.async_persist {
+                "async"
+            } else {
+                "default"
+            }
+            .to_owned(),
+            servers: self.servers.clone(),
+            server_sync: self.sync.clone(),
+            checks: check_reports(&self.checks()),
+        }
     }
+
+    /// For `status --json`: the assessment and its checks.
+    pub fn to_json(&self) -> Value {
+        serde_json::to_value(self.report()).unwrap_or_default()
+    }
+}
+
+/// A stream's durability as `status --json` shows it (see [`Durability`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DurabilityReport {
+    /// Its storage.
+    pub storage: Storage,
+    /// Its replica count.
+    pub replicas: usize,
+    /// `async` or `default`.
+    pub persist_mode: String,
+    /// The servers holding it (leader first).
+    pub servers: Vec<String>,
+    /// Their sync setting; `None` for memory storage.
+    pub server_sync: Option<ServerSync>,
+    /// Each check.
+    pub checks: Vec<CheckReport>,
 }
 
 /// Assesses the stream `info` describes; asks the servers for their sync setting over

@@ -50,8 +50,8 @@ pub use consumer_reset::{
 pub use contracts::{ContractsStored, StoredMessage, last_messages, store_contracts};
 pub use domain::{DomainMismatch, api_prefix, domain_problem};
 pub use durability::{
-    Aspect, Durability, DurabilityCheck, LazyServer, SYNC_PROBE_SUBJECT, ServerSync, Storage,
-    assess_durability,
+    Aspect, Durability, DurabilityCheck, DurabilityReport, LazyServer, SYNC_PROBE_SUBJECT,
+    ServerSync, Storage, assess_durability,
 };
 pub use error::NatsError;
 pub use native::check_broker_needs;

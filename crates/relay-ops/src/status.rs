@@ -2,23 +2,32 @@
 //! stored checkpoint and the stream are, how long a stopped relay has before the slot is
 //! invalidated (the retention window, at the WAL rate of a short sample), each outbox table and
 //! backfill, failover readiness, and what a running relay says about itself (its `/status`).
+//! The document's types are in [`report`].
 
+pub mod report;
+
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use relay_backfill::{CursorStatus, list_cursors};
 use relay_postgres::catalog::failover;
 use relay_postgres::catalog::retention::{self, SHORT_SAMPLE, TakeoverPolicy};
-use serde_json::{Value, json};
+use relay_telemetry::RelayStatus;
 
 use relay_runtime::config::RelayConfig;
 use relay_runtime::failure::{Failure, FailureKind, pg_failure};
 use relay_runtime::inspect::{self, StreamLookup};
 
+use report::{
+    BackfillReport, BackfillState, CheckpointReport, RelayAnswer, Section, StatusDoc, StreamFound,
+    StreamState, TableCleanup, TableReport,
+};
+
 /// The status document, and whether it shows a data-safety problem.
 #[derive(Debug)]
 pub struct StatusReport {
     /// The document `status --json` prints.
-    pub doc: Value,
+    pub doc: StatusDoc,
     /// The slot is lost (or gone while a checkpoint is stored).
     pub lost: bool,
     /// The slot is ahead of the stored checkpoint.
@@ -43,9 +52,9 @@ pub async fn gather(config: &RelayConfig, relay: Option<String>) -> Result<Statu
                 .await
                 .map_err(unavailable)?;
             let checks = failover::assess(&facts, pg.failover, &pg.slot, &database);
-            failover::to_json(&facts, &checks)
+            Section::Read(failover::report(&facts, &checks))
         }
-        Err(e) => json!({ "error": format!("cannot read what failover needs: {e}") }),
+        Err(e) => failed(format!("cannot read what failover needs: {e}")),
     };
 
     let policy = TakeoverPolicy {
@@ -59,13 +68,13 @@ pub async fn gather(config: &RelayConfig, relay: Option<String>) -> Result<Statu
         relay_state(relay),
     );
     let retention = match retention {
-        Ok(window) => window.to_json(),
-        Err(e) => json!({ "error": format!("cannot read the retention window: {e}") }),
+        Ok(window) => Section::Read(window.report()),
+        Err(e) => failed(format!("cannot read the retention window: {e}")),
     };
 
     let replay_window = match relay_postgres::checkpoint::replay_window(&client, &pg.slot).await {
-        Ok(window) => window.to_json(config.relay.replay_retention_bytes()),
-        Err(e) => json!({ "error": format!("cannot read the replay window: {e}") }),
+        Ok(window) => Section::Read(window.report(config.relay.replay_retention_bytes())),
+        Err(e) => failed(format!("cannot read the replay window: {e}")),
     };
 
     let backfills = backfills_state(&client, &pg.slot).await;
@@ -73,7 +82,7 @@ pub async fn gather(config: &RelayConfig, relay: Option<String>) -> Result<Statu
         config,
         &client,
         checkpoint.map(|(lsn, _)| lsn),
-        &relay_status,
+        relay_status.as_ref().and_then(RelayAnswer::status),
     )
     .await;
     let behind = match (&slot, checkpoint) {
@@ -87,59 +96,74 @@ pub async fn gather(config: &RelayConfig, relay: Option<String>) -> Result<Statu
         .is_some_and(|s| s.wal_status.as_deref() == Some("lost"))
         || (slot.is_none() && checkpoint.is_some());
     let ahead = behind.is_some_and(|d| d > 0);
-    let doc = json!({
-        "slot": pg.slot,
-        "slot_state": slot.as_ref().map(|s| s.to_json()),
-        "checkpoint": checkpoint.map(|(lsn, age)| json!({
-            "lsn": lsn.to_string(),
-            "stored_seconds_ago": age,
-        })),
-        "slot_minus_checkpoint_bytes": behind.map(|d| d as i64),
-        "retention": retention,
-        "replay_window": replay_window,
-        "failover": failover,
-        "stream": config.nats.stream,
-        "stream_state": stream,
-        "relay": relay_addr,
-        "relay_status": relay_status,
-        "tables": tables,
-        "backfills": backfills,
-    });
+    let doc = StatusDoc {
+        slot: pg.slot.clone(),
+        slot_state: slot.as_ref().map(|s| s.report()),
+        checkpoint: checkpoint.map(|(lsn, age)| CheckpointReport {
+            lsn: lsn.to_string(),
+            stored_seconds_ago: age,
+        }),
+        slot_minus_checkpoint_bytes: behind.map(|d| d as i64),
+        retention,
+        replay_window,
+        failover,
+        stream: config.nats.stream.clone(),
+        stream_state: stream,
+        relay: relay_addr,
+        relay_status,
+        tables,
+        backfills,
+    };
     Ok(StatusReport { doc, lost, ahead })
 }
 
+/// A section that could not be read, and why.
+fn failed<T>(error: String) -> Section<T> {
+    Section::Failed { error }
+}
+
 /// The stream's state, or why it is unknown.
-async fn stream_state(config: &RelayConfig) -> Value {
+async fn stream_state(config: &RelayConfig) -> StreamState {
     match relay_nats::connect(&config.nats).await {
         Ok(connection) => {
             let jetstream = connection.jetstream();
             match inspect::stream(jetstream.context(), &config.nats.stream).await {
-                StreamLookup::Found(info) => json!({
-                    "present": true,
-                    "last_sequence": info.state.last_sequence,
-                    "messages": info.state.messages,
-                    "subjects": info.config.subjects,
-                    "durability": relay_nats::assess_durability(&jetstream, &info).await.to_json(),
-                }),
-                StreamLookup::NotFound => json!({ "present": false }),
+                StreamLookup::Found(info) => StreamState::Found(Box::new(StreamFound {
+                    present: true,
+                    last_sequence: info.state.last_sequence,
+                    messages: info.state.messages,
+                    subjects: info.config.subjects.clone(),
+                    durability: relay_nats::assess_durability(&jetstream, &info)
+                        .await
+                        .report(),
+                })),
+                StreamLookup::NotFound => StreamState::Missing { present: false },
                 StreamLookup::NotEnabled(e) | StreamLookup::Failed(e) => {
-                    json!({ "error": e })
+                    StreamState::Failed { error: e }
                 }
             }
         }
-        Err(e) => json!({ "error": format!("{e}") }),
+        Err(e) => StreamState::Failed {
+            error: format!("{e}"),
+        },
     }
 }
 
-/// Where a running relay answers, and its `/status`.
-async fn relay_state(addr: Option<String>) -> (Option<String>, Value) {
+/// Where a running relay answers, and its `/status` (`None` when it answered something else).
+async fn relay_state(addr: Option<String>) -> (Option<String>, Option<RelayAnswer>) {
     let status = match &addr {
-        None => Value::Null,
+        None => None,
         Some(addr) => {
             match crate::client::get_text(addr, "/status", Duration::from_secs(3)).await {
-                Ok((200, body)) => serde_json::from_str(&body).unwrap_or(Value::Null),
-                Ok((code, _)) => json!({ "error": format!("HTTP {code}") }),
-                Err(e) => json!({ "error": format!("not running or unreachable: {e:#}") }),
+                Ok((200, body)) => serde_json::from_str::<RelayStatus>(&body)
+                    .ok()
+                    .map(|status| RelayAnswer::Status(Box::new(status))),
+                Ok((code, _)) => Some(RelayAnswer::Failed {
+                    error: format!("HTTP {code}"),
+                }),
+                Err(e) => Some(RelayAnswer::Failed {
+                    error: format!("not running or unreachable: {e:#}"),
+                }),
             }
         }
     };
@@ -164,83 +188,88 @@ async fn tables_state(
     config: &RelayConfig,
     client: &tokio_postgres::Client,
     checkpoint: Option<relay_core::Lsn>,
-    relay_status: &Value,
-) -> Value {
+    relay_status: Option<&RelayStatus>,
+) -> BTreeMap<String, Section<TableReport>> {
     use relay_postgres::catalog::outbox_stats;
     let since = match checkpoint {
         Some(c) => outbox_stats::confirmed_since_from_map(client, &config.postgres.slot, c).await,
         None => None,
     };
-    let mut out = serde_json::Map::new();
+    let mut out = BTreeMap::new();
     for table in config.outbox.iter() {
         let (schema, name) = table.qualified_name();
         let qualified = table.display_name();
         let cleanup = config.outbox.cleanup_of(&schema, &name);
         let age = relay_runtime::config::age_spec_of(cleanup);
-        let running = &relay_status["postgres"]["tables"][&qualified];
+        let running = relay_status.and_then(|s| s.postgres.tables.get(&qualified));
+        // The running relay's own measure is the closer one.
+        let relay_age = running.and_then(|t| t.oldest_unconfirmed_age_seconds);
         let value = match outbox_stats::sample(client, &schema, &name, &age, since).await {
-            Ok(None) => json!({ "error": "does not exist" }),
-            Err(e) => json!({ "error": format!("cannot sample it: {e}") }),
-            Ok(Some(sample)) => json!({
-                "rows_estimate": sample.rows_estimate,
-                "size_bytes": sample.size_bytes,
-                // The running relay's own measure is the closer one.
-                "oldest_unconfirmed_age_seconds": running["oldest_unconfirmed_age_seconds"]
-                    .as_f64()
-                    .or(sample.oldest_unconfirmed_age),
-                "oldest_unconfirmed_measured_by": if running["oldest_unconfirmed_age_seconds"].is_number() {
+            Ok(None) => failed("does not exist".to_owned()),
+            Err(e) => failed(format!("cannot sample it: {e}")),
+            Ok(Some(sample)) => Section::Read(TableReport {
+                rows_estimate: sample.rows_estimate,
+                size_bytes: sample.size_bytes,
+                oldest_unconfirmed_age_seconds: relay_age.or(sample.oldest_unconfirmed_age),
+                oldest_unconfirmed_measured_by: if relay_age.is_some() {
                     "relay"
                 } else if since.is_some() {
                     "position map"
                 } else {
                     "oldest row (nothing known to be confirmed)"
-                },
-                "cleanup": cleanup.map(|c| json!({
-                    "mode": c.mode.as_str(),
-                    "retain_seconds": c.retain().as_secs(),
-                    "running": running["cleanup"].clone(),
-                })),
+                }
+                .to_owned(),
+                cleanup: cleanup.map(|c| TableCleanup {
+                    mode: c.mode.as_str().to_owned(),
+                    retain_seconds: c.retain().as_secs(),
+                    running: running.and_then(|t| t.cleanup.clone()),
+                }),
             }),
         };
         out.insert(qualified, value);
     }
-    Value::Object(out)
+    out
 }
 
 /// A cursor that has not moved for this long while unfinished is reported as stopped: the
 /// backfill stores its cursor every checkpoint interval while it runs.
 const STOPPED_AFTER_SECS: f64 = 60.0;
 
-/// The backfills of `slot` as JSON (an `error` object when they cannot be read).
-async fn backfills_state(client: &tokio_postgres::Client, slot: &str) -> Value {
+/// The backfills of `slot` (why not, when they cannot be read).
+async fn backfills_state(
+    client: &tokio_postgres::Client,
+    slot: &str,
+) -> Section<Vec<BackfillReport>> {
     match list_cursors(client, slot).await {
-        Ok(cursors) => Value::Array(cursors.iter().map(to_json).collect()),
-        Err(e) => json!({ "error": format!("cannot read the backfills: {e}") }),
+        Ok(cursors) => Section::Read(cursors.iter().map(backfill_report).collect()),
+        Err(e) => failed(format!("cannot read the backfills: {e}")),
     }
 }
 
-fn to_json(c: &CursorStatus) -> Value {
+fn backfill_report(c: &CursorStatus) -> BackfillReport {
     let cursor = &c.cursor;
     let state = match (&cursor.finished_at, c.updated_secs_ago) {
-        (Some(_), _) => "finished",
-        (None, ago) if ago > STOPPED_AFTER_SECS => "stopped",
-        (None, _) => "running",
+        (Some(_), _) => BackfillState::Finished,
+        (None, ago) if ago > STOPPED_AFTER_SECS => BackfillState::Stopped,
+        (None, _) => BackfillState::Running,
     };
-    json!({
-        "table": c.id.table,
-        "filter": (!c.id.filter.is_empty()).then_some(&c.id.filter),
-        "on_create": cursor.on_create,
-        "state": state,
-        "rows_done": cursor.rows_done,
-        "rows_estimate": cursor.rows_estimate,
-        "percent": cursor.rows_estimate.filter(|t| *t > 0).map(|total| {
-            (cursor.rows_done as f64 * 100.0 / total as f64).min(100.0).round()
+    BackfillReport {
+        table: c.id.table.clone(),
+        filter: (!c.id.filter.is_empty()).then(|| c.id.filter.clone()),
+        on_create: cursor.on_create,
+        state,
+        rows_done: cursor.rows_done,
+        rows_estimate: cursor.rows_estimate,
+        percent: cursor.rows_estimate.filter(|t| *t > 0).map(|total| {
+            (cursor.rows_done as f64 * 100.0 / total as f64)
+                .min(100.0)
+                .round()
         }),
-        "key_column": cursor.key_column,
-        "last_key": cursor.last_key,
-        "end_key": cursor.end_key,
-        "started_at": cursor.started_at,
-        "finished_at": cursor.finished_at,
-        "updated_seconds_ago": c.updated_secs_ago.round(),
-    })
+        key_column: cursor.key_column.clone(),
+        last_key: cursor.last_key.clone(),
+        end_key: cursor.end_key.clone(),
+        started_at: cursor.started_at.clone(),
+        finished_at: cursor.finished_at.clone(),
+        updated_seconds_ago: c.updated_secs_ago.round(),
+    }
 }

@@ -22,11 +22,13 @@ pub mod row_filter;
 use std::str::FromStr;
 
 use relay_core::Lsn;
-use serde_json::json;
 use tokio_postgres::Client;
 
 use crate::PgError;
+
+mod slot_report;
 pub use publication_problem::publication_problem;
+pub use slot_report::SlotReport;
 
 fn lsn(text: Option<String>) -> Option<Lsn> {
     text.and_then(|t| Lsn::from_str(&t).ok())
@@ -331,21 +333,27 @@ impl SlotInfo {
         self.wal_status.as_deref() == Some("lost")
     }
 
+    /// The slot as `/status` and `status --json` show it.
+    #[must_use]
+    pub fn report(&self) -> SlotReport {
+        SlotReport {
+            slot_type: self.slot_type.clone(),
+            plugin: self.plugin.clone(),
+            database: self.database.clone(),
+            active_pid: self.active_pid,
+            wal_status: self.wal_status.clone(),
+            confirmed_flush_lsn: self.confirmed_flush_lsn.map(|l| l.to_string()),
+            restart_lsn: self.restart_lsn.map(|l| l.to_string()),
+            lag_bytes: self.lag_bytes,
+            retained_wal_bytes: self.retained_bytes,
+            safe_wal_size: self.safe_wal_size,
+        }
+    }
+
     /// For `/status` and `status --json`.
     #[must_use]
     pub fn to_json(&self) -> serde_json::Value {
-        json!({
-            "slot_type": self.slot_type,
-            "plugin": self.plugin,
-            "database": self.database,
-            "active_pid": self.active_pid,
-            "wal_status": self.wal_status,
-            "confirmed_flush_lsn": self.confirmed_flush_lsn.map(|l| l.to_string()),
-            "restart_lsn": self.restart_lsn.map(|l| l.to_string()),
-            "lag_bytes": self.lag_bytes,
-            "retained_wal_bytes": self.retained_bytes,
-            "safe_wal_size": self.safe_wal_size,
-        })
+        serde_json::to_value(self.report()).unwrap_or_default()
     }
 }
 

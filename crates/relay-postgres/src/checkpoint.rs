@@ -24,7 +24,7 @@ pub use position_map::{
     anchor_at_or_before, anchor_older_than, map_start, map_start_all_slots, map_summary,
     position_map_access, position_map_grants,
 };
-pub use replay_window::{ReplayWindow, replay_window};
+pub use replay_window::{ReplayWindow, ReplayWindowReport, replay_window};
 
 /// The migration that creates the checkpoint table (also shipped in `migrations/`).
 pub const CHECKPOINT_MIGRATION: &str =

@@ -18,12 +18,16 @@ use relay_core::pipeline::PipelineStats;
 use relay_core::route::LoadedContract;
 use relay_postgres::catalog::SlotInfo;
 use relay_postgres::catalog::retention::RetentionWindow;
-use serde_json::json;
 
 mod cleanup_report;
 mod metrics;
 pub mod otlp;
+mod status_doc;
 pub use metrics::MetricsCollector;
+pub use status_doc::{
+    CleanupStatus, ContractStatus, NatsStatus, PipelineStatus, PostgresStatus, RelayStatus,
+    TableStatus,
+};
 
 // Metric names. Counters are exposed with the `_total` suffix, the info metric with `_info`.
 
@@ -167,20 +171,20 @@ pub struct TableStats {
 }
 
 impl TableStats {
-    fn to_json(&self) -> serde_json::Value {
-        json!({
-            "rows_estimate": self.rows_estimate,
-            "size_bytes": self.size_bytes,
-            "oldest_unconfirmed_age_seconds": self.oldest_unconfirmed_age,
-            "cleanup": self.cleanup_mode.map(|mode| json!({
-                "mode": mode,
-                "rows_cleaned": self.cleaned_rows,
-                "partitions_dropped": self.dropped_partitions,
-                "waiting_for_checkpoint": self.waiting,
-                "errors": self.cleanup_errors,
-                "last_error": self.last_cleanup_error,
-            })),
-        })
+    fn status(&self) -> TableStatus {
+        TableStatus {
+            rows_estimate: self.rows_estimate,
+            size_bytes: self.size_bytes,
+            oldest_unconfirmed_age_seconds: self.oldest_unconfirmed_age,
+            cleanup: self.cleanup_mode.map(|mode| CleanupStatus {
+                mode: mode.to_owned(),
+                rows_cleaned: self.cleaned_rows,
+                partitions_dropped: self.dropped_partitions,
+                waiting_for_checkpoint: self.waiting,
+                errors: self.cleanup_errors,
+                last_error: self.last_cleanup_error.clone(),
+            }),
+        }
     }
 }
 
@@ -258,24 +262,21 @@ impl Telemetry {
     }
 
     /// `/status`'s `contracts`: each contract with its tables, counts and last refusal.
-    fn contracts_json(&self) -> serde_json::Value {
+    fn contracts_status(&self) -> Vec<ContractStatus> {
         let all = self.contracts.get().map(Vec::as_slice).unwrap_or_default();
         self.contracts()
             .iter()
-            .map(|c| {
-                let tables: Vec<&str> = all
+            .map(|c| ContractStatus {
+                contract: c.contract().key().to_owned(),
+                file: c.file().to_owned(),
+                tables: all
                     .iter()
                     .filter(|(_, other)| Arc::ptr_eq(other, c))
-                    .map(|(table, _)| table.as_str())
-                    .collect();
-                json!({
-                    "contract": c.contract().key(),
-                    "file": c.file(),
-                    "tables": tables,
-                    "checked": c.checked(),
-                    "refused": c.refused(),
-                    "last_refused": c.last_refused(),
-                })
+                    .map(|(table, _)| table.clone())
+                    .collect(),
+                checked: c.checked(),
+                refused: c.refused(),
+                last_refused: c.last_refused(),
             })
             .collect()
     }
@@ -372,59 +373,71 @@ impl Telemetry {
             .and_then(|s| s.lag_bytes)
     }
 
-    /// The `/status` document.
+    /// The `/status` document, as served (keys sorted, as a JSON value has them).
     pub fn status(&self) -> serde_json::Value {
+        serde_json::to_value(self.status_report()).unwrap_or_default()
+    }
+
+    /// The `/status` document, typed.
+    pub fn status_report(&self) -> RelayStatus {
         let (ready, reasons) = self.readiness();
+        let SlotSample { slot, retention } = lock(&self.slot_sample).clone();
+        RelayStatus {
+            version: self.build.version.to_owned(),
+            commit: self.build.commit.to_owned(),
+            uptime_seconds: self.started.elapsed().as_secs(),
+            ready,
+            reasons,
+            postgres: PostgresStatus {
+                slot: self.slot.clone(),
+                streaming: self.streaming.load(Ordering::Relaxed),
+                reconnects: self.pg_reconnects.load(Ordering::Relaxed),
+                last_error: lock(&self.last_error).clone(),
+                checkpoint_lsn: Lsn(self.stats.confirmed_lsn.load(Ordering::Relaxed)).to_string(),
+                slot_state: slot.map(|s| s.report()),
+                retention: retention.as_ref().map(RetentionWindow::report),
+                tables: lock(&self.tables)
+                    .iter()
+                    .map(|(name, t)| (name.clone(), t.status()))
+                    .collect(),
+            },
+            nats: self.nats_status(),
+            pipeline: self.pipeline_status(),
+            contracts: self.contracts_status(),
+        }
+    }
+
+    fn nats_status(&self) -> NatsStatus {
+        let stream = lock(&self.stream_sample).clone();
+        NatsStatus {
+            connected: self.nats_connected(),
+            reconnects: self.nats_reconnects(),
+            stream: self.stream.clone(),
+            stream_present: stream.present,
+            stream_last_sequence: stream.last_seq,
+            stream_messages: stream.messages,
+        }
+    }
+
+    fn pipeline_status(&self) -> PipelineStatus {
         let stats = &self.stats;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let last_commit = load(&stats.last_acked_commit_unix_micros);
-        let last_commit_time = (last_commit > 0).then(|| {
-            humantime_serde::re::humantime::format_rfc3339_micros(
-                UNIX_EPOCH + Duration::from_micros(last_commit),
-            )
-            .to_string()
-        });
-        let SlotSample { slot, retention } = lock(&self.slot_sample).clone();
-        let stream = lock(&self.stream_sample).clone();
-        json!({
-            "version": self.build.version,
-            "commit": self.build.commit,
-            "uptime_seconds": self.started.elapsed().as_secs(),
-            "ready": ready,
-            "reasons": reasons,
-            "postgres": {
-                "slot": self.slot,
-                "streaming": self.streaming.load(Ordering::Relaxed),
-                "reconnects": load(&self.pg_reconnects),
-                "last_error": lock(&self.last_error).clone(),
-                "checkpoint_lsn": Lsn(load(&stats.confirmed_lsn)).to_string(),
-                "slot_state": slot.map(|s| s.to_json()),
-                "retention": retention.as_ref().map(RetentionWindow::to_json),
-                "tables": lock(&self.tables)
-                    .iter()
-                    .map(|(name, t)| (name.clone(), t.to_json()))
-                    .collect::<serde_json::Map<_, _>>(),
-            },
-            "nats": {
-                "connected": self.nats_connected(),
-                "reconnects": self.nats_reconnects(),
-                "stream": self.stream,
-                "stream_present": stream.present,
-                "stream_last_sequence": stream.last_seq,
-                "stream_messages": stream.messages,
-            },
-            "pipeline": {
-                "events_received": load(&stats.events_received),
-                "events_published": load(&stats.events_published),
-                "changes_skipped": load(&stats.changes_skipped),
-                "duplicates_acknowledged": load(&stats.duplicates),
-                "publish_retries": load(&stats.publish_retries),
-                "outstanding_acks": load(&stats.in_flight),
-                "last_stream_seq": load(&stats.last_stream_seq),
-                "last_acked_commit_time": last_commit_time,
-            },
-            "contracts": self.contracts_json(),
-        })
+        PipelineStatus {
+            events_received: load(&stats.events_received),
+            events_published: load(&stats.events_published),
+            changes_skipped: load(&stats.changes_skipped),
+            duplicates_acknowledged: load(&stats.duplicates),
+            publish_retries: load(&stats.publish_retries),
+            outstanding_acks: load(&stats.in_flight),
+            last_stream_seq: load(&stats.last_stream_seq),
+            last_acked_commit_time: (last_commit > 0).then(|| {
+                humantime_serde::re::humantime::format_rfc3339_micros(
+                    UNIX_EPOCH + Duration::from_micros(last_commit),
+                )
+                .to_string()
+            }),
+        }
     }
 }
 

@@ -29,7 +29,7 @@ pub struct LoadedContract {
 }
 
 /// The latest event a contract refused.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RefusedEvent {
     /// The table.
     pub table: String,

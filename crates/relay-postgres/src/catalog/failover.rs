@@ -19,16 +19,18 @@
 //! into [`FailoverCheck`]s (`assess.rs`) that `validate --connect` prints and `status` reports.
 
 use relay_core::Lsn;
-use relay_core::check::{Check, CheckAspect, checks_json};
-use serde_json::{Value, json};
+use relay_core::check::{Check, CheckAspect};
+use serde_json::Value;
 
 mod assess;
 mod facts;
+mod report;
 #[cfg(test)]
 mod tests;
 
 pub use assess::{alter_slot_hint, assess};
 pub use facts::{conninfo_dbname, facts, in_recovery, slot, timeline};
+pub use report::{FailoverReport, SlotFailoverReport, StandbyReport, report};
 
 /// The relay's slot as far as failover goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -184,28 +186,5 @@ pub fn to_json(
     facts: &FailoverFacts,
     checks: &Result<Vec<FailoverCheck>, crate::PgError>,
 ) -> Value {
-    let mut doc = json!({
-        "server": if facts.in_recovery { "standby" } else { "primary" },
-        "version_num": facts.version_num,
-        "timeline": facts.timeline,
-        "slot": facts.slot.as_ref().map(|s| json!({
-            "failover": s.failover,
-            "synced": s.synced,
-            "temporary": s.temporary,
-            "invalidated": s.invalidated,
-            "confirmed_flush_lsn": s.confirmed_flush_lsn.map(|l| l.to_string()),
-        })),
-        "synchronized_standby_slots": facts.primary.as_ref().map(|p| &p.synchronized_standby_slots),
-        "standbys": facts.primary.as_ref().map(|p| p.standbys.iter().map(|s| json!({
-            "name": s.name,
-            "client_addr": s.client_addr,
-            "state": s.state,
-            "slot": s.slot,
-        })).collect::<Vec<_>>()),
-    });
-    match checks {
-        Ok(checks) => doc["checks"] = checks_json(checks),
-        Err(e) => doc["error"] = Value::String(e.to_string()),
-    }
-    doc
+    serde_json::to_value(report(facts, checks)).unwrap_or_default()
 }

@@ -27,13 +27,14 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use relay_core::Lsn;
-use relay_core::check::{Check, CheckAspect, checks_json};
-use serde_json::{Value, json};
+use relay_core::check::{Check, CheckAspect};
+use serde_json::Value;
 use tokio_postgres::Client;
 
 mod facts;
 mod format;
 mod rate;
+mod report;
 #[cfg(test)]
 mod tests;
 
@@ -41,6 +42,7 @@ pub use facts::*;
 use format::*;
 pub(crate) use format::{bytes, duration};
 pub use rate::*;
+pub use report::{RetentionReport, WalRateReport};
 
 /// How long the operator needs the slot to survive a stopped relay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -440,28 +442,7 @@ impl RetentionWindow {
     /// For `status --json` and `/status`.
     #[must_use]
     pub fn to_json(&self) -> Value {
-        let s = &self.facts.settings;
-        json!({
-            "headline": self.headline(),
-            "numbers": self.numbers(),
-            "unbounded": self.is_unbounded(),
-            "seconds": self.seconds(),
-            "wal_seconds": self.wal_seconds(),
-            "idle_seconds": self.idle_seconds(),
-            "max_slot_wal_keep_size_bytes": self.limit(),
-            "safe_wal_bytes": self.safe_wal_bytes(),
-            "wal_rate": self.wal_rate.map(WalRate::to_json),
-            "wal_sender_timeout_seconds": s.wal_sender_timeout.as_secs_f64(),
-            "idle_replication_slot_timeout_seconds":
-                s.idle_replication_slot_timeout.map(|d| d.as_secs_f64()),
-            "slot_wal_status": self.facts.slot.as_ref().and_then(|s| s.wal_status.clone()),
-            "slot_active": self.facts.slot.as_ref().map(|s| s.active),
-            "inactive_since": self.facts.slot.as_ref().and_then(|s| s.inactive_since.clone()),
-            "inactive_seconds": self.facts.slot.as_ref().and_then(|s| s.inactive_seconds),
-            "takeover_seconds": self.takeover().map(|d| d.as_secs_f64()),
-            "takeover_budget_seconds": self.policy.budget.as_secs_f64(),
-            "checks": checks_json(&self.checks()),
-        })
+        serde_json::to_value(self.report()).unwrap_or_default()
     }
 }
 

@@ -6,7 +6,7 @@
 use std::time::{Duration, SystemTime};
 
 use relay_core::Lsn;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio_postgres::Client;
 
 use crate::catalog::retention::{bytes, duration, settings};
@@ -130,21 +130,54 @@ impl ReplayWindow {
     }
 
     /// For `status --json`.
-    pub fn to_json(&self, setting_bytes: Option<u64>) -> Value {
+    #[must_use]
+    pub fn report(&self, setting_bytes: Option<u64>) -> ReplayWindowReport {
         let warning = self.warning(setting_bytes);
-        json!({
-            "checkpoint": self.checkpoint.map(|l| l.to_string()),
-            "restore_from_lsn": self.confirmed_flush.map(|l| l.to_string()),
-            "restart_lsn": self.restart_lsn.map(|l| l.to_string()),
-            "window_bytes": self.kept_bytes(),
-            "retained_wal_bytes": self.retained_bytes,
-            "since": self.since.map(|t| humantime_serde::re::humantime::format_rfc3339_seconds(t).to_string()),
-            "max_slot_wal_keep_size": self.max_slot_wal_keep_size,
-            "summary": self.summary(),
-            "warning": warning.as_ref().map(|(d, _)| d.clone()),
-            "hint": warning.map(|(_, h)| h),
-        })
+        ReplayWindowReport {
+            checkpoint: self.checkpoint.map(|l| l.to_string()),
+            restore_from_lsn: self.confirmed_flush.map(|l| l.to_string()),
+            restart_lsn: self.restart_lsn.map(|l| l.to_string()),
+            window_bytes: self.kept_bytes(),
+            retained_wal_bytes: self.retained_bytes,
+            since: self
+                .since
+                .map(|t| humantime_serde::re::humantime::format_rfc3339_seconds(t).to_string()),
+            max_slot_wal_keep_size: self.max_slot_wal_keep_size,
+            summary: self.summary(),
+            warning: warning.as_ref().map(|(d, _)| d.clone()),
+            hint: warning.map(|(_, h)| h),
+        }
     }
+
+    /// For `status --json`.
+    pub fn to_json(&self, setting_bytes: Option<u64>) -> Value {
+        serde_json::to_value(self.report(setting_bytes)).unwrap_or_default()
+    }
+}
+
+/// The replay window as `status --json` shows it (see [`ReplayWindow`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ReplayWindowReport {
+    /// The stored checkpoint.
+    pub checkpoint: Option<String>,
+    /// Where `outbox-relay restore` can replay from (the slot's confirmed position).
+    pub restore_from_lsn: Option<String>,
+    /// The oldest WAL the slot keeps.
+    pub restart_lsn: Option<String>,
+    /// Bytes of WAL between the replay start and the checkpoint.
+    pub window_bytes: Option<u64>,
+    /// WAL the slot keeps.
+    pub retained_wal_bytes: Option<i64>,
+    /// When the replay window starts.
+    pub since: Option<String>,
+    /// `max_slot_wal_keep_size`.
+    pub max_slot_wal_keep_size: Option<u64>,
+    /// One line.
+    pub summary: String,
+    /// A warning, when near or over a limit.
+    pub warning: Option<String>,
+    /// Its fix.
+    pub hint: Option<String>,
 }
 
 #[cfg(test)]

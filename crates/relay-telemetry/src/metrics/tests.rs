@@ -237,6 +237,23 @@ fn the_status_document_shows_the_build_it_was_given() {
 }
 
 #[test]
+fn the_status_document_reads_back_into_its_type_unchanged() {
+    let served = sampled_telemetry().status();
+    let read: crate::RelayStatus =
+        serde_json::from_value(served.clone()).expect("/status reads back");
+    assert_eq!(serde_json::to_value(&read).expect("json"), served);
+    assert_eq!(
+        read.postgres.tables["public.outbox"]
+            .cleanup
+            .as_ref()
+            .map(|c| c.rows_cleaned),
+        Some(3)
+    );
+    assert!(read.postgres.retention.is_some() && read.postgres.slot_state.is_some());
+    assert_eq!(read.contracts.len(), 1);
+}
+
+#[test]
 fn what_was_not_sampled_is_left_out_and_the_slot_is_missing() {
     let body = scrape(Arc::new(Telemetry::new(
         Arc::default(),

@@ -1,48 +1,46 @@
 //! `status`' backfills as lines: where each `outbox-relay backfill` (and the relay's backfill at
 //! slot creation) of this slot is, from `relay_ops::status`.
 
-use serde_json::Value;
+use relay_ops::status::report::{BackfillReport, BackfillState, Section};
 
-use super::text;
+use super::{float, opt};
 
 /// One line per backfill; nothing when none ever ran.
-pub(super) fn print_backfills(b: &Value) {
-    if let Some(e) = b.get("error") {
-        println!("backfills: {}", text(e));
-        return;
+pub(super) fn backfill_lines(b: &Section<Vec<BackfillReport>>) -> Vec<String> {
+    match b.as_result() {
+        Err(e) => vec![format!("backfills: {e}")],
+        Ok(backfills) => backfills.iter().map(backfill_line).collect(),
     }
-    for f in b.as_array().into_iter().flatten() {
-        let of = match (f["rows_estimate"].as_i64(), f["percent"].as_f64()) {
-            (Some(total), Some(pct)) => format!(" of ~{total} ({pct:.0}%)"),
-            _ => String::new(),
-        };
-        let filter = f["filter"]
-            .as_str()
-            .map(|w| format!(" where {w}"))
-            .unwrap_or_default();
-        let kind = if f["on_create"].as_bool() == Some(true) {
-            " (at slot creation)"
-        } else {
-            ""
-        };
-        let when = match f["state"].as_str() {
-            Some("finished") => format!("finished {}", text(&f["finished_at"])),
-            Some("stopped") => format!(
-                "STOPPED: no progress for {}s; run the same `outbox-relay backfill` again to resume at key {}",
-                text(&f["updated_seconds_ago"]),
-                text(&f["last_key"])
-            ),
-            _ => format!(
-                "running, cursor at key {} ({}s ago)",
-                text(&f["last_key"]),
-                text(&f["updated_seconds_ago"])
-            ),
-        };
-        println!(
-            "backfill {}{filter}{kind}: {} rows done{of}, started {}; {when}",
-            text(&f["table"]),
-            text(&f["rows_done"]),
-            text(&f["started_at"]),
-        );
-    }
+}
+
+fn backfill_line(f: &BackfillReport) -> String {
+    let of = match (f.rows_estimate, f.percent) {
+        (Some(total), Some(pct)) => format!(" of ~{total} ({pct:.0}%)"),
+        _ => String::new(),
+    };
+    let filter = f
+        .filter
+        .as_ref()
+        .map(|w| format!(" where {w}"))
+        .unwrap_or_default();
+    let kind = if f.on_create {
+        " (at slot creation)"
+    } else {
+        ""
+    };
+    let ago = float(f.updated_seconds_ago);
+    let when = match f.state {
+        BackfillState::Finished => format!("finished {}", opt(&f.finished_at)),
+        BackfillState::Stopped => format!(
+            "STOPPED: no progress for {ago}s; run the same `outbox-relay backfill` again to resume at key {}",
+            opt(&f.last_key)
+        ),
+        BackfillState::Running => {
+            format!("running, cursor at key {} ({ago}s ago)", opt(&f.last_key))
+        }
+    };
+    format!(
+        "backfill {}{filter}{kind}: {} rows done{of}, started {}; {when}",
+        f.table, f.rows_done, f.started_at,
+    )
 }

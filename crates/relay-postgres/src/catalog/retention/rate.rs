@@ -47,17 +47,6 @@ impl WalRate {
         };
         format!("{}/s ({how})", bytes(self.bytes_per_second))
     }
-
-    pub(super) fn to_json(self) -> Value {
-        json!({
-            "bytes_per_second": self.bytes_per_second,
-            "over_seconds": self.over.as_secs_f64(),
-            "source": match self.source {
-                RateSource::ShortSample => "short_sample",
-                RateSource::Moving => "moving",
-            },
-        })
-    }
 }
 
 /// The WAL rate over the last `window` of periodic position samples (fewer right after the
