@@ -320,6 +320,31 @@ impl JetStreamPublisher {
     }
 }
 
+impl JetStreamPublisher {
+    /// A first send or the pipeline's re-send (`resend`) of `msg`, as this publisher hands it
+    /// over (a backfill's marked copy), its hooks told before it goes and of its outcome.
+    async fn publish(
+        &self,
+        msg: &Arc<OutboundMessage>,
+        after: Option<&str>,
+        resend: bool,
+    ) -> Result<Ack, PublishError> {
+        let (msg, after) = self.handed(msg, after);
+        let msg = &*msg;
+        // No hooks (the common case): nothing called, nothing allocated.
+        let watches = (!self.hooks.is_empty()).then(|| self.hooks.handing(msg));
+        let sent = if resend {
+            self.resend_unwatched(msg, after).await
+        } else {
+            self.send_unwatched(msg, after).await
+        };
+        match watches {
+            Some(watches) => watched(watches, sent).await,
+            None => sent,
+        }
+    }
+}
+
 /// `sent`, with its hooks told that it went out and, once known, its outcome.
 async fn watched(
     mut watches: Watches,
@@ -353,13 +378,7 @@ impl Publisher for JetStreamPublisher {
         msg: &Arc<OutboundMessage>,
         after: Option<&str>,
     ) -> Result<Ack, PublishError> {
-        let (msg, after) = self.handed(msg, after);
-        let msg = &*msg;
-        if self.hooks.is_empty() {
-            return self.send_unwatched(msg, after).await;
-        }
-        let watches = self.hooks.handing(msg);
-        watched(watches, self.send_unwatched(msg, after).await).await
+        self.publish(msg, after, false).await
     }
 
     async fn resend(
@@ -367,13 +386,7 @@ impl Publisher for JetStreamPublisher {
         msg: &Arc<OutboundMessage>,
         after: Option<&str>,
     ) -> Result<Ack, PublishError> {
-        let (msg, after) = self.handed(msg, after);
-        let msg = &*msg;
-        if self.hooks.is_empty() {
-            return self.resend_unwatched(msg, after).await;
-        }
-        let watches = self.hooks.handing(msg);
-        watched(watches, self.resend_unwatched(msg, after).await).await
+        self.publish(msg, after, true).await
     }
 
     fn begin_transaction(&self, commit_lsn: relay_core::Lsn) {
