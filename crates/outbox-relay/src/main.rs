@@ -6,6 +6,7 @@
 
 mod commands;
 mod exit;
+mod fleet;
 #[cfg(test)]
 mod reference_drift;
 mod signals;
@@ -18,6 +19,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::exit::Failure;
 use relay_runtime::config::RelayConfig;
+use relay_runtime::fleet::FleetConfig;
 
 /// glibc malloc/free was about a quarter of the relay's CPU per event (docs/benchmarks.md).
 #[global_allocator]
@@ -34,6 +36,12 @@ struct Cli {
     /// RELAY_NATS__URL. Without a file, defaults plus environment are used.
     #[arg(long, short, global = true, env = "RELAY_CONFIG")]
     config: Option<PathBuf>,
+
+    /// The pipeline of a fleet configuration ([[pipeline]] or [fleet] pipelines_dir) a
+    /// command acts on. `status`, `validate` and `setup` act on every pipeline without it;
+    /// the others need it when the fleet has more than one.
+    #[arg(long, global = true, env = "RELAY_PIPELINE")]
+    pipeline: Option<String>,
 
     /// Log format.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "RELAY_LOG_FORMAT")]
@@ -53,13 +61,19 @@ enum LogFormat {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the relay (the default).
+    /// Run the relay (the default): every pipeline of a fleet configuration, each alone
+    /// (SIGHUP reads the configuration again and starts, stops or restarts only the pipelines
+    /// that changed).
     Run {
         /// Start even though the slot's confirmed position is ahead of the stored checkpoint
         /// (events in between were confirmed without this relay publishing them). Use only
         /// after reconciling those events from the outbox table.
         #[arg(long)]
         accept_slot_position: bool,
+        /// In a fleet, exit on the first pipeline's fatal condition with its exit code (as a
+        /// single relay does), instead of stopping only that pipeline.
+        #[arg(long, env = "RELAY_FAIL_FAST")]
+        fail_fast: bool,
     },
     /// Check the configuration and the files it names (credentials, certificates, the console
     /// token) as `run` does, and print it (secrets redacted); with --connect, a preflight of
@@ -209,27 +223,27 @@ fn main() -> ExitCode {
 }
 
 fn try_main(cli: Cli) -> Result<(), Failure> {
-    let config = RelayConfig::load(cli.config.as_deref()).map_err(Failure::config)?;
+    let fleet = FleetConfig::load(cli.config.as_deref(), &[]).map_err(Failure::config)?;
     let log_json = matches!(cli.log_format, LogFormat::Json);
     let command = cli.command.unwrap_or(Command::Run {
         accept_slot_position: false,
+        fail_fast: false,
     });
+    let pipeline = cli.pipeline;
     match command {
         Command::Validate { connect: false } => {
-            relay_runtime::files::check_files(&config)?;
-            // The settings serialize their secrets and URLs redacted.
-            let text = serde_json::to_string_pretty(&config)
-                .map_err(|e| Failure::internal(anyhow::Error::new(e)))?;
-            println!("{text}");
-            eprintln!("configuration is valid");
-            return Ok(());
+            return commands::validate::offline(&fleet, pipeline.as_deref());
         }
-        Command::Asyncapi { output } => return commands::contracts::asyncapi(&config, output),
+        Command::Asyncapi { output } => {
+            let config = &fleet::one(&fleet, pipeline.as_deref())?.config;
+            return commands::contracts::asyncapi(config, output);
+        }
         Command::Config {
             action: ConfigCommand::Print,
         } => {
-            let figment = RelayConfig::figment(cli.config.as_deref()).map_err(Failure::config)?;
-            return commands::config_print::print(&config, &figment).map_err(Failure::internal);
+            let entry = fleet::one(&fleet, pipeline.as_deref())?;
+            return commands::config_print::print(&entry.config, &entry.figment)
+                .map_err(Failure::internal);
         }
         _ => {}
     }
@@ -244,62 +258,102 @@ fn try_main(cli: Cli) -> Result<(), Failure> {
             Failure::internal(anyhow::Error::new(e).context("cannot start the runtime"))
         })?;
     runtime.block_on(async move {
+        let name = pipeline.as_deref();
         match command {
             Command::Run {
                 accept_slot_position,
-            } => run(config, accept_slot_position).await,
-            Command::Tail {
-                count,
-                idle_timeout,
-            } => commands::tail::tail(&config, count, idle_timeout).await,
-            Command::Validate { .. } => commands::validate::preflight(&config).await,
+                fail_fast,
+            } => run(fleet, accept_slot_position, fail_fast).await,
+            Command::Validate { .. } => {
+                fleet::each(&fleet, name, async |entry| {
+                    commands::validate::preflight(&entry.config).await
+                })
+                .await
+            }
             Command::Setup { create_stream } => {
-                commands::setup::setup(&config, create_stream).await
+                fleet::each(&fleet, name, async |entry| {
+                    commands::setup::setup(&entry.config, create_stream).await
+                })
+                .await
             }
-            Command::Status { json, relay } => commands::status::status(&config, json, relay).await,
+            Command::Status { json, relay } => {
+                commands::status::status(&fleet, name, json, relay).await
+            }
             Command::Health { ready, relay } => {
-                commands::status::health(&config, ready, relay).await
+                commands::status::health(&fleet.http, ready, relay).await
             }
-            Command::Backfill(mut args) => {
-                args.log_json = log_json;
-                commands::backfill::backfill(&config, args).await
+            command => {
+                let config = &fleet::one(&fleet, name)?.config;
+                one_pipeline(config, command, log_json).await
             }
-            Command::Position { at, search, json } => {
-                commands::position::position(&config, &at, &search, json).await
-            }
-            Command::Replay(args) => commands::replay::replay(&config, &args).await,
-            Command::Trace(args) => commands::trace::trace(&config, &args).await,
-            Command::Contracts {
-                action: ContractsCommand::Check(args),
-            } => commands::contracts::check(&config, &args).await,
-            Command::Restore(mut args) => {
-                args.log_json = log_json;
-                commands::restore::restore(&config, args).await
-            }
-            Command::Config { .. } | Command::Asyncapi { .. } => Ok(()),
         }
     })
 }
 
-/// Runs the relay until a signal asks it to stop or it fails.
-async fn run(config: RelayConfig, accept_slot_position: bool) -> Result<(), Failure> {
+/// The commands that act on one pipeline.
+async fn one_pipeline(
+    config: &RelayConfig,
+    command: Command,
+    log_json: bool,
+) -> Result<(), Failure> {
+    match command {
+        Command::Tail {
+            count,
+            idle_timeout,
+        } => commands::tail::tail(config, count, idle_timeout).await,
+        Command::Backfill(mut args) => {
+            args.log_json = log_json;
+            commands::backfill::backfill(config, args).await
+        }
+        Command::Position { at, search, json } => {
+            commands::position::position(config, &at, &search, json).await
+        }
+        Command::Replay(args) => commands::replay::replay(config, &args).await,
+        Command::Trace(args) => commands::trace::trace(config, &args).await,
+        Command::Contracts {
+            action: ContractsCommand::Check(args),
+        } => commands::contracts::check(config, &args).await,
+        Command::Restore(mut args) => {
+            args.log_json = log_json;
+            commands::restore::restore(config, args).await
+        }
+        Command::Run { .. }
+        | Command::Validate { .. }
+        | Command::Setup { .. }
+        | Command::Status { .. }
+        | Command::Health { .. }
+        | Command::Config { .. }
+        | Command::Asyncapi { .. } => Ok(()),
+    }
+}
+
+/// Runs every pipeline until a signal asks the process to stop, or (a single relay's
+/// configuration, or `--fail-fast`) one fails.
+async fn run(
+    fleet: FleetConfig,
+    accept_slot_position: bool,
+    fail_fast: bool,
+) -> Result<(), Failure> {
     let shutdown = tokio_util::sync::CancellationToken::new();
     signals::spawn_handler(
         shutdown.clone(),
         "shutdown requested: finishing outstanding publishes, then storing the checkpoint",
         "second signal: exiting now; unacknowledged events will be re-sent",
     );
+    let reloads = signals::spawn_reload_handler();
     let options = relay_runtime::RelayOptions {
         accept_slot_position,
         build: telemetry::BUILD_INFO,
-        sample: config.http.listen.is_some(),
+        sample: fleet.http.listen.is_some(),
     };
-    // Every file is read, and the listener bound, before anything connects (the relay connects
-    // only when it runs): a bad file or a taken port is a configuration failure (78) first.
-    let relay = relay_runtime::Relay::build(config, options).await?;
-    if let Some(endpoints) = relay_console::Endpoints::bind(relay.config()).await? {
-        // Served while the relay drains, until its run has returned.
-        endpoints.serve(&relay);
+    // Every file is read, and the listener bound, before anything connects (the pipelines
+    // connect only when they run): a bad file or a taken port is a configuration failure (78)
+    // first.
+    let http = fleet.http.clone();
+    let fleet = relay_runtime::Fleet::build(fleet, options).await?;
+    if let Some(endpoints) = relay_console::Endpoints::bind(&http).await? {
+        // Served while the pipelines drain, until the fleet's run has returned.
+        endpoints.serve(fleet.view(), fleet.ended());
     }
-    relay.run(shutdown).await
+    fleet.run(shutdown, reloads, fail_fast).await
 }

@@ -5,7 +5,8 @@
 //! | `/livez` | 200 while the process serves requests |
 //! | `/readyz` | 200 `{"ready":true}` when streaming, NATS connected and the stream present; 503 with `{"ready":false,"reasons":[…]}` otherwise |
 //! | `/metrics` | Prometheus / OpenMetrics text |
-//! | `/status` | JSON: positions, counters, slot and stream state |
+//! | `/status` | JSON: positions, counters, slot and stream state; a fleet's: each pipeline's state and its relay's document |
+//! | `/status/{pipeline}` | a fleet pipeline's relay's document, as one relay's `/status` |
 //! | `/console` | the console, with `[http] console = true` ([`crate::console`]) |
 
 use std::sync::Arc;
@@ -18,33 +19,29 @@ use axum::routing::get;
 use prometheus_client::registry::Registry;
 use serde_json::json;
 
-use relay_telemetry::{MetricsCollector, Telemetry};
+use relay_runtime::fleet::FleetView;
+use relay_telemetry::MetricsCollector;
 
 #[derive(Debug, Clone)]
 struct AppState {
-    telemetry: Arc<Telemetry>,
-    registry: Arc<Registry>,
+    fleet: FleetView,
 }
 
 /// Serves the endpoints (and `console`'s pages when given) on `listener` until `ended` is
 /// cancelled.
 pub(crate) fn spawn(
     listener: tokio::net::TcpListener,
-    telemetry: Arc<Telemetry>,
+    fleet: FleetView,
     console: Option<Arc<crate::console::Console>>,
     ended: tokio_util::sync::CancellationToken,
 ) {
-    let mut registry = Registry::default();
-    registry.register_collector(Box::new(MetricsCollector(telemetry.clone())));
-    let state = AppState {
-        telemetry,
-        registry: Arc::new(registry),
-    };
+    let state = AppState { fleet };
     let app = axum::Router::new()
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/status", get(status))
+        .route("/status/{pipeline}", get(pipeline_status))
         .with_state(state);
     let app = match console {
         Some(console) => app.merge(crate::console::routes(console)),
@@ -65,7 +62,7 @@ async fn livez() -> impl IntoResponse {
 }
 
 async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
-    let (ready, reasons) = state.telemetry.readiness();
+    let (ready, reasons) = state.fleet.readiness();
     let code = if ready {
         StatusCode::OK
     } else {
@@ -75,8 +72,24 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
 }
 
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    // The pipelines of this scrape: a reload may have added or removed some since the last.
+    let pipelines = state
+        .fleet
+        .pipelines()
+        .into_iter()
+        .filter_map(|p| Some((p.name, p.telemetry?)));
+    let collector = if state.fleet.is_fleet() {
+        MetricsCollector::fleet(pipelines)
+    } else {
+        match pipelines.into_iter().next() {
+            Some((_, telemetry)) => MetricsCollector::one(telemetry),
+            None => MetricsCollector::fleet([]),
+        }
+    };
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(collector));
     let mut body = String::new();
-    match prometheus_client::encoding::text::encode(&mut body, &state.registry) {
+    match prometheus_client::encoding::text::encode(&mut body, &registry) {
         Ok(()) => (
             StatusCode::OK,
             [(
@@ -93,6 +106,39 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     }
 }
 
-async fn status(State(state): State<AppState>) -> impl IntoResponse {
-    Json(state.telemetry.status())
+async fn status(State(state): State<AppState>) -> axum::response::Response {
+    if state.fleet.is_fleet() {
+        return Json(state.fleet.status()).into_response();
+    }
+    match state
+        .fleet
+        .pipelines()
+        .first()
+        .and_then(|p| p.telemetry.clone())
+    {
+        Some(telemetry) => Json(telemetry.status()).into_response(),
+        None => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    }
+}
+
+/// One pipeline's relay document: what one relay's `/status` says.
+async fn pipeline_status(
+    State(state): State<AppState>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+) -> axum::response::Response {
+    match state.fleet.pipeline(&name) {
+        Some(view) => match view.telemetry {
+            Some(telemetry) => Json(telemetry.status()).into_response(),
+            None => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({ "error": format!("pipeline `{name}` has not run"), "pipeline": view.status() })),
+            )
+                .into_response(),
+        },
+        None => (
+            StatusCode::NOT_FOUND,
+            Json(json!({ "error": format!("no pipeline named `{name}`") })),
+        )
+            .into_response(),
+    }
 }

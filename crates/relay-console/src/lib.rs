@@ -13,9 +13,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use relay_runtime::Relay;
-use relay_runtime::config::RelayConfig;
+use relay_runtime::config::HttpSettings;
 use relay_runtime::failure::Failure;
+use relay_runtime::fleet::FleetView;
+use tokio_util::sync::CancellationToken;
 
 mod console;
 mod http;
@@ -26,13 +27,15 @@ pub struct Endpoints {
     listener: tokio::net::TcpListener,
     /// `[http] console = true`: its token (`None`: loopback only).
     console: Option<Option<String>>,
+    /// `[http] listen`, as configured.
+    listen: String,
 }
 
 impl Endpoints {
     /// Binds `[http] listen` (`None` without one); a port that cannot be listened on is a
     /// configuration failure.
-    pub async fn bind(config: &RelayConfig) -> Result<Option<Self>, Failure> {
-        let Some(listen) = &config.http.listen else {
+    pub async fn bind(http: &HttpSettings) -> Result<Option<Self>, Failure> {
+        let Some(listen) = &http.listen else {
             return Ok(None);
         };
         let listener = tokio::net::TcpListener::bind(listen)
@@ -40,13 +43,16 @@ impl Endpoints {
             .with_context(|| format!("[http] listen: cannot listen on {listen}"))
             .map_err(Failure::config)?;
         // (`[http] console` without `listen` is refused by the configuration's validation.)
-        let console = config
-            .http
+        let console = http
             .console
-            .then(|| config.http.console_token())
+            .then(|| http.console_token())
             .transpose()
             .map_err(Failure::config)?;
-        Ok(Some(Self { listener, console }))
+        Ok(Some(Self {
+            listener,
+            console,
+            listen: listen.clone(),
+        }))
     }
 
     /// The address bound (a port 0 given, the port chosen).
@@ -54,19 +60,21 @@ impl Endpoints {
         self.listener.local_addr()
     }
 
-    /// Serves `relay`'s endpoints (and its console) until [`Relay::ended`]: they answer while
-    /// it drains, and end once its run has returned.
-    pub fn serve(self, relay: &Relay) {
-        let config = relay.config();
-        let telemetry = relay.telemetry().clone();
-        let ended = relay.ended();
-        let listen = config.http.listen.as_deref().unwrap_or_default();
-        tracing::info!(listen = %listen, console = self.console.is_some(), "serving /livez, /readyz, /metrics, /status");
-        let console = self.console.map(|token| {
-            let console = Arc::new(console::Console::new(config, telemetry.clone(), token));
-            console::spawn_history(console.clone(), ended.clone());
-            console
-        });
-        http::spawn(self.listener, telemetry, console, ended);
+    /// Serves the endpoints of `fleet`'s pipelines (and the console) until `ended`: they
+    /// answer while the pipelines drain, and end once the fleet's run has returned. A
+    /// single-relay configuration's answer as one relay's always did; a fleet's label every
+    /// metric with its pipeline and list each pipeline in `/status` and `/readyz`.
+    pub fn serve(self, fleet: FleetView, ended: CancellationToken) {
+        tracing::info!(listen = %self.listen, console = self.console.is_some(), "serving /livez, /readyz, /metrics, /status");
+        let console = match (self.console, fleet.pipelines().as_slice()) {
+            // The console reads one relay's telemetry: a fleet's serves the endpoints only.
+            (Some(token), [only]) if !fleet.is_fleet() => only.telemetry.clone().map(|telemetry| {
+                let console = Arc::new(console::Console::new(&only.config, telemetry, token));
+                console::spawn_history(console.clone(), ended.clone());
+                console
+            }),
+            _ => None,
+        };
+        http::spawn(self.listener, fleet, console, ended);
     }
 }

@@ -7,17 +7,17 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, ensure};
 use relay_console::Endpoints;
 use relay_ops::client::get_text;
-use relay_runtime::config::RelayConfig;
-use relay_runtime::{FailureKind, Relay, RelayOptions};
+use relay_runtime::{FailureKind, Fleet, FleetConfig, RelayOptions};
 use relay_telemetry::BuildInfo;
 
 const WAIT: Duration = Duration::from_secs(5);
 
-async fn relay(listen: &str) -> Result<Relay> {
-    let mut config = RelayConfig::default();
-    config.postgres.slot = "slot_endpoints".into();
-    config.nats.stream = "ENDPOINTS".into();
-    config.http.listen = Some(listen.into());
+/// The fleet of `toml` (after an `[http] listen` section), built.
+async fn fleet(listen: &str, toml: &str) -> Result<(Fleet, tempfile::TempDir)> {
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("relay.toml");
+    std::fs::write(&file, format!("[http]\nlisten = \"{listen}\"\n{toml}"))?;
+    let config = FleetConfig::load(Some(&file), &[])?;
     let options = RelayOptions {
         accept_slot_position: false,
         build: BuildInfo {
@@ -26,20 +26,27 @@ async fn relay(listen: &str) -> Result<Relay> {
         },
         sample: true,
     };
-    Relay::build(config, options)
+    let fleet = Fleet::build(config, options)
         .await
-        .map_err(|f| anyhow::anyhow!("{f}"))
+        .map_err(|f| anyhow::anyhow!("{f}"))?;
+    Ok((fleet, dir))
+}
+
+const ONE: &str = "[postgres]\nslot = \"slot_endpoints\"\n[nats]\nstream = \"ENDPOINTS\"\n";
+
+async fn relay(listen: &str) -> Result<(Fleet, tempfile::TempDir)> {
+    fleet(listen, ONE).await
 }
 
 #[tokio::test]
 async fn the_endpoints_answer_from_the_relays_telemetry_until_it_ended() -> Result<()> {
-    let relay = relay("127.0.0.1:0").await?;
-    let endpoints = Endpoints::bind(relay.config())
+    let (relay, _dir) = relay("127.0.0.1:0").await?;
+    let endpoints = Endpoints::bind(&relay.config().http)
         .await
         .map_err(|f| anyhow::anyhow!("{f}"))?
         .context("[http] listen is set")?;
     let addr = endpoints.local_addr()?.to_string();
-    endpoints.serve(&relay);
+    endpoints.serve(relay.view(), relay.ended());
 
     let (code, body) = get_text(&addr, "/livez", WAIT).await?;
     ensure!(
@@ -89,8 +96,8 @@ async fn the_endpoints_answer_from_the_relays_telemetry_until_it_ended() -> Resu
 async fn a_taken_port_is_a_configuration_failure_naming_it() -> Result<()> {
     let taken = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let listen = taken.local_addr()?.to_string();
-    let relay = relay(&listen).await?;
-    let failure = Endpoints::bind(relay.config())
+    let (relay, _dir) = relay(&listen).await?;
+    let failure = Endpoints::bind(&relay.config().http)
         .await
         .err()
         .context("bound a port that is taken")?;
@@ -100,6 +107,67 @@ async fn a_taken_port_is_a_configuration_failure_naming_it() -> Result<()> {
             .to_string()
             .starts_with(&format!("[http] listen: cannot listen on {listen}: ")),
         "{failure}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_fleets_endpoints_name_each_pipeline() -> Result<()> {
+    let pipelines = "[[pipeline]]\nname = \"orders\"\n[pipeline.postgres]\nslot = \"orders\"\npublication = \"orders\"\n[pipeline.nats]\nstream = \"ORDERS\"\n\n[[pipeline]]\nname = \"billing\"\n[pipeline.postgres]\nslot = \"billing\"\npublication = \"billing\"\n[pipeline.nats]\nstream = \"BILLING\"\n";
+    let (fleet, _dir) = fleet("127.0.0.1:0", pipelines).await?;
+    let endpoints = Endpoints::bind(&fleet.config().http)
+        .await
+        .map_err(|f| anyhow::anyhow!("{f}"))?
+        .context("[http] listen is set")?;
+    let addr = endpoints.local_addr()?.to_string();
+    endpoints.serve(fleet.view(), fleet.ended());
+
+    let (code, body) = get_text(&addr, "/readyz", WAIT).await?;
+    ensure!(code == 503, "/readyz: {code} {body}");
+    ensure!(
+        body.contains("orders: postgres: slot `orders` is not streaming")
+            && body.contains("billing: postgres: slot `billing` is not streaming"),
+        "/readyz names each pipeline not ready: {body}"
+    );
+    let (code, body) = get_text(&addr, "/status", WAIT).await?;
+    ensure!(code == 200, "/status: {code} {body}");
+    let status: relay_runtime::fleet::FleetStatus = serde_json::from_str(&body)?;
+    let names: Vec<&str> = status.pipelines.iter().map(|p| p.name.as_str()).collect();
+    ensure!(names == ["billing", "orders"], "/status: {body}");
+    ensure!(!status.ready, "/status: {body}");
+    let orders = &status.pipelines[1];
+    ensure!(
+        orders.state == relay_runtime::fleet::PipelineState::Running
+            && orders
+                .relay
+                .as_ref()
+                .is_some_and(|r| r.nats.stream == "ORDERS"),
+        "/status: {body}"
+    );
+    let (code, body) = get_text(&addr, "/status/billing", WAIT).await?;
+    let one: serde_json::Value = serde_json::from_str(&body)?;
+    ensure!(
+        code == 200 && one["postgres"]["slot"] == "billing",
+        "/status/billing: {code} {body}"
+    );
+    let (code, body) = get_text(&addr, "/status/nope", WAIT).await?;
+    ensure!(
+        code == 404 && body.contains("no pipeline named `nope`"),
+        "{code} {body}"
+    );
+    let (code, body) = get_text(&addr, "/metrics", WAIT).await?;
+    ensure!(code == 200, "/metrics: {code}");
+    for pipeline in ["orders", "billing"] {
+        ensure!(
+            body.contains(&format!(
+                r#"outbox_relay_build_info{{pipeline="{pipeline}",version="1.2.3",commit="0123456789ab"}} 1"#
+            )),
+            "/metrics: {body}"
+        );
+    }
+    ensure!(
+        body.matches("# TYPE outbox_relay_build_info info").count() == 1,
+        "each family described once: {body}"
     );
     Ok(())
 }

@@ -36,7 +36,13 @@ pub struct StatusReport {
 
 /// Gathers the status document; `relay` is where a running relay answers ([`relay_address`]).
 // Long: builds the one JSON document `status` prints, a section after the other, each a few lines
-pub async fn gather(config: &RelayConfig, relay: Option<String>) -> Result<StatusReport, Failure> {
+///
+/// `pipeline` names a fleet's pipeline: the running relay's document is its `/status/{name}`.
+pub async fn gather(
+    config: &RelayConfig,
+    relay: Option<String>,
+    pipeline: Option<&str>,
+) -> Result<StatusReport, Failure> {
     let pg = &config.postgres;
     let client = relay_postgres::connect(pg).await.map_err(pg_failure)?;
     let unavailable = |e: tokio_postgres::Error| Failure::new(FailureKind::Unavailable, e);
@@ -65,7 +71,7 @@ pub async fn gather(config: &RelayConfig, relay: Option<String>) -> Result<Statu
     let (retention, stream, (relay_addr, relay_status)) = tokio::join!(
         retention::measure(&client, &pg.slot, SHORT_SAMPLE, policy),
         stream_state(config),
-        relay_state(relay),
+        relay_state(relay, pipeline),
     );
     let retention = match retention {
         Ok(window) => Section::Read(window.report()),
@@ -150,30 +156,35 @@ async fn stream_state(config: &RelayConfig) -> StreamState {
 }
 
 /// Where a running relay answers, and its `/status` (`None` when it answered something else).
-async fn relay_state(addr: Option<String>) -> (Option<String>, Option<RelayAnswer>) {
+async fn relay_state(
+    addr: Option<String>,
+    pipeline: Option<&str>,
+) -> (Option<String>, Option<RelayAnswer>) {
+    let path = pipeline.map_or_else(|| "/status".to_owned(), |name| format!("/status/{name}"));
     let status = match &addr {
         None => None,
-        Some(addr) => {
-            match crate::client::get_text(addr, "/status", Duration::from_secs(3)).await {
-                Ok((200, body)) => serde_json::from_str::<RelayStatus>(&body)
-                    .ok()
-                    .map(|status| RelayAnswer::Status(Box::new(status))),
-                Ok((code, _)) => Some(RelayAnswer::Failed {
-                    error: format!("HTTP {code}"),
-                }),
-                Err(e) => Some(RelayAnswer::Failed {
-                    error: format!("not running or unreachable: {e:#}"),
-                }),
-            }
-        }
+        Some(addr) => match crate::client::get_text(addr, &path, Duration::from_secs(3)).await {
+            Ok((200, body)) => serde_json::from_str::<RelayStatus>(&body)
+                .ok()
+                .map(|status| RelayAnswer::Status(Box::new(status))),
+            Ok((code, _)) => Some(RelayAnswer::Failed {
+                error: format!("HTTP {code}"),
+            }),
+            Err(e) => Some(RelayAnswer::Failed {
+                error: format!("not running or unreachable: {e:#}"),
+            }),
+        },
     };
     (addr, status)
 }
 
 /// Where a relay on this host answers: `--relay`, else `[http] listen` (any-address → loopback).
-pub fn relay_address(config: &RelayConfig, relay: Option<String>) -> Option<String> {
+pub fn relay_address(
+    http: &relay_runtime::config::HttpSettings,
+    relay: Option<String>,
+) -> Option<String> {
     relay.or_else(|| {
-        config.http.listen.as_ref().map(|l| {
+        http.listen.as_ref().map(|l| {
             l.replace("0.0.0.0:", "127.0.0.1:")
                 .replace("[::]:", "[::1]:")
         })

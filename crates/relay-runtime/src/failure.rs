@@ -9,7 +9,8 @@ use relay_nats::NatsError;
 use relay_postgres::PgError;
 
 /// What kind of stop a [`Failure`] is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum FailureKind {
     /// `health`: the relay is not live/ready or does not answer.
     NotHealthy,

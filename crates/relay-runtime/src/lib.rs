@@ -19,6 +19,7 @@ pub mod broker;
 pub mod config;
 pub mod failure;
 pub mod files;
+pub mod fleet;
 pub mod inspect;
 pub mod position;
 pub mod progress;
@@ -30,4 +31,5 @@ pub mod signal;
 pub mod table_backfill;
 
 pub use failure::{Failure, FailureKind};
+pub use fleet::{Fleet, FleetConfig, FleetView};
 pub use relay::{Relay, RelayOptions};

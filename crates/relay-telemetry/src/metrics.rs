@@ -16,9 +16,28 @@ use prometheus_client::metrics::gauge::ConstGauge;
 
 use super::*;
 
-/// Encodes [`Telemetry`] at scrape time.
+/// Encodes [`Telemetry`] at scrape time: one relay's as it always was, or a fleet's, every
+/// sample labelled with its pipeline (`pipeline="<name>"`), each family described once.
 #[derive(Debug)]
-pub struct MetricsCollector(pub Arc<Telemetry>);
+pub struct MetricsCollector {
+    pipelines: Vec<(Option<String>, Arc<Telemetry>)>,
+}
+
+impl MetricsCollector {
+    /// One relay's metrics, without a `pipeline` label.
+    pub fn one(telemetry: Arc<Telemetry>) -> Self {
+        Self {
+            pipelines: vec![(None, telemetry)],
+        }
+    }
+
+    /// A fleet's: every sample labelled with its pipeline's name.
+    pub fn fleet(pipelines: impl IntoIterator<Item = (String, Arc<Telemetry>)>) -> Self {
+        Self {
+            pipelines: pipelines.into_iter().map(|(n, t)| (Some(n), t)).collect(),
+        }
+    }
+}
 
 /// One metric family of `/metrics`.
 struct Family {
@@ -411,34 +430,98 @@ impl Value {
     }
 }
 
+impl Reading {
+    fn is_absent(&self) -> bool {
+        match self {
+            Reading::Absent => true,
+            Reading::Labelled(_, values) => values.is_empty(),
+            _ => false,
+        }
+    }
+
+    fn metric_type(&self) -> MetricType {
+        match self {
+            Reading::One(v) => v.metric_type(),
+            Reading::Labelled(_, values) => values
+                .first()
+                .map_or(MetricType::Gauge, |(_, v)| v.metric_type()),
+            Reading::Histogram { .. } => MetricType::Histogram,
+            Reading::Info(_) | Reading::Absent => MetricType::Info,
+        }
+    }
+}
+
 impl Family {
+    /// One relay's reading, as it always was: no `pipeline` label.
     fn encode(&self, reading: Reading, enc: &mut DescriptorEncoder) -> std::fmt::Result {
-        let (name, help) = (self.name, self.help);
+        if reading.is_absent() {
+            return Ok(());
+        }
+        let metric = enc.encode_descriptor(self.name, self.help, None, reading.metric_type())?;
         match reading {
             Reading::Absent => Ok(()),
-            Reading::One(v) => {
-                v.encode(enc.encode_descriptor(name, help, None, v.metric_type())?)
-            }
+            Reading::One(v) => v.encode(metric),
             Reading::Labelled(label, values) => {
-                let Some(kind) = values.first().map(|(_, v)| v.metric_type()) else {
-                    return Ok(());
-                };
-                let mut metric = enc.encode_descriptor(name, help, None, kind)?;
+                let mut metric = metric;
                 for (value, v) in values {
                     v.encode(metric.encode_family(&[(label, value.as_str())])?)?;
                 }
                 Ok(())
             }
-            Reading::Histogram { sum, buckets } => {
-                let count = buckets.iter().map(|(_, n)| n).sum();
-                enc.encode_descriptor(name, help, None, MetricType::Histogram)?
-                    .encode_histogram::<Vec<(String, String)>>(sum, count, &buckets, None)
+            Reading::Histogram { sum, buckets } => encode_histogram(metric, sum, &buckets),
+            Reading::Info(labels) => {
+                let mut metric = metric;
+                metric.encode_info(&labels)
             }
-            Reading::Info(labels) => enc
-                .encode_descriptor(name, help, None, MetricType::Info)?
-                .encode_info(&labels),
         }
     }
+
+    /// Each pipeline's reading under one descriptor, labelled `pipeline="<name>"`.
+    fn encode_labelled(
+        &self,
+        readings: Vec<(&str, Reading)>,
+        enc: &mut DescriptorEncoder,
+    ) -> std::fmt::Result {
+        let readings: Vec<(&str, Reading)> = readings
+            .into_iter()
+            .filter(|(_, r)| !r.is_absent())
+            .collect();
+        let Some(kind) = readings.first().map(|(_, r)| r.metric_type()) else {
+            return Ok(());
+        };
+        let mut metric = enc.encode_descriptor(self.name, self.help, None, kind)?;
+        for (pipeline, reading) in readings {
+            let own = [("pipeline", pipeline)];
+            match reading {
+                Reading::Absent => {}
+                Reading::One(v) => v.encode(metric.encode_family(&own)?)?,
+                Reading::Labelled(label, values) => {
+                    for (value, v) in values {
+                        v.encode(
+                            metric.encode_family(&[
+                                ("pipeline", pipeline),
+                                (label, value.as_str()),
+                            ])?,
+                        )?;
+                    }
+                }
+                Reading::Histogram { sum, buckets } => {
+                    encode_histogram(metric.encode_family(&own)?, sum, &buckets)?;
+                }
+                Reading::Info([a, b]) => metric.encode_info(&[("pipeline", pipeline), a, b])?,
+            }
+        }
+        Ok(())
+    }
+}
+
+fn encode_histogram(
+    mut metric: MetricEncoder<'_>,
+    sum: f64,
+    buckets: &[(f64, u64)],
+) -> std::fmt::Result {
+    let count = buckets.iter().map(|(_, n)| n).sum();
+    metric.encode_histogram::<Vec<(String, String)>>(sum, count, buckets, None)
 }
 
 impl<'a> Scrape<'a> {
@@ -457,9 +540,26 @@ impl<'a> Scrape<'a> {
 
 impl Collector for MetricsCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
-        let scrape = Scrape::of(&self.0);
-        for family in FAMILIES {
-            family.encode((family.read)(&scrape), &mut enc)?;
+        match self.pipelines.as_slice() {
+            [(None, telemetry)] => {
+                let scrape = Scrape::of(telemetry);
+                for family in FAMILIES {
+                    family.encode((family.read)(&scrape), &mut enc)?;
+                }
+            }
+            pipelines => {
+                let scrapes: Vec<(&str, Scrape<'_>)> = pipelines
+                    .iter()
+                    .map(|(name, t)| (name.as_deref().unwrap_or_default(), Scrape::of(t)))
+                    .collect();
+                for family in FAMILIES {
+                    let readings = scrapes
+                        .iter()
+                        .map(|(name, scrape)| (*name, (family.read)(scrape)))
+                        .collect();
+                    family.encode_labelled(readings, &mut enc)?;
+                }
+            }
         }
         Ok(())
     }

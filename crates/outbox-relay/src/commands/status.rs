@@ -18,29 +18,70 @@ use std::fmt::Display;
 use std::time::Duration;
 
 use relay_ops::status::{StatusReport, relay_address};
-use relay_runtime::config::RelayConfig;
+use relay_runtime::config::{HttpSettings, RelayConfig};
+use relay_runtime::fleet::FleetConfig;
 
 use crate::exit::{Failure, FailureKind};
 
-/// Prints the status as text, or as one JSON document with `json`.
+/// Prints the status of the pipeline `name` names (or the only one) as text, or as one JSON
+/// document with `json`; in a fleet without `name`, of every pipeline: under a heading each, or
+/// as one JSON document `{"<pipeline>": <its document>}`. Exits as the worst of them.
 pub async fn status(
-    config: &RelayConfig,
+    fleet: &FleetConfig,
+    name: Option<&str>,
     json_out: bool,
     relay: Option<String>,
 ) -> Result<(), Failure> {
-    let pg = &config.postgres;
-    let report = relay_ops::status::gather(config, relay_address(config, relay)).await?;
-    if json_out {
+    if !json_out {
+        return crate::fleet::each(fleet, name, async |entry| {
+            let pipeline = fleet.is_fleet.then_some(entry.name.as_str());
+            let report = gather(&entry.config, relay.clone(), pipeline).await?;
+            let replay_retention = entry.config.relay.replay_retention.map(|r| r.to_string());
+            for line in text::lines(&report.doc, replay_retention.as_deref()) {
+                println!("{line}");
+            }
+            verdict(&entry.config, &report)
+        })
+        .await;
+    }
+    let entries = match (name, fleet.is_fleet) {
+        (None, true) => fleet.pipelines.iter().collect(),
+        _ => vec![crate::fleet::one(fleet, name)?],
+    };
+    let mut docs = serde_json::Map::new();
+    let mut first = None;
+    for entry in &entries {
+        let pipeline = fleet.is_fleet.then_some(entry.name.as_str());
+        let report = gather(&entry.config, relay.clone(), pipeline).await?;
         // Through a JSON value, whose keys are sorted: the document's key order.
-        let doc = serde_json::to_value(&report.doc).unwrap_or_default();
-        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
-    } else {
-        let replay_retention = config.relay.replay_retention.map(|r| r.to_string());
-        for line in text::lines(&report.doc, replay_retention.as_deref()) {
-            println!("{line}");
+        docs.insert(
+            entry.name.clone(),
+            serde_json::to_value(&report.doc).unwrap_or_default(),
+        );
+        if let Err(failure) = verdict(&entry.config, &report) {
+            first.get_or_insert(failure);
         }
     }
-    match data_safety_problem(&report) {
+    let doc = match (name, fleet.is_fleet) {
+        (None, true) => serde_json::Value::Object(docs),
+        _ => docs.into_iter().next().map(|(_, d)| d).unwrap_or_default(),
+    };
+    println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+    first.map_or(Ok(()), Err)
+}
+
+async fn gather(
+    config: &RelayConfig,
+    relay: Option<String>,
+    pipeline: Option<&str>,
+) -> Result<StatusReport, Failure> {
+    relay_ops::status::gather(config, relay_address(&config.http, relay), pipeline).await
+}
+
+/// 65 when the slot is lost or ahead of the stored checkpoint.
+fn verdict(config: &RelayConfig, report: &StatusReport) -> Result<(), Failure> {
+    let pg = &config.postgres;
+    match data_safety_problem(report) {
         Some(problem) => Err(Failure::new(
             FailureKind::DataSafety,
             anyhow::anyhow!("slot `{}` is {problem}: see docs/operations.md", pg.slot),
@@ -75,11 +116,11 @@ fn float(value: f64) -> String {
 
 /// `outbox-relay health [--ready]`: exit 0 when the relay answers 200 on `/livez` (`/readyz`).
 pub async fn health(
-    config: &RelayConfig,
+    http: &HttpSettings,
     ready: bool,
     relay: Option<String>,
 ) -> Result<(), Failure> {
-    let Some(addr) = relay_address(config, relay) else {
+    let Some(addr) = relay_address(http, relay) else {
         return Err(Failure::config(anyhow::anyhow!(
             "no [http] listen configured and no --relay given"
         )));

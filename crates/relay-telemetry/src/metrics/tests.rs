@@ -113,7 +113,7 @@ fn sampled_telemetry() -> Arc<Telemetry> {
 
 fn scrape(t: Arc<Telemetry>) -> String {
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(MetricsCollector(t)));
+    registry.register_collector(Box::new(MetricsCollector::one(t)));
     let mut body = String::new();
     prometheus_client::encoding::text::encode(&mut body, &registry).expect("encodes");
     body
@@ -284,4 +284,74 @@ fn what_was_not_sampled_is_left_out_and_the_slot_is_missing() {
     assert_eq!(families_shown(&body).len(), FAMILIES.len() - 16);
     assert!(body.contains("outbox_relay_slot_wal_status{status=\"missing\"} 1\n"));
     assert!(body.contains("outbox_relay_replay_window_bytes 0\n"));
+}
+
+#[test]
+fn a_fleet_describes_each_family_once_and_labels_every_sample_with_its_pipeline() {
+    let single = scrape(sampled_telemetry());
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(MetricsCollector::fleet([
+        ("orders".to_owned(), sampled_telemetry()),
+        ("billing".to_owned(), sampled_telemetry()),
+    ])));
+    let mut fleet = String::new();
+    prometheus_client::encoding::text::encode(&mut fleet, &registry).expect("encodes");
+    assert_eq!(
+        families_shown(&fleet),
+        families_shown(&single),
+        "the same families, each described once, in the same order"
+    );
+    let samples = |body: &str| -> Vec<String> {
+        body.lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(str::to_owned)
+            .collect()
+    };
+    let single_samples = samples(&single);
+    let fleet_samples = samples(&fleet);
+    assert_eq!(fleet_samples.len(), single_samples.len() * 2);
+    for pipeline in ["orders", "billing"] {
+        let label = format!("pipeline=\"{pipeline}\"");
+        let own: Vec<&String> = fleet_samples
+            .iter()
+            .filter(|l| l.contains(&label))
+            .collect();
+        assert_eq!(
+            own.len(),
+            single_samples.len(),
+            "{pipeline}: one of each sample"
+        );
+        // The same sample as one relay's, with the label added (label order aside).
+        let normalized: Vec<(String, Vec<String>, String)> =
+            own.iter().map(|l| sample_parts(l)).collect();
+        for line in &single_samples {
+            let (name, mut labels, value) = sample_parts(line);
+            labels.push(label.clone());
+            labels.sort();
+            let expected = (name, labels, value);
+            assert!(
+                normalized.contains(&expected),
+                "missing {expected:?}\n{fleet}"
+            );
+        }
+    }
+}
+
+/// A sample line's name, labels (sorted) and value.
+fn sample_parts(line: &str) -> (String, Vec<String>, String) {
+    let (series, value) = line.rsplit_once(' ').expect("series value");
+    let (name, labels) = match series.split_once('{') {
+        Some((name, labels)) => (
+            name,
+            labels
+                .trim_end_matches('}')
+                .split(',')
+                .map(str::to_owned)
+                .collect(),
+        ),
+        None => (series, Vec::new()),
+    };
+    let mut labels: Vec<String> = labels;
+    labels.sort();
+    (name.to_owned(), labels, value.to_owned())
 }

@@ -1,0 +1,428 @@
+//! Many pipelines in one process: a [`Fleet`] runs one [`Relay`] per configured pipeline
+//! ([`config::FleetConfig`]), each with its own connections, in-flight window, checkpoint and
+//! slot, and supervises each alone:
+//!
+//! - PostgreSQL or NATS unreachable at a pipeline's start: that pipeline starts again after a
+//!   backoff (up to its `[relay] reconnect_max`); the others go on.
+//! - A fatal condition (a lost slot, a row it must fail closed on, a bad setup): that
+//!   pipeline stops with its reason, shown in `/status` and `/readyz`; the others go on. With
+//!   `fail_fast` (and always for a single-relay configuration) the fleet drains every
+//!   pipeline and returns that failure instead, so the process exits as one relay would.
+//! - A reload ([`Fleet::run`]'s `reloads`, SIGHUP in the binary) reads the configuration
+//!   again: a pipeline added starts, one removed drains, stores its checkpoint and stops (its
+//!   slot is kept: drop it by hand), one whose merged settings changed drains and starts
+//!   again, and one stopped on a fatal condition gets a new try. The others never pause. A
+//!   pipeline whose new configuration is refused keeps running its previous one.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
+
+use crate::failure::{Failure, FailureKind};
+use crate::relay::{Relay, RelayOptions};
+
+pub mod config;
+mod view;
+
+pub use config::{FleetConfig, FleetSettings, Origin, PipelineEntry, RefusedPipeline};
+pub use view::{FleetPipelineStatus, FleetStatus, FleetView, PipelineState, PipelineView};
+
+/// The pipelines of one process, built and not yet running.
+#[derive(Debug)]
+pub struct Fleet {
+    config: FleetConfig,
+    options: RelayOptions,
+    view: FleetView,
+    /// Built at [`Fleet::build`], so every file is read before anything connects.
+    built: BTreeMap<String, Relay>,
+    /// Cancelled when [`Fleet::run`] returns, or the fleet is dropped without running.
+    ended: CancellationToken,
+    _ended_on_drop: tokio_util::sync::DropGuard,
+}
+
+/// What a pipeline's task returns when it ends.
+struct Ended {
+    name: String,
+    /// Which start of that name it was (a reload may have started a newer one since).
+    generation: u64,
+    result: Result<(), Failure>,
+}
+
+/// A pipeline's running task.
+struct Running {
+    generation: u64,
+    stop: CancellationToken,
+    entry: PipelineEntry,
+}
+
+impl Fleet {
+    /// Builds every pipeline of `config`, connecting to nothing. A pipeline that cannot be
+    /// built (a bad file, a refused configuration) is a configuration failure naming it.
+    pub async fn build(config: FleetConfig, options: RelayOptions) -> Result<Self, Failure> {
+        if let Some(error) = config.refused_error() {
+            return Err(Failure::config(error));
+        }
+        let view = FleetView::new(config.is_fleet);
+        let mut built = BTreeMap::new();
+        for entry in &config.pipelines {
+            let relay = Relay::build(entry.config.clone(), options)
+                .await
+                .map_err(|f| named(f, entry, config.is_fleet))?;
+            view.insert(view_of(entry, Some(&relay)));
+            built.insert(entry.name.clone(), relay);
+        }
+        let ended = CancellationToken::new();
+        Ok(Self {
+            config,
+            options,
+            view,
+            built,
+            _ended_on_drop: ended.clone().drop_guard(),
+            ended,
+        })
+    }
+
+    /// What the fleet shows of itself (read by the endpoints while it runs).
+    pub fn view(&self) -> FleetView {
+        self.view.clone()
+    }
+
+    /// The configuration it was built from.
+    pub fn config(&self) -> &FleetConfig {
+        &self.config
+    }
+
+    /// Cancelled once [`Fleet::run`] has returned (or the fleet is dropped without running):
+    /// what serves the view ends then.
+    pub fn ended(&self) -> CancellationToken {
+        self.ended.clone()
+    }
+
+    /// Runs every pipeline until `shutdown` (then drains each and returns `Ok`), or with
+    /// `fail_fast` until the first fatal failure of any (then drains the others and returns
+    /// it). Each message on `reloads` reads the configuration again. A single-relay
+    /// configuration always fails fast.
+    pub async fn run(
+        mut self,
+        shutdown: CancellationToken,
+        mut reloads: tokio::sync::mpsc::Receiver<()>,
+        fail_fast: bool,
+    ) -> Result<(), Failure> {
+        let fail_fast = fail_fast || !self.config.is_fleet;
+        let mut tasks: JoinSet<Ended> = JoinSet::new();
+        let mut running: BTreeMap<String, Running> = BTreeMap::new();
+        // Changed by a reload while running: started once the previous run has drained.
+        let mut restart: BTreeMap<String, PipelineEntry> = BTreeMap::new();
+        let mut generation = 0u64;
+        let entries = self.config.pipelines.clone();
+        for entry in entries {
+            let relay = self.built.remove(&entry.name);
+            generation += 1;
+            self.start(
+                &mut tasks,
+                &mut running,
+                entry,
+                relay,
+                generation,
+                &shutdown,
+                fail_fast,
+            );
+        }
+        let mut failure = None;
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                Some(()) = reloads.recv() => {
+                    let plan = self.reload(&running);
+                    for name in plan.stop {
+                        if let Some(run) = running.get(&name) {
+                            self.view.set_state(&name, PipelineState::Draining);
+                            run.stop.cancel();
+                        }
+                    }
+                    for entry in plan.restart {
+                        restart.insert(entry.name.clone(), entry);
+                    }
+                    for entry in plan.start {
+                        generation += 1;
+                        self.start(&mut tasks, &mut running, entry, None, generation, &shutdown, fail_fast);
+                    }
+                }
+                Some(joined) = tasks.join_next() => {
+                    let ended = joined.map_err(|e| Failure::internal(anyhow::anyhow!("a pipeline's task panicked: {e}")))?;
+                    if running.get(&ended.name).is_some_and(|r| r.generation == ended.generation) {
+                        running.remove(&ended.name);
+                    }
+                    match ended.result {
+                        Err(f) if fail_fast => {
+                            failure = Some(f);
+                            break;
+                        }
+                        Err(f) => {
+                            tracing::error!(pipeline = %ended.name, kind = ?f.kind, error = %format!("{:#}", f.error), "pipeline stopped; the others go on (a reload, SIGHUP, starts it again)");
+                            self.view.set_state(&ended.name, PipelineState::Stopped { kind: f.kind, reason: format!("{:#}", f.error) });
+                        }
+                        Ok(()) => {
+                            if !restart.contains_key(&ended.name) && !shutdown.is_cancelled() {
+                                // Removed by a reload: drained and stored; its slot is kept.
+                                tracing::info!(pipeline = %ended.name, "pipeline removed: drained, checkpoint stored; its slot is kept (drop it with pg_drop_replication_slot once no longer wanted)");
+                                self.view.remove(&ended.name);
+                            }
+                        }
+                    }
+                    if let Some(entry) = restart.remove(&ended.name) && !running.contains_key(&entry.name) {
+                        generation += 1;
+                        self.start(&mut tasks, &mut running, entry, None, generation, &shutdown, fail_fast);
+                    }
+                }
+            }
+        }
+        // Shutdown, or a failure with fail_fast: every other pipeline drains.
+        for (name, run) in &running {
+            self.view.set_state(name, PipelineState::Draining);
+            run.stop.cancel();
+        }
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok(Ended { result: Err(f), .. }) if failure.is_none() => failure = Some(f),
+                Ok(Ended {
+                    name,
+                    result: Err(f),
+                    ..
+                }) => {
+                    tracing::error!(pipeline = %name, error = %format!("{:#}", f.error), "pipeline failed while draining");
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "a pipeline's task panicked while draining");
+                }
+            }
+        }
+        failure.map_or(Ok(()), Err)
+    }
+
+    /// Spawns the task running `entry` (with `relay` when already built).
+    // Long: the spawn's arguments are what the task owns; grouping them would only rename them
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        &self,
+        tasks: &mut JoinSet<Ended>,
+        running: &mut BTreeMap<String, Running>,
+        entry: PipelineEntry,
+        relay: Option<Relay>,
+        generation: u64,
+        shutdown: &CancellationToken,
+        fail_fast: bool,
+    ) {
+        let stop = shutdown.child_token();
+        if relay.is_none() {
+            self.view.insert(view_of(&entry, None));
+        }
+        let task = PipelineTask {
+            entry: entry.clone(),
+            options: self.options,
+            view: self.view.clone(),
+            stop: stop.clone(),
+            retry_unavailable: !fail_fast,
+            is_fleet: self.config.is_fleet,
+        };
+        let name = entry.name.clone();
+        let run = task.run(relay);
+        if self.config.is_fleet {
+            let span = tracing::info_span!("pipeline", name = %name);
+            tasks.spawn(
+                async move {
+                    Ended {
+                        name,
+                        generation,
+                        result: run.await,
+                    }
+                }
+                .instrument(span),
+            );
+        } else {
+            tasks.spawn(async move {
+                Ended {
+                    name,
+                    generation,
+                    result: run.await,
+                }
+            });
+        }
+        running.insert(
+            entry.name.clone(),
+            Running {
+                generation,
+                stop,
+                entry,
+            },
+        );
+    }
+
+    /// Reads the configuration again and says what changes; a configuration that cannot be
+    /// read changes nothing.
+    fn reload(&mut self, running: &BTreeMap<String, Running>) -> ReloadPlan {
+        let names: Vec<String> = running.keys().cloned().collect();
+        let config = match FleetConfig::load(self.config.file.as_deref(), &names) {
+            Ok(config) => config,
+            Err(error) => {
+                tracing::error!(error = %error, "reload refused: the configuration cannot be read; every pipeline runs as before");
+                return ReloadPlan::default();
+            }
+        };
+        if !config.is_fleet || config.http != self.config.http {
+            tracing::warn!(
+                "reload: [http] and the change between one relay's configuration and a fleet's take effect at the next start of the process"
+            );
+        }
+        let mut plan = ReloadPlan::default();
+        for refused in &config.refused {
+            tracing::error!(pipeline = %refused.name, origin = %refused.origin, reason = %refused.reason, "reload: pipeline refused");
+            if running.contains_key(&refused.name) {
+                self.view.update(&refused.name, |v| {
+                    v.reload_error = Some(refused.reason.clone());
+                });
+            } else {
+                let mut view = PipelineView {
+                    name: refused.name.clone(),
+                    origin: refused.origin.to_string(),
+                    config: Default::default(),
+                    telemetry: None,
+                    state: PipelineState::Refused {
+                        reason: refused.reason.clone(),
+                    },
+                    since: SystemTime::now(),
+                    reload_error: None,
+                };
+                if let Some(old) = self.view.pipeline(&refused.name) {
+                    view.config = old.config;
+                }
+                self.view.insert(view);
+            }
+        }
+        for (name, run) in running {
+            let refused = config.refused.iter().any(|r| &r.name == name);
+            match config.pipelines.iter().find(|p| &p.name == name) {
+                None if !refused => plan.stop.push(name.clone()),
+                Some(entry) if entry.fingerprint != run.entry.fingerprint => {
+                    tracing::info!(pipeline = %name, "reload: settings changed; draining, then starting again");
+                    plan.stop.push(name.clone());
+                    plan.restart.push(entry.clone());
+                }
+                _ => {}
+            }
+        }
+        for entry in &config.pipelines {
+            if !running.contains_key(&entry.name) {
+                tracing::info!(pipeline = %entry.name, origin = %entry.origin, "reload: starting pipeline");
+                plan.start.push(entry.clone());
+            } else {
+                self.view.update(&entry.name, |v| v.reload_error = None);
+            }
+        }
+        // Refused newcomers are shown; stopped ones no longer configured leave the view.
+        for view in self.view.pipelines() {
+            let configured = config.pipelines.iter().any(|p| p.name == view.name)
+                || config.refused.iter().any(|r| r.name == view.name);
+            if !configured && !running.contains_key(&view.name) {
+                self.view.remove(&view.name);
+            }
+        }
+        let mut kept = config;
+        kept.refused.clear();
+        self.config = kept;
+        plan
+    }
+}
+
+/// What a reload changes.
+#[derive(Debug, Default)]
+struct ReloadPlan {
+    /// Drain and stop.
+    stop: Vec<String>,
+    /// Start again once drained, with these settings.
+    restart: Vec<PipelineEntry>,
+    /// Start (new, or stopped on a fatal condition before).
+    start: Vec<PipelineEntry>,
+}
+
+/// One pipeline's life in the fleet: build, run, and on an unreachable server build and run
+/// again after a backoff.
+struct PipelineTask {
+    entry: PipelineEntry,
+    options: RelayOptions,
+    view: FleetView,
+    stop: CancellationToken,
+    retry_unavailable: bool,
+    is_fleet: bool,
+}
+
+impl PipelineTask {
+    async fn run(self, mut built: Option<Relay>) -> Result<(), Failure> {
+        let mut backoff = Duration::from_millis(500);
+        loop {
+            let relay = match built.take() {
+                Some(relay) => relay,
+                None => Relay::build(self.entry.config.clone(), self.options)
+                    .await
+                    .map_err(|f| named(f, &self.entry, self.is_fleet))?,
+            };
+            let telemetry = relay.telemetry().clone();
+            self.view.update(&self.entry.name, |v| {
+                v.telemetry = Some(telemetry);
+                v.config = self.entry.config.clone();
+            });
+            self.view
+                .set_state(&self.entry.name, PipelineState::Running);
+            let failure = match relay.run(self.stop.clone()).await {
+                Ok(()) => return Ok(()),
+                Err(failure) => failure,
+            };
+            if !(self.retry_unavailable && failure.kind == FailureKind::Unavailable)
+                || self.stop.is_cancelled()
+            {
+                return Err(named(failure, &self.entry, self.is_fleet));
+            }
+            let reason = format!("{:#}", failure.error);
+            tracing::warn!(error = %reason, retry_in = ?backoff, "pipeline cannot start: a server is unreachable; starting it again after a backoff");
+            self.view
+                .set_state(&self.entry.name, PipelineState::Retrying { reason });
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => {}
+                () = self.stop.cancelled() => return Ok(()),
+            }
+            backoff = (backoff * 2).min(self.entry.config.relay.reconnect_max);
+        }
+    }
+}
+
+/// A fleet pipeline's failure names the pipeline; a single relay's reads as it always did.
+fn named(failure: Failure, entry: &PipelineEntry, is_fleet: bool) -> Failure {
+    if !is_fleet {
+        return failure;
+    }
+    Failure {
+        kind: failure.kind,
+        error: failure
+            .error
+            .context(format!("pipeline `{}` ({})", entry.name, entry.origin)),
+    }
+}
+
+fn view_of(entry: &PipelineEntry, relay: Option<&Relay>) -> PipelineView {
+    PipelineView {
+        name: entry.name.clone(),
+        origin: entry.origin.to_string(),
+        config: entry.config.clone(),
+        telemetry: relay.map(|r| r.telemetry().clone()),
+        state: PipelineState::Running,
+        since: SystemTime::now(),
+        reload_error: None,
+    }
+}
+
+#[cfg(test)]
+mod tests;
