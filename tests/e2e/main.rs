@@ -22,6 +22,7 @@ mod emit_functions;
 mod failover;
 mod fast_batch;
 mod faults;
+mod fleet;
 mod framework_tables;
 mod frameworks;
 mod hostile;

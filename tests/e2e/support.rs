@@ -379,7 +379,12 @@ impl Received {
 
 /// Every message now in the stream, in stream order.
 pub async fn read_stream(js: &jetstream::Context) -> Result<Vec<Received>> {
-    let mut stream = js.get_stream(STREAM).await?;
+    read_stream_named(js, STREAM).await
+}
+
+/// Every message now in stream `name`, in stream order.
+pub async fn read_stream_named(js: &jetstream::Context, name: &str) -> Result<Vec<Received>> {
+    let mut stream = js.get_stream(name).await?;
     let total = stream.info().await?.state.messages;
     if total == 0 {
         return Ok(Vec::new());
@@ -598,27 +603,8 @@ pub fn http_listen() -> (String, String) {
 /// The relay's `/metrics` at `addr` (see [`http_listen`]): `name{labels}` → value, e.g.
 /// `outbox_relay_outstanding_acks` or `outbox_relay_events_already_published_total`.
 pub async fn scrape(addr: &str) -> Result<std::collections::HashMap<String, f64>> {
-    use http_body_util::{BodyExt, Empty};
-    let get = async {
-        let stream = tokio::net::TcpStream::connect(addr).await?;
-        let (mut sender, conn) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
-        tokio::spawn(conn);
-        let request = hyper::Request::get("/metrics")
-            .header("host", addr)
-            .body(Empty::<hyper::body::Bytes>::new())?;
-        let response = sender.send_request(request).await?;
-        anyhow::ensure!(
-            response.status().is_success(),
-            "/metrics: {}",
-            response.status()
-        );
-        let body = response.into_body().collect().await?.to_bytes();
-        anyhow::Ok(String::from_utf8_lossy(&body).into_owned())
-    };
-    let text = tokio::time::timeout(Duration::from_secs(5), get)
-        .await
-        .with_context(|| format!("GET http://{addr}/metrics timed out"))??;
+    let (status, text) = http_get(addr, "/metrics").await?;
+    anyhow::ensure!(status == 200, "/metrics: {status}");
     let mut out = std::collections::HashMap::new();
     for line in text
         .lines()
@@ -631,6 +617,27 @@ pub async fn scrape(addr: &str) -> Result<std::collections::HashMap<String, f64>
         }
     }
     Ok(out)
+}
+
+/// GET `path` of the relay's `[http]` listener at `addr`: the status code and the body.
+pub async fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
+    use http_body_util::{BodyExt, Empty};
+    let get = async {
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+        tokio::spawn(conn);
+        let request = hyper::Request::get(path)
+            .header("host", addr)
+            .body(Empty::<hyper::body::Bytes>::new())?;
+        let response = sender.send_request(request).await?;
+        let status = response.status().as_u16();
+        let body = response.into_body().collect().await?.to_bytes();
+        anyhow::Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    };
+    tokio::time::timeout(Duration::from_secs(5), get)
+        .await
+        .with_context(|| format!("GET http://{addr}{path} timed out"))?
 }
 
 /// One metric of the relay at `addr` (see [`scrape`]); an error when it is missing.
