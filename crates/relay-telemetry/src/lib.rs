@@ -8,7 +8,6 @@
 //! OTLP exporter's own thread. The binary serves it over HTTP and gives it its build
 //! ([`BuildInfo`]).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -22,8 +21,10 @@ use relay_postgres::catalog::retention::RetentionWindow;
 mod cleanup_report;
 mod metrics;
 pub mod otlp;
+mod rate_limit;
 mod status_doc;
 pub use metrics::MetricsCollector;
+pub use rate_limit::RateLimit;
 pub use status_doc::{
     CleanupStatus, ContractStatus, NatsStatus, PipelineStatus, PostgresStatus, RelayStatus,
     TableStatus,
@@ -450,45 +451,4 @@ fn age_seconds(unix_micros: u64) -> f64 {
         .duration_since(UNIX_EPOCH + Duration::from_micros(unix_micros))
         .unwrap_or_default()
         .as_secs_f64()
-}
-
-/// Lets at most `burst` WARN/ERROR events per log statement through every `window`; the rest
-/// are dropped, so an outage does not flood the log. INFO and below are not limited.
-#[derive(Debug)]
-pub struct RateLimit {
-    window: Duration,
-    burst: u32,
-    seen: Mutex<HashMap<tracing::callsite::Identifier, (Instant, u32)>>,
-}
-
-impl RateLimit {
-    /// A limiter of `burst` events per `window` per call site.
-    pub fn new(window: Duration, burst: u32) -> Self {
-        Self {
-            window,
-            burst,
-            seen: Mutex::new(HashMap::new()),
-        }
-    }
-}
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for RateLimit {
-    fn event_enabled(
-        &self,
-        event: &tracing::Event<'_>,
-        _ctx: tracing_subscriber::layer::Context<'_, S>,
-    ) -> bool {
-        let meta = event.metadata();
-        if *meta.level() > tracing::Level::WARN {
-            return true;
-        }
-        let now = Instant::now();
-        let mut seen = lock(&self.seen);
-        let entry = seen.entry(meta.callsite()).or_insert((now, 0));
-        if now.duration_since(entry.0) >= self.window {
-            *entry = (now, 0);
-        }
-        entry.1 += 1;
-        entry.1 <= self.burst
-    }
 }
