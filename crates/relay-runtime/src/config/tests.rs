@@ -469,6 +469,32 @@ fn fast_batch_needs_a_window_of_two() {
     c.validate().unwrap();
 }
 
+#[test]
+fn the_standby_poll_interval_defaults_to_a_second_and_must_be_positive() {
+    let relay: PipelineSettings = figment::Figment::new()
+        .merge(figment::providers::Toml::string("reconnect_max = \"3s\""))
+        .extract()
+        .expect("a partial [relay]");
+    assert_eq!(relay.standby_poll_interval, Duration::from_secs(1));
+    let relay: PipelineSettings = figment::Figment::new()
+        .merge(figment::providers::Toml::string(
+            "standby_poll_interval = \"250ms\"",
+        ))
+        .extract()
+        .expect("a partial [relay]");
+    assert_eq!(relay.standby_poll_interval, Duration::from_millis(250));
+
+    let mut c = RelayConfig {
+        outbox: default_outbox(),
+        ..RelayConfig::default()
+    };
+    c.relay.standby_poll_interval = Duration::ZERO;
+    assert_eq!(
+        c.validate().unwrap_err().to_string(),
+        "invalid configuration: [relay] standby_poll_interval must be positive"
+    );
+}
+
 /// `[nats] domain` is one subject token of `$JS.<domain>.API`: anything else is refused at load,
 /// naming the key and the fix.
 #[test]
