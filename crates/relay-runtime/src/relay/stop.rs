@@ -37,7 +37,7 @@ pub(super) fn boundary(error: BoundaryError, context: Option<String>) -> Stop {
         None => anyhow::Error::new(error),
     };
     match class {
-        ErrorClass::Transient => retry(error),
+        ErrorClass::Transient | ErrorClass::SlotInUse => retry(error),
         ErrorClass::Fatal => Stop::Fail(Failure::new(FailureKind::Config, error)),
         ErrorClass::SlotLost => Stop::Fail(Failure::new(FailureKind::DataSafety, error)),
     }
