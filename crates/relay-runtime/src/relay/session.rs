@@ -20,6 +20,7 @@ use relay_postgres::checkpoint::PgCheckpointStore;
 use tokio_util::sync::CancellationToken;
 
 use super::SessionEnd;
+use super::standby::Standby;
 use super::stop::{Step, Stop, boundary, postgres, retry};
 use crate::config::RelayConfig;
 use crate::failure::pg_failure;
@@ -46,6 +47,8 @@ pub(super) struct Supervisor<'a> {
     /// Event ids a resumed backfill at slot creation published that the slot streams too
     /// (`on_create::run`): the live pipeline does not publish them again.
     pub(super) backfilled_streamed_ids: std::collections::HashMap<String, u64>,
+    /// Waiting while another process streams the slot.
+    pub(super) standby: Standby,
 }
 
 impl Supervisor<'_> {
@@ -61,6 +64,16 @@ impl Supervisor<'_> {
         // `server`: the settings bound to the host reached (the read-write one of a multi-host
         // URL), so the replication session streams where the checkpoint is stored.
         let (client, server) = self.connect().await?;
+        // Before anything costly: a standby waits here, on this connection, for the slot.
+        self.standby
+            .wait_while_held(
+                &client,
+                &self.config.postgres.slot,
+                self.config.relay.standby_poll_interval,
+                self.telemetry,
+                self.stop,
+            )
+            .await?;
         let mut store = PgCheckpointStore::new(client, &self.config.postgres.slot)
             .await
             .map_err(|e| boundary(e, None))?
@@ -120,6 +133,7 @@ impl Supervisor<'_> {
         // systemd (Type=notify): ready once replication streams; repeated READY=1 is harmless.
         let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
         tracing::info!(slot = %self.config.postgres.slot, lsn = %start, "streaming");
+        self.standby.took_over(&self.config.postgres.slot);
         let mut pipeline = Pipeline::new(
             source,
             self.publisher.clone(),
@@ -267,13 +281,6 @@ impl Supervisor<'_> {
             slot_created = state.created,
             "resuming from the stored checkpoint"
         );
-        if let Some(pid) = state.slot.active_pid {
-            tracing::info!(
-                slot,
-                active_pid = pid,
-                "slot is streaming to another process; waiting as a standby"
-            );
-        }
         Ok(start)
     }
 
