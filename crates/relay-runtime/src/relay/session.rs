@@ -95,27 +95,7 @@ impl Supervisor<'_> {
             }
             None => Default::default(),
         };
-        let mut already_published = relay_nats::published_since(
-            self.publisher.jetstream(),
-            &self.config.nats.stream,
-            start,
-            self.config.relay.max_in_flight as u64 * 2,
-        )
-        .await
-        .map_err(retry)?;
-        if !already_published.is_empty() {
-            tracing::info!(
-                count = already_published.len(),
-                checkpoint = %start,
-                "events past the checkpoint are already in the stream; they will not be published again"
-            );
-        }
-        // Kept for later sessions too: a reconnect before the stream passed those rows would
-        // otherwise publish them again.
-        self.backfilled_streamed_ids.extend(streamed);
-        for (id, seq) in &self.backfilled_streamed_ids {
-            already_published.entry(id.clone()).or_insert(*seq);
-        }
+        let already_published = self.already_published(start, streamed).await?;
         self.resend_zone_alone(&store).await?;
         let router = self.router(&store).await?;
         let trail = self.slot_trail(&store, &state, start).await;
@@ -150,6 +130,38 @@ impl Supervisor<'_> {
         let result = pipeline.run(self.stop.cancelled()).await;
         let (source, _, _) = pipeline.into_parts();
         self.ended(source, result).await
+    }
+
+    /// The events past the checkpoint `start` the stream already holds (its tail), and those a
+    /// backfill at slot creation published that the slot streams too (`streamed`): the
+    /// pipeline does not publish them again.
+    async fn already_published(
+        &mut self,
+        start: Lsn,
+        streamed: std::collections::HashMap<String, u64>,
+    ) -> Step<std::collections::HashMap<String, u64>> {
+        let mut already_published = relay_nats::published_since(
+            self.publisher.jetstream(),
+            &self.config.nats.stream,
+            start,
+            self.config.relay.max_in_flight as u64 * 2,
+        )
+        .await
+        .map_err(retry)?;
+        if !already_published.is_empty() {
+            tracing::info!(
+                count = already_published.len(),
+                checkpoint = %start,
+                "events past the checkpoint are already in the stream; they will not be published again"
+            );
+        }
+        // Kept for later sessions too: a reconnect before the stream passed those rows would
+        // otherwise publish them again.
+        self.backfilled_streamed_ids.extend(streamed);
+        for (id, seq) in &self.backfilled_streamed_ids {
+            already_published.entry(id.clone()).or_insert(*seq);
+        }
+        Ok(already_published)
     }
 
     /// In fast-batch mode: an earlier run may have published anything committed before now;
