@@ -190,20 +190,6 @@ reconnect_max = "1s"
     }
 }
 
-/// CPU time process `pid` has used so far, user and system: `utime` + `stime` of
-/// `/proc/<pid>/stat`, in clock ticks of USER_HZ (100 per second on Linux).
-pub fn cpu_time(pid: u32) -> Result<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // The fields after the command name, which is in parentheses and may hold spaces: field 3
-    // (the state) first, so utime (14) and stime (15) are the 12th and 13th.
-    let (_, rest) = stat.rsplit_once(')').context("/proc/<pid>/stat")?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| -> Result<u64> {
-        Ok(fields.get(i).context("/proc/<pid>/stat fields")?.parse()?)
-    };
-    Ok(Duration::from_millis((ticks(11)? + ticks(12)?) * 10))
-}
-
 fn fastrand_suffix() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
@@ -268,17 +254,9 @@ impl Relay {
             .map_or(0, |kb| kb * 1024)
     }
 
-    /// CPU time the relay process has used so far ([`cpu_time`]).
-    pub fn cpu_time(&self) -> Result<Duration> {
-        cpu_time(self.child.id())
-    }
-
-    /// Lines of its log at WARN or ERROR level.
-    pub fn warnings(&self) -> usize {
-        self.log()
-            .lines()
-            .filter(|l| matches!(l.split_whitespace().nth(1), Some("WARN" | "ERROR")))
-            .count()
+    /// The relay's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn signal(&self, signal: nix::sys::signal::Signal) {

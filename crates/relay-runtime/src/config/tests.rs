@@ -31,6 +31,7 @@ fn pipeline_defaults_are_the_pipelines_own() {
         )
     );
     assert_eq!(relay.reconnect_max, Duration::from_secs(3));
+    assert_eq!(relay.standby_poll_interval, Duration::from_secs(1));
 }
 
 /// Every secret the configuration can hold, from the file and the environment: none is in
@@ -101,6 +102,18 @@ fn defaults_need_no_file() {
         ..c
     };
     c.validate().unwrap();
+    let no_poll = RelayConfig {
+        relay: PipelineSettings {
+            standby_poll_interval: Duration::ZERO,
+            ..PipelineSettings::default()
+        },
+        ..c.clone()
+    };
+    let err = no_poll.validate().unwrap_err().to_string();
+    assert!(
+        err.ends_with("[relay] standby_poll_interval must be positive"),
+        "{err}"
+    );
     assert_eq!(
         c.sample_subjects(),
         [("public.outbox".to_owned(), "outbox.x.x".to_owned())]
@@ -467,32 +480,6 @@ fn fast_batch_needs_a_window_of_two() {
     c.nats.publish_mode = relay_nats::PublishMode::PerMessage;
     c.relay.max_in_flight = 1;
     c.validate().unwrap();
-}
-
-#[test]
-fn the_standby_poll_interval_defaults_to_a_second_and_must_be_positive() {
-    let relay: PipelineSettings = figment::Figment::new()
-        .merge(figment::providers::Toml::string("reconnect_max = \"3s\""))
-        .extract()
-        .expect("a partial [relay]");
-    assert_eq!(relay.standby_poll_interval, Duration::from_secs(1));
-    let relay: PipelineSettings = figment::Figment::new()
-        .merge(figment::providers::Toml::string(
-            "standby_poll_interval = \"250ms\"",
-        ))
-        .extract()
-        .expect("a partial [relay]");
-    assert_eq!(relay.standby_poll_interval, Duration::from_millis(250));
-
-    let mut c = RelayConfig {
-        outbox: default_outbox(),
-        ..RelayConfig::default()
-    };
-    c.relay.standby_poll_interval = Duration::ZERO;
-    assert_eq!(
-        c.validate().unwrap_err().to_string(),
-        "invalid configuration: [relay] standby_poll_interval must be positive"
-    );
 }
 
 /// `[nats] domain` is one subject token of `$JS.<domain>.API`: anything else is refused at load,
