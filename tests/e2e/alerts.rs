@@ -187,10 +187,10 @@ async fn bounded_retention_is_reported_with_its_numbers_and_warned() -> Result<(
             && hint.contains("docs/operations.md, \"Retention window\""),
         "{text}"
     );
-    // The default wal_sender_timeout of the test servers (10 s) + reconnect_max (1 s).
+    // The default wal_sender_timeout of the test servers (10 s) + standby_poll_interval (1 s).
     assert!(
         text.contains(
-            "within about 11s after the active relay's host vanished (wal_sender_timeout 10s + [relay] reconnect_max 1s"
+            "within about 11s after the active relay's host vanished (wal_sender_timeout 10s + [relay] standby_poll_interval 1s"
         ),
         "{text}"
     );

@@ -13,6 +13,7 @@ mod compose;
 mod console;
 mod consumer;
 mod contracts;
+mod cost;
 mod delivery;
 mod deploy;
 mod drift;

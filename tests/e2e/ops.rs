@@ -49,7 +49,7 @@ fn has_line(text: &str, verdict: &str, check: &str) -> bool {
 }
 
 /// GET `http://addr/path`: status and body.
-async fn get(addr: &str, path: &str) -> Result<(u16, String)> {
+pub(crate) async fn get(addr: &str, path: &str) -> Result<(u16, String)> {
     let stream = tokio::net::TcpStream::connect(addr).await?;
     let (mut sender, conn) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
@@ -64,7 +64,7 @@ async fn get(addr: &str, path: &str) -> Result<(u16, String)> {
 }
 
 /// Polls `path` until it answers `code`.
-async fn wait_http(
+pub(crate) async fn wait_http(
     addr: &str,
     path: &str,
     code: u16,

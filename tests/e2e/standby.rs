@@ -1,7 +1,8 @@
-//! An active/standby pair on one slot: the standby's session reads the checkpoint, then the
-//! slot; the active relay stores and confirms between the two reads all the time. That must
-//! never look like "slot ahead of the checkpoint" (exit 65, which the systemd unit does not
-//! restart): high availability would be lost.
+//! An active/standby pair on one slot. The standby waits at the slot until it is free; then its
+//! session reads the checkpoint, then the slot, and another relay that took the slot meanwhile
+//! stores and confirms between the two reads. That must never look like "slot ahead of the
+//! checkpoint" (exit 65, which the systemd unit does not restart): high availability would be
+//! lost.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use anyhow::{Context as _, Result, bail, ensure};
 use nix::sys::signal::Signal;
 use relay_core::Lsn;
 
+use crate::ops::{get, wait_http};
 use crate::pause::Pause;
 use crate::support::*;
 
@@ -27,9 +29,8 @@ async fn slot_then_checkpoint(env: &Env) -> Result<(u64, u64)> {
     Ok((slot, checkpoint))
 }
 
-/// Starts a relay and waits until it waits as a standby. It retries every 100 ms and takes
-/// 200 ms between its checkpoint read and its slot read (`RELAY_DELAY`), so the active relay
-/// often stores and confirms in between.
+/// Starts a relay and waits until it waits as a standby. Once it finds the slot free, it takes
+/// 200 ms between its checkpoint read and its slot read (`RELAY_DELAY`).
 async fn standby(config: &std::path::Path) -> Result<Relay> {
     let relay = Relay::start_with_env(
         config,
@@ -45,25 +46,38 @@ async fn standby(config: &std::path::Path) -> Result<Relay> {
     Ok(relay)
 }
 
-/// The standby is held between its checkpoint read and its slot read while the active relay
-/// stores and confirms a later position: it must go on waiting, and take over later.
+/// A standby found the slot free and is held between its checkpoint read and its slot read,
+/// while another relay takes the slot and stores and confirms a later position: the standby
+/// must read the checkpoint again, lose the slot to the other relay, go on waiting, and take
+/// over later.
 #[tokio::test(flavor = "multi_thread")]
 async fn standby_sees_the_slot_move_between_its_reads_and_keeps_waiting() -> Result<()> {
     let env = Env::start().await?;
     let db = env.db().await?;
     let js = env.jetstream().await?;
     let config = env.config("");
-    let mut active = Relay::start_streaming(&config).await?;
-    let first = insert_event(&db, "Order", "Created", r#"{"n":1}"#).await?;
-    wait_for_id(&js, &first, &active).await?;
+    let mut first = Relay::start_streaming(&config).await?;
+    let one = insert_event(&db, "Order", "Created", r#"{"n":1}"#).await?;
+    wait_for_id(&js, &one, &first).await?;
+    first.signal(Signal::SIGTERM);
+    ensure!(first.wait_exit(WAIT).await?.code() == Some(0));
 
+    // The slot is free: the standby goes past its wait and is held after the checkpoint read.
     let pause = Pause::new(&env, "after_checkpoint_read");
-    let mut standby = Relay::start_with_env(&config, &["run"], &[("RELAY_PAUSE", &pause.spec())])?;
+    let (_, http) = http_listen();
+    let mut standby = Relay::start_with_env(
+        &config,
+        &["run"],
+        &[
+            ("RELAY_PAUSE", &pause.spec()),
+            ("RELAY_HTTP__LISTEN", &http),
+        ],
+    )?;
     pause.reached(&standby).await?;
-    // At least what the standby read (the active relay may have stored more since).
     let read = env.checkpoint().await?.context("checkpoint")?;
-    let second = insert_event(&db, "Order", "Created", r#"{"n":2}"#).await?;
-    wait_for_id(&js, &second, &active).await?;
+    let mut active = Relay::start_streaming(&config).await?;
+    let two = insert_event(&db, "Order", "Created", r#"{"n":2}"#).await?;
+    wait_for_id(&js, &two, &active).await?;
     let deadline = Instant::now() + WAIT;
     while env.slot_confirmed().await?.context("slot")? <= read {
         ensure!(
@@ -75,7 +89,7 @@ async fn standby_sees_the_slot_move_between_its_reads_and_keeps_waiting() -> Res
     pause.release()?;
 
     standby
-        .wait_log("in use by another process", WAIT)
+        .wait_log("waiting as a standby", WAIT)
         .await
         .with_context(|| format!("standby: {:?}", standby.try_status()))?;
     assert!(
@@ -83,10 +97,27 @@ async fn standby_sees_the_slot_move_between_its_reads_and_keeps_waiting() -> Res
         "the standby stopped:\n{}",
         standby.log()
     );
+    assert!(
+        standby.log().contains(INTERLEAVED),
+        "the standby never read the checkpoint again:\n{}",
+        standby.log()
+    );
+    // Not ready, and why: /readyz and /status name the process that streams the slot.
+    let holder = env
+        .slot_active_pid()
+        .await?
+        .context("the active relay streams")?;
+    let why = format!("standby: slot `relay_slot` is held by another process (pid {holder})");
+    let readyz = wait_http(&http, "/readyz", 503, WAIT, &standby).await?;
+    assert!(readyz.contains(&why), "{readyz}");
+    let (_, status) = get(&http, "/status").await?;
+    assert!(status.contains(&why), "{status}");
+
     active.kill9();
     standby.wait_log("replication started", WAIT).await?;
-    let third = insert_event(&db, "Order", "Created", r#"{"n":3}"#).await?;
-    wait_for_id(&js, &third, &standby).await?;
+    wait_http(&http, "/readyz", 200, WAIT, &standby).await?;
+    let three = insert_event(&db, "Order", "Created", r#"{"n":3}"#).await?;
+    wait_for_id(&js, &three, &standby).await?;
     let (slot, checkpoint) = slot_then_checkpoint(&env).await?;
     assert!(
         slot <= checkpoint,
@@ -259,9 +290,20 @@ async fn two_relays_started_together_on_a_fresh_database_become_active_and_stand
         &["run"],
         &[("RELAY_RELAY__RECONNECT_MAX", "100ms")],
     )?;
-    second
-        .wait_log("was created by another relay", WAIT)
-        .await?;
+    // It waits for the slot's creator (the slot shows it as its reader), or it lost the race to
+    // create the slot and starts over to wait.
+    let deadline = Instant::now() + WAIT;
+    while !["waiting as a standby", "was created by another relay"]
+        .iter()
+        .any(|needle| second.log().contains(needle))
+    {
+        ensure!(
+            Instant::now() < deadline,
+            "the second relay never waited:\n{}",
+            second.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     holder.batch_execute("COMMIT").await?;
     // A row committed before the slot is consistent (its creation ends at the next running-xacts
     // record after the holder's commit) is from before the slot: never streamed, by PostgreSQL's

@@ -254,6 +254,11 @@ impl Relay {
             .map_or(0, |kb| kb * 1024)
     }
 
+    /// The relay's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn signal(&self, signal: nix::sys::signal::Signal) {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
         let _ = nix::sys::signal::kill(pid, signal);

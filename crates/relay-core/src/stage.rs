@@ -55,6 +55,9 @@ pub enum ErrorClass {
     /// The replication slot is gone or invalidated: continuing with a new one would skip
     /// events, so the relay stops and an operator reconciles.
     SlotLost,
+    /// Another process streams the replication slot (it admits one reader): nothing is wrong,
+    /// the relay waits as that process's standby and tries again soon.
+    SlotInUse,
 }
 
 /// A failure at one of the pipeline's IO boundaries (the change source, the checkpoint store):

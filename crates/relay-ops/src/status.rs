@@ -65,7 +65,7 @@ pub async fn gather(
 
     let policy = TakeoverPolicy {
         budget: config.relay.takeover_budget,
-        reconnect_max: config.relay.reconnect_max,
+        standby_poll: config.relay.standby_poll_interval,
     };
     // The WAL rate sample takes a moment: look at the stream and the relay meanwhile.
     let (retention, stream, (relay_addr, relay_status)) = tokio::join!(

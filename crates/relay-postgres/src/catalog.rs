@@ -26,8 +26,10 @@ use tokio_postgres::Client;
 
 use crate::PgError;
 
+mod slot_holder;
 mod slot_report;
 pub use publication_problem::publication_problem;
+pub use slot_holder::slot_holder;
 pub use slot_report::SlotReport;
 
 fn lsn(text: Option<String>) -> Option<Lsn> {

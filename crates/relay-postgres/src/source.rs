@@ -65,8 +65,8 @@ pub(crate) fn classify(slot: &str, error: PgWireError, phase: ReplicationPhase) 
             ),
         ),
         ReplicationErrorKind::SlotInUse => (
-            ErrorClass::Transient,
-            format!("replication slot {slot} is in use by another process; waiting as a standby"),
+            ErrorClass::SlotInUse,
+            format!("replication slot {slot} is in use by another process{code}"),
         ),
         ReplicationErrorKind::PublicationMissing => (
             ErrorClass::Fatal,

@@ -100,6 +100,11 @@ pub struct PipelineSettings {
     /// Default `10s`.
     #[serde(with = "humantime_serde")]
     pub reconnect_max: Duration,
+    /// While another process streams the slot (a standby relay of an active/standby pair), how
+    /// often this relay asks PostgreSQL whether the slot is free, on one kept session: how soon
+    /// it takes over once the active relay's walsender is gone. Default `1s`.
+    #[serde(with = "humantime_serde")]
+    pub standby_poll_interval: Duration,
     /// Opt-in: rows that cannot be routed are published here (raw row as JSON, the reason in
     /// headers) and the relay continues, instead of stopping. Must be captured by the stream.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -145,6 +150,10 @@ fn default_reconnect_max() -> Duration {
     Duration::from_secs(10)
 }
 
+fn default_standby_poll_interval() -> Duration {
+    Duration::from_secs(1)
+}
+
 impl Default for PipelineSettings {
     fn default() -> Self {
         let pipeline = PipelineConfig::default();
@@ -156,6 +165,7 @@ impl Default for PipelineSettings {
             retry_max: pipeline.retry_max,
             no_stream_grace: pipeline.no_stream_grace,
             reconnect_max: default_reconnect_max(),
+            standby_poll_interval: default_standby_poll_interval(),
             dead_letter_subject: pipeline.dead_letter_subject,
             publication_check_interval: default_publication_check_interval(),
             takeover_budget: default_takeover_budget(),
@@ -275,25 +285,21 @@ impl RelayConfig {
                 self.relay.max_in_flight
             )));
         }
-        if self.relay.checkpoint_interval.is_zero() {
-            return Err(ConfigError::Invalid(
-                "[relay] checkpoint_interval must be positive".into(),
-            ));
-        }
-        if self.relay.publication_check_interval.is_zero() {
-            return Err(ConfigError::Invalid(
-                "[relay] publication_check_interval must be positive".into(),
-            ));
-        }
-        if self.relay.takeover_budget.is_zero() {
-            return Err(ConfigError::Invalid(
-                "[relay] takeover_budget must be positive".into(),
-            ));
-        }
-        if self.relay.position_retention.is_zero() {
-            return Err(ConfigError::Invalid(
-                "[relay] position_retention must be positive".into(),
-            ));
+        for (key, value) in [
+            ("checkpoint_interval", self.relay.checkpoint_interval),
+            (
+                "publication_check_interval",
+                self.relay.publication_check_interval,
+            ),
+            ("takeover_budget", self.relay.takeover_budget),
+            ("position_retention", self.relay.position_retention),
+            ("standby_poll_interval", self.relay.standby_poll_interval),
+        ] {
+            if value.is_zero() {
+                return Err(ConfigError::Invalid(format!(
+                    "[relay] {key} must be positive"
+                )));
+            }
         }
         if let Some(dlq) = &self.relay.dead_letter_subject {
             let literal = relay_core::subject::SubjectTemplate::parse(dlq)

@@ -82,7 +82,7 @@ pub fn pg_failure(error: PgError) -> Failure {
 /// The exit of an error class of a stage (a backfill, `restore`).
 pub fn class_kind(class: ErrorClass) -> FailureKind {
     match class {
-        ErrorClass::Transient => FailureKind::Unavailable,
+        ErrorClass::Transient | ErrorClass::SlotInUse => FailureKind::Unavailable,
         ErrorClass::Fatal => FailureKind::Config,
         ErrorClass::SlotLost => FailureKind::DataSafety,
     }

@@ -24,6 +24,7 @@ use crate::failure::Failure;
 mod background;
 mod on_create;
 mod session;
+mod standby;
 mod stop;
 
 use background::{spawn_progress_log, spawn_publication_check, spawn_sampler};
@@ -111,6 +112,10 @@ enum SessionEnd {
     Shutdown,
     /// The connection failed or the stream ended: reconnect after a backoff.
     Retry(anyhow::Error),
+    /// START_REPLICATION found the slot streamed by another process (it was free when the
+    /// session looked, and another relay took it first): no failure, the relay waits as its
+    /// standby, starting over after `[relay] standby_poll_interval`.
+    SlotTaken(anyhow::Error),
 }
 
 /// The supervisor's loop: session, backoff and restart around one shutdown token.
@@ -178,6 +183,7 @@ async fn supervise(relay: Relay, shutdown: CancellationToken) -> Result<(), Fail
         ever_connected: false,
         refused_logins: 0,
         backfilled_streamed_ids: Default::default(),
+        standby: Default::default(),
     };
     let mut backoff = Duration::from_millis(250);
     let mut sessions = 0u64;
@@ -198,26 +204,34 @@ async fn supervise(relay: Relay, shutdown: CancellationToken) -> Result<(), Fail
                 Lsn(stats.confirmed_lsn.load(Ordering::Relaxed))
             )));
         }
-        let error = match end? {
+        let delay = match end? {
             SessionEnd::Shutdown => {
                 let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
                 tracing::info!(confirmed_lsn = %Lsn(stats.confirmed_lsn.load(Ordering::Relaxed)), "stopped cleanly");
                 return Ok(());
             }
-            SessionEnd::Retry(error) => error,
+            _ if shutdown.is_cancelled() => return Ok(()),
+            SessionEnd::Retry(error) => {
+                telemetry.set_last_error(Some(format!("{error:#}")));
+                tracing::warn!(error = %format!("{error:#}"), retry_in = ?backoff, "replication session ended; reconnecting");
+                let delay = backoff;
+                backoff = (backoff * 2).min(config.relay.reconnect_max);
+                delay
+            }
+            SessionEnd::SlotTaken(error) => {
+                // Lost the race for a freed slot: no failure, and no backoff to grow. The next
+                // session waits for the winner.
+                let delay = config.relay.standby_poll_interval;
+                tracing::info!(error = %format!("{error:#}"), retry_in = ?delay, "another process took the slot first; waiting as its standby");
+                delay
+            }
         };
-        if shutdown.is_cancelled() {
-            return Ok(());
-        }
-        telemetry.set_last_error(Some(format!("{error:#}")));
-        tracing::warn!(error = %format!("{error:#}"), retry_in = ?backoff, "replication session ended; reconnecting");
         tokio::select! {
-            () = tokio::time::sleep(backoff) => {}
+            () = tokio::time::sleep(delay) => {}
             () = stop.cancelled() => {}
         }
         if shutdown.is_cancelled() {
             return Ok(());
         }
-        backoff = (backoff * 2).min(config.relay.reconnect_max);
     }
 }

@@ -8,7 +8,6 @@
 //! OTLP exporter's own thread. The binary serves it over HTTP and gives it its build
 //! ([`BuildInfo`]).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -22,8 +21,12 @@ use relay_postgres::catalog::retention::RetentionWindow;
 mod cleanup_report;
 mod metrics;
 pub mod otlp;
+mod rate_limit;
 mod status_doc;
+#[cfg(test)]
+mod tests;
 pub use metrics::MetricsCollector;
+pub use rate_limit::RateLimit;
 pub use status_doc::{
     CleanupStatus, ContractStatus, NatsStatus, PipelineStatus, PostgresStatus, RelayStatus,
     TableStatus,
@@ -210,6 +213,8 @@ pub struct Telemetry {
     /// [`Telemetry::set_contracts`]).
     contracts: OnceLock<Vec<(String, Arc<LoadedContract>)>>,
     last_error: Mutex<Option<String>>,
+    /// The pid of the process holding the slot while this relay waits as its standby.
+    standby_for: Mutex<Option<i32>>,
     started: Instant,
 }
 
@@ -241,6 +246,7 @@ impl Telemetry {
             tables: Mutex::new(std::collections::BTreeMap::new()),
             contracts: OnceLock::new(),
             last_error: Mutex::new(None),
+            standby_for: Mutex::new(None),
             started: Instant::now(),
         }
     }
@@ -328,6 +334,18 @@ impl Telemetry {
         *lock(&self.last_error) = error;
     }
 
+    /// Records that this relay waits as a standby while the process `holder` streams the slot
+    /// (`None`: it waits no longer). `/readyz` and `/status` give it as the reason it is not
+    /// ready, instead of a slot that is not streaming.
+    pub fn set_standby(&self, holder: Option<i32>) {
+        *lock(&self.standby_for) = holder;
+    }
+
+    /// The pid of the process streaming the slot while this relay waits as its standby.
+    pub fn standby_for(&self) -> Option<i32> {
+        *lock(&self.standby_for)
+    }
+
     fn nats_connected(&self) -> bool {
         self.nats.get().is_some_and(|c| {
             matches!(
@@ -350,11 +368,7 @@ impl Telemetry {
     pub fn readiness(&self) -> (bool, Vec<String>) {
         let mut reasons = Vec::new();
         if !self.streaming.load(Ordering::Relaxed) {
-            let mut reason = format!("postgres: slot `{}` is not streaming", self.slot);
-            if let Some(error) = lock(&self.last_error).as_ref() {
-                reason.push_str(&format!(" (last error: {error})"));
-            }
-            reasons.push(reason);
+            reasons.push(self.not_streaming_reason());
         }
         if !self.nats_connected() {
             reasons.push("nats: not connected".into());
@@ -363,6 +377,22 @@ impl Telemetry {
             reasons.push(format!("nats: stream `{}` not found", self.stream));
         }
         (reasons.is_empty(), reasons)
+    }
+
+    /// Why no session streams: a standby waits for the process streaming the slot, or the
+    /// last session ended (with its error, if any).
+    fn not_streaming_reason(&self) -> String {
+        if let Some(pid) = self.standby_for() {
+            return format!(
+                "standby: slot `{}` is held by another process (pid {pid})",
+                self.slot
+            );
+        }
+        let mut reason = format!("postgres: slot `{}` is not streaming", self.slot);
+        if let Some(error) = lock(&self.last_error).as_ref() {
+            reason.push_str(&format!(" (last error: {error})"));
+        }
+        reason
     }
 
     /// Bytes of WAL the slot's confirmed position is behind the server's, as last sampled.
@@ -450,45 +480,4 @@ fn age_seconds(unix_micros: u64) -> f64 {
         .duration_since(UNIX_EPOCH + Duration::from_micros(unix_micros))
         .unwrap_or_default()
         .as_secs_f64()
-}
-
-/// Lets at most `burst` WARN/ERROR events per log statement through every `window`; the rest
-/// are dropped, so an outage does not flood the log. INFO and below are not limited.
-#[derive(Debug)]
-pub struct RateLimit {
-    window: Duration,
-    burst: u32,
-    seen: Mutex<HashMap<tracing::callsite::Identifier, (Instant, u32)>>,
-}
-
-impl RateLimit {
-    /// A limiter of `burst` events per `window` per call site.
-    pub fn new(window: Duration, burst: u32) -> Self {
-        Self {
-            window,
-            burst,
-            seen: Mutex::new(HashMap::new()),
-        }
-    }
-}
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for RateLimit {
-    fn event_enabled(
-        &self,
-        event: &tracing::Event<'_>,
-        _ctx: tracing_subscriber::layer::Context<'_, S>,
-    ) -> bool {
-        let meta = event.metadata();
-        if *meta.level() > tracing::Level::WARN {
-            return true;
-        }
-        let now = Instant::now();
-        let mut seen = lock(&self.seen);
-        let entry = seen.entry(meta.callsite()).or_insert((now, 0));
-        if now.duration_since(entry.0) >= self.window {
-            *entry = (now, 0);
-        }
-        entry.1 += 1;
-        entry.1 <= self.burst
-    }
 }

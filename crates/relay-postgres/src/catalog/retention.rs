@@ -15,7 +15,8 @@
 //! A standby relay waiting on the slot takes over once PostgreSQL lets go of the active relay's
 //! walsender: at once when that relay's process dies, but only after `wal_sender_timeout` when
 //! its host or network vanished (and never, short of TCP keepalives, with
-//! `wal_sender_timeout = 0`), plus up to `[relay] reconnect_max` until the standby retries.
+//! `wal_sender_timeout = 0`), plus up to `[relay] standby_poll_interval` until the standby
+//! sees the slot free.
 //!
 //! [`facts`] reads all of it; [`RetentionWindow::assess`] turns the facts, a WAL rate (a short
 //! [`measure`] sample in `validate --connect` and `status`, a moving [`WalRateTracker`] in the
@@ -50,8 +51,9 @@ pub struct TakeoverPolicy {
     /// `[relay] takeover_budget`: the longest outage planned for (a standby taking over, or
     /// someone restoring the relay); a shorter window is warned about.
     pub budget: Duration,
-    /// `[relay] reconnect_max`: how long a waiting standby may take to retry.
-    pub reconnect_max: Duration,
+    /// `[relay] standby_poll_interval`: how often a waiting standby looks whether the slot is
+    /// free.
+    pub standby_poll: Duration,
 }
 
 /// What one check is about.
@@ -195,11 +197,12 @@ impl RetentionWindow {
     }
 
     /// How long a waiting standby relay needs at most to take over from a relay whose host
-    /// vanished: `wal_sender_timeout` + `reconnect_max`; `None` when `wal_sender_timeout = 0`.
+    /// vanished: `wal_sender_timeout` + `standby_poll_interval`; `None` when
+    /// `wal_sender_timeout = 0`.
     #[must_use]
     pub fn takeover(&self) -> Option<Duration> {
         let timeout = self.facts.settings.wal_sender_timeout;
-        (!timeout.is_zero()).then(|| timeout + self.policy.reconnect_max)
+        (!timeout.is_zero()).then(|| timeout + self.policy.standby_poll)
     }
 
     /// One line: how long, e.g. `about 12s before slot s is invalidated if the relay stops`.
@@ -384,10 +387,10 @@ impl RetentionWindow {
             );
         };
         let estimate = format!(
-            "within about {} after the active relay's host vanished (wal_sender_timeout {} + [relay] reconnect_max {}; at once when only its process died)",
+            "within about {} after the active relay's host vanished (wal_sender_timeout {} + [relay] standby_poll_interval {}; at its next look when only its process died)",
             duration(takeover),
             duration(wst),
-            duration(self.policy.reconnect_max)
+            duration(self.policy.standby_poll)
         );
         match self.seconds() {
             Some(s) if s < takeover.as_secs_f64() && !self.is_lost() => Check::warn(

@@ -31,6 +31,7 @@ fn pipeline_defaults_are_the_pipelines_own() {
         )
     );
     assert_eq!(relay.reconnect_max, Duration::from_secs(3));
+    assert_eq!(relay.standby_poll_interval, Duration::from_secs(1));
 }
 
 /// Every secret the configuration can hold, from the file and the environment: none is in
@@ -101,6 +102,18 @@ fn defaults_need_no_file() {
         ..c
     };
     c.validate().unwrap();
+    let no_poll = RelayConfig {
+        relay: PipelineSettings {
+            standby_poll_interval: Duration::ZERO,
+            ..PipelineSettings::default()
+        },
+        ..c.clone()
+    };
+    let err = no_poll.validate().unwrap_err().to_string();
+    assert!(
+        err.ends_with("[relay] standby_poll_interval must be positive"),
+        "{err}"
+    );
     assert_eq!(
         c.sample_subjects(),
         [("public.outbox".to_owned(), "outbox.x.x".to_owned())]

@@ -84,7 +84,7 @@ pub(super) fn spawn_sampler(
         let slot = config.postgres.slot.as_str();
         let policy = TakeoverPolicy {
             budget: config.relay.takeover_budget,
-            reconnect_max: config.relay.reconnect_max,
+            standby_poll: config.relay.standby_poll_interval,
         };
         let mut wal_rate = WalRateTracker::new(WAL_RATE_WINDOW);
         while ticks.next().await {

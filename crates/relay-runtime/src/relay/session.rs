@@ -20,6 +20,7 @@ use relay_postgres::checkpoint::PgCheckpointStore;
 use tokio_util::sync::CancellationToken;
 
 use super::SessionEnd;
+use super::standby::Standby;
 use super::stop::{Step, Stop, boundary, postgres, retry};
 use crate::config::RelayConfig;
 use crate::failure::pg_failure;
@@ -46,6 +47,8 @@ pub(super) struct Supervisor<'a> {
     /// Event ids a resumed backfill at slot creation published that the slot streams too
     /// (`on_create::run`): the live pipeline does not publish them again.
     pub(super) backfilled_streamed_ids: std::collections::HashMap<String, u64>,
+    /// Waiting while another process streams the slot.
+    pub(super) standby: Standby,
 }
 
 impl Supervisor<'_> {
@@ -61,6 +64,16 @@ impl Supervisor<'_> {
         // `server`: the settings bound to the host reached (the read-write one of a multi-host
         // URL), so the replication session streams where the checkpoint is stored.
         let (client, server) = self.connect().await?;
+        // Before anything costly: a standby waits here, on this connection, for the slot.
+        self.standby
+            .wait_while_held(
+                &client,
+                &self.config.postgres.slot,
+                self.config.relay.standby_poll_interval,
+                self.telemetry,
+                self.stop,
+            )
+            .await?;
         let mut store = PgCheckpointStore::new(client, &self.config.postgres.slot)
             .await
             .map_err(|e| boundary(e, None))?
@@ -82,6 +95,51 @@ impl Supervisor<'_> {
             }
             None => Default::default(),
         };
+        let already_published = self.already_published(start, streamed).await?;
+        self.resend_zone_alone(&store).await?;
+        let router = self.router(&store).await?;
+        let trail = self.slot_trail(&store, &state, start).await;
+        let ack = trail.as_ref().map_or(start, |(_, floor)| *floor);
+        failpoint::pause("before_start_replication").await;
+        let source = PgSource::start(&server, start, ack)
+            .await
+            .map_err(|e| boundary(e, None))?;
+        self.telemetry
+            .stats
+            .slot_confirmed_lsn
+            .store(ack.min(start).0, Ordering::Relaxed);
+        self.telemetry.streaming.store(true, Ordering::Relaxed);
+        self.telemetry.set_last_error(None);
+        // systemd (Type=notify): ready once replication streams; repeated READY=1 is harmless.
+        let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
+        tracing::info!(slot = %self.config.postgres.slot, lsn = %start, "streaming");
+        self.standby.took_over(&self.config.postgres.slot);
+        let mut pipeline = Pipeline::new(
+            source,
+            self.publisher.clone(),
+            store,
+            router,
+            start,
+            self.config.relay.pipeline_config(),
+            self.telemetry.stats.clone(),
+        );
+        pipeline.skip_published(already_published);
+        if let Some((trail, _)) = trail {
+            pipeline.trail_slot(trail);
+        }
+        let result = pipeline.run(self.stop.cancelled()).await;
+        let (source, _, _) = pipeline.into_parts();
+        self.ended(source, result).await
+    }
+
+    /// The events past the checkpoint `start` the stream already holds (its tail), and those a
+    /// backfill at slot creation published that the slot streams too (`streamed`): the
+    /// pipeline does not publish them again.
+    async fn already_published(
+        &mut self,
+        start: Lsn,
+        streamed: std::collections::HashMap<String, u64>,
+    ) -> Step<std::collections::HashMap<String, u64>> {
         let mut already_published = relay_nats::published_since(
             self.publisher.jetstream(),
             &self.config.nats.stream,
@@ -103,39 +161,7 @@ impl Supervisor<'_> {
         for (id, seq) in &self.backfilled_streamed_ids {
             already_published.entry(id.clone()).or_insert(*seq);
         }
-        self.resend_zone_alone(&store).await?;
-        let router = self.router(&store).await?;
-        let trail = self.slot_trail(&store, &state, start).await;
-        let ack = trail.as_ref().map_or(start, |(_, floor)| *floor);
-        failpoint::pause("before_start_replication").await;
-        let source = PgSource::start(&server, start, ack)
-            .await
-            .map_err(|e| boundary(e, None))?;
-        self.telemetry
-            .stats
-            .slot_confirmed_lsn
-            .store(ack.min(start).0, Ordering::Relaxed);
-        self.telemetry.streaming.store(true, Ordering::Relaxed);
-        self.telemetry.set_last_error(None);
-        // systemd (Type=notify): ready once replication streams; repeated READY=1 is harmless.
-        let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
-        tracing::info!(slot = %self.config.postgres.slot, lsn = %start, "streaming");
-        let mut pipeline = Pipeline::new(
-            source,
-            self.publisher.clone(),
-            store,
-            router,
-            start,
-            self.config.relay.pipeline_config(),
-            self.telemetry.stats.clone(),
-        );
-        pipeline.skip_published(already_published);
-        if let Some((trail, _)) = trail {
-            pipeline.trail_slot(trail);
-        }
-        let result = pipeline.run(self.stop.cancelled()).await;
-        let (source, _, _) = pipeline.into_parts();
-        self.ended(source, result).await
+        Ok(already_published)
     }
 
     /// In fast-batch mode: an earlier run may have published anything committed before now;
@@ -267,13 +293,6 @@ impl Supervisor<'_> {
             slot_created = state.created,
             "resuming from the stored checkpoint"
         );
-        if let Some(pid) = state.slot.active_pid {
-            tracing::info!(
-                slot,
-                active_pid = pid,
-                "slot is streaming to another process; waiting as a standby"
-            );
-        }
         Ok(start)
     }
 

@@ -38,6 +38,7 @@ pub(super) fn boundary(error: BoundaryError, context: Option<String>) -> Stop {
     };
     match class {
         ErrorClass::Transient => retry(error),
+        ErrorClass::SlotInUse => Stop::End(SessionEnd::SlotTaken(error)),
         ErrorClass::Fatal => Stop::Fail(Failure::new(FailureKind::Config, error)),
         ErrorClass::SlotLost => Stop::Fail(Failure::new(FailureKind::DataSafety, error)),
     }
@@ -60,6 +61,7 @@ mod tests {
     fn outcome(stop: Stop) -> Result<String, (FailureKind, String)> {
         match stop {
             Stop::End(SessionEnd::Retry(error)) => Ok(format!("{error:#}")),
+            Stop::End(SessionEnd::SlotTaken(error)) => Ok(format!("taken: {error:#}")),
             Stop::End(SessionEnd::Shutdown) => Ok("shutdown".to_owned()),
             Stop::Fail(exit) => Err((exit.kind, format!("{:#}", exit.error))),
         }
@@ -76,6 +78,11 @@ mod tests {
         assert_eq!(
             outcome(boundary(fatal, None)),
             Err((FailureKind::Config, "publication missing".to_owned()))
+        );
+        let taken = BoundaryError::new(ErrorClass::SlotInUse, "slot relay_slot is in use");
+        assert_eq!(
+            outcome(boundary(taken, None)),
+            Ok("taken: slot relay_slot is in use".to_owned())
         );
         let lost = BoundaryError::new(ErrorClass::SlotLost, "slot relay_slot was invalidated");
         assert_eq!(

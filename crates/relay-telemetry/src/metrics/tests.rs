@@ -91,7 +91,7 @@ fn sampled_telemetry() -> Arc<Telemetry> {
         }),
         TakeoverPolicy {
             budget: Duration::from_secs(3600),
-            reconnect_max: Duration::from_secs(10),
+            standby_poll: Duration::from_secs(1),
         },
     );
     t.set_slot_and_retention(Some(Some(slot)), Some(window));

@@ -118,7 +118,7 @@ async fn retention_checks(
 ) -> Result<(), tokio_postgres::Error> {
     let policy = TakeoverPolicy {
         budget: config.relay.takeover_budget,
-        reconnect_max: config.relay.reconnect_max,
+        standby_poll: config.relay.standby_poll_interval,
     };
     let window = retention::measure(client, &config.postgres.slot, SHORT_SAMPLE, policy).await?;
     r.pass("retention", window.numbers());

@@ -5,7 +5,7 @@ const MB: u64 = 1 << 20;
 fn policy() -> TakeoverPolicy {
     TakeoverPolicy {
         budget: Duration::from_secs(3600),
-        reconnect_max: Duration::from_secs(10),
+        standby_poll: Duration::from_secs(1),
     }
 }
 
@@ -101,13 +101,13 @@ fn a_long_window_passes_and_a_standby_that_cannot_make_it_warns() {
     assert_eq!(w.seconds(), Some(65536.0));
     assert!(w.warnings().is_empty(), "{:?}", w.warnings());
 
-    // 30 s of WAL left, a standby needs 70 s.
+    // 30 s of WAL left, a standby needs 61 s (wal_sender_timeout 60 s + a poll of 1 s).
     let w = RetentionWindow::assess(
         facts(Some(64 * MB), Some(30 * MB as i64)),
         rate(MB as f64),
         policy(),
     );
-    assert_eq!(w.takeover(), Some(Duration::from_secs(70)));
+    assert_eq!(w.takeover(), Some(Duration::from_secs(61)));
     let aspects: Vec<Aspect> = w.warnings().iter().map(|c| c.aspect).collect();
     assert_eq!(aspects, [Aspect::Window, Aspect::Takeover]);
 }
