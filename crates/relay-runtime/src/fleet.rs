@@ -15,6 +15,7 @@
 //!   pipeline whose new configuration is refused keeps running its previous one.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio::task::JoinSet;
@@ -22,9 +23,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use crate::failure::{Failure, FailureKind};
-use crate::relay::{Relay, RelayOptions};
+use crate::relay::{Claim, Relay, RelayOptions};
+use members::Members;
 
 pub mod config;
+pub mod members;
 mod view;
 
 pub use config::{FleetConfig, FleetSettings, Origin, PipelineEntry, RefusedPipeline};
@@ -38,6 +41,8 @@ pub struct Fleet {
     view: FleetView,
     /// Built at [`Fleet::build`], so every file is read before anything connects.
     built: BTreeMap<String, Relay>,
+    /// Where pipelines are placed when several processes run the fleet (`[fleet] spread`).
+    members: Option<Arc<Members>>,
     /// Cancelled when [`Fleet::run`] returns, or the fleet is dropped without running.
     ended: CancellationToken,
     _ended_on_drop: tokio_util::sync::DropGuard,
@@ -76,6 +81,8 @@ impl Fleet {
         }
         let ended = CancellationToken::new();
         Ok(Self {
+            members: (config.is_fleet && config.fleet.spread)
+                .then(|| Arc::new(Members::new(member_id(), config.fleet.heartbeat_interval))),
             config,
             options,
             view,
@@ -117,6 +124,23 @@ impl Fleet {
         // Changed by a reload while running: started once the previous run has drained.
         let mut restart: BTreeMap<String, PipelineEntry> = BTreeMap::new();
         let mut generation = 0u64;
+        if let Some(members) = &self.members {
+            members.set_pipelines(
+                self.config
+                    .pipelines
+                    .iter()
+                    .map(|p| p.name.clone())
+                    .collect(),
+            );
+            // Hear the fleet's other processes before taking any slot.
+            members::spawn_heartbeat(
+                members.clone(),
+                self.config.nats.clone(),
+                self.config.fleet.name.clone(),
+                self.ended.clone(),
+            )
+            .await;
+        }
         let entries = self.config.pipelines.clone();
         for entry in entries {
             let relay = self.built.remove(&entry.name);
@@ -228,6 +252,7 @@ impl Fleet {
             stop: stop.clone(),
             retry_unavailable: !fail_fast,
             is_fleet: self.config.is_fleet,
+            members: self.members.clone(),
         };
         let name = entry.name.clone();
         let run = task.run(relay);
@@ -331,6 +356,9 @@ impl Fleet {
                 self.view.remove(&view.name);
             }
         }
+        if let Some(members) = &self.members {
+            members.set_pipelines(config.pipelines.iter().map(|p| p.name.clone()).collect());
+        }
         let mut kept = config;
         kept.refused.clear();
         self.config = kept;
@@ -358,6 +386,7 @@ struct PipelineTask {
     stop: CancellationToken,
     retry_unavailable: bool,
     is_fleet: bool,
+    members: Option<Arc<Members>>,
 }
 
 impl PipelineTask {
@@ -370,14 +399,35 @@ impl PipelineTask {
                     .await
                     .map_err(|f| named(f, &self.entry, self.is_fleet))?,
             };
+            let relay = match &self.members {
+                Some(members) => relay.with_claim(Claim {
+                    pipeline: self.entry.name.clone(),
+                    policy: members.clone(),
+                }),
+                None => relay,
+            };
             let telemetry = relay.telemetry().clone();
             self.view.update(&self.entry.name, |v| {
-                v.telemetry = Some(telemetry);
+                v.telemetry = Some(telemetry.clone());
                 v.config = self.entry.config.clone();
             });
             self.view
                 .set_state(&self.entry.name, PipelineState::Running);
-            let failure = match relay.run(self.stop.clone()).await {
+            // A run ends on the fleet's stop, or when it hands the pipeline over.
+            let run_stop = self.stop.child_token();
+            let _watch = self.members.as_ref().map(|members| {
+                spawn_hand_over_watch(
+                    members.clone(),
+                    &self.entry.name,
+                    telemetry,
+                    run_stop.clone(),
+                )
+            });
+            let failure = match relay.run(run_stop.clone()).await {
+                Ok(()) if run_stop.is_cancelled() && !self.stop.is_cancelled() => {
+                    // Handed over: wait as a standby for it.
+                    continue;
+                }
                 Ok(()) => return Ok(()),
                 Err(failure) => failure,
             };
@@ -397,6 +447,53 @@ impl PipelineTask {
             backoff = (backoff * 2).min(self.entry.config.relay.reconnect_max);
         }
     }
+}
+
+/// Drains the run of `pipeline` (cancels `run_stop`) once it streams here while the fleet
+/// places it on another process.
+fn spawn_hand_over_watch(
+    members: Arc<Members>,
+    pipeline: &str,
+    telemetry: Arc<relay_telemetry::Telemetry>,
+    run_stop: CancellationToken,
+) -> tokio_util::sync::DropGuard {
+    let pipeline = pipeline.to_owned();
+    let watch = CancellationToken::new();
+    let ended = watch.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(members.heartbeat_interval());
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = ended.cancelled() => return,
+            }
+            let streaming = telemetry
+                .streaming
+                .load(std::sync::atomic::Ordering::Relaxed);
+            if streaming && crate::relay::SlotClaim::hand_over(members.as_ref(), &pipeline) {
+                tracing::info!(
+                    placed_on = %members.placed_on(&pipeline),
+                    "fleet: this pipeline is placed on another process; draining it here so that one takes it"
+                );
+                run_stop.cancel();
+                return;
+            }
+        }
+    });
+    watch.drop_guard()
+}
+
+/// This process's id among the fleet's: host, pid and a start time.
+fn member_id() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "host".into());
+    let started = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() % 1_000_000_000);
+    format!("{host}-{}-{started}", std::process::id())
 }
 
 /// A fleet pipeline's failure names the pipeline; a single relay's reads as it always did.

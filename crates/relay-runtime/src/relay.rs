@@ -42,11 +42,33 @@ pub struct RelayOptions {
     pub sample: bool,
 }
 
+/// Where a fleet's pipeline should stream when several processes run the fleet: the slot
+/// stays the lock (one reader), this only says who tries first (`crate::fleet::members`).
+pub trait SlotClaim: Send + Sync + std::fmt::Debug {
+    /// Whether `pipeline` is placed on this process: it takes its slot as soon as it is free.
+    fn placed_here(&self, pipeline: &str) -> bool;
+    /// How long a free slot waits for the process its pipeline is placed on before another
+    /// takes it.
+    fn grace(&self) -> Duration;
+    /// Whether this process, streaming `pipeline`, should drain it and let the process it is
+    /// placed on take it.
+    fn hand_over(&self, pipeline: &str) -> bool;
+}
+
+/// A relay's pipeline name with the fleet's placement.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    pub pipeline: String,
+    pub policy: Arc<dyn SlotClaim>,
+}
+
 /// One relay: one slot's replication, published to one stream.
 #[derive(Debug)]
 pub struct Relay {
     config: RelayConfig,
     options: RelayOptions,
+    /// In a fleet run by several processes: who takes a free slot first.
+    claim: Option<Claim>,
     stats: Arc<PipelineStats>,
     telemetry: Arc<Telemetry>,
     /// Cancelled when [`Relay::run`] returns (or the relay is dropped without running).
@@ -73,11 +95,19 @@ impl Relay {
         Ok(Self {
             config,
             options,
+            claim: None,
             stats,
             telemetry,
             ended_on_drop: ended.clone().drop_guard(),
             ended,
         })
+    }
+
+    /// In a fleet run by several processes: take a free slot at once only where the fleet
+    /// places this pipeline, else after the placement's grace.
+    pub fn with_claim(mut self, claim: Claim) -> Self {
+        self.claim = Some(claim);
+        self
     }
 
     /// The settings this relay was built from.
@@ -125,6 +155,7 @@ async fn supervise(relay: Relay, shutdown: CancellationToken) -> Result<(), Fail
     let Relay {
         config,
         options,
+        claim,
         stats,
         telemetry,
         ended: _,
@@ -183,7 +214,7 @@ async fn supervise(relay: Relay, shutdown: CancellationToken) -> Result<(), Fail
         ever_connected: false,
         refused_logins: 0,
         backfilled_streamed_ids: Default::default(),
-        standby: Default::default(),
+        standby: standby::Standby::with_claim(claim),
     };
     let mut backoff = Duration::from_millis(250);
     let mut sessions = 0u64;

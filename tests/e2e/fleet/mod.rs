@@ -2,6 +2,7 @@
 
 mod faults;
 mod reload;
+mod takeover;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

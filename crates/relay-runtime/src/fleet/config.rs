@@ -18,13 +18,36 @@ use serde::{Deserialize, Serialize};
 use crate::config::{ConfigError, HttpSettings, RelayConfig};
 
 /// The `[fleet]` section of the shared file.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FleetSettings {
     /// A directory of pipeline files: every `<name>.toml` in it is one pipeline named
     /// `<name>`, merged over this file. Relative to this file's directory. Default: none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pipelines_dir: Option<PathBuf>,
+    /// The processes running this fleet's configuration (on several hosts) find each other
+    /// by this name. Default `outbox-relay`.
+    pub name: String,
+    /// Spread the pipelines over the processes running the fleet: each takes the pipelines
+    /// placed on it and hands over the others (`_outbox_relay.fleet.<name>.heartbeat` on the
+    /// shared `[nats]`: every process's user needs to publish and subscribe to it). Without
+    /// it, whichever process finds a slot free takes it. Default `true`.
+    pub spread: bool,
+    /// How often a process says it is alive; one not heard for three intervals is gone and its
+    /// pipelines are taken by the others. Default `1s`.
+    #[serde(with = "humantime_serde")]
+    pub heartbeat_interval: std::time::Duration,
+}
+
+impl Default for FleetSettings {
+    fn default() -> Self {
+        Self {
+            pipelines_dir: None,
+            name: "outbox-relay".into(),
+            spread: true,
+            heartbeat_interval: std::time::Duration::from_secs(1),
+        }
+    }
 }
 
 /// Where a pipeline's own values come from.
@@ -93,6 +116,8 @@ pub struct FleetConfig {
     pub is_fleet: bool,
     /// The process's `[http]` (one listener for every pipeline).
     pub http: HttpSettings,
+    /// The shared `[nats]` (the fleet's processes hear each other there).
+    pub nats: relay_nats::NatsSettings,
     pub fleet: FleetSettings,
     /// The pipelines that can run, in name order.
     pub pipelines: Vec<PipelineEntry>,
@@ -124,6 +149,7 @@ impl FleetConfig {
                 file: file.map(Path::to_path_buf),
                 is_fleet: false,
                 http: entry.config.http.clone(),
+                nats: entry.config.nats.clone(),
                 fleet: FleetSettings::default(),
                 pipelines: vec![entry],
                 refused: Vec::new(),
@@ -135,6 +161,17 @@ impl FleetConfig {
                 .map_err(|e| invalid_section("[fleet]", e))?,
             None => FleetSettings::default(),
         };
+        if fleet.heartbeat_interval.is_zero() {
+            return Err(ConfigError::Invalid(
+                "[fleet] heartbeat_interval must be positive".into(),
+            ));
+        }
+        if fleet.name.is_empty() || fleet.name.contains(['.', '*', '>', ' ']) {
+            return Err(ConfigError::Invalid(format!(
+                "[fleet] name `{}` must be one NATS subject token (no `.`, `*`, `>` or spaces)",
+                fleet.name
+            )));
+        }
         // What every pipeline shares, checked as a configuration of its own first: a bad
         // shared key is the shared file's error, not each pipeline's.
         let defaults: RelayConfig = Figment::from(Serialized::defaults(values.clone()))
@@ -169,6 +206,7 @@ impl FleetConfig {
             file: file.map(Path::to_path_buf),
             is_fleet: true,
             http: defaults.http,
+            nats: defaults.nats,
             fleet,
             pipelines,
             refused,

@@ -11,8 +11,8 @@ use relay_postgres::catalog::slot_holder;
 use relay_telemetry::Telemetry;
 use tokio_util::sync::CancellationToken;
 
-use super::SessionEnd;
 use super::stop::{Step, Stop, postgres};
+use super::{Claim, SessionEnd};
 
 /// What the supervisor remembers of its wait across sessions: a session that loses the race
 /// for a freed slot starts over and waits again, as the same wait.
@@ -22,12 +22,23 @@ pub(super) struct Standby {
     since: Option<Instant>,
     /// The holder the log last named: another one is named again.
     logged_holder: Option<i32>,
+    /// In a fleet run by several processes: a free slot is taken at once only where the
+    /// pipeline is placed.
+    claim: Option<Claim>,
 }
 
 impl Standby {
+    pub(super) fn with_claim(claim: Option<Claim>) -> Self {
+        Self {
+            claim,
+            ..Self::default()
+        }
+    }
+
     /// Returns once no other process streams `slot` (also when it does not exist: the start-up
-    /// checks deal with that); polls every `poll` while one does. A cancelled `stop` ends the
-    /// session as a clean shutdown.
+    /// checks deal with that) and, in a fleet run by several processes, once the slot has been
+    /// free for the placement's grace unless the pipeline is placed here; polls every `poll`
+    /// meanwhile. A cancelled `stop` ends the session as a clean shutdown.
     pub(super) async fn wait_while_held(
         &mut self,
         client: &tokio_postgres::Client,
@@ -36,20 +47,41 @@ impl Standby {
         telemetry: &Telemetry,
         stop: &CancellationToken,
     ) -> Step<()> {
-        let Some(mut holder) = slot_holder(client, slot).await.map_err(postgres)? else {
-            return Ok(());
-        };
-        let since = *self.since.get_or_insert_with(Instant::now);
+        let mut holder = slot_holder(client, slot).await.map_err(postgres)?;
+        let mut free_since: Option<Instant> = None;
+        let mut logged_placement = false;
         loop {
-            telemetry.set_standby(Some(holder));
-            if self.logged_holder != Some(holder) {
-                self.logged_holder = Some(holder);
-                tracing::info!(
-                    slot,
-                    holder_pid = holder,
-                    "replication slot {slot} is in use by another process (pid {holder}); waiting as a standby, checking every {}",
-                    humantime_serde::re::humantime::format_duration(poll)
-                );
+            match holder {
+                Some(pid) => {
+                    free_since = None;
+                    self.since.get_or_insert_with(Instant::now);
+                    telemetry.set_standby(Some(pid));
+                    if self.logged_holder != Some(pid) {
+                        self.logged_holder = Some(pid);
+                        tracing::info!(
+                            slot,
+                            holder_pid = pid,
+                            "replication slot {slot} is in use by another process (pid {pid}); waiting as a standby, checking every {}",
+                            humantime_serde::re::humantime::format_duration(poll)
+                        );
+                    }
+                }
+                None => {
+                    telemetry.set_standby(None);
+                    let free = *free_since.get_or_insert_with(Instant::now);
+                    let Some(claim) = &self.claim else { break };
+                    let grace = claim.policy.grace();
+                    if claim.policy.placed_here(&claim.pipeline) || free.elapsed() >= grace {
+                        break;
+                    }
+                    if !std::mem::replace(&mut logged_placement, true) {
+                        tracing::info!(
+                            slot,
+                            "replication slot {slot} is free and this pipeline is placed on another process of the fleet: leaving it to that one for up to {}",
+                            humantime_serde::re::humantime::format_duration(grace)
+                        );
+                    }
+                }
             }
             tokio::select! {
                 () = tokio::time::sleep(poll) => {}
@@ -58,17 +90,18 @@ impl Standby {
                     return Err(Stop::End(SessionEnd::Shutdown));
                 }
             }
-            match slot_holder(client, slot).await {
-                Ok(Some(pid)) => holder = pid,
-                Ok(None) => break,
+            holder = match slot_holder(client, slot).await {
+                Ok(holder) => holder,
                 Err(e) => {
                     telemetry.set_standby(None);
                     return Err(postgres(e));
                 }
-            }
+            };
         }
         telemetry.set_standby(None);
-        tracing::debug!(slot, waited = ?since.elapsed(), "replication slot {slot} is free: starting a session on it");
+        if let Some(since) = self.since {
+            tracing::debug!(slot, waited = ?since.elapsed(), "replication slot {slot} is free: starting a session on it");
+        }
         Ok(())
     }
 
