@@ -2,7 +2,7 @@
 //! real relay, PostgreSQL and nats-server: each page shows what the servers hold (numbers that
 //! match `/status`, the stream's events, a dead letter with its reason, a consumer's pending
 //! count, a signal's outcome, a traced event), and a screenshot of each page is kept under
-//! `target/test-artifacts/console/`.
+//! `target/test-artifacts/console/`. A fleet's console: [`fleet`].
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,6 +14,7 @@ use async_nats::jetstream::consumer;
 use crate::support::*;
 
 mod consumers;
+mod fleet;
 mod webdriver;
 
 /// The browser: `RELAY_TEST_CHROMIUM`, else Debian's `/usr/bin/chromium`.

@@ -7,9 +7,7 @@
 //! | `/metrics` | Prometheus / OpenMetrics text |
 //! | `/status` | JSON: positions, counters, slot and stream state; a fleet's: each pipeline's state and its relay's document |
 //! | `/status/{pipeline}` | a fleet pipeline's relay's document, as one relay's `/status` |
-//! | `/console` | the console, with `[http] console = true` ([`crate::console`]) |
-
-use std::sync::Arc;
+//! | `/console` | the console, with `[http] console = true` ([`crate::console`]): one relay's, or a fleet's page with each pipeline's console under `/console/p/{pipeline}/` |
 
 use axum::Json;
 use axum::extract::State;
@@ -27,12 +25,12 @@ struct AppState {
     fleet: FleetView,
 }
 
-/// Serves the endpoints (and `console`'s pages when given) on `listener` until `ended` is
+/// Serves the endpoints (and the console's routes when given) on `listener` until `ended` is
 /// cancelled.
 pub(crate) fn spawn(
     listener: tokio::net::TcpListener,
     fleet: FleetView,
-    console: Option<Arc<crate::console::Console>>,
+    console: Option<axum::Router>,
     ended: tokio_util::sync::CancellationToken,
 ) {
     let state = AppState { fleet };
@@ -44,7 +42,7 @@ pub(crate) fn spawn(
         .route("/status/{pipeline}", get(pipeline_status))
         .with_state(state);
     let app = match console {
-        Some(console) => app.merge(crate::console::routes(console)),
+        Some(console) => app.merge(console),
         None => app,
     };
     tokio::spawn(async move {

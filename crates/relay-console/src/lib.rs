@@ -10,7 +10,6 @@
 //! [`Endpoints::serve`] until the relay's run has returned.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 
 use anyhow::Context as _;
 use relay_runtime::config::HttpSettings;
@@ -27,6 +26,8 @@ pub struct Endpoints {
     listener: tokio::net::TcpListener,
     /// `[http] console = true`: its token (`None`: loopback only).
     console: Option<Option<String>>,
+    /// `[http] console_write`.
+    console_write: bool,
     /// `[http] listen`, as configured.
     listen: String,
 }
@@ -51,6 +52,7 @@ impl Endpoints {
         Ok(Some(Self {
             listener,
             console,
+            console_write: http.console_write,
             listen: listen.clone(),
         }))
     }
@@ -63,18 +65,13 @@ impl Endpoints {
     /// Serves the endpoints of `fleet`'s pipelines (and the console) until `ended`: they
     /// answer while the pipelines drain, and end once the fleet's run has returned. A
     /// single-relay configuration's answer as one relay's always did; a fleet's label every
-    /// metric with its pipeline and list each pipeline in `/status` and `/readyz`.
+    /// metric with its pipeline and list each pipeline in `/status` and `/readyz`, and its
+    /// console is the fleet page with each pipeline's console under it.
     pub fn serve(self, fleet: FleetView, ended: CancellationToken) {
         tracing::info!(listen = %self.listen, console = self.console.is_some(), "serving /livez, /readyz, /metrics, /status");
-        let console = match (self.console, fleet.pipelines().as_slice()) {
-            // The console reads one relay's telemetry: a fleet's serves the endpoints only.
-            (Some(token), [only]) if !fleet.is_fleet() => only.telemetry.clone().map(|telemetry| {
-                let console = Arc::new(console::Console::new(&only.config, telemetry, token));
-                console::spawn_history(console.clone(), ended.clone());
-                console
-            }),
-            _ => None,
-        };
+        let console = self
+            .console
+            .map(|token| console::routes(fleet.clone(), token, self.console_write, ended.clone()));
         http::spawn(self.listener, fleet, console, ended);
     }
 }

@@ -166,8 +166,127 @@ async fn a_fleets_endpoints_name_each_pipeline() -> Result<()> {
         );
     }
     ensure!(
-        body.matches("# TYPE outbox_relay_build_info info").count() == 1,
+        // OpenMetrics names an info family without its `_info` suffix.
+        body.matches("# TYPE outbox_relay_build info").count() == 1,
         "each family described once: {body}"
     );
+    Ok(())
+}
+
+const TWO: &str = "[[pipeline]]\nname = \"orders\"\n[pipeline.postgres]\nslot = \"orders\"\npublication = \"orders\"\n[pipeline.nats]\nstream = \"ORDERS\"\n\n[[pipeline]]\nname = \"billing\"\n[pipeline.postgres]\nslot = \"billing\"\npublication = \"billing\"\n[pipeline.nats]\nstream = \"BILLING\"\n";
+
+/// The endpoints of the fleet (or relay) of `toml`, served; their address.
+async fn served(toml: &str) -> Result<(String, Fleet, tempfile::TempDir)> {
+    let (fleet, dir) = fleet("127.0.0.1:0", toml).await?;
+    let endpoints = Endpoints::bind(&fleet.config().http)
+        .await
+        .map_err(|f| anyhow::anyhow!("{f}"))?
+        .context("[http] listen is set")?;
+    let addr = endpoints.local_addr()?.to_string();
+    endpoints.serve(fleet.view(), fleet.ended());
+    Ok((addr, fleet, dir))
+}
+
+#[tokio::test]
+async fn a_fleets_console_lists_each_pipeline_and_serves_each_ones_console_under_its_name()
+-> Result<()> {
+    let (addr, _fleet, _dir) = served(&format!("console = true\n{TWO}")).await?;
+
+    let (code, body) = get_text(&addr, "/console", WAIT).await?;
+    ensure!(
+        code == 200 && body.contains("/console/fleet.js"),
+        "/console is the fleet page: {code} {body}"
+    );
+    let (code, body) = get_text(&addr, "/console/api/fleet", WAIT).await?;
+    ensure!(code == 200, "/console/api/fleet: {code} {body}");
+    let listed: serde_json::Value = serde_json::from_str(&body)?;
+    let rows = listed["pipelines"].as_array().context("pipelines")?;
+    let names: Vec<&str> = rows.iter().filter_map(|r| r["name"].as_str()).collect();
+    ensure!(names == ["billing", "orders"], "{body}");
+    // Built, not run: nothing streams yet.
+    for row in rows {
+        ensure!(
+            row["phase"] == "connecting" && row["ready"] == false,
+            "{body}"
+        );
+        ensure!(row["events_published"] == 0, "{body}");
+    }
+    ensure!(
+        rows[1]["href"] == "/console/p/orders/"
+            && rows[1]["slot"] == "orders"
+            && rows[1]["stream"] == "ORDERS",
+        "{body}"
+    );
+    ensure!(listed["ready"] == false, "{body}");
+
+    // Each pipeline's console reads its own relay under its base.
+    for path in ["/console/p/orders/", "/console/p/orders"] {
+        let (code, body) = get_text(&addr, path, WAIT).await?;
+        ensure!(
+            code == 200
+                && body.contains(r#"data-base="/console/p/orders/""#)
+                && body.contains(r#"<span id="pipeline-name">orders</span>"#),
+            "{path}: {code} {body}"
+        );
+    }
+    let (code, body) = get_text(&addr, "/console/p/orders/api/overview", WAIT).await?;
+    let overview: serde_json::Value = serde_json::from_str(&body)?;
+    ensure!(
+        code == 200
+            && overview["status"]["postgres"]["slot"] == "orders"
+            && overview["status"]["nats"]["stream"] == "ORDERS",
+        "{code} {body}"
+    );
+    let (code, body) = get_text(&addr, "/console/p/billing/api/config", WAIT).await?;
+    ensure!(
+        code == 200 && body.contains(r#"["postgres.slot","\"billing\""]"#),
+        "{code} {body}"
+    );
+    let (code, body) = get_text(&addr, "/console/p/billing/api/ready", WAIT).await?;
+    ensure!(
+        code == 503 && body.contains("slot `billing` is not streaming"),
+        "{code} {body}"
+    );
+    // A sequence is read by its name beside the pipeline's.
+    let (code, body) = get_text(&addr, "/console/p/billing/api/message/x", WAIT).await?;
+    ensure!(code == 400 && body.contains("seq"), "{code} {body}");
+    for path in [
+        "/console/p/nope/",
+        "/console/p/nope/api/overview",
+        "/console/p/nope/api/ready",
+    ] {
+        let (code, body) = get_text(&addr, path, WAIT).await?;
+        ensure!(
+            code == 404 && body.contains("no pipeline named `nope`"),
+            "{path}: {code} {body}"
+        );
+    }
+    // A fleet's JSON is each pipeline's: there is no one relay's.
+    let (code, _) = get_text(&addr, "/console/api/overview", WAIT).await?;
+    ensure!(code == 404, "/console/api/overview in a fleet: {code}");
+    let (code, body) = get_text(&addr, "/console/app.js", WAIT).await?;
+    ensure!(code == 200 && body.contains("dataset.base"), "{code}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn one_relays_console_keeps_its_paths() -> Result<()> {
+    let (addr, _relay, _dir) = served(&format!("console = true\n{ONE}")).await?;
+    let (code, body) = get_text(&addr, "/console", WAIT).await?;
+    ensure!(
+        code == 200
+            && body.contains(r#"data-base="/console/""#)
+            && body.contains(r#"data-ready="/readyz""#)
+            && !body.contains("fleet.js"),
+        "{code} {body}"
+    );
+    let (code, body) = get_text(&addr, "/console/api/overview", WAIT).await?;
+    let overview: serde_json::Value = serde_json::from_str(&body)?;
+    ensure!(
+        code == 200 && overview["status"]["postgres"]["slot"] == "slot_endpoints",
+        "{code} {body}"
+    );
+    let (code, _) = get_text(&addr, "/console/api/fleet", WAIT).await?;
+    ensure!(code == 404, "no fleet page for one relay: {code}");
     Ok(())
 }

@@ -117,6 +117,12 @@ impl Browser {
             token if token.starts_with("token=") => "overview",
             view => view,
         };
+        self.open_view(url, view).await
+    }
+
+    /// Opens `url` and waits (30 s) until the page says its view `view` loaded (the fleet
+    /// page's is `fleet`).
+    pub async fn open_view(&self, url: &str, view: &str) -> Result<()> {
         self.call("POST", &self.at("/url"), Some(json!({ "url": url })))
             .await?;
         // A new fragment on the same page is no new page: wait for that view, not any load.

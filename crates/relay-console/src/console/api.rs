@@ -1,12 +1,15 @@
-//! The console's JSON (`/console/api/…`): each handler gathers through the library calls the
-//! commands use (the relay's telemetry, relay-postgres' cursor and signal reads, the stream
-//! reads, `trace`) and answers `{"error": …}` with 502 when a server is out of reach.
+//! The console's JSON of one relay (`/console/api/…`; a fleet pipeline's under
+//! `/console/p/{name}/api/…`): each handler reads the relay the request was given (its
+//! `Arc<Console>`), gathers through the library calls the commands use (the relay's telemetry,
+//! relay-postgres' cursor and signal reads, the stream reads, `trace`) and answers
+//! `{"error": …}` with 502 when a server is out of reach.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::Extension;
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -26,7 +29,7 @@ pub(super) fn unreachable(error: anyhow::Error) -> Response {
     failed(StatusCode::BAD_GATEWAY, format!("{error:#}"))
 }
 
-pub(super) async fn overview(State(console): State<Arc<Console>>) -> Response {
+pub(super) async fn overview(Extension(console): Extension<Arc<Console>>) -> Response {
     let history: Vec<_> = console
         .history
         .lock()
@@ -48,7 +51,7 @@ pub(super) struct EventsQuery {
 }
 
 pub(super) async fn events(
-    State(console): State<Arc<Console>>,
+    Extension(console): Extension<Arc<Console>>,
     Query(query): Query<EventsQuery>,
 ) -> Response {
     let subject = query
@@ -79,7 +82,16 @@ pub(super) async fn events(
     }
 }
 
-pub(super) async fn message(State(console): State<Arc<Console>>, Path(seq): Path<u64>) -> Response {
+/// `message/{seq}`: by name, as a fleet's pipeline routes also name the pipeline.
+#[derive(Debug, Deserialize)]
+pub(super) struct MessageAt {
+    seq: u64,
+}
+
+pub(super) async fn message(
+    Extension(console): Extension<Arc<Console>>,
+    Path(MessageAt { seq }): Path<MessageAt>,
+) -> Response {
     let js = match console.jetstream().await {
         Ok(js) => js,
         Err(e) => return unreachable(e),
@@ -94,7 +106,7 @@ pub(super) async fn message(State(console): State<Arc<Console>>, Path(seq): Path
     }
 }
 
-pub(super) async fn dead_letters(State(console): State<Arc<Console>>) -> Response {
+pub(super) async fn dead_letters(Extension(console): Extension<Arc<Console>>) -> Response {
     let Some(subject) = console.config.relay.dead_letter_subject.clone() else {
         return Json(json!({ "subject": null, "messages": [], "write": false })).into_response();
     };
@@ -127,7 +139,7 @@ pub(super) async fn dead_letters(State(console): State<Arc<Console>>) -> Respons
     }
 }
 
-pub(super) async fn consumers(State(console): State<Arc<Console>>) -> Response {
+pub(super) async fn consumers(Extension(console): Extension<Arc<Console>>) -> Response {
     use futures::TryStreamExt as _;
     let js = match console.jetstream().await {
         Ok(js) => js,
@@ -180,7 +192,7 @@ fn behind_stream(c: &async_nats::jetstream::consumer::Info) -> u64 {
     c.num_pending.saturating_add(c.num_ack_pending as u64)
 }
 
-pub(super) async fn backfills(State(console): State<Arc<Console>>) -> Response {
+pub(super) async fn backfills(Extension(console): Extension<Arc<Console>>) -> Response {
     let config = &console.config;
     let gathered = async {
         let client = relay_postgres::connect(&config.postgres).await?;
@@ -240,16 +252,22 @@ pub(super) async fn backfills(State(console): State<Arc<Console>>) -> Response {
     .into_response()
 }
 
-pub(super) async fn config(State(console): State<Arc<Console>>) -> Response {
+pub(super) async fn config(Extension(console): Extension<Arc<Console>>) -> Response {
     match relay_runtime::config::flattened(&console.config) {
         Ok(lines) => Json(json!({ "lines": lines })).into_response(),
         Err(e) => failed(StatusCode::INTERNAL_SERVER_ERROR, e),
     }
 }
 
+/// `trace/{event_id}`, by name.
+#[derive(Debug, Deserialize)]
+pub(super) struct TraceOf {
+    event_id: String,
+}
+
 pub(super) async fn trace(
-    State(console): State<Arc<Console>>,
-    Path(event_id): Path<String>,
+    Extension(console): Extension<Arc<Console>>,
+    Path(TraceOf { event_id }): Path<TraceOf>,
 ) -> Response {
     let options = TraceOptions {
         since: None,

@@ -1,78 +1,20 @@
-// The outbox-relay console: one page, views chosen by the address's #fragment, data from
-// /console/api/. Every value is set as text (never as HTML), so nothing in an event can run.
+// One relay's console: one page, views chosen by the address's #fragment, data from the JSON
+// under the page's base (`/console/api/`; a fleet pipeline's `/console/p/<name>/api/`), which
+// the server writes into the page. Helpers: common.js.
 "use strict";
 
-const TOKEN_KEY = "outbox-relay-console-token";
-const REFRESH_MS = 5000;
+const BASE = document.body.dataset.base || "/console/";
+const READY = document.body.dataset.ready || "/readyz";
 let timer = null;
 
-// A token in the address (#token=…) is kept for this tab and taken out of the address.
-(function takeToken() {
-  const m = location.hash.match(/^#token=([^&]+)/);
-  if (m) {
-    sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(m[1]));
-    history.replaceState(null, "", location.pathname + "#overview");
-  }
-})();
+takeToken("#overview");
 
-async function api(path, payload) {
-  const headers = {};
-  const token = sessionStorage.getItem(TOKEN_KEY);
-  if (token) headers["Authorization"] = "Bearer " + token;
-  const init = { headers };
-  if (payload !== undefined) {
-    init.method = "POST";
-    headers["Content-Type"] = "application/json";
-    init.body = JSON.stringify(payload);
-  }
-  const response = await fetch("/console/api/" + path, init);
-  const body = await response.json().catch(() => ({ error: "not JSON: HTTP " + response.status }));
-  if (!response.ok) throw new Error(body.error || "HTTP " + response.status);
-  return body;
-}
-
-// h("td", {class: "num"}, "text", child…): an element with text children.
-function h(tag, attrs, ...children) {
-  const el = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs || {})) {
-    if (v === undefined || v === null) continue;
-    if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
-    else el.setAttribute(k, v);
-  }
-  for (const c of children.flat()) {
-    if (c === undefined || c === null) continue;
-    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
-  }
-  return el;
-}
-
-function show(...nodes) {
-  const view = document.getElementById("view");
-  view.replaceChildren(...nodes);
-  document.getElementById("updated").textContent = "Updated " + new Date().toLocaleTimeString();
-}
-
-function fail(error) {
-  show(h("p", { class: "error", id: "error" }, String(error.message || error)));
+function api(path, payload) {
+  return request(BASE + "api/" + path, payload);
 }
 
 function card(label, value, id) {
   return h("div", { class: "card" }, h("dt", {}, label), h("dd", { id }, value ?? "–"));
-}
-
-function bytes(n) {
-  if (n === null || n === undefined) return "–";
-  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
-  let i = 0;
-  let v = Number(n);
-  while (Math.abs(v) >= 1024 && i < units.length - 1) { v /= 1024; i++; }
-  return (i === 0 ? v : v.toFixed(1)) + " " + units[i];
-}
-
-function ago(iso) {
-  if (!iso) return "–";
-  const s = Math.max(0, (Date.now() - Date.parse(iso)) / 1000);
-  return iso + " (" + (s < 90 ? s.toFixed(0) + " s" : (s / 60).toFixed(0) + " min") + " ago)";
 }
 
 // A line chart of `points` ([x, y]) as SVG, with its newest value as the caption.
@@ -384,18 +326,21 @@ async function trace(id) {
 
 const views = { overview, events, event: oneEvent, "dead-letters": deadLetters, consumers, backfills, config, trace };
 
-// The state badge, from /readyz (cheap, on every view).
+// The state badge, from the relay's readiness (cheap, on every view): `/readyz`, or a fleet
+// pipeline's own.
 async function badge() {
   const el = document.getElementById("relay-state");
   try {
-    const r = await fetch("/readyz");
+    const r = await fetch(READY, { headers: tokenHeaders() });
     const body = await r.json();
+    if (typeof body.ready !== "boolean") throw new Error(body.error || "HTTP " + r.status);
     el.textContent = body.ready ? "ready" : "not ready";
     el.className = "badge " + (body.ready ? "ok" : "bad");
     el.title = (body.reasons || []).join("; ");
   } catch (e) {
     el.textContent = "no answer";
     el.className = "badge bad";
+    el.title = String(e.message || e);
   }
 }
 

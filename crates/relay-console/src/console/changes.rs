@@ -13,8 +13,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use axum::Extension;
 use axum::Json;
-use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use outbox_contract::{HEADER_MSG_ID, HEADER_TABLE};
@@ -104,7 +104,7 @@ pub(super) struct SignalAsked {
 /// Inserts a `backfill` or `replay` signal for this relay, after checking its arguments as the
 /// relay will (a bad one is refused here, 400, instead of becoming a failed row).
 pub(super) async fn signal(
-    State(console): State<Arc<Console>>,
+    Extension(console): Extension<Arc<Console>>,
     Json(asked): Json<SignalAsked>,
 ) -> Response {
     if let Some(refused) = read_only(&console) {
@@ -147,7 +147,7 @@ pub(super) async fn signal(
 }
 
 pub(super) async fn republish(
-    State(console): State<Arc<Console>>,
+    Extension(console): Extension<Arc<Console>>,
     Json(request): Json<RepublishRequest>,
 ) -> Response {
     if let Some(refused) = read_only(&console) {
