@@ -69,7 +69,8 @@ pub(crate) struct FleetRow {
 /// `view`'s row, with `sample` (its console's newest, if any).
 pub(crate) fn row(view: &PipelineView, sample: Option<&Sample>) -> FleetRow {
     let relay = view.telemetry.as_ref().map(|t| t.status_report());
-    let (phase, reason) = phase(&view.state, relay.as_ref());
+    let standby_for = view.telemetry.as_ref().and_then(|t| t.standby_for());
+    let (phase, reason) = phase(&view.state, relay.as_ref(), standby_for);
     let status = view.status();
     FleetRow {
         name: view.name.clone(),
@@ -99,37 +100,30 @@ pub(crate) fn row(view: &PipelineView, sample: Option<&Sample>) -> FleetRow {
 }
 
 /// Where a pipeline in fleet state `state` is, and why; `relay`: its current run's
-/// `/status` document.
-pub(crate) fn phase(state: &PipelineState, relay: Option<&RelayStatus>) -> (Phase, Option<String>) {
+/// `/status` document; `standby_for`: the process holding its slot while it waits as a
+/// standby (its telemetry's own record, not read from any message).
+pub(crate) fn phase(
+    state: &PipelineState,
+    relay: Option<&RelayStatus>,
+    standby_for: Option<i32>,
+) -> (Phase, Option<String>) {
     match state {
-        PipelineState::Running => match relay {
-            None => (Phase::Starting, None),
-            Some(r) if r.postgres.streaming => (Phase::Streaming, None),
-            Some(r) if waits_as_standby(r) => (Phase::Standby, r.postgres.last_error.clone()),
-            Some(r) => (Phase::Connecting, r.postgres.last_error.clone()),
+        PipelineState::Running => match (relay, standby_for) {
+            (None, _) => (Phase::Starting, None),
+            (Some(r), _) if r.postgres.streaming => (Phase::Streaming, None),
+            (Some(_), Some(pid)) => (
+                Phase::Standby,
+                Some(format!(
+                    "its slot is streamed by another process (pid {pid})"
+                )),
+            ),
+            (Some(r), None) => (Phase::Connecting, r.postgres.last_error.clone()),
         },
         PipelineState::Retrying { reason } => (Phase::Retrying, Some(reason.clone())),
         PipelineState::Draining => (Phase::Draining, None),
         PipelineState::Stopped { reason, .. } => (Phase::Stopped, Some(reason.clone())),
         PipelineState::Refused { reason } => (Phase::Refused, Some(reason.clone())),
     }
-}
-
-/// Whether a relay not streaming waits for its slot: its last session found the slot in use
-/// by another process (as relay-postgres words it), or the slot is seen active while this
-/// relay does not stream it.
-fn waits_as_standby(relay: &RelayStatus) -> bool {
-    let said = relay
-        .postgres
-        .last_error
-        .as_deref()
-        .is_some_and(|e| e.contains("as a standby") || e.contains("as its standby"));
-    let active_elsewhere = relay
-        .postgres
-        .slot_state
-        .as_ref()
-        .is_some_and(|s| s.active_pid.is_some());
-    !relay.postgres.streaming && (said || active_elsewhere)
 }
 
 #[cfg(test)]
@@ -174,40 +168,45 @@ mod tests {
     #[test]
     fn a_running_pipeline_is_starting_connecting_streaming_or_a_standby() {
         assert_eq!(
-            phase(&PipelineState::Running, None),
+            phase(&PipelineState::Running, None, None),
             (Phase::Starting, None)
         );
         let t = telemetry();
         let report = t.status_report();
         assert_eq!(
-            phase(&PipelineState::Running, Some(&report)),
+            phase(&PipelineState::Running, Some(&report), None),
             (Phase::Connecting, None)
         );
         t.set_last_error(Some("connection refused".into()));
         let report = t.status_report();
         assert_eq!(
-            phase(&PipelineState::Running, Some(&report)),
+            phase(&PipelineState::Running, Some(&report), None),
             (Phase::Connecting, Some("connection refused".into()))
         );
-        let waiting =
-            "replication slot orders_slot is in use by another process; waiting as a standby";
-        t.set_last_error(Some(waiting.into()));
-        let report = t.status_report();
+        t.set_standby(Some(4242));
         assert_eq!(
-            phase(&PipelineState::Running, Some(&report)),
-            (Phase::Standby, Some(waiting.into()))
+            phase(
+                &PipelineState::Running,
+                Some(&t.status_report()),
+                t.standby_for()
+            ),
+            (
+                Phase::Standby,
+                Some("its slot is streamed by another process (pid 4242)".into())
+            )
         );
+        t.set_standby(None);
         // A failover's wait names a standby too, and is no standby's wait.
         t.set_last_error(Some(
             "no read-write PostgreSQL server among a, b (during a failover this lasts until a standby is promoted)".into(),
         ));
         assert_eq!(
-            phase(&PipelineState::Running, Some(&t.status_report())).0,
+            phase(&PipelineState::Running, Some(&t.status_report()), None).0,
             Phase::Connecting
         );
         t.streaming.store(true, Ordering::Relaxed);
         assert_eq!(
-            phase(&PipelineState::Running, Some(&t.status_report())),
+            phase(&PipelineState::Running, Some(&t.status_report()), None),
             (Phase::Streaming, None)
         );
     }
@@ -219,22 +218,22 @@ mod tests {
             reason: "cannot route".into(),
         };
         assert_eq!(
-            phase(&stopped, None),
+            phase(&stopped, None, None),
             (Phase::Stopped, Some("cannot route".into()))
         );
         let retrying = PipelineState::Retrying {
             reason: "nats: connection refused".into(),
         };
-        assert_eq!(phase(&retrying, None).0, Phase::Retrying);
+        assert_eq!(phase(&retrying, None, None).0, Phase::Retrying);
         let refused = PipelineState::Refused {
             reason: "bad key".into(),
         };
         assert_eq!(
-            phase(&refused, None),
+            phase(&refused, None, None),
             (Phase::Refused, Some("bad key".into()))
         );
         assert_eq!(
-            phase(&PipelineState::Draining, None),
+            phase(&PipelineState::Draining, None, None),
             (Phase::Draining, None)
         );
     }
