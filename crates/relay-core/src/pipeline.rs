@@ -20,6 +20,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use crate::frontier::{AckFrontier, EventTicket, FrontierError};
 
 mod admit;
+mod checkpoint;
 mod deliver;
 mod error;
 mod held;
@@ -116,6 +117,9 @@ pub struct Pipeline<S, P, C> {
     positions: Positions,
     /// `[relay] replay_retention`: the slot is confirmed this far behind the checkpoint.
     trail: Option<SlotTrail>,
+    /// The highest stream sequence acknowledged since the last stored checkpoint: checked
+    /// against the stream before the next checkpoint moves past it (0: none).
+    unchecked_seq: u64,
 }
 
 /// Why the loop leaves its reading phase.
@@ -171,6 +175,7 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
             recent,
             positions,
             trail: None,
+            unchecked_seq: 0,
         }
     }
 
@@ -432,6 +437,7 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
                 self.frontier.ack(ticket)?;
                 self.positions
                     .stored(msg.commit_lsn, msg.commit_time_micros, receipt.stream_seq);
+                self.unchecked_seq = self.unchecked_seq.max(receipt.stream_seq);
                 self.stats.events_published.fetch_add(1, Ordering::Relaxed);
                 if receipt.duplicate {
                     self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
@@ -461,43 +467,6 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
                 }
             }
         }
-    }
-
-    /// Stores the frontier if it moved, then confirms it to the source: store first, so the
-    /// slot never hears of a position the store could lose. A move over event-free WAL only is
-    /// stored every `idle_checkpoint_interval` (unless `force`, at shutdown).
-    async fn checkpoint(&mut self, force: bool) -> Result<(), PipelineError> {
-        let lsn = self.frontier.confirmed();
-        if lsn <= self.stored {
-            return Ok(());
-        }
-        let eventful = self.frontier.last_eventful() > self.stored;
-        let idle_due = self.stored_at.elapsed() >= self.config.idle_checkpoint_interval;
-        if !(eventful || idle_due || force) {
-            return Ok(());
-        }
-        crate::failpoint::hit("after_ack_before_store");
-        let anchor = self.positions.anchor(lsn);
-        self.store
-            .save_with_anchor(lsn, anchor)
-            .await
-            .map_err(|error| PipelineError::Store { lsn, error })?;
-        self.positions.checkpointed(lsn);
-        self.stored = lsn;
-        self.stored_at = Instant::now();
-        crate::failpoint::hit("after_store_before_confirm");
-        // With a replay retention the slot trails the checkpoint (never passes it).
-        let slot_lsn = match &mut self.trail {
-            Some(trail) => trail.slot_position(lsn, Instant::now()),
-            None => lsn,
-        };
-        self.source.confirm(slot_lsn);
-        self.stats.confirmed_lsn.store(lsn.0, Ordering::Relaxed);
-        self.stats
-            .slot_confirmed_lsn
-            .store(slot_lsn.0, Ordering::Relaxed);
-        tracing::debug!(lsn = %lsn, slot_lsn = %slot_lsn, "checkpoint stored and confirmed");
-        Ok(())
     }
 }
 

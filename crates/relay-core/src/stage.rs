@@ -118,6 +118,19 @@ pub struct PubReceipt {
     pub duplicate: bool,
 }
 
+/// What the broker's state says of acknowledgements ([`Publisher::check_acks`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AckCheck {
+    /// The stream exists and its last sequence is at or past every acknowledged one.
+    Held,
+    /// The stream cannot hold them: it does not exist, or its last sequence is before the
+    /// highest acknowledged one. What it said.
+    NotHeld(String),
+    /// The stream could not be asked now (a timeout, a reconnect): asked again at the next
+    /// checkpoint; nothing is stored past them meanwhile.
+    Unknown(String),
+}
+
 /// A failure to publish one message.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{message}")]
@@ -243,6 +256,17 @@ pub trait Publisher: Clone + Send + Sync + 'static {
         msg: &Arc<OutboundMessage>,
         after: Option<&str>,
     ) -> impl Future<Output = Result<Self::Ack, PublishError>> + Send;
+
+    /// Whether the broker's own state can hold what it acknowledged since the last check,
+    /// `highest_seq` being the highest stream sequence among those acknowledgements: asked
+    /// once per checkpoint, before the checkpoint moves past them. An answer from a stream that
+    /// does not exist, or a sequence past the stream's last, was not JetStream's (a forged
+    /// PubAck) or names what the stream no longer holds. Default: trusted (a publisher without
+    /// a stream, a dry run).
+    fn check_acks(&self, highest_seq: u64) -> impl Future<Output = AckCheck> + Send {
+        let _ = highest_seq;
+        std::future::ready(AckCheck::Held)
+    }
 
     /// The stream whose sequences [`PubReceipt::stream_seq`] counts, when every message lands in
     /// one stream (a JetStream publisher with `Nats-Expected-Stream`). The pipeline records

@@ -15,7 +15,8 @@ use futures::future::BoxFuture;
 use relay_core::message::{HEADER_BACKFILL, HEADER_EXPECTED_STREAM, OutboundMessage};
 use relay_core::route::MessageLimits;
 use relay_core::stage::{
-    PubReceipt, PublishError, PublishErrorKind, PublishHook, PublishHooks, Publisher, Watches,
+    AckCheck, PubReceipt, PublishError, PublishErrorKind, PublishHook, PublishHooks, Publisher,
+    Watches,
 };
 
 use self::batching::Batches;
@@ -26,6 +27,7 @@ use self::message::{Condition, MessagePublisher};
 use crate::connection::{JetStream, NatsConnection};
 use crate::settings::PublishMode;
 
+mod ack_check;
 pub(crate) mod batching;
 mod chain;
 mod choice;
@@ -432,6 +434,12 @@ impl Publisher for JetStreamPublisher {
     /// Every message carries `Nats-Expected-Stream`: every receipt counts in this stream.
     fn stream_name(&self) -> Option<Arc<str>> {
         Some(self.core.stream.clone())
+    }
+
+    fn check_acks(&self, highest_seq: u64) -> impl Future<Output = AckCheck> + Send {
+        let context = self.context().clone();
+        let stream = self.core.stream.clone();
+        async move { ack_check::check(&context, &stream, highest_seq).await }
     }
 
     fn max_server_closes(&self) -> u32 {

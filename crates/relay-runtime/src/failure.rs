@@ -96,5 +96,6 @@ pub fn pipeline_failure_kind(error: &PipelineError) -> FailureKind {
         PipelineError::Source(e) => class_kind(e.class),
         PipelineError::Store { error, .. } => class_kind(error.class),
         PipelineError::Protocol(_) => FailureKind::Internal,
+        PipelineError::AcksNotHeld { .. } => FailureKind::DataSafety,
     }
 }

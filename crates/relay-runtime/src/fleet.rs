@@ -16,18 +16,20 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use crate::failure::{Failure, FailureKind};
-use crate::relay::{Claim, Relay, RelayOptions};
+use crate::failure::Failure;
+use crate::relay::{Relay, RelayOptions};
 use members::Members;
+use pipeline_task::PipelineTask;
 
 pub mod config;
 pub mod members;
+mod pipeline_task;
 mod view;
 
 pub use config::{FleetConfig, FleetSettings, Origin, PipelineEntry, RefusedPipeline};
@@ -56,6 +58,18 @@ struct Ended {
     result: Result<(), Failure>,
 }
 
+/// The pipelines' tasks and what the supervisor knows of them.
+struct Tasks {
+    set: JoinSet<Ended>,
+    running: BTreeMap<String, Running>,
+    /// Changed by a reload while running: started once the previous run has drained.
+    restart: BTreeMap<String, PipelineEntry>,
+    /// Starts so far (each run's generation).
+    generation: u64,
+    fail_fast: bool,
+    shutdown: CancellationToken,
+}
+
 /// A pipeline's running task.
 struct Running {
     generation: u64,
@@ -81,8 +95,12 @@ impl Fleet {
         }
         let ended = CancellationToken::new();
         Ok(Self {
-            members: (config.is_fleet && config.fleet.spread)
-                .then(|| Arc::new(Members::new(member_id(), config.fleet.heartbeat_interval))),
+            members: (config.is_fleet && config.fleet.spread).then(|| {
+                Arc::new(Members::new(
+                    members::member_id(),
+                    config.fleet.heartbeat_interval,
+                ))
+            }),
             config,
             options,
             view,
@@ -118,12 +136,14 @@ impl Fleet {
         mut reloads: tokio::sync::mpsc::Receiver<()>,
         fail_fast: bool,
     ) -> Result<(), Failure> {
-        let fail_fast = fail_fast || !self.config.is_fleet;
-        let mut tasks: JoinSet<Ended> = JoinSet::new();
-        let mut running: BTreeMap<String, Running> = BTreeMap::new();
-        // Changed by a reload while running: started once the previous run has drained.
-        let mut restart: BTreeMap<String, PipelineEntry> = BTreeMap::new();
-        let mut generation = 0u64;
+        let mut tasks = Tasks {
+            set: JoinSet::new(),
+            running: BTreeMap::new(),
+            restart: BTreeMap::new(),
+            generation: 0,
+            fail_fast: fail_fast || !self.config.is_fleet,
+            shutdown,
+        };
         if let Some(members) = &self.members {
             members.set_pipelines(
                 self.config
@@ -141,75 +161,89 @@ impl Fleet {
             )
             .await;
         }
-        let entries = self.config.pipelines.clone();
-        for entry in entries {
+        for entry in self.config.pipelines.clone() {
             let relay = self.built.remove(&entry.name);
-            generation += 1;
-            self.start(
-                &mut tasks,
-                &mut running,
-                entry,
-                relay,
-                generation,
-                &shutdown,
-                fail_fast,
-            );
+            self.start(&mut tasks, entry, relay);
         }
+        let shutdown = tasks.shutdown.clone();
         let mut failure = None;
-        loop {
+        while failure.is_none() {
             tokio::select! {
                 () = shutdown.cancelled() => break,
-                Some(()) = reloads.recv() => {
-                    let plan = self.reload(&running);
-                    for name in plan.stop {
-                        if let Some(run) = running.get(&name) {
-                            self.view.set_state(&name, PipelineState::Draining);
-                            run.stop.cancel();
-                        }
-                    }
-                    for entry in plan.restart {
-                        restart.insert(entry.name.clone(), entry);
-                    }
-                    for entry in plan.start {
-                        generation += 1;
-                        self.start(&mut tasks, &mut running, entry, None, generation, &shutdown, fail_fast);
-                    }
-                }
-                Some(joined) = tasks.join_next() => {
+                Some(()) = reloads.recv() => self.apply_reload(&mut tasks),
+                Some(joined) = tasks.set.join_next() => {
                     let ended = joined.map_err(|e| Failure::internal(anyhow::anyhow!("a pipeline's task panicked: {e}")))?;
-                    if running.get(&ended.name).is_some_and(|r| r.generation == ended.generation) {
-                        running.remove(&ended.name);
-                    }
-                    match ended.result {
-                        Err(f) if fail_fast => {
-                            failure = Some(f);
-                            break;
-                        }
-                        Err(f) => {
-                            tracing::error!(pipeline = %ended.name, kind = ?f.kind, error = %format!("{:#}", f.error), "pipeline stopped; the others go on (a reload, SIGHUP, starts it again)");
-                            self.view.set_state(&ended.name, PipelineState::Stopped { kind: f.kind, reason: format!("{:#}", f.error) });
-                        }
-                        Ok(()) => {
-                            if !restart.contains_key(&ended.name) && !shutdown.is_cancelled() {
-                                // Removed by a reload: drained and stored; its slot is kept.
-                                tracing::info!(pipeline = %ended.name, "pipeline removed: drained, checkpoint stored; its slot is kept (drop it with pg_drop_replication_slot once no longer wanted)");
-                                self.view.remove(&ended.name);
-                            }
-                        }
-                    }
-                    if let Some(entry) = restart.remove(&ended.name) && !running.contains_key(&entry.name) {
-                        generation += 1;
-                        self.start(&mut tasks, &mut running, entry, None, generation, &shutdown, fail_fast);
-                    }
+                    failure = self.on_ended(&mut tasks, ended);
                 }
             }
         }
-        // Shutdown, or a failure with fail_fast: every other pipeline drains.
-        for (name, run) in &running {
+        self.drain(tasks, failure).await
+    }
+
+    /// A reload: reads the configuration, then drains, restarts and starts what changed.
+    fn apply_reload(&mut self, tasks: &mut Tasks) {
+        let plan = self.reload(&tasks.running);
+        for name in plan.stop {
+            if let Some(run) = tasks.running.get(&name) {
+                self.view.set_state(&name, PipelineState::Draining);
+                run.stop.cancel();
+            }
+        }
+        for entry in plan.restart {
+            tasks.restart.insert(entry.name.clone(), entry);
+        }
+        for entry in plan.start {
+            self.start(tasks, entry, None);
+        }
+    }
+
+    /// A pipeline's task ended: with `fail_fast` its failure is the fleet's; otherwise the
+    /// pipeline is stopped (a failure), removed (drained on a reload), or started again with
+    /// a reload's new settings.
+    fn on_ended(&mut self, tasks: &mut Tasks, ended: Ended) -> Option<Failure> {
+        if tasks
+            .running
+            .get(&ended.name)
+            .is_some_and(|r| r.generation == ended.generation)
+        {
+            tasks.running.remove(&ended.name);
+        }
+        match ended.result {
+            Err(f) if tasks.fail_fast => return Some(f),
+            Err(f) => {
+                tracing::error!(pipeline = %ended.name, kind = ?f.kind, error = %format!("{:#}", f.error), "pipeline stopped; the others go on (a reload, SIGHUP, starts it again)");
+                self.view.set_state(
+                    &ended.name,
+                    PipelineState::Stopped {
+                        kind: f.kind,
+                        reason: format!("{:#}", f.error),
+                    },
+                );
+            }
+            Ok(()) => {
+                if !tasks.restart.contains_key(&ended.name) && !tasks.shutdown.is_cancelled() {
+                    // Removed by a reload: drained and stored; its slot is kept.
+                    tracing::info!(pipeline = %ended.name, "pipeline removed: drained, checkpoint stored; its slot is kept (drop it with pg_drop_replication_slot once no longer wanted)");
+                    self.view.remove(&ended.name);
+                }
+            }
+        }
+        if let Some(entry) = tasks.restart.remove(&ended.name)
+            && !tasks.running.contains_key(&entry.name)
+        {
+            self.start(tasks, entry, None);
+        }
+        None
+    }
+
+    /// Shutdown, or a failure with fail_fast: every pipeline still running drains; the first
+    /// failure is the fleet's.
+    async fn drain(&self, mut tasks: Tasks, mut failure: Option<Failure>) -> Result<(), Failure> {
+        for (name, run) in &tasks.running {
             self.view.set_state(name, PipelineState::Draining);
             run.stop.cancel();
         }
-        while let Some(joined) = tasks.join_next().await {
+        while let Some(joined) = tasks.set.join_next().await {
             match joined {
                 Ok(Ended { result: Err(f), .. }) if failure.is_none() => failure = Some(f),
                 Ok(Ended {
@@ -229,19 +263,10 @@ impl Fleet {
     }
 
     /// Spawns the task running `entry` (with `relay` when already built).
-    // Long: the spawn's arguments are what the task owns; grouping them would only rename them
-    #[allow(clippy::too_many_arguments)]
-    fn start(
-        &self,
-        tasks: &mut JoinSet<Ended>,
-        running: &mut BTreeMap<String, Running>,
-        entry: PipelineEntry,
-        relay: Option<Relay>,
-        generation: u64,
-        shutdown: &CancellationToken,
-        fail_fast: bool,
-    ) {
-        let stop = shutdown.child_token();
+    fn start(&self, tasks: &mut Tasks, entry: PipelineEntry, relay: Option<Relay>) {
+        tasks.generation += 1;
+        let generation = tasks.generation;
+        let stop = tasks.shutdown.child_token();
         if relay.is_none() {
             self.view.insert(view_of(&entry, None));
         }
@@ -250,34 +275,27 @@ impl Fleet {
             options: self.options,
             view: self.view.clone(),
             stop: stop.clone(),
-            retry_unavailable: !fail_fast,
+            retry_unavailable: !tasks.fail_fast,
             is_fleet: self.config.is_fleet,
             members: self.members.clone(),
         };
         let name = entry.name.clone();
         let run = task.run(relay);
+        let ended = async move {
+            Ended {
+                name,
+                generation,
+                result: run.await,
+            }
+        };
         if self.config.is_fleet {
-            let span = tracing::info_span!("pipeline", name = %name);
-            tasks.spawn(
-                async move {
-                    Ended {
-                        name,
-                        generation,
-                        result: run.await,
-                    }
-                }
-                .instrument(span),
-            );
+            tasks
+                .set
+                .spawn(ended.instrument(tracing::info_span!("pipeline", name = %entry.name)));
         } else {
-            tasks.spawn(async move {
-                Ended {
-                    name,
-                    generation,
-                    result: run.await,
-                }
-            });
+            tasks.set.spawn(ended);
         }
-        running.insert(
+        tasks.running.insert(
             entry.name.clone(),
             Running {
                 generation,
@@ -375,125 +393,6 @@ struct ReloadPlan {
     restart: Vec<PipelineEntry>,
     /// Start (new, or stopped on a fatal condition before).
     start: Vec<PipelineEntry>,
-}
-
-/// One pipeline's life in the fleet: build, run, and on an unreachable server build and run
-/// again after a backoff.
-struct PipelineTask {
-    entry: PipelineEntry,
-    options: RelayOptions,
-    view: FleetView,
-    stop: CancellationToken,
-    retry_unavailable: bool,
-    is_fleet: bool,
-    members: Option<Arc<Members>>,
-}
-
-impl PipelineTask {
-    async fn run(self, mut built: Option<Relay>) -> Result<(), Failure> {
-        let mut backoff = Duration::from_millis(500);
-        loop {
-            let relay = match built.take() {
-                Some(relay) => relay,
-                None => Relay::build(self.entry.config.clone(), self.options)
-                    .await
-                    .map_err(|f| named(f, &self.entry, self.is_fleet))?,
-            };
-            let relay = match &self.members {
-                Some(members) => relay.with_claim(Claim {
-                    pipeline: self.entry.name.clone(),
-                    policy: members.clone(),
-                }),
-                None => relay,
-            };
-            let telemetry = relay.telemetry().clone();
-            self.view.update(&self.entry.name, |v| {
-                v.telemetry = Some(telemetry.clone());
-                v.config = self.entry.config.clone();
-            });
-            self.view
-                .set_state(&self.entry.name, PipelineState::Running);
-            // A run ends on the fleet's stop, or when it hands the pipeline over.
-            let run_stop = self.stop.child_token();
-            let _watch = self.members.as_ref().map(|members| {
-                spawn_hand_over_watch(
-                    members.clone(),
-                    &self.entry.name,
-                    telemetry,
-                    run_stop.clone(),
-                )
-            });
-            let failure = match relay.run(run_stop.clone()).await {
-                Ok(()) if run_stop.is_cancelled() && !self.stop.is_cancelled() => {
-                    // Handed over: wait as a standby for it.
-                    continue;
-                }
-                Ok(()) => return Ok(()),
-                Err(failure) => failure,
-            };
-            if !(self.retry_unavailable && failure.kind == FailureKind::Unavailable)
-                || self.stop.is_cancelled()
-            {
-                return Err(named(failure, &self.entry, self.is_fleet));
-            }
-            let reason = format!("{:#}", failure.error);
-            tracing::warn!(error = %reason, retry_in = ?backoff, "pipeline cannot start: a server is unreachable; starting it again after a backoff");
-            self.view
-                .set_state(&self.entry.name, PipelineState::Retrying { reason });
-            tokio::select! {
-                () = tokio::time::sleep(backoff) => {}
-                () = self.stop.cancelled() => return Ok(()),
-            }
-            backoff = (backoff * 2).min(self.entry.config.relay.reconnect_max);
-        }
-    }
-}
-
-/// Drains the run of `pipeline` (cancels `run_stop`) once it streams here while the fleet
-/// places it on another process.
-fn spawn_hand_over_watch(
-    members: Arc<Members>,
-    pipeline: &str,
-    telemetry: Arc<relay_telemetry::Telemetry>,
-    run_stop: CancellationToken,
-) -> tokio_util::sync::DropGuard {
-    let pipeline = pipeline.to_owned();
-    let watch = CancellationToken::new();
-    let ended = watch.clone();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(members.heartbeat_interval());
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                () = ended.cancelled() => return,
-            }
-            let streaming = telemetry
-                .streaming
-                .load(std::sync::atomic::Ordering::Relaxed);
-            if streaming && crate::relay::SlotClaim::hand_over(members.as_ref(), &pipeline) {
-                tracing::info!(
-                    placed_on = %members.placed_on(&pipeline),
-                    "fleet: this pipeline is placed on another process; draining it here so that one takes it"
-                );
-                run_stop.cancel();
-                return;
-            }
-        }
-    });
-    watch.drop_guard()
-}
-
-/// This process's id among the fleet's: host, pid and a start time.
-fn member_id() -> String {
-    let host = std::fs::read_to_string("/etc/hostname")
-        .ok()
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "host".into());
-    let started = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() % 1_000_000_000);
-    format!("{host}-{}-{started}", std::process::id())
 }
 
 /// A fleet pipeline's failure names the pipeline; a single relay's reads as it always did.

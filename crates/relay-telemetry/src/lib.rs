@@ -58,6 +58,7 @@ pub const CONTRACT_REFUSED: &str = "outbox_relay_contract_refused";
 pub const PUBLISH_ERRORS: &str = "outbox_relay_publish_errors";
 /// Counter: re-publishes after an unknown outcome.
 pub const PUBLISH_RETRIES: &str = "outbox_relay_publish_retries";
+pub const ACKS_NOT_HELD: &str = "outbox_relay_acks_not_held";
 /// Gauge: events published and awaiting their ack.
 pub const OUTSTANDING_ACKS: &str = "outbox_relay_outstanding_acks";
 /// Gauge: 1 while the oldest unacknowledged event waits for room in a full stream.

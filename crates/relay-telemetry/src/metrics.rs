@@ -193,6 +193,11 @@ const FAMILIES: &[Family] = &[
         read: |s| counter(&s.stats.publish_retries),
     },
     Family {
+        name: ACKS_NOT_HELD,
+        help: "Checkpoints refused because the stream could not hold what it had acknowledged",
+        read: |s| counter(&s.stats.acks_not_held),
+    },
+    Family {
         name: PUBLISH_ERRORS,
         help: "Failed publish attempts by kind",
         read: |s| {

@@ -55,6 +55,20 @@ pub enum PipelineError {
         #[source]
         error: PublishError,
     },
+    /// The broker acknowledged events that its own state cannot hold (a forged PubAck, or a
+    /// stream deleted, reset or gone back): nothing is stored past them; the session resumes
+    /// from the stored checkpoint and publishes them again.
+    #[error(
+        "acknowledgements up to stream sequence {highest_seq} are not held by the stream ({reason}): not taken as stored, nothing confirmed past checkpoint {stored}"
+    )]
+    AcksNotHeld {
+        /// The highest sequence acknowledged since the last check.
+        highest_seq: u64,
+        /// What the stream said.
+        reason: String,
+        /// The checkpoint that stays stored.
+        stored: Lsn,
+    },
     /// The checkpoint could not be stored.
     #[error("cannot store checkpoint {lsn}")]
     Store {

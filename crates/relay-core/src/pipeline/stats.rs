@@ -16,6 +16,9 @@ pub struct PipelineStats {
     pub duplicates: AtomicU64,
     /// Re-publishes after an unknown outcome.
     pub publish_retries: AtomicU64,
+    /// Checkpoints refused because the stream could not hold what had been acknowledged (a
+    /// forged PubAck; a stream deleted, reset or gone back).
+    pub acks_not_held: AtomicU64,
     /// Events not re-published because the stream already held them (see
     /// [`Pipeline::skip_published`]).
     pub already_published: AtomicU64,

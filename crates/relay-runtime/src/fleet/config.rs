@@ -50,6 +50,30 @@ impl Default for FleetSettings {
     }
 }
 
+impl FleetSettings {
+    /// The `[fleet]` section's value (`None`: not given), checked.
+    fn read(value: Option<Value>) -> Result<Self, ConfigError> {
+        let fleet: Self = match value {
+            Some(value) => Figment::from(Serialized::defaults(value))
+                .extract()
+                .map_err(|e| invalid_section("[fleet]", e))?,
+            None => Self::default(),
+        };
+        if fleet.heartbeat_interval.is_zero() {
+            return Err(ConfigError::Invalid(
+                "[fleet] heartbeat_interval must be positive".into(),
+            ));
+        }
+        if fleet.name.is_empty() || fleet.name.contains(['.', '*', '>', ' ']) {
+            return Err(ConfigError::Invalid(format!(
+                "[fleet] name `{}` must be one NATS subject token (no `.`, `*`, `>` or spaces)",
+                fleet.name
+            )));
+        }
+        Ok(fleet)
+    }
+}
+
 /// Where a pipeline's own values come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Origin {
@@ -155,23 +179,7 @@ impl FleetConfig {
                 refused: Vec::new(),
             });
         }
-        let fleet: FleetSettings = match fleet_value {
-            Some(value) => Figment::from(Serialized::defaults(value))
-                .extract()
-                .map_err(|e| invalid_section("[fleet]", e))?,
-            None => FleetSettings::default(),
-        };
-        if fleet.heartbeat_interval.is_zero() {
-            return Err(ConfigError::Invalid(
-                "[fleet] heartbeat_interval must be positive".into(),
-            ));
-        }
-        if fleet.name.is_empty() || fleet.name.contains(['.', '*', '>', ' ']) {
-            return Err(ConfigError::Invalid(format!(
-                "[fleet] name `{}` must be one NATS subject token (no `.`, `*`, `>` or spaces)",
-                fleet.name
-            )));
-        }
+        let fleet = FleetSettings::read(fleet_value)?;
         // What every pipeline shares, checked as a configuration of its own first: a bad
         // shared key is the shared file's error, not each pipeline's.
         let defaults: RelayConfig = Figment::from(Serialized::defaults(values.clone()))

@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt as _;
 use tokio_util::sync::CancellationToken;
@@ -176,6 +176,19 @@ pub fn placement(pipelines: &[String], members: &[String]) -> HashMap<String, St
         }
     }
     placed
+}
+
+/// This process's id among the fleet's: host, pid and a start time.
+pub(super) fn member_id() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "host".into());
+    let started = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() % 1_000_000_000);
+    format!("{host}-{}-{started}", std::process::id())
 }
 
 /// The subject a fleet's processes say they are alive on.

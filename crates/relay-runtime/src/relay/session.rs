@@ -411,6 +411,13 @@ impl Supervisor<'_> {
                 )))
                 .into())
             }
+            Err(e @ PipelineError::AcksNotHeld { .. }) => {
+                // Not JetStream's word (a forged answer), or a stream that no longer holds it:
+                // a new session resumes at the stored checkpoint and publishes them again.
+                source.stop(stop_wait).await;
+                tracing::error!(error = %e, "acknowledgements the stream cannot hold: resuming from the stored checkpoint; if this repeats, someone else answers the relay's reply subjects (set [nats] inbox_prefix, docs/security.md) or the stream was reset");
+                Err(retry(e))
+            }
             Err(e @ PipelineError::Protocol(_)) => Err(Failure::internal(e).into()),
         }
     }

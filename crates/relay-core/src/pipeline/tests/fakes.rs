@@ -9,7 +9,8 @@ use pgoutput::{Column, Insert, Relation, TupleData, TupleValue};
 use super::super::*;
 use crate::route::OutboxTableConfig;
 use crate::stage::{
-    ErrorClass, PositionAnchor, PubReceipt, PublishError, PublishErrorKind, SourceError, StoreError,
+    AckCheck, ErrorClass, PositionAnchor, PubReceipt, PublishError, PublishErrorKind, SourceError,
+    StoreError,
 };
 
 pub(super) const OUTBOX: u32 = 100;
@@ -123,6 +124,9 @@ pub(super) enum Fault {
     Reject,
     /// Refused for lack of room: nothing stored.
     Full,
+    /// Not stored, and answered "stored at sequence 999999" by someone who is not JetStream
+    /// (a forged PubAck).
+    Forged,
 }
 
 #[derive(Default)]
@@ -201,6 +205,16 @@ impl FakeBroker {
 impl Publisher for FakeBroker {
     type Ack = futures::future::BoxFuture<'static, Result<PubReceipt, PublishError>>;
 
+    /// As JetStream's state would say: the stream's last sequence is its length.
+    fn check_acks(&self, highest_seq: u64) -> impl Future<Output = AckCheck> + Send {
+        let last = self.0.lock().unwrap().stream.len() as u64;
+        std::future::ready(if highest_seq <= last {
+            AckCheck::Held
+        } else {
+            AckCheck::NotHeld(format!("last sequence {last}"))
+        })
+    }
+
     /// Stores (or loses) the message when it is sent, in send order like a server reading one
     /// connection, and answers after the event's delay. `after` is checked like
     /// `Nats-Expected-Last-Msg-Id`, after the duplicate check as in nats-server.
@@ -230,6 +244,13 @@ impl Publisher for FakeBroker {
                 Some(Fault::Full) => Err(PublishError::new(
                     PublishErrorKind::StreamFull,
                     "maximum messages exceeded",
+                )),
+                Some(Fault::Forged) => Ok((
+                    PubReceipt {
+                        stream_seq: 999_999,
+                        duplicate: false,
+                    },
+                    None,
                 )),
                 _ if s.stores_on_ack => Ok((
                     PubReceipt {

@@ -113,6 +113,48 @@ async fn a_lost_ack_is_republished_and_deduplicated() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_forged_ack_past_the_streams_last_sequence_is_never_checkpointed() {
+    let broker = FakeBroker::default();
+    broker
+        .0
+        .lock()
+        .unwrap()
+        .faults
+        .insert("b".into(), [Fault::Forged].into());
+    let mut events = preamble();
+    events.extend(tx(1, &["a"]));
+    events.extend(tx(2, &["b"]));
+    events.extend(tx(3, &["c"]));
+    let (result, h) = run_script(events, broker, PipelineConfig::default(), false).await;
+    let error = result.unwrap_err();
+    assert!(
+        matches!(
+            error,
+            PipelineError::AcksNotHeld {
+                highest_seq: 999_999,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert_eq!(stream_ids(&h), ["a", "c"], "b was never stored");
+    let saved = h.saved.lock().unwrap().clone();
+    assert!(
+        saved.iter().all(|lsn| *lsn < Lsn(2000)),
+        "a checkpoint moved past b, which the stream does not hold: {saved:?}"
+    );
+    assert!(
+        h.confirmed
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|lsn| *lsn < Lsn(2000)),
+        "the slot heard of a position past b"
+    );
+    assert_eq!(h.stats.acks_not_held.load(Ordering::Relaxed), 1);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_rejected_event_stops_the_relay_before_its_transaction() {
     let broker = FakeBroker::default();
     broker
