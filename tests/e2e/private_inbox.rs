@@ -27,14 +27,28 @@ fn accounts() -> String {
     )
 }
 
+/// An account where every user may publish and subscribe to everything, `_INBOX.>` included:
+/// most NATS accounts, where any service answers requests.
+fn open_accounts() -> String {
+    "authorization {\n  users = [\n    { user: \"relay\", password: \"relay\" }\n    { user: \"forger\", password: \"forger\" }\n    { user: \"admin\", password: \"admin\" }\n  ]\n}\n".to_owned()
+}
+
 /// The servers, the admin's JetStream, a stream `OUTBOX` made by `config`, and a forger that
 /// answers every reply subject it sees on the outbox subjects with a PubAck naming the relay's
 /// own stream (counted in the returned counter), before JetStream can.
 async fn attacked(config: stream::Config) -> Result<(Env, jetstream::Context, Arc<AtomicUsize>)> {
+    attacked_on(config, accounts()).await
+}
+
+/// As [`attacked`], on an account of `accounts`.
+async fn attacked_on(
+    config: stream::Config,
+    accounts: String,
+) -> Result<(Env, jetstream::Context, Arc<AtomicUsize>)> {
     let env = Env::start_with(
         PgOptions::default(),
         NatsOptions {
-            config: Some(accounts()),
+            config: Some(accounts),
             ..Default::default()
         },
     )
@@ -165,6 +179,91 @@ async fn a_forged_answer_for_a_missing_stream_cannot_reach_a_private_inbox() -> 
     js.delete_stream(STREAM).await?;
     let (ids, bound) = insert(&env, 20, 0).await?;
     assert_held(&env, &relay, &answered, before + 5, bound).await?;
+    js.create_stream(config).await?;
+    let got = wait_for_messages(&js, ids.len(), Duration::from_secs(90), Some(&relay)).await?;
+    let stored: Vec<&str> = got.iter().map(Received::id).collect();
+    assert_eq!(
+        stored, ids,
+        "every event after the deletion once, in commit order"
+    );
+    Ok(())
+}
+
+/// The relay on the shared `_INBOX` prefix, where the forger can answer first.
+fn shared_inbox_config(env: &Env) -> std::path::PathBuf {
+    env.config_full("user = \"relay\"\npassword = \"relay\"", "")
+}
+
+/// Without a private prefix, the stream edited under the relay so that it no longer captures
+/// the outbox subjects: JetStream no longer answers, the forger's answers are the only ones and
+/// name sequence 999999 of a stream whose last is far before it. The check against the
+/// stream's last sequence refuses them; nothing past the first unstored event is confirmed, and
+/// once the subjects are back every event is there once, in commit order, with the forger still
+/// answering.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forged_sequence_past_the_streams_last_on_the_shared_inbox_is_not_taken_as_stored()
+-> Result<()> {
+    let mut config = stream::Config {
+        name: STREAM.into(),
+        subjects: vec!["outbox.>".into()],
+        ..Default::default()
+    };
+    let (env, js, answered) = attacked_on(config.clone(), open_accounts()).await?;
+    let (http, addr) = http_listen();
+    let relay_config = env.config_full("user = \"relay\"\npassword = \"relay\"", &http);
+    let relay = Relay::start_streaming(&relay_config).await?;
+    let (first, _) = insert(&env, 1, 1).await?;
+    wait_for_id(&js, &first[0], &relay).await?;
+    let before = answered.load(Ordering::Relaxed);
+    let mut elsewhere = config.clone();
+    elsewhere.subjects = vec!["elsewhere.>".into()];
+    js.update_stream(elsewhere).await?;
+    let (ids, bound) = insert(&env, 20, 0).await?;
+    assert_held(&env, &relay, &answered, before + 5, bound).await?;
+    let refused = metric(&addr, "outbox_relay_acks_not_held_total").await?;
+    ensure!(
+        refused >= 1.0 && relay.log().contains("before the acknowledged 999999"),
+        "the forged answers reached the relay and were refused ({refused}); log:\n{}",
+        relay.log()
+    );
+    config.subjects = vec!["outbox.>".into()];
+    js.update_stream(config).await?;
+    let got = wait_for_messages(&js, ids.len() + 1, Duration::from_secs(90), Some(&relay)).await?;
+    let stored: Vec<&str> = got.iter().skip(1).map(Received::id).collect();
+    assert_eq!(stored, ids, "every event once, in commit order");
+    let last_commit = got
+        .last()
+        .and_then(|m| parse_lsn(m.header("Outbox-Commit-Lsn")))
+        .unwrap_or(u64::MAX);
+    env.wait_checkpoint(last_commit, Duration::from_secs(60))
+        .await?;
+    Ok(())
+}
+
+/// Without a private prefix, the stream deleted under the relay: the forger's answers name a
+/// stream that does not exist and are refused; nothing is confirmed past the first event after
+/// the deletion, and once the stream is there again every later event is stored once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forged_answer_on_the_shared_inbox_for_a_missing_stream_is_not_taken_as_stored()
+-> Result<()> {
+    let config = stream::Config {
+        name: STREAM.into(),
+        subjects: vec!["outbox.>".into()],
+        ..Default::default()
+    };
+    let (env, js, answered) = attacked_on(config.clone(), open_accounts()).await?;
+    let relay = Relay::start_streaming(&shared_inbox_config(&env)).await?;
+    let (first, _) = insert(&env, 1, 1).await?;
+    wait_for_id(&js, &first[0], &relay).await?;
+    let before = answered.load(Ordering::Relaxed);
+    js.delete_stream(STREAM).await?;
+    let (ids, bound) = insert(&env, 20, 0).await?;
+    assert_held(&env, &relay, &answered, before + 5, bound).await?;
+    ensure!(
+        relay.log().contains("does not exist"),
+        "the relay refused the answers of a missing stream; log:\n{}",
+        relay.log()
+    );
     js.create_stream(config).await?;
     let got = wait_for_messages(&js, ids.len(), Duration::from_secs(90), Some(&relay)).await?;
     let stored: Vec<&str> = got.iter().map(Received::id).collect();
