@@ -50,3 +50,4 @@ mod slot;
 mod standby;
 mod support;
 mod trace;
+mod verify;

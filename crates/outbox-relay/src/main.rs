@@ -145,6 +145,10 @@ enum Command {
     /// with the same Nats-Msg-Id; ids still in the stream are skipped. Decodes from a copy of
     /// the slot; never moves the slot or the stored checkpoint. See docs/replay.md.
     Restore(commands::restore::RestoreArgs),
+    /// Check, against the WAL the slot still keeps, that every event committed from a commit
+    /// LSN is in the stream (by Nats-Msg-Id); publish nothing. Exit 65 on a gap, naming the
+    /// missing events and the restore that brings them back. See docs/replay.md.
+    Verify(commands::verify::VerifyArgs),
     /// Follow one event from its outbox row to each consumer: the row and the subject it maps
     /// to, its message in the stream (or the dead-letter subject, or "not yet published"), each
     /// consumer's position with it, and the consumers' ledger.
@@ -316,6 +320,10 @@ async fn one_pipeline(
         Command::Restore(mut args) => {
             args.log_json = log_json;
             commands::restore::restore(config, args).await
+        }
+        Command::Verify(mut args) => {
+            args.log_json = log_json;
+            commands::verify::verify(config, &args).await
         }
         Command::Run { .. }
         | Command::Validate { .. }

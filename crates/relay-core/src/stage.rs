@@ -14,7 +14,7 @@ mod hook;
 mod inert;
 
 pub use hook::{AckWatch, PublishHook, PublishHooks, Settling, Watches};
-pub use inert::{DryRunPublisher, NoStore};
+pub use inert::{DryRunPublisher, NoStore, WouldPublish};
 
 /// What a [`ChangeSource`] yields, in WAL order. Begin and Commit are split out because the
 /// replication client already parses them; every other pgoutput message arrives decoded.

@@ -21,7 +21,7 @@ use anyhow::anyhow;
 use relay_core::Lsn;
 use relay_core::pipeline::{Pipeline, PipelineError, PipelineStats, RunOutcome};
 use relay_core::route::Router;
-use relay_core::stage::{DryRunPublisher, NoStore, Publisher};
+use relay_core::stage::{DryRunPublisher, NoStore, Publisher, WouldPublish};
 use relay_nats::RestoreCheck;
 use relay_postgres::catalog;
 use relay_postgres::catalog::restore_slot::{SlotCopy, SlotCopyError};
@@ -31,7 +31,10 @@ use tokio_util::sync::CancellationToken;
 use crate::config::RelayConfig;
 use crate::failure::{Failure, FailureKind, class_kind, nats_failure, pg_failure};
 use crate::progress::{self, Mode, Say, Ticker};
+
+mod verify;
 use crate::routing::RouterError;
+pub use verify::{VerifyReport, verify};
 
 /// How long dropping the copy waits for the walsender that streamed it to let go.
 const DROP_WAIT: Duration = Duration::from_secs(10);
@@ -53,6 +56,8 @@ pub struct RestoreRequest {
     pub progress_mode: Mode,
     /// Where notes and progress lines go (stderr for the command, the log for a signal).
     pub say: Say,
+    /// With `dry_run`: where the events the stream lacks are written down (`verify`).
+    pub would_publish: Option<Arc<WouldPublish>>,
 }
 
 impl std::fmt::Debug for RestoreRequest {
@@ -372,6 +377,7 @@ async fn run_window(
     let (result, not_stored) = if args.dry_run {
         let dry = DryRunPublisher {
             limits: publisher.limits(),
+            record: args.would_publish.clone(),
         };
         let result = pipeline_run(
             config, args, source, dry, router, window, in_stream, &stats, shutdown,

@@ -167,6 +167,7 @@ async fn restore(
                 line.clone_into(&mut l);
             }
         }),
+        would_publish: None,
     };
     let run = crate::restore::restore(config, &request, shutdown);
     let result = until_done(

@@ -1,6 +1,6 @@
 //! The operator commands besides `run` (the relay itself is `relay_runtime::Relay`): `validate
 //! --connect` (preflight), `setup`, `status`, `config print`, `tail`, `backfill`, `restore`,
-//! `replay`, `position`, `trace` and `contracts check`.
+//! `replay`, `position`, `trace`, `verify` and `contracts check`.
 
 pub mod backfill;
 pub mod config_print;
@@ -13,3 +13,4 @@ pub mod status;
 pub mod tail;
 pub mod trace;
 pub mod validate;
+pub mod verify;

@@ -54,6 +54,7 @@ pub async fn restore(config: &RelayConfig, args: RestoreArgs) -> Result<(), Fail
         progress_interval: args.progress_interval,
         progress_mode: Mode::for_stderr(args.log_json),
         say: progress::stderr(),
+        would_publish: None,
     };
     relay_runtime::restore::restore(config, &request, &shutdown).await?;
     Ok(())

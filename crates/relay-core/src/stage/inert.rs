@@ -31,6 +31,30 @@ impl CheckpointStore for NoStore {
 pub struct DryRunPublisher {
     /// The limits of the publisher this one stands in for.
     pub limits: MessageLimits,
+    /// Where the events it would publish are written down (`verify`: what the stream lacks).
+    pub record: Option<Arc<WouldPublish>>,
+}
+
+/// The events a dry run would publish: how many, and the first [`WouldPublish::KEPT`] of them
+/// (event id, commit LSN) in commit order.
+#[derive(Debug, Default)]
+pub struct WouldPublish {
+    pub count: std::sync::atomic::AtomicU64,
+    pub first: std::sync::Mutex<Vec<(String, Lsn)>>,
+}
+
+impl WouldPublish {
+    /// How many events are kept by id.
+    pub const KEPT: usize = 1000;
+
+    fn note(&self, msg: &OutboundMessage) {
+        self.count
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut first = self.first.lock().unwrap_or_else(|e| e.into_inner());
+        if first.len() < Self::KEPT {
+            first.push((msg.event_id.to_string(), msg.commit_lsn));
+        }
+    }
 }
 
 impl Publisher for DryRunPublisher {
@@ -38,9 +62,12 @@ impl Publisher for DryRunPublisher {
 
     async fn send(
         &self,
-        _msg: &Arc<OutboundMessage>,
+        msg: &Arc<OutboundMessage>,
         _after: Option<&str>,
     ) -> Result<Self::Ack, PublishError> {
+        if let Some(record) = &self.record {
+            record.note(msg);
+        }
         Ok(std::future::ready(Ok(PubReceipt {
             stream_seq: 0,
             duplicate: false,
@@ -98,7 +125,10 @@ mod tests {
             max_payload: 1234,
             ..MessageLimits::NONE
         };
-        let publisher = DryRunPublisher { limits };
+        let publisher = DryRunPublisher {
+            limits,
+            record: None,
+        };
         for ack in [
             publisher.send(&message(), None).await.unwrap(),
             publisher.resend(&message(), None).await.unwrap(),
