@@ -102,3 +102,54 @@ async fn verify_finds_messages_deleted_behind_the_relay_and_a_restore_heals_them
     drop(relay);
     Ok(())
 }
+
+/// The stream re-created under a stopped relay (its sequence back to 0): the next start says the
+/// stream went back behind events it confirmed, counts it, and names the `verify` that finds
+/// them, which does.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_gone_back_behind_confirmed_events_is_said_at_the_next_start() -> Result<()> {
+    let env = Env::start().await?;
+    let (http, addr) = http_listen();
+    let config = env.config(&format!("replay_retention = \"1GB\"\n{http}"));
+    let mut relay = Relay::start_streaming(&config).await?;
+    let db = env.db().await?;
+    for i in 0..10 {
+        insert_event(&db, "Order", "Placed", &format!(r#"{{"n":{i}}}"#)).await?;
+    }
+    let js = env.jetstream().await?;
+    let got = wait_for_messages(&js, 10, Duration::from_secs(30), Some(&relay)).await?;
+    let last = parse_lsn(got[9].header("Outbox-Commit-Lsn")).context("commit LSN")?;
+    env.wait_checkpoint(last, Duration::from_secs(20)).await?;
+    relay.signal(nix::sys::signal::Signal::SIGTERM);
+    relay.wait_exit(Duration::from_secs(30)).await?;
+
+    let info = js.get_stream(STREAM).await?.cached_info().config.clone();
+    js.delete_stream(STREAM).await?;
+    js.create_stream(info).await?;
+    let relay = Relay::start_streaming(&config).await?;
+    relay
+        .wait_log(
+            "re-created, reset or lost its tail",
+            Duration::from_secs(20),
+        )
+        .await?;
+    ensure!(
+        metric(&addr, "outbox_relay_stream_went_back_total").await? == 1.0,
+        "counted once"
+    );
+    let log = relay.log();
+    let from = log
+        .split("verify --from-lsn ")
+        .nth(1)
+        .and_then(|rest| rest.split('`').next())
+        .context("the log names where to verify from")?
+        .to_owned();
+    let out = relay_cmd(&config, &["verify", "--from-lsn", &from]).await?;
+    let said = text(&out);
+    ensure!(
+        out.status.code() == Some(65)
+            && said.lines().filter(|l| l.starts_with("MISSING")).count() == 10,
+        "verify finds the 10 events the stream lost: {said}"
+    );
+    Ok(())
+}

@@ -21,8 +21,8 @@ mod replay_window;
 use position_map::MapWriter;
 pub use position_map::{
     DEFAULT_RETENTION, MapStart, MapSummary, MapTarget, POSITION_MAP_MIGRATION, StoredAnchor,
-    anchor_at_or_before, anchor_older_than, map_start, map_start_all_slots, map_summary,
-    position_map_access, position_map_grants,
+    anchor_at_or_before, anchor_older_than, anchor_past_sequence, map_start, map_start_all_slots,
+    map_summary, position_map_access, position_map_grants,
 };
 pub use replay_window::{ReplayWindow, ReplayWindowReport, replay_window};
 

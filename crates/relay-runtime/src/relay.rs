@@ -23,6 +23,7 @@ use crate::failure::Failure;
 
 mod background;
 mod on_create;
+mod sequence_check;
 mod session;
 mod standby;
 mod stop;

@@ -59,6 +59,7 @@ pub const PUBLISH_ERRORS: &str = "outbox_relay_publish_errors";
 /// Counter: re-publishes after an unknown outcome.
 pub const PUBLISH_RETRIES: &str = "outbox_relay_publish_retries";
 pub const ACKS_NOT_HELD: &str = "outbox_relay_acks_not_held";
+pub const STREAM_WENT_BACK: &str = "outbox_relay_stream_went_back";
 /// Gauge: events published and awaiting their ack.
 pub const OUTSTANDING_ACKS: &str = "outbox_relay_outstanding_acks";
 /// Gauge: 1 while the oldest unacknowledged event waits for room in a full stream.

@@ -198,6 +198,11 @@ const FAMILIES: &[Family] = &[
         read: |s| counter(&s.stats.acks_not_held),
     },
     Family {
+        name: STREAM_WENT_BACK,
+        help: "Session starts that found the stream's last sequence before one the relay's checkpoints recorded",
+        read: |s| counter(&s.stats.stream_went_back),
+    },
+    Family {
         name: PUBLISH_ERRORS,
         help: "Failed publish attempts by kind",
         read: |s| {

@@ -19,6 +19,9 @@ pub struct PipelineStats {
     /// Checkpoints refused because the stream could not hold what had been acknowledged (a
     /// forged PubAck; a stream deleted, reset or gone back).
     pub acks_not_held: AtomicU64,
+    /// Session starts that found the stream's last sequence before one the relay's own
+    /// checkpoints recorded (the stream re-created, reset, or its tail lost).
+    pub stream_went_back: AtomicU64,
     /// Events not re-published because the stream already held them (see
     /// [`Pipeline::skip_published`]).
     pub already_published: AtomicU64,

@@ -380,3 +380,29 @@ pub async fn anchor_at_or_before(
         })
     }))
 }
+
+/// The earliest anchor of `slot` in `stream` whose sequence is past `last_seq`: the stream held
+/// a copy of its events at or after that sequence when the checkpoint was stored, so a stream
+/// whose last sequence is now `last_seq` went back (re-created, reset, or a lost tail).
+pub async fn anchor_past_sequence(
+    client: &impl GenericClient,
+    slot: &str,
+    stream: &str,
+    last_seq: u64,
+) -> Result<Option<StoredAnchor>, tokio_postgres::Error> {
+    let row = client
+        .query_opt(
+            "SELECT commit_lsn::text, commit_time, stream_seq FROM outbox_relay.position_map \
+             WHERE slot_name = $1 AND stream = $2 AND stream_seq > $3 \
+             ORDER BY commit_lsn LIMIT 1",
+            &[&slot, &stream, &i64::try_from(last_seq).unwrap_or(i64::MAX)],
+        )
+        .await?;
+    Ok(row.and_then(|row| {
+        Some(StoredAnchor {
+            commit_lsn: Lsn::from_str(&row.get::<_, String>(0)).ok()?,
+            commit_time: row.get(1),
+            stream_seq: u64::try_from(row.get::<_, i64>(2)).unwrap_or(0),
+        })
+    }))
+}

@@ -96,6 +96,13 @@ impl Supervisor<'_> {
             None => Default::default(),
         };
         let already_published = self.already_published(start, streamed).await?;
+        super::sequence_check::check_stream_sequence(
+            self.config,
+            store.client(),
+            self.publisher.context(),
+            self.telemetry,
+        )
+        .await;
         self.resend_zone_alone(&store).await?;
         let router = self.router(&store).await?;
         let trail = self.slot_trail(&store, &state, start).await;
