@@ -117,9 +117,9 @@ pub struct Pipeline<S, P, C> {
     positions: Positions,
     /// `[relay] replay_retention`: the slot is confirmed this far behind the checkpoint.
     trail: Option<SlotTrail>,
-    /// The highest stream sequence acknowledged since the last stored checkpoint: checked
-    /// against the stream before the next checkpoint moves past it (0: none).
-    unchecked_seq: u64,
+    /// What the stream was asked of the acknowledgements, beside the loop
+    /// ([`checkpoint::AckChecks`]).
+    ack_checks: checkpoint::AckChecks,
 }
 
 /// Why the loop leaves its reading phase.
@@ -175,7 +175,7 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
             recent,
             positions,
             trail: None,
-            unchecked_seq: 0,
+            ack_checks: checkpoint::AckChecks::default(),
         }
     }
 
@@ -437,7 +437,7 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
                 self.frontier.ack(ticket)?;
                 self.positions
                     .stored(msg.commit_lsn, msg.commit_time_micros, receipt.stream_seq);
-                self.unchecked_seq = self.unchecked_seq.max(receipt.stream_seq);
+                self.ack_checks.acked(receipt.stream_seq);
                 self.stats.events_published.fetch_add(1, Ordering::Relaxed);
                 if receipt.duplicate {
                     self.stats.duplicates.fetch_add(1, Ordering::Relaxed);

@@ -263,7 +263,7 @@ pub trait Publisher: Clone + Send + Sync + 'static {
     /// does not exist, or a sequence past the stream's last, was not JetStream's (a forged
     /// PubAck) or names what the stream no longer holds. Default: trusted (a publisher without
     /// a stream, a dry run).
-    fn check_acks(&self, highest_seq: u64) -> impl Future<Output = AckCheck> + Send {
+    fn check_acks(&self, highest_seq: u64) -> impl Future<Output = AckCheck> + Send + 'static {
         let _ = highest_seq;
         std::future::ready(AckCheck::Held)
     }

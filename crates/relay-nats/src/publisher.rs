@@ -436,7 +436,7 @@ impl Publisher for JetStreamPublisher {
         Some(self.core.stream.clone())
     }
 
-    fn check_acks(&self, highest_seq: u64) -> impl Future<Output = AckCheck> + Send {
+    fn check_acks(&self, highest_seq: u64) -> impl Future<Output = AckCheck> + Send + 'static {
         let context = self.context().clone();
         let stream = self.core.stream.clone();
         async move { ack_check::check(&context, &stream, highest_seq).await }

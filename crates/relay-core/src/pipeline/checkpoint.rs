@@ -1,12 +1,58 @@
 //! The checkpoint: the ack frontier stored, then confirmed to the source, once the broker's
 //! own state agrees with the acknowledgements it moves past.
+//!
+//! The stream is asked beside the loop, never in it: a stalled NATS must not stall reading and
+//! publishing. A checkpoint asks once (one `STREAM.INFO`) for the highest sequence acknowledged
+//! so far, waits a moment for the answer, and otherwise stores at a later tick; what it may
+//! store is the frontier as it was when it asked, whose events all have sequences up to the one
+//! asked about.
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
+use pgoutput::Lsn;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::{Pipeline, PipelineError};
 use crate::stage::{AckCheck, ChangeSource, CheckpointStore, Publisher};
+
+/// How long a checkpoint waits for the stream's answer before it tries again at the next tick.
+const ANSWER_WAIT: Duration = Duration::from_millis(20);
+/// How long the last checkpoint of a run (a shutdown) waits for it.
+const FINAL_WAIT: Duration = Duration::from_secs(5);
+
+/// The acknowledgements and what the stream said of them.
+#[derive(Debug, Default)]
+pub(super) struct AckChecks {
+    /// The highest stream sequence acknowledged in this run (0: none).
+    acked_seq: u64,
+    /// The highest sequence the stream was found to hold.
+    held_through: u64,
+    /// The question in flight: the frontier and the sequence when it was asked.
+    asked: Option<Asked>,
+}
+
+#[derive(Debug)]
+struct Asked {
+    lsn: Lsn,
+    seq: u64,
+    answer: JoinHandle<AckCheck>,
+}
+
+impl AckChecks {
+    pub(super) fn acked(&mut self, stream_seq: u64) {
+        self.acked_seq = self.acked_seq.max(stream_seq);
+    }
+}
+
+impl Drop for AckChecks {
+    fn drop(&mut self) {
+        if let Some(asked) = &self.asked {
+            asked.answer.abort();
+        }
+    }
+}
 
 impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
     /// Stores the frontier if it moved, then confirms it to the source: store first, so the
@@ -22,9 +68,9 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
         if !(eventful || idle_due || force) {
             return Ok(());
         }
-        if !self.acks_held().await? {
+        let Some(lsn) = self.held_position(lsn, force).await? else {
             return Ok(());
-        }
+        };
         crate::failpoint::hit("after_ack_before_store");
         let anchor = self.positions.anchor(lsn);
         self.store
@@ -32,7 +78,6 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
             .await
             .map_err(|error| PipelineError::Store { lsn, error })?;
         self.positions.checkpointed(lsn);
-        self.unchecked_seq = 0;
         self.stored = lsn;
         self.stored_at = Instant::now();
         crate::failpoint::hit("after_store_before_confirm");
@@ -50,24 +95,45 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
         Ok(())
     }
 
-    /// Whether the stream can hold every acknowledgement since the last stored checkpoint
-    /// (one question to the broker per checkpoint, not per event). A stream that cannot (a
-    /// forged PubAck, a stream gone or reset) ends the session before anything is stored past
-    /// them; one that cannot be asked now delays this checkpoint.
-    async fn acks_held(&mut self) -> Result<bool, PipelineError> {
-        if self.unchecked_seq == 0 {
-            return Ok(true);
+    /// The position the checkpoint may store: `lsn` when the stream was found to hold every
+    /// acknowledgement behind it, an earlier frontier whose acknowledgements it holds, or `None`
+    /// until it answers. A stream that cannot hold them (a forged PubAck, a stream gone or
+    /// reset) ends the session before anything is stored past them.
+    async fn held_position(&mut self, lsn: Lsn, force: bool) -> Result<Option<Lsn>, PipelineError> {
+        let checks = &mut self.ack_checks;
+        if checks.acked_seq <= checks.held_through {
+            return Ok(Some(lsn));
         }
-        match self.publisher.check_acks(self.unchecked_seq).await {
-            AckCheck::Held => Ok(true),
+        let mut asked = match checks.asked.take() {
+            Some(asked) => asked,
+            None => Asked {
+                lsn,
+                seq: checks.acked_seq,
+                answer: tokio::spawn(self.publisher.check_acks(checks.acked_seq)),
+            },
+        };
+        let wait = if force { FINAL_WAIT } else { ANSWER_WAIT };
+        let answer = match tokio::time::timeout(wait, &mut asked.answer).await {
+            Err(_) => {
+                self.ack_checks.asked = Some(asked);
+                return Ok(None);
+            }
+            Ok(Err(join)) => AckCheck::Unknown(format!("the check did not finish: {join}")),
+            Ok(Ok(answer)) => answer,
+        };
+        match answer {
+            AckCheck::Held => {
+                self.ack_checks.held_through = asked.seq;
+                Ok((asked.lsn > self.stored).then_some(asked.lsn))
+            }
             AckCheck::Unknown(why) => {
-                tracing::debug!(highest_seq = self.unchecked_seq, why = %why, "cannot check the acknowledgements against the stream now; the checkpoint waits");
-                Ok(false)
+                tracing::debug!(highest_seq = asked.seq, why = %why, "cannot check the acknowledgements against the stream now; the checkpoint waits");
+                Ok(None)
             }
             AckCheck::NotHeld(reason) => {
                 self.stats.acks_not_held.fetch_add(1, Ordering::Relaxed);
                 Err(PipelineError::AcksNotHeld {
-                    highest_seq: self.unchecked_seq,
+                    highest_seq: asked.seq,
                     reason,
                     stored: self.stored,
                 })

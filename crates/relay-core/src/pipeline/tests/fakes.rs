@@ -206,7 +206,7 @@ impl Publisher for FakeBroker {
     type Ack = futures::future::BoxFuture<'static, Result<PubReceipt, PublishError>>;
 
     /// As JetStream's state would say: the stream's last sequence is its length.
-    fn check_acks(&self, highest_seq: u64) -> impl Future<Output = AckCheck> + Send {
+    fn check_acks(&self, highest_seq: u64) -> impl Future<Output = AckCheck> + Send + 'static {
         let last = self.0.lock().unwrap().stream.len() as u64;
         std::future::ready(if highest_seq <= last {
             AckCheck::Held
