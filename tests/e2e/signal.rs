@@ -296,8 +296,16 @@ async fn a_filter_leaving_its_parentheses_is_a_failed_signal_and_the_next_one_ru
             && error.contains("give one condition"),
         "error {error:?}"
     );
+    // The valid signal's backfill may have started since: no cursor is the escaping filter's.
+    let escaping_cursors: i64 = db
+        .query_one(
+            "SELECT count(*) FROM outbox_relay.backfill WHERE filter LIKE '%OR (true%'",
+            &[],
+        )
+        .await?
+        .get(0);
     ensure!(
-        cursor(&db).await?.is_none(),
+        escaping_cursors == 0,
         "the refused filter started no backfill"
     );
 
