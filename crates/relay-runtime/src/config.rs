@@ -105,6 +105,18 @@ pub struct PipelineSettings {
     /// it takes over once the active relay's walsender is gone. Default `1s`.
     #[serde(with = "humantime_serde")]
     pub standby_poll_interval: Duration,
+    /// Opt-in, with `replay_retention`: every this often, the relay checks the events committed
+    /// since its last audit against the stream, by the WAL the slot keeps (as `outbox-relay
+    /// verify`), and reports what the stream lost after it said "stored". Default: off.
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub audit_interval: Option<Duration>,
+    /// With `audit_interval`: publish what an audit finds missing again from the WAL (as
+    /// `outbox-relay restore`), with the same `Nats-Msg-Id`. Default `false`.
+    pub audit_heal: bool,
     /// Opt-in: rows that cannot be routed are published here (raw row as JSON, the reason in
     /// headers) and the relay continues, instead of stopping. Must be captured by the stream.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -166,6 +178,8 @@ impl Default for PipelineSettings {
             no_stream_grace: pipeline.no_stream_grace,
             reconnect_max: default_reconnect_max(),
             standby_poll_interval: default_standby_poll_interval(),
+            audit_interval: None,
+            audit_heal: false,
             dead_letter_subject: pipeline.dead_letter_subject,
             publication_check_interval: default_publication_check_interval(),
             takeover_budget: default_takeover_budget(),
@@ -284,6 +298,9 @@ impl RelayConfig {
                 "[relay] max_in_flight = {} is too small for [nats] publish_mode = \"fast-batch\" (a batch's first message waits for the next one): set max_in_flight to at least 2, or publish_mode = \"per-message\"",
                 self.relay.max_in_flight
             )));
+        }
+        if let Some(problem) = replay_retention::audit_problem(&self.relay) {
+            return Err(ConfigError::Invalid(problem));
         }
         for (key, value) in [
             ("checkpoint_interval", self.relay.checkpoint_interval),

@@ -21,6 +21,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use crate::config::RelayConfig;
 use crate::failure::Failure;
 
+mod audit;
 mod background;
 mod on_create;
 mod sequence_check;
@@ -198,6 +199,7 @@ async fn supervise(relay: Relay, shutdown: CancellationToken) -> Result<(), Fail
     }
     spawn_progress_log(stats.clone(), shutdown.clone());
     background::spawn_outbox_upkeep(config.clone(), telemetry.clone(), shutdown.clone());
+    audit::spawn_audit(config.clone(), telemetry.clone(), shutdown.clone());
     if config.relay.sql_signals {
         crate::signal::spawn(config.clone(), telemetry.clone(), shutdown.clone());
     }

@@ -18,6 +18,7 @@ use relay_core::route::LoadedContract;
 use relay_postgres::catalog::SlotInfo;
 use relay_postgres::catalog::retention::RetentionWindow;
 
+pub mod audit;
 mod cleanup_report;
 mod metrics;
 pub mod otlp;
@@ -60,6 +61,10 @@ pub const PUBLISH_ERRORS: &str = "outbox_relay_publish_errors";
 pub const PUBLISH_RETRIES: &str = "outbox_relay_publish_retries";
 pub const ACKS_NOT_HELD: &str = "outbox_relay_acks_not_held";
 pub const STREAM_WENT_BACK: &str = "outbox_relay_stream_went_back";
+pub const AUDIT_RUNS: &str = "outbox_relay_audit_runs";
+pub const AUDIT_MISSING: &str = "outbox_relay_audit_missing_events";
+pub const AUDIT_HEALED: &str = "outbox_relay_audit_healed_events";
+pub const AUDIT_FAILED: &str = "outbox_relay_audit_failures";
 /// Gauge: events published and awaiting their ack.
 pub const OUTSTANDING_ACKS: &str = "outbox_relay_outstanding_acks";
 /// Gauge: 1 while the oldest unacknowledged event waits for room in a full stream.
@@ -217,6 +222,8 @@ pub struct Telemetry {
     last_error: Mutex<Option<String>>,
     /// The pid of the process holding the slot while this relay waits as its standby.
     standby_for: Mutex<Option<i32>>,
+    /// The continuous audit's findings (`[relay] audit_interval`).
+    pub audit: audit::AuditState,
     started: Instant,
 }
 
@@ -248,6 +255,7 @@ impl Telemetry {
             tables: Mutex::new(std::collections::BTreeMap::new()),
             contracts: OnceLock::new(),
             last_error: Mutex::new(None),
+            audit: audit::AuditState::default(),
             standby_for: Mutex::new(None),
             started: Instant::now(),
         }

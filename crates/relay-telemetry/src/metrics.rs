@@ -93,6 +93,15 @@ fn gauge(v: i64) -> Reading {
     Reading::One(Value::Gauge(v))
 }
 
+/// `reading` while the audit runs; absent while it is off.
+fn audited(s: &Scrape<'_>, reading: Reading) -> Reading {
+    if s.telemetry.audit.enabled.load(Ordering::Relaxed) {
+        reading
+    } else {
+        Reading::Absent
+    }
+}
+
 fn float(v: f64) -> Reading {
     Reading::One(Value::Float(v))
 }
@@ -201,6 +210,26 @@ const FAMILIES: &[Family] = &[
         name: STREAM_WENT_BACK,
         help: "Session starts that found the stream's last sequence before one the relay's checkpoints recorded",
         read: |s| counter(&s.stats.stream_went_back),
+    },
+    Family {
+        name: AUDIT_RUNS,
+        help: "Audits of the confirmed events against the stream, by the WAL ([relay] audit_interval)",
+        read: |s| audited(s, counter(&s.telemetry.audit.runs)),
+    },
+    Family {
+        name: AUDIT_MISSING,
+        help: "Events the last audit found missing from the stream",
+        read: |s| audited(s, gauge(load(&s.telemetry.audit.missing) as i64)),
+    },
+    Family {
+        name: AUDIT_HEALED,
+        help: "Events the audit published again ([relay] audit_heal)",
+        read: |s| audited(s, counter(&s.telemetry.audit.healed)),
+    },
+    Family {
+        name: AUDIT_FAILED,
+        help: "Audits that could not check their window",
+        read: |s| audited(s, counter(&s.telemetry.audit.failed)),
     },
     Family {
         name: PUBLISH_ERRORS,

@@ -66,6 +66,22 @@ pub fn deserialize<'de, D: Deserializer<'de>>(
         .transpose()
 }
 
+/// Why `[relay] audit_interval` / `audit_heal` cannot be used as set.
+pub(super) fn audit_problem(relay: &super::PipelineSettings) -> Option<String> {
+    match relay.audit_interval {
+        Some(interval) if interval.is_zero() => {
+            Some("[relay] audit_interval must be positive (leave it out to turn the audit off)".into())
+        }
+        Some(_) if relay.replay_retention.is_none() => Some(
+            "[relay] audit_interval needs [relay] replay_retention: the audit reads the WAL the slot keeps behind the checkpoint (e.g. replay_retention = \"1h\", longer than audit_interval)".into(),
+        ),
+        None if relay.audit_heal => {
+            Some("[relay] audit_heal = true needs [relay] audit_interval".into())
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

@@ -672,3 +672,34 @@ fn every_preset_makes_a_valid_mapping() {
         }
     }
 }
+
+/// The audit reads the WAL `replay_retention` keeps; heal without an audit is a mistake.
+#[test]
+fn the_audit_needs_replay_retention_and_heal_needs_the_audit() {
+    let mut c = RelayConfig {
+        outbox: default_outbox(),
+        ..RelayConfig::default()
+    };
+    c.relay.audit_interval = Some(std::time::Duration::from_secs(60));
+    let err = c.validate().unwrap_err().to_string();
+    assert!(
+        err.contains("audit_interval needs [relay] replay_retention"),
+        "{err}"
+    );
+    c.relay.replay_retention = Some(relay_core::trail::ReplayRetention::Bytes(1 << 30));
+    c.validate().unwrap();
+    c.relay.audit_interval = Some(std::time::Duration::ZERO);
+    assert!(
+        c.validate()
+            .unwrap_err()
+            .to_string()
+            .contains("must be positive")
+    );
+    c.relay.audit_interval = None;
+    c.relay.audit_heal = true;
+    let err = c.validate().unwrap_err().to_string();
+    assert!(
+        err.contains("audit_heal = true needs [relay] audit_interval"),
+        "{err}"
+    );
+}
