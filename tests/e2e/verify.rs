@@ -221,5 +221,11 @@ async fn the_audit_finds_deleted_messages_and_heals_them() -> Result<()> {
         env.checkpoint().await?.unwrap_or(0) >= checkpoint_before,
         "the checkpoint never moved back"
     );
+    let out = relay_cmd(&config, &["status"]).await?;
+    let said = text(&out);
+    ensure!(
+        said.contains("audit: ") && said.contains("0 events missing at the last"),
+        "status shows the audit: {said}"
+    );
     Ok(())
 }

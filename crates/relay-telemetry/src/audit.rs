@@ -1,6 +1,8 @@
 //! What the relay's continuous audit (`[relay] audit_interval`) found: read by `/metrics`.
 
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use crate::status_doc::AuditStatus;
 
 /// The audit's counters; all zero and not shown while the audit is off.
 #[derive(Debug, Default)]
@@ -16,4 +18,17 @@ pub struct AuditState {
     /// Audits that could not check their window (the WAL gone, a restore running, a server
     /// unreachable).
     pub failed: AtomicU64,
+}
+
+impl AuditState {
+    /// `/status`'s `audit`, while the audit runs.
+    pub fn status(&self) -> Option<AuditStatus> {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        self.enabled.load(Ordering::Relaxed).then(|| AuditStatus {
+            runs: load(&self.runs),
+            missing_events: load(&self.missing),
+            healed_events: load(&self.healed),
+            failures: load(&self.failed),
+        })
+    }
 }

@@ -29,8 +29,8 @@ mod tests;
 pub use metrics::MetricsCollector;
 pub use rate_limit::RateLimit;
 pub use status_doc::{
-    CleanupStatus, ContractStatus, NatsStatus, PipelineStatus, PostgresStatus, RelayStatus,
-    TableStatus,
+    AuditStatus, CleanupStatus, ContractStatus, NatsStatus, PipelineStatus, PostgresStatus,
+    RelayStatus, TableStatus,
 };
 
 // Metric names. Counters are exposed with the `_total` suffix, the info metric with `_info`.
@@ -444,6 +444,7 @@ impl Telemetry {
             nats: self.nats_status(),
             pipeline: self.pipeline_status(),
             contracts: self.contracts_status(),
+            audit: self.audit.status(),
         }
     }
 

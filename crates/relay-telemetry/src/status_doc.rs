@@ -30,6 +30,22 @@ pub struct RelayStatus {
     pub pipeline: PipelineStatus,
     /// Each `[outbox.contracts]` contract.
     pub contracts: Vec<ContractStatus>,
+    /// The continuous audit (`[relay] audit_interval`), when it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit: Option<AuditStatus>,
+}
+
+/// `/status`'s `audit`: what the continuous audit found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditStatus {
+    /// Audits finished.
+    pub runs: u64,
+    /// Events the last audit found missing from the stream.
+    pub missing_events: u64,
+    /// Events it published again (`[relay] audit_heal`).
+    pub healed_events: u64,
+    /// Audits that could not check their window.
+    pub failures: u64,
 }
 
 /// `/status`'s `postgres`.

@@ -66,6 +66,20 @@ fn status_lines(addr: &str, relay: &RelayStatus) -> Vec<String> {
         opt(&p.last_acked_commit_time)
     ));
     out.extend(relay.contracts.iter().flat_map(contract_lines));
+    if let Some(audit) = &relay.audit {
+        out.push(format!(
+            "  audit: {} runs, {} events missing at the last, {} published again, {} could not check{}",
+            audit.runs,
+            audit.missing_events,
+            audit.healed_events,
+            audit.failures,
+            if audit.missing_events > 0 {
+                " (GAP: see the relay's log for the events and `outbox-relay verify`)"
+            } else {
+                ""
+            }
+        ));
+    }
     out
 }
 
