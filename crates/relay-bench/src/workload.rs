@@ -37,8 +37,8 @@ pub use self::contracts::{
 };
 pub use self::debezium::{DebeziumRun, DebeziumStatus};
 pub use self::fleet::{
-    BACKLOG_PER_TX, FLEET_OF_SINGLES_TARGET, FLEET_RATE, FleetResults, ISOLATION_TARGET,
-    MIB_PER_PIPELINE_TARGET, PhaseKind, Side, Window,
+    BACKLOG_PER_TX, FLEET_OF_SINGLES_TARGET, FLEET_RATE, FleetResults, ISOLATION_TARGET, Isolation,
+    MIB_PER_PIPELINE_TARGET, PhaseKind, Sessions, Side, Window,
 };
 pub use self::messages::MessagesRun;
 pub use self::modes::{ModeAb, ModeOutcome, ModeScenario};

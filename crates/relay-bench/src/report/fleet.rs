@@ -4,8 +4,8 @@
 use std::fmt::Write as _;
 
 use crate::workload::{
-    FLEET_OF_SINGLES_TARGET, FLEET_RATE, FleetResults, ISOLATION_TARGET, MIB_PER_PIPELINE_TARGET,
-    PhaseKind, Side, Window,
+    FLEET_OF_SINGLES_TARGET, FLEET_RATE, FleetResults, ISOLATION_TARGET, Isolation,
+    MIB_PER_PIPELINE_TARGET, PhaseKind, Sessions, Side, Window,
 };
 
 use super::verdict;
@@ -101,7 +101,9 @@ pub(super) fn rows(out: &mut String, f: &FleetResults) {
     }
     sessions_row(out, f);
     load_rows(out, n, fleet, singles, alone);
-    isolation_rows(out, f);
+    if let Some(iso) = &f.isolation {
+        isolation_rows(out, iso);
+    }
     for failed in &f.failed {
         let first = failed.lines().next().unwrap_or("").replace('|', "/");
         let _ = writeln!(out, "| **Fleet**: {first} | failed | | | – | FAIL |");
@@ -111,12 +113,14 @@ pub(super) fn rows(out: &mut String, f: &FleetResults) {
 fn sessions_row(out: &mut String, f: &FleetResults) {
     let n = f.pipelines as f64;
     let each = |s: &Side| {
+        let Sessions {
+            backends,
+            walsenders,
+        } = s.sessions;
         format!(
-            "{:.1} client sessions + {:.1} walsender per pipeline ({} + {} for {})",
-            s.sessions.backends as f64 / s.pipelines as f64,
-            s.sessions.walsenders as f64 / s.pipelines as f64,
-            s.sessions.backends,
-            s.sessions.walsenders,
+            "{:.1} client sessions + {:.1} walsender per pipeline ({backends} + {walsenders} for {})",
+            backends as f64 / s.pipelines as f64,
+            walsenders as f64 / s.pipelines as f64,
             s.pipelines
         )
     };
@@ -233,11 +237,7 @@ fn load_rows(
     );
 }
 
-fn isolation_rows(out: &mut String, f: &FleetResults) {
-    let Some(iso) = &f.isolation else { return };
-    let Some(alone) = iso.phases.first() else {
-        return;
-    };
+fn isolation_rows(out: &mut String, iso: &Isolation) {
     let cores = std::thread::available_parallelism().map_or(0, |c| c.get());
     let caught = |secs: Option<f64>| {
         secs.map_or_else(
@@ -246,6 +246,7 @@ fn isolation_rows(out: &mut String, f: &FleetResults) {
         )
     };
     for p in &iso.phases {
+        let alone = &iso.phases[0];
         let backlog = format!(
             "{} rows in {}-row txs",
             iso.backlog_rows,
@@ -320,6 +321,15 @@ fn isolation_rows(out: &mut String, f: &FleetResults) {
             iso.pipelines, p.samples
         );
     }
+    if let Some(why) = &iso.not_run {
+        let _ = writeln!(
+            out,
+            "| **Isolation**: the same {} pipelines while the Nth pipeline catches up {} rows, and with its server stopped | not run: {} | | | p99 <= {ISOLATION_TARGET}x alone | – |",
+            iso.pipelines,
+            iso.backlog_rows,
+            why.replace('|', "/")
+        );
+    }
 }
 
 /// How the fleet rows measure, under the table.
@@ -330,4 +340,89 @@ pub(super) fn note(out: &mut String, f: Option<&FleetResults>) {
         "Fleet: {} databases on one PostgreSQL server of their own ({}), each with migrations/*.sql, a publication and a slot, and one stream each; the relays run with their defaults (checkpoint 1 s, idle checkpoint 10 s, status 10 s, sample 5 s) and `[http] listen`. A fleet of 1, a fleet of N, N single-relay processes (one configuration each, same binary) and one single relay alone run one after the other on the same slots. Ready: from the (first) spawn until `/readyz` answers 200 and `/metrics` has `outbox_relay_ready` 1 for every pipeline (polled every 100 ms). Idle: CPU (utime+stime) over the window after 3 s of settling, RSS (VmRSS, shared pages counted in each process) and PSS (smaps_rollup) at its end. Load: one writer per database, 1-row autocommit transactions at {FLEET_RATE}/s, the window until the streams held every event (30 s at most); CPU per event includes the idle work of that time. PostgreSQL: CPU of the postmaster and its children from /proc, by role from pg_stat_activity. Isolation: one ordered consumer per stream; latency is `ts` (clock_timestamp() at INSERT) to the stream's store time, each event in the phase its `ts` falls in; the Nth pipeline is added to the running fleet by a reload (SIGHUP) and its server stopped with `pg_ctl stop -m fast`.",
         f.pipelines, f.pg_settings
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn side(pipelines: usize, processes: usize, rss_mib: f64) -> Side {
+        let idle = Window {
+            secs: 20.0,
+            relay_cpu_secs: 0.02,
+            rss: (rss_mib * MIB) as u64,
+            ..Window::default()
+        };
+        Side {
+            processes,
+            pipelines,
+            ready_secs: 1.0,
+            sessions: Sessions::default(),
+            idle,
+            load: None,
+        }
+    }
+
+    #[test]
+    fn memory_is_judged_per_pipeline_above_the_fleet_of_one_and_against_the_processes() {
+        let res = FleetResults {
+            pipelines: 100,
+            base: Some(side(1, 1, 30.0)),
+            fleet: Some(side(100, 1, 200.0)),
+            singles: Some(side(100, 100, 2800.0)),
+            ..FleetResults::default()
+        };
+        let mut out = String::new();
+        rows(&mut out, &res);
+        let row = |name: &str| out.lines().find(|l| l.contains(name)).unwrap().to_owned();
+        // (200 - 30) / 99 = 1.72 MiB per pipeline; 200 / 2800 = 1/14.
+        let per = row("Fleet idle memory");
+        assert!(
+            per.contains("1.72 MiB per idle pipeline") && per.ends_with("PASS |"),
+            "{per}"
+        );
+        let total = row("memory idle");
+        assert!(
+            total.contains("1/14.0") && total.ends_with("PASS |"),
+            "{total}"
+        );
+        let res = FleetResults {
+            fleet: Some(side(100, 1, 300.0)),
+            ..res
+        };
+        let mut out = String::new();
+        rows(&mut out, &res);
+        assert_eq!(out.matches("FAIL |").count(), 2, "{out}");
+    }
+
+    #[test]
+    fn isolation_not_run_is_said_and_not_judged() {
+        let res = FleetResults {
+            pipelines: 100,
+            isolation: Some(Isolation {
+                pipelines: 99,
+                backlog_rows: 1_000_000,
+                backlog_write_secs: 30.0,
+                caught_up_secs: None,
+                control_caught_up_secs: None,
+                phases: Vec::new(),
+                missing: 0,
+                not_run: Some("the 99 pipelines did not keep up alone".into()),
+            }),
+            failed: vec!["fleet of 1: boom | bang\nmore".into()],
+            ..FleetResults::default()
+        };
+        let mut out = String::new();
+        rows(&mut out, &res);
+        let row = out.lines().find(|l| l.contains("not run")).unwrap();
+        assert!(
+            row.ends_with("| – |") && row.contains("did not keep up"),
+            "{row}"
+        );
+        let failed = out.lines().find(|l| l.contains("boom")).unwrap();
+        assert!(
+            failed.contains("boom / bang") && failed.ends_with("FAIL |"),
+            "{failed}"
+        );
+    }
 }

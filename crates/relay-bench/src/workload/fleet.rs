@@ -16,6 +16,7 @@
 
 mod isolation;
 mod run;
+mod stamps;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -297,6 +298,10 @@ impl<'a> FleetEnv<'a> {
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
+        }
+        // The slots after every database: a copied database is WAL (PostgreSQL 15's default
+        // strategy), which a slot made before it would decode at its relay's first start.
+        for p in &pipes {
             create_slot(&pg, &p.name, &p.slot).await?;
             create_stream(env, &p.stream, &format!("{}.>", p.name)).await?;
         }

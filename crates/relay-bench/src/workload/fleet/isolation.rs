@@ -3,27 +3,21 @@
 //! the running fleet by a reload) catches up a backlog, then (the control) while a single relay
 //! process of its own catches up the same backlog beside the fleet, then while that server is
 //! stopped, and alone again once the Nth pipeline is removed.
-//!
-//! Commit-to-ack is measured as the latency rows do: `ts` (clock_timestamp() at the INSERT of a
-//! 1-row autocommit transaction) to the stream's store time of the message, read back by one
-//! ordered consumer per stream; each event counts in the phase its `ts` falls in.
+//! Each event counts in the phase its `ts` falls in (stamps.rs).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
-use async_nats::jetstream::consumer;
-use futures::StreamExt as _;
 use relay_testkit::PostgresServer;
-use tokio::sync::mpsc::UnboundedReceiver;
-use tokio::task::JoinHandle;
 
-use crate::measure::{family_cpu, quantile};
+use crate::measure::family_cpu;
 
 use super::super::say;
 use super::super::setup::{create_stream, insert_sql_into, stream_messages};
 use super::run::{Group, Writers, family_delta};
+use super::stamps::{fill, kept_up, stamp_readers, unix_micros};
 use super::{FLEET_RATE, FleetEnv, Pipe, READY_WITHIN, create_slot, outbox_database, pg_options};
 
 /// The p99 of each phase against alone's, at most.
@@ -47,8 +41,11 @@ pub struct Isolation {
     pub control_caught_up_secs: Option<f64>,
     /// In the order of [`PhaseKind`].
     pub phases: Vec<Phase>,
-    /// Events of the N-1 pipelines committed and never read back from their streams.
+    /// Events of the N-1 pipelines committed and never read back from their streams (in the
+    /// time the bench waited for them).
     pub missing: u64,
+    /// Why the phases with the Nth pipeline did not run (the N-1 fell behind alone).
+    pub not_run: Option<String>,
 }
 
 /// What the Nth pipeline does while the N-1 are measured.
@@ -99,50 +96,6 @@ pub struct Phase {
     pub pg_cpu_secs: f64,
     /// … and the Nth pipeline's own.
     pub other_pg_cpu_secs: f64,
-}
-
-/// (pipeline index, `ts` of the row, stream store time), µs since the Unix epoch.
-type Stamp = (usize, i64, i64);
-
-fn unix_micros() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as i64)
-}
-
-/// Reads every message stored from now on in each of `pipes`' streams and sends its stamp.
-async fn stamp_readers(
-    fe: &FleetEnv<'_>,
-    pipes: &[Pipe],
-) -> Result<(Vec<JoinHandle<()>>, UnboundedReceiver<Stamp>)> {
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Stamp>();
-    let mut readers = Vec::new();
-    for (i, p) in pipes.iter().enumerate() {
-        let stream = fe.env.js.get_stream(&p.stream).await?;
-        let consumer = stream
-            .create_consumer(consumer::pull::OrderedConfig {
-                deliver_policy: consumer::DeliverPolicy::New,
-                ..Default::default()
-            })
-            .await?;
-        let mut messages = consumer.messages().await?;
-        let tx = tx.clone();
-        readers.push(tokio::spawn(async move {
-            while let Some(Ok(m)) = messages.next().await {
-                let Ok(info) = m.info() else { continue };
-                let stored_us = (info.published.unix_timestamp_nanos() / 1000) as i64;
-                let ts = serde_json::from_slice::<serde_json::Value>(&m.payload)
-                    .ok()
-                    .and_then(|v| v.get("ts").and_then(serde_json::Value::as_i64));
-                if let Some(ts) = ts
-                    && tx.send((i, ts, stored_us)).is_err()
-                {
-                    break;
-                }
-            }
-        }));
-    }
-    Ok((readers, rx))
 }
 
 /// Writes `rows` rows into `big`'s outbox in transactions of [`BACKLOG_PER_TX`]; seconds.
@@ -216,30 +169,6 @@ impl PhaseMark {
     }
 }
 
-/// Fills `phase`'s latencies from the stamps whose `ts` is in `[from, to)`.
-fn fill(phase: &mut Phase, stamps: &[Stamp], pipelines: usize, from: i64, to: i64) {
-    let mut all = Vec::new();
-    let mut each = vec![Vec::new(); pipelines];
-    for &(i, ts, stored) in stamps.iter().filter(|s| s.1 >= from && s.1 < to) {
-        let ms = (stored - ts) as f64 / 1000.0;
-        all.push(ms);
-        each[i].push(ms);
-    }
-    all.sort_by(f64::total_cmp);
-    phase.samples = all.len();
-    phase.p50_ms = quantile(&all, 0.50);
-    phase.p99_ms = quantile(&all, 0.99);
-    phase.max_ms = all.last().copied().unwrap_or(f64::NAN);
-    phase.worst_pipeline_p99_ms = each
-        .iter_mut()
-        .filter(|v| !v.is_empty())
-        .map(|v| {
-            v.sort_by(f64::total_cmp);
-            quantile(v, 0.99)
-        })
-        .fold(f64::NAN, f64::max);
-}
-
 /// Waits (`timeout` at most) until `stream` holds `rows` messages, every process of `groups`
 /// alive; the seconds since `since`, or None at the timeout.
 async fn caught_up(
@@ -262,12 +191,100 @@ async fn caught_up(
     Ok(None)
 }
 
+/// What the phases with the Nth pipeline need.
+struct Nth<'a> {
+    fe: &'a FleetEnv<'a>,
+    other: PostgresServer,
+    big: Pipe,
+    control: Pipe,
+    config: std::path::PathBuf,
+    rows: u64,
+    window: Duration,
+}
+
+/// (phase, its start and end in µs since the Unix epoch).
+type Measured = (Phase, i64, i64);
+
+impl Nth<'_> {
+    /// The phases after the first: catching up in the fleet, in a process of its own, the
+    /// server stopped, alone again. Returns the two catch-ups' seconds.
+    async fn phases(
+        &mut self,
+        group: &mut Group,
+        quiet: &[Pipe],
+        phases: &mut Vec<Measured>,
+    ) -> Result<(Option<f64>, Option<f64>)> {
+        let (fe, rows) = (self.fe, self.rows);
+        let timeout = Duration::from_secs(120 + rows / 2_000);
+        let mark = PhaseMark::now(fe, group, &self.other);
+        let reloaded = Instant::now();
+        let mut with_big = quiet.to_vec();
+        with_big.push(self.big.clone());
+        group.reload(fe, &self.config, &with_big)?;
+        let in_fleet =
+            caught_up(fe, &self.big.stream, rows, reloaded, timeout, &mut [group]).await?;
+        phases.push(
+            mark.end(PhaseKind::CatchingUp, fe, group, &self.other)
+                .await?,
+        );
+
+        // The control: the same backlog caught up by a relay process of its own beside the
+        // fleet.
+        let mark = PhaseMark::now(fe, group, &self.other);
+        let spawned = Instant::now();
+        let mut single = Group::singles(fe, std::slice::from_ref(&self.control))?;
+        let single_mark = single.mark(fe);
+        let alone = caught_up(
+            fe,
+            &self.control.stream,
+            rows,
+            spawned,
+            timeout,
+            &mut [group, &mut single],
+        )
+        .await?;
+        let single_cpu = single.window(fe, single_mark, 0, 0).await?.relay_cpu_secs;
+        let (mut phase, from, to) = mark
+            .end(PhaseKind::CatchingUpElsewhere, fe, group, &self.other)
+            .await?;
+        phase.second_relay_cpu_secs = Some(single_cpu);
+        phases.push((phase, from, to));
+        single.stop().await?;
+        say(format!(
+            "   isolation: backlog caught up in {} by the fleet, {} by a relay of its own",
+            secs_or_timeout(in_fleet, timeout),
+            secs_or_timeout(alone, timeout)
+        ));
+
+        self.other.stop().await?;
+        let mark = PhaseMark::now(fe, group, &self.other);
+        tokio::time::sleep(self.window).await;
+        group.check_alive()?;
+        phases.push(
+            mark.end(PhaseKind::ServerStopped, fe, group, &self.other)
+                .await?,
+        );
+
+        // The Nth pipeline removed again: the baseline once more, for the noise between phases.
+        group.reload(fe, &self.config, quiet)?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let mark = PhaseMark::now(fe, group, &self.other);
+        tokio::time::sleep(self.window).await;
+        group.check_alive()?;
+        phases.push(
+            mark.end(PhaseKind::AloneAgain, fe, group, &self.other)
+                .await?,
+        );
+        Ok((in_fleet, alone))
+    }
+}
+
 /// Runs the phases, `secs` each (a catch-up as long as it lasts).
 // Long: one measured run: set-up, the phases and their readings in order, so what each figure
 // includes reads in one place
 pub(super) async fn isolation(fe: &FleetEnv<'_>, rows: u64, secs: u64) -> Result<Isolation> {
     let quiet = &fe.pipes[..fe.pipes.len() - 1];
-    let mut other = PostgresServer::start_with(pg_options(&[])).await?;
+    let other = PostgresServer::start_with(pg_options(&[])).await?;
     outbox_database(&other, "big").await?;
     let big = Pipe::on(&other, "big");
     // The same backlog once more, for a single relay of its own: a slot and a stream of its own.
@@ -294,72 +311,47 @@ pub(super) async fn isolation(fe: &FleetEnv<'_>, rows: u64, secs: u64) -> Result
         .await?
         .spawn(FLEET_RATE, stop.clone());
     tokio::time::sleep(WARM).await;
-    let mut phases = Vec::new();
-    let timeout = Duration::from_secs(120 + rows / 2_000);
     let window = Duration::from_secs(secs);
-
-    let mark = PhaseMark::now(fe, &group, &other);
-    tokio::time::sleep(window).await;
-    group.check_alive()?;
-    phases.push(mark.end(PhaseKind::Alone, fe, &group, &other).await?);
-
-    let mark = PhaseMark::now(fe, &group, &other);
-    let reloaded = Instant::now();
-    let mut with_big = quiet.to_vec();
-    with_big.push(big.clone());
-    group.reload(fe, &config, &with_big)?;
-    let caught_up_secs =
-        caught_up(fe, &big.stream, rows, reloaded, timeout, &mut [&mut group]).await?;
-    phases.push(mark.end(PhaseKind::CatchingUp, fe, &group, &other).await?);
-
-    // The control: the same backlog caught up by a relay process of its own beside the fleet.
-    let mark = PhaseMark::now(fe, &group, &other);
-    let spawned = Instant::now();
-    let mut single = Group::singles(fe, std::slice::from_ref(&control))?;
-    let single_mark = single.mark(fe);
-    let control_caught_up_secs = caught_up(
+    let mut nth = Nth {
         fe,
-        &control.stream,
+        other,
+        big,
+        control,
+        config,
         rows,
-        spawned,
-        timeout,
-        &mut [&mut group, &mut single],
-    )
-    .await?;
-    let single_cpu = single.window(fe, single_mark, 0, 0).await?.relay_cpu_secs;
-    let (mut phase, from, to) = mark
-        .end(PhaseKind::CatchingUpElsewhere, fe, &group, &other)
-        .await?;
-    phase.second_relay_cpu_secs = Some(single_cpu);
-    phases.push((phase, from, to));
-    single.stop().await?;
-    say(format!(
-        "   isolation: backlog caught up in {} by the fleet, {} by a relay of its own",
-        secs_or_timeout(caught_up_secs, timeout),
-        secs_or_timeout(control_caught_up_secs, timeout)
-    ));
+        window,
+    };
+    let mut phases = Vec::new();
+    let mut stamps = Vec::new();
 
-    other.stop().await?;
-    let mark = PhaseMark::now(fe, &group, &other);
+    let mark = PhaseMark::now(fe, &group, &nth.other);
     tokio::time::sleep(window).await;
     group.check_alive()?;
-    phases.push(
-        mark.end(PhaseKind::ServerStopped, fe, &group, &other)
-            .await?,
-    );
-
-    // The Nth pipeline removed again: the baseline once more, for the noise between phases.
-    group.reload(fe, &config, quiet)?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let mark = PhaseMark::now(fe, &group, &other);
-    tokio::time::sleep(window).await;
-    group.check_alive()?;
-    phases.push(mark.end(PhaseKind::AloneAgain, fe, &group, &other).await?);
+    let alone = mark.end(PhaseKind::Alone, fe, &group, &nth.other).await?;
+    let span = (alone.1, alone.2);
+    phases.push(alone);
+    // At a rate the machine cannot carry, the N-1 pipelines fall behind already alone, and
+    // every later phase would measure that queue: the Nth pipeline's phases are not run then.
+    let expected = quiet.len() as u64 * FLEET_RATE * secs;
+    let read_back = kept_up(&mut rx, &mut stamps, span, expected).await;
+    let (mut caught_up_secs, mut control_caught_up_secs, mut not_run) = (None, None, None);
+    if read_back * 100 >= expected * 95 {
+        (caught_up_secs, control_caught_up_secs) =
+            nth.phases(&mut group, quiet, &mut phases).await?;
+    } else {
+        let why = format!(
+            "the {} pipelines did not keep up alone: {read_back} of ~{expected} events committed in the alone phase were read back within 5 s of its end",
+            quiet.len()
+        );
+        say(format!(
+            "   isolation: the Nth pipeline's phases not run: {why}"
+        ));
+        not_run = Some(why);
+    }
 
     stop.store(true, Ordering::Relaxed);
     let sent = writing.await??;
-    let mut stamps = Vec::with_capacity(sent as usize);
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(if not_run.is_some() { 10 } else { 60 });
     while (stamps.len() as u64) < sent {
         let left = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left, rx.recv()).await {
@@ -388,7 +380,6 @@ pub(super) async fn isolation(fe: &FleetEnv<'_>, rows: u64, secs: u64) -> Result
     if out.first().is_none_or(|p| p.samples == 0) {
         bail!("no event of the N-1 pipelines was read back while alone");
     }
-    let missing = sent.saturating_sub(stamps.len() as u64);
     Ok(Isolation {
         pipelines: quiet.len(),
         backlog_rows: rows,
@@ -396,7 +387,8 @@ pub(super) async fn isolation(fe: &FleetEnv<'_>, rows: u64, secs: u64) -> Result
         caught_up_secs,
         control_caught_up_secs,
         phases: out,
-        missing,
+        missing: sent.saturating_sub(stamps.len() as u64),
+        not_run,
     })
 }
 
