@@ -4,8 +4,8 @@
 # (wal_level=logical) and nats-server (-js, file storage) on free ports and prints one table:
 # decode limit (pg_recvlogical), broker limit (raw JetStream), relay catch-up, polling relay,
 # latency, peak RSS and CPU, Debezium's embedded engine (optional), publish modes, the
-# emit-message outbox, sharded slots, the framework mapping shapes and event contracts, with the
-# targets and PASS/FAIL.
+# emit-message outbox, sharded slots, the framework mapping shapes, event contracts and a fleet
+# of pipelines in one process against as many single relays, with the targets and PASS/FAIL.
 #
 #   scripts/bench.sh                 # full run: 200,000-row backlogs, 1,000,000-row tx, backfill
 #                                    # of 1,000,000 rows, position on 10,000,000 messages, restore
@@ -37,6 +37,17 @@
 #                                    # 10-property JSON Schema, caught up with [outbox.contracts]
 #                                    # off then on, max(--rounds, 2) times: catch-up and relay CPU
 #                                    # per event on vs off (<= 1.15x), every run's figure listed
+#   scripts/bench.sh --only-fleet --no-debezium   # only the fleet rows: 100 databases on one
+#                                    # PostgreSQL server (--fleet-pipelines N; 20 with --quick),
+#                                    # one fleet process of N pipelines against N single relays:
+#                                    # ready time, RSS and CPU idle (<= 2 MiB per idle pipeline,
+#                                    # <= 1/10 of the N processes' RSS), CPU per event at 10
+#                                    # events/s per database and what the walsenders cost; then
+#                                    # commit-to-ack of N-1 pipelines while the Nth (own server)
+#                                    # catches up --fleet-backlog rows (1,000,000; 200,000 with
+#                                    # --quick) and while its server is stopped (p99 <= 1.5x alone);
+#                                    # --fleet-secs per window (20; 10 with --quick). Part of the
+#                                    # full run; with --quick only when asked for
 #   BENCH_MICRO=1 scripts/bench.sh   # also the criterion decode/route micro-benchmarks
 #   scripts/bench.sh --no-debezium   # without Debezium (on by default, off with --quick;
 #                                    # `--quick --debezium` runs it)

@@ -18,7 +18,9 @@
 //! 200,000-event window against the catch-up of the same backlog, and `[outbox.cleanup]` beside
 //! a 10,000 events/s load per mode; and the framework mapping shapes (dotted subject levels, a
 //! JSON header column, the CAP envelope) beside the plain Debezium row; and event contracts (a
-//! 10-property JSON Schema checked per event) on against off. Prints one table; see
+//! 10-property JSON Schema checked per event) on against off; and a fleet of 100 pipelines in
+//! one process against 100 single relays (memory and CPU idle and at 10 events/s each, and the
+//! commit-to-ack of 99 of them while the 100th catches up a backlog). Prints one table; see
 //! docs/benchmarks.md.
 
 mod measure;
@@ -39,8 +41,8 @@ use clap::Parser;
 )]
 pub struct Args {
     /// Smaller sizes; finishes in under 3 minutes (20,000 rows, 3 s latency runs, no 1M row
-    /// run, a 200,000-row backfill, a 20,000-event restore, no position or cleanup rows unless
-    /// asked for).
+    /// run, a 200,000-row backfill, a 20,000-event restore, no position, cleanup or fleet rows
+    /// unless asked for).
     #[arg(long)]
     pub quick: bool,
     /// Backlog rows per transaction size (default 200,000; 20,000 with --quick).
@@ -185,6 +187,23 @@ pub struct Args {
     /// table-size soak; scripts/soak.sh runs it with CLEANUP_SOAK=1).
     #[arg(long)]
     pub soak_cleanup: bool,
+    /// Pipelines of the fleet rows (N databases on one PostgreSQL server: one fleet process
+    /// against N single relays, idle and at 10 events/s each, and the isolation of N-1 of them
+    /// from the Nth): default 100 (20 with --quick, where the fleet rows run only when asked
+    /// for: --only-fleet or this option); 0 skips them.
+    #[arg(long)]
+    pub fleet_pipelines: Option<usize>,
+    /// Seconds of each fleet measurement (idle, load, each isolation phase but the catch-up):
+    /// default 20; 10 with --quick.
+    #[arg(long)]
+    pub fleet_secs: Option<u64>,
+    /// Rows of the backlog the Nth pipeline catches up in the isolation rows (100-row txs):
+    /// default 1,000,000; 200,000 with --quick; 0 skips the isolation rows.
+    #[arg(long)]
+    pub fleet_backlog: Option<u64>,
+    /// Only the fleet rows.
+    #[arg(long, conflicts_with_all = ["soak_cleanup", "only_shapes", "only_console", "only_contracts"])]
+    pub only_fleet: bool,
 }
 
 impl Args {
@@ -226,6 +245,21 @@ impl Args {
     }
     fn console_secs(&self) -> u64 {
         self.console_secs.unwrap_or(if self.quick { 5 } else { 15 })
+    }
+    fn fleet_pipelines(&self) -> usize {
+        match self.fleet_pipelines {
+            Some(n) => n,
+            None if self.quick && !self.only_fleet => 0,
+            None if self.quick => 20,
+            None => 100,
+        }
+    }
+    fn fleet_secs(&self) -> u64 {
+        self.fleet_secs.unwrap_or(if self.quick { 10 } else { 20 })
+    }
+    fn fleet_backlog(&self) -> u64 {
+        self.fleet_backlog
+            .unwrap_or(if self.quick { 200_000 } else { 1_000_000 })
     }
     fn cleanup_secs(&self) -> u64 {
         self.cleanup_secs.unwrap_or(if self.soak_cleanup {

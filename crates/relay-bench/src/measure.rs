@@ -4,21 +4,134 @@ use std::sync::OnceLock;
 
 /// Peak resident set size (VmHWM) of `pid`, in bytes.
 pub fn peak_rss(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    kib_field(&format!("/proc/{pid}/status"), "VmHWM:")
+}
+
+/// Resident set size (VmRSS) of `pid` now, in bytes: shared pages (the binary's text, shared
+/// libraries) counted in full in every process that maps them.
+pub fn rss(pid: u32) -> Option<u64> {
+    kib_field(&format!("/proc/{pid}/status"), "VmRSS:")
+}
+
+/// Proportional set size of `pid` now, in bytes (`Pss` of smaps_rollup): each shared page
+/// divided among the processes that map it, so a sum over processes counts it once.
+pub fn pss(pid: u32) -> Option<u64> {
+    kib_field(&format!("/proc/{pid}/smaps_rollup"), "Pss:")
+}
+
+/// The `key` line of a /proc file whose value is in kB, in bytes.
+fn kib_field(path: &str, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let line = text.lines().find(|l| l.starts_with(key))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+/// CPU seconds (user + system) of `root` and of every process whose parent is `root`, by pid:
+/// a PostgreSQL server's postmaster, its backends, walsenders and helpers.
+pub fn family_cpu(root: u32) -> std::collections::HashMap<u32, f64> {
+    let mut out = std::collections::HashMap::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        // A process that ended since the listing has nothing left to read: not counted.
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        if let Some((ppid, cpu)) = ppid_and_cpu(&stat)
+            && (pid == root || ppid == root)
+        {
+            // PostgreSQL's processes have one thread each: its schedstat is the process's.
+            let exact = schedstat_secs(&format!("/proc/{pid}/schedstat"));
+            out.insert(pid, exact.unwrap_or(cpu));
+        }
+    }
+    out
+}
+
+/// Seconds on the CPU of one thread (the first field of `/proc/PID/task/TID/schedstat`, in
+/// nanoseconds): exact, where `/proc/PID/stat` counts whole clock ticks (10 ms), which over a
+/// few seconds of an idle process is most of the figure.
+fn schedstat_secs(path: &str) -> Option<f64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let ns: u64 = text.split_whitespace().next()?.parse().ok()?;
+    Some(ns as f64 / 1e9)
+}
+
+/// A process's CPU time read two ways: clock ticks of the whole process (threads that ended
+/// included), and each live thread's exact time.
+#[derive(Debug, Clone, Default)]
+pub struct ProcessCpu {
+    ticks: Option<f64>,
+    threads: Vec<(u32, f64)>,
+}
+
+impl ProcessCpu {
+    pub fn now(pid: u32) -> Self {
+        let mut threads: Vec<(u32, f64)> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|t| {
+                let tid = t.file_name().to_str()?.parse().ok()?;
+                Some((
+                    tid,
+                    schedstat_secs(&format!("/proc/{pid}/task/{tid}/schedstat"))?,
+                ))
+            })
+            .collect();
+        threads.sort_by_key(|t| t.0);
+        Self {
+            ticks: cpu_seconds(&pid.to_string()),
+            threads,
+        }
+    }
+
+    /// CPU seconds from `before` to this reading: exact when the same threads ran throughout,
+    /// else (a thread started or ended between them) in clock ticks.
+    pub fn since(&self, before: &ProcessCpu) -> f64 {
+        let same = !self.threads.is_empty()
+            && self.threads.len() == before.threads.len()
+            && self
+                .threads
+                .iter()
+                .zip(&before.threads)
+                .all(|(a, b)| a.0 == b.0);
+        if same {
+            let sum = |t: &[(u32, f64)]| t.iter().map(|(_, s)| s).sum::<f64>();
+            sum(&self.threads) - sum(&before.threads)
+        } else {
+            self.ticks
+                .zip(before.ticks)
+                .map_or(f64::NAN, |(a, b)| a - b)
+        }
+    }
+}
+
+/// The parent pid and the CPU seconds of one `/proc/PID/stat` text.
+fn ppid_and_cpu(stat: &str) -> Option<(u32, f64)> {
+    // After the command name: field 3 (state) is index 0, ppid (4) index 1, utime (14) index
+    // 11, stime (15) 12.
+    let after = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ppid: u32 = fields.get(1)?.parse().ok()?;
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some((ppid, (utime + stime) as f64 / clock_ticks()))
 }
 
 /// User + system CPU seconds of `pid` (`self` for this process).
 pub fn cpu_seconds(pid: &str) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    // After the command name: field 3 (state) is index 0, utime (14) index 11, stime (15) 12.
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) as f64 / clock_ticks())
+    ppid_and_cpu(&stat).map(|(_, cpu)| cpu)
 }
 
 /// Context switches (voluntary and involuntary, every thread) of `pid` so far: how often the
@@ -199,6 +312,36 @@ mod tests {
         // nats-server had no pid, so its share is unknown rather than zero.
         assert!(budget.busy_cores().is_some_and(|c| c >= 0.8), "{budget:?}");
         assert_eq!(budget.processes.last(), Some(&("nats-server", None)));
+    }
+
+    #[test]
+    fn a_stat_line_gives_its_parent_and_cpu() {
+        // A command name with a space and a parenthesis: fields are counted after the last `)`.
+        let stat = "42 (postgres: a) b) S 7 42 42 0 -1 4194560 100 0 0 0 250 150 0 0 20 0 1 0";
+        let (ppid, cpu) = ppid_and_cpu(stat).unwrap();
+        assert_eq!(ppid, 7);
+        assert!((cpu - 400.0 / clock_ticks()).abs() < 1e-9);
+    }
+
+    #[test]
+    fn exact_cpu_counts_a_spin_shorter_than_a_tick() {
+        let me = std::process::id();
+        let before = ProcessCpu::now(me);
+        let begun = std::time::Instant::now();
+        while begun.elapsed() < std::time::Duration::from_millis(3) {
+            std::hint::black_box(0);
+        }
+        let spent = ProcessCpu::now(me).since(&before);
+        // Other test threads may start or end meanwhile: then it is whole ticks, >= 0.
+        assert!(spent >= 0.0, "{spent}");
+    }
+
+    #[test]
+    fn this_process_is_in_its_own_family_and_has_a_size() {
+        let me = std::process::id();
+        assert!(family_cpu(me).contains_key(&me));
+        assert!(rss(me).is_some_and(|r| r > 0));
+        assert!(pss(me).is_none_or(|p| p > 0));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 mod cleanup;
 mod console;
 mod contracts;
+mod fleet;
 mod machine;
 mod modes;
 mod replay;
@@ -274,6 +275,9 @@ pub fn render(args: &Args, res: &Results) -> String {
     shapes::rows(&mut out, &res.shapes, res.relay_startup_cpu_secs);
     console::row(&mut out, &res.console);
     contracts::rows(&mut out, res.contracts.as_ref());
+    if let Some(f) = &res.fleet {
+        fleet::rows(&mut out, f);
+    }
     if let Some(b) = &res.backfill {
         replay::backfill_rows(&mut out, b);
     }
@@ -389,6 +393,7 @@ pub fn render(args: &Args, res: &Results) -> String {
     modes::note(&mut out, res);
     shapes::note(&mut out, &res.shapes);
     contracts::note(&mut out, res.contracts.as_ref());
+    fleet::note(&mut out, res.fleet.as_ref());
     if let Some(note) = res.debezium.note() {
         let _ = writeln!(out, "{note}");
     }

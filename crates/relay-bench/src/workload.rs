@@ -1,5 +1,5 @@
 //! The measurements: servers, backlog, decode limit, broker limit, relay, polling, latency,
-//! event contracts, backfill, position, restore and cleanup.
+//! event contracts, fleets, backfill, position, restore and cleanup.
 //!
 //! This module holds the results and drives the run; the pieces live in the submodules.
 
@@ -8,6 +8,7 @@ mod cleanup;
 mod console;
 mod contracts;
 mod debezium;
+mod fleet;
 mod latency;
 mod limits;
 mod messages;
@@ -35,6 +36,10 @@ pub use self::contracts::{
     CONTRACTS_PER_TX, CONTRACTS_RATIO_TARGET, ContractsRun, ContractsScenario,
 };
 pub use self::debezium::{DebeziumRun, DebeziumStatus};
+pub use self::fleet::{
+    BACKLOG_PER_TX, FLEET_OF_SINGLES_TARGET, FLEET_RATE, FleetResults, ISOLATION_TARGET, Isolation,
+    MIB_PER_PIPELINE_TARGET, PhaseKind, Sessions, Side, Window,
+};
 pub use self::messages::MessagesRun;
 pub use self::modes::{ModeAb, ModeOutcome, ModeScenario};
 pub use self::position::PositionRun;
@@ -94,6 +99,8 @@ pub struct Results {
     pub console: Vec<ConsoleRun>,
     /// Catch-up and CPU per event with event contracts off and on, alternating.
     pub contracts: Option<ContractsScenario>,
+    /// Many pipelines in one process against as many single relays.
+    pub fleet: Option<FleetResults>,
 }
 
 /// One backlog shape.
@@ -255,6 +262,7 @@ pub async fn run_all(args: &Args, relay_bin: &Path) -> Result<Results> {
     results.shapes = shapes::shapes(&env, args).await?;
     results.console = console::console(&env, args).await?;
     results.contracts = contracts::contracts(&env, args).await?;
+    results.fleet = fleet::fleet(&env, args).await?;
     if args.backfill_rows() > 0 {
         results.backfill = Some(backfill::backfill(&env, args).await?);
     }
@@ -270,8 +278,8 @@ pub async fn run_all(args: &Args, relay_bin: &Path) -> Result<Results> {
     Ok(results)
 }
 
-/// Runs the one row `--only-shapes`, `--only-console`, `--only-contracts` or `--soak-cleanup`
-/// asks for; false when none is asked for.
+/// Runs the rows `--only-shapes`, `--only-console`, `--only-contracts`, `--only-fleet` or
+/// `--soak-cleanup` asks for; false when none is asked for.
 async fn run_one_row(env: &Env, args: &Args, results: &mut Results) -> Result<bool> {
     if args.only_shapes {
         results.shapes = shapes::shapes(env, args).await?;
@@ -279,6 +287,8 @@ async fn run_one_row(env: &Env, args: &Args, results: &mut Results) -> Result<bo
         results.console = console::console(env, args).await?;
     } else if args.only_contracts {
         results.contracts = contracts::contracts(env, args).await?;
+    } else if args.only_fleet {
+        results.fleet = fleet::fleet(env, args).await?;
     } else if args.soak_cleanup {
         (results.cleanup, results.cleanup_failed) = cleanup::cleanup(env, args).await?;
     } else {
