@@ -251,16 +251,22 @@ fn try_main(cli: Cli) -> Result<(), Failure> {
         }
         _ => {}
     }
-    // One thread: the replication reader, the pipeline and the NATS connection hand every
-    // event to each other, and on the same thread that costs a queue push instead of a futex
-    // wake-up and a context switch (a fifth of the relay's CPU on a multi-thread runtime). The
-    // relay needs well under one core; PostgreSQL and nats-server get the others.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| {
-            Failure::internal(anyhow::Error::new(e).context("cannot start the runtime"))
-        })?;
+    // One relay, one thread: the replication reader, the pipeline and the NATS connection hand
+    // every event to each other, and on the same thread that costs a queue push instead of a
+    // futex wake-up and a context switch (a fifth of the relay's CPU on a multi-thread
+    // runtime); the relay needs well under one core, PostgreSQL and nats-server get the
+    // others. A fleet's pipelines get `[fleet] threads` (default: one per core), so one
+    // pipeline catching up a backlog does not hold the others' thread.
+    let runtime = match fleet_threads(&fleet) {
+        None => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        Some(threads) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build(),
+    }
+    .map_err(|e| Failure::internal(anyhow::Error::new(e).context("cannot start the runtime")))?;
     runtime.block_on(async move {
         let name = pipeline.as_deref();
         match command {
@@ -292,6 +298,15 @@ fn try_main(cli: Cli) -> Result<(), Failure> {
             }
         }
     })
+}
+
+/// The worker threads of a fleet's runtime (`None`: one relay's single thread).
+fn fleet_threads(fleet: &FleetConfig) -> Option<usize> {
+    if !fleet.is_fleet || fleet.pipelines.len() < 2 {
+        return None;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    Some(fleet.fleet.threads.unwrap_or(cores).max(1))
 }
 
 /// The commands that act on one pipeline.

@@ -37,6 +37,10 @@ pub struct FleetSettings {
     /// pipelines are taken by the others. Default `1s`.
     #[serde(with = "humantime_serde")]
     pub heartbeat_interval: std::time::Duration,
+    /// The threads the process runs its pipelines on. Default: one per core (a single relay
+    /// runs on one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub threads: Option<usize>,
 }
 
 impl Default for FleetSettings {
@@ -46,6 +50,7 @@ impl Default for FleetSettings {
             name: "outbox-relay".into(),
             spread: true,
             heartbeat_interval: std::time::Duration::from_secs(1),
+            threads: None,
         }
     }
 }
