@@ -237,6 +237,7 @@ fn load_rows(
     );
 }
 
+// Long: one table row per isolation phase, each with its own wording and verdict
 fn isolation_rows(out: &mut String, iso: &Isolation) {
     let cores = std::thread::available_parallelism().map_or(0, |c| c.get());
     let caught = |secs: Option<f64>| {

@@ -17,7 +17,7 @@ use crate::measure::family_cpu;
 use super::super::say;
 use super::super::setup::{create_stream, insert_sql_into, stream_messages};
 use super::run::{Group, Writers, family_delta};
-use super::stamps::{fill, kept_up, stamp_readers, unix_micros};
+use super::stamps::{kept_up, latencies, stamp_readers, unix_micros};
 use super::{FLEET_RATE, FleetEnv, Pipe, READY_WITHIN, create_slot, outbox_database, pg_options};
 
 /// The p99 of each phase against alone's, at most.
@@ -365,7 +365,12 @@ pub(super) async fn isolation(fe: &FleetEnv<'_>, rows: u64, secs: u64) -> Result
     group.stop().await?;
     let mut out = Vec::new();
     for (mut phase, from, to) in phases {
-        fill(&mut phase, &stamps, quiet.len(), from, to);
+        let measured = latencies(&stamps, quiet.len(), from, to);
+        phase.samples = measured.samples;
+        phase.p50_ms = measured.p50_ms;
+        phase.p99_ms = measured.p99_ms;
+        phase.max_ms = measured.max_ms;
+        phase.worst_pipeline_p99_ms = measured.worst_pipeline_p99_ms;
         say(format!(
             "   isolation, {}: {} events, p50 {:.2} ms, p99 {:.2} ms (worst pipeline {:.2} ms), max {:.1} ms",
             phase.kind.label(),

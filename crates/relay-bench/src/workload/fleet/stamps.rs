@@ -12,7 +12,6 @@ use tokio::task::JoinHandle;
 
 use crate::measure::quantile;
 
-use super::isolation::Phase;
 use super::{FleetEnv, Pipe};
 
 /// (pipeline index, `ts` of the row, stream store time), µs since the Unix epoch.
@@ -59,8 +58,19 @@ pub(super) async fn stamp_readers(
     Ok((readers, rx))
 }
 
-/// Fills `phase`'s latencies from the stamps whose `ts` is in `[from, to)`.
-pub(super) fn fill(phase: &mut Phase, stamps: &[Stamp], pipelines: usize, from: i64, to: i64) {
+/// Commit-to-ack of the stamps whose `ts` is in `[from, to)`, in milliseconds.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Latencies {
+    pub samples: usize,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    /// The highest p99 of any one pipeline.
+    pub worst_pipeline_p99_ms: f64,
+}
+
+/// The latencies of the stamps whose `ts` is in `[from, to)`.
+pub(super) fn latencies(stamps: &[Stamp], pipelines: usize, from: i64, to: i64) -> Latencies {
     let mut all = Vec::new();
     let mut each = vec![Vec::new(); pipelines];
     for &(i, ts, stored) in stamps.iter().filter(|s| s.1 >= from && s.1 < to) {
@@ -69,18 +79,20 @@ pub(super) fn fill(phase: &mut Phase, stamps: &[Stamp], pipelines: usize, from: 
         each[i].push(ms);
     }
     all.sort_by(f64::total_cmp);
-    phase.samples = all.len();
-    phase.p50_ms = quantile(&all, 0.50);
-    phase.p99_ms = quantile(&all, 0.99);
-    phase.max_ms = all.last().copied().unwrap_or(f64::NAN);
-    phase.worst_pipeline_p99_ms = each
-        .iter_mut()
-        .filter(|v| !v.is_empty())
-        .map(|v| {
-            v.sort_by(f64::total_cmp);
-            quantile(v, 0.99)
-        })
-        .fold(f64::NAN, f64::max);
+    Latencies {
+        samples: all.len(),
+        p50_ms: quantile(&all, 0.50),
+        p99_ms: quantile(&all, 0.99),
+        max_ms: all.last().copied().unwrap_or(f64::NAN),
+        worst_pipeline_p99_ms: each
+            .iter_mut()
+            .filter(|v| !v.is_empty())
+            .map(|v| {
+                v.sort_by(f64::total_cmp);
+                quantile(v, 0.99)
+            })
+            .fold(f64::NAN, f64::max),
+    }
 }
 
 /// Moves every stamp received so far from `rx` into `stamps`.
