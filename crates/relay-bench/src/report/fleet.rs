@@ -35,37 +35,7 @@ pub(super) fn rows(out: &mut String, f: &FleetResults) {
         f.singles.as_ref(),
         f.alone.as_ref(),
     );
-    if let (Some(b), Some(fl)) = (base, fleet) {
-        let per = (mib(fl.idle.rss) - mib(b.idle.rss)) / (n.max(2) - 1) as f64;
-        let _ = writeln!(
-            out,
-            "| **Fleet idle memory**, {n} pipelines in one process (RSS {:.1} MiB, {}; a fleet of 1: {:.1} MiB) | {per:.2} MiB per idle pipeline above the fleet of 1 | | | <= {MIB_PER_PIPELINE_TARGET} MiB | {} |",
-            mib(fl.idle.rss),
-            pss(&fl.idle),
-            mib(b.idle.rss),
-            verdict(per <= MIB_PER_PIPELINE_TARGET)
-        );
-    }
-    if let (Some(fl), Some(s)) = (fleet, singles) {
-        let ratio = fl.idle.rss as f64 / s.idle.rss as f64;
-        let pss_ratio = fl
-            .idle
-            .pss
-            .zip(s.idle.pss)
-            .map(|(a, b)| a as f64 / b as f64);
-        let _ = writeln!(
-            out,
-            "| **Fleet vs {n} single relays, memory idle** | fleet {:.1} MiB RSS ({}) | {n} processes: {:.1} MiB RSS summed ({} summed) | fleet = 1/{:.1} of their RSS{} | <= 1/{:.0} | {} |",
-            mib(fl.idle.rss),
-            pss(&fl.idle),
-            mib(s.idle.rss),
-            pss(&s.idle),
-            1.0 / ratio,
-            pss_ratio.map_or_else(String::new, |r| format!(" (1/{:.1} of their PSS)", 1.0 / r)),
-            1.0 / FLEET_OF_SINGLES_TARGET,
-            verdict(ratio <= FLEET_OF_SINGLES_TARGET)
-        );
-    }
+    memory_rows(out, n, base, fleet, singles);
     if let (Some(fl), Some(s)) = (fleet, singles) {
         let (a, c) = (fl.idle.cpu_ms_per_s(), s.idle.cpu_ms_per_s());
         let _ = writeln!(
@@ -107,6 +77,47 @@ pub(super) fn rows(out: &mut String, f: &FleetResults) {
     for failed in &f.failed {
         let first = failed.lines().next().unwrap_or("").replace('|', "/");
         let _ = writeln!(out, "| **Fleet**: {first} | failed | | | – | FAIL |");
+    }
+}
+
+/// The idle memory rows: per pipeline above a fleet of 1, and the fleet against the processes.
+fn memory_rows(
+    out: &mut String,
+    n: usize,
+    base: Option<&Side>,
+    fleet: Option<&Side>,
+    singles: Option<&Side>,
+) {
+    if let (Some(b), Some(fl)) = (base, fleet) {
+        let per = (mib(fl.idle.rss) - mib(b.idle.rss)) / (n.max(2) - 1) as f64;
+        let _ = writeln!(
+            out,
+            "| **Fleet idle memory**, {n} pipelines in one process (RSS {:.1} MiB, {}; a fleet of 1: {:.1} MiB) | {per:.2} MiB per idle pipeline above the fleet of 1 | | | <= {MIB_PER_PIPELINE_TARGET} MiB | {} |",
+            mib(fl.idle.rss),
+            pss(&fl.idle),
+            mib(b.idle.rss),
+            verdict(per <= MIB_PER_PIPELINE_TARGET)
+        );
+    }
+    if let (Some(fl), Some(s)) = (fleet, singles) {
+        let ratio = fl.idle.rss as f64 / s.idle.rss as f64;
+        let pss_ratio = fl
+            .idle
+            .pss
+            .zip(s.idle.pss)
+            .map(|(a, b)| a as f64 / b as f64);
+        let _ = writeln!(
+            out,
+            "| **Fleet vs {n} single relays, memory idle** | fleet {:.1} MiB RSS ({}) | {n} processes: {:.1} MiB RSS summed ({} summed) | fleet = 1/{:.1} of their RSS{} | <= 1/{:.0} | {} |",
+            mib(fl.idle.rss),
+            pss(&fl.idle),
+            mib(s.idle.rss),
+            pss(&s.idle),
+            1.0 / ratio,
+            pss_ratio.map_or_else(String::new, |r| format!(" (1/{:.1} of their PSS)", 1.0 / r)),
+            1.0 / FLEET_OF_SINGLES_TARGET,
+            verdict(ratio <= FLEET_OF_SINGLES_TARGET)
+        );
     }
 }
 
