@@ -409,16 +409,18 @@ async fn alert_rules_and_dashboard_use_only_exported_metrics() -> Result<()> {
         assert!(on_dashboard.contains(wanted), "dashboard lacks {wanted}");
     }
 
-    // A relay with a bounded slot (so the retention gauges exist) and some traffic.
+    // A relay with a bounded slot (so the retention gauges exist), the audit on (so its
+    // families exist) and some traffic.
     let env = Env::start_with_pg(relay_testkit::PgOptions {
         settings: vec![("max_slot_wal_keep_size".into(), "64MB".into())],
         ..Default::default()
     })
     .await?;
     let (listen, addr) = http_listen();
-    let relay =
-        Relay::start_streaming(&env.config(&format!("{listen}sample_interval = \"200ms\"\n")))
-            .await?;
+    let relay = Relay::start_streaming(&env.config(&format!(
+        "replay_retention = \"16MB\"\naudit_interval = \"1h\"\n{listen}sample_interval = \"200ms\"\n"
+    )))
+    .await?;
     insert_event(&env.db().await?, "Order", "Created", "{}").await?;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let missing = loop {
