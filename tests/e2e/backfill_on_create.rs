@@ -242,7 +242,12 @@ async fn existing_rows_then_the_stream(seeded: i64, within: Duration) -> Result<
         "inserts on both sides of the consistent point: {live_before} of {}",
         live.len()
     );
-    ensure!(done as usize == old.len() + live_before, "rows done {done}");
+    ensure!(
+        done as usize == old.len() + live_before,
+        "rows done {done}, expected {} seeded + {live_before} live rows the snapshot sees; log:\n{}",
+        old.len(),
+        relay.log()
+    );
     check_split(&env, &relay, &rows, consistent, true, within).await?;
     assert!(relay.log().contains("from its exported snapshot"));
     Ok(())
