@@ -113,7 +113,7 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
             },
         };
         let wait = if force { FINAL_WAIT } else { ANSWER_WAIT };
-        let answer = match tokio::time::timeout(wait, &mut asked.answer).await {
+        let mut answer = match tokio::time::timeout(wait, &mut asked.answer).await {
             Err(_) => {
                 self.ack_checks.asked = Some(asked);
                 return Ok(None);
@@ -121,6 +121,19 @@ impl<S: ChangeSource, P: Publisher, C: CheckpointStore> Pipeline<S, P, C> {
             Ok(Err(join)) => AckCheck::Unknown(format!("the check did not finish: {join}")),
             Ok(Ok(answer)) => answer,
         };
+        // The last checkpoint of a run asks once more when the question in flight went
+        // unanswered (asked while NATS stalled): a clean stop stores what was acknowledged.
+        if force && matches!(answer, AckCheck::Unknown(_)) {
+            asked = Asked {
+                lsn,
+                seq: self.ack_checks.acked_seq,
+                answer: tokio::spawn(self.publisher.check_acks(self.ack_checks.acked_seq)),
+            };
+            answer = match tokio::time::timeout(FINAL_WAIT, &mut asked.answer).await {
+                Ok(Ok(answer)) => answer,
+                _ => AckCheck::Unknown("no answer at the last checkpoint".into()),
+            };
+        }
         match answer {
             AckCheck::Held => {
                 self.ack_checks.held_through = asked.seq;
